@@ -1,0 +1,144 @@
+// Command salt-volume-exec prepares, inspects, restores and removes local
+// volumes on this node. stdout carries exactly one JSON document; progress
+// and logs go to stderr as JSON lines.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/salt-volumes/salt-volumes/internal/engine"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+const usage = `usage:
+  salt-volume-exec [--state-dir DIR] prepare   --spec FILE|-
+  salt-volume-exec [--state-dir DIR] unprepare --spec FILE|- [--wipe]
+  salt-volume-exec [--state-dir DIR] info      --spec FILE|-
+  salt-volume-exec [--state-dir DIR] list
+  salt-volume-exec [--state-dir DIR] restore
+
+Exit codes: 0 success, 1 failure, 2 invalid input, 3 refused to protect data.
+`
+
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	defaultDir := "/var/lib/salt-volumes"
+	if d := os.Getenv("SALT_VOLUMES_STATE_DIR"); d != "" {
+		defaultDir = d
+	}
+	global := flag.NewFlagSet("salt-volume-exec", flag.ContinueOnError)
+	global.SetOutput(io.Discard)
+	stateDir := global.String("state-dir", defaultDir, "node state directory")
+	logLevel := global.String("log-level", "info", "stderr log level: debug, info, warn, error")
+	if err := global.Parse(args); err != nil {
+		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: err.Error() + "\n" + usage})
+	}
+	rest := global.Args()
+	if len(rest) == 0 {
+		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: "missing command\n" + usage})
+	}
+	cmd, rest := rest[0], rest[1:]
+
+	sub := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	sub.SetOutput(io.Discard)
+	specFile := sub.String("spec", "", "volume spec JSON file, or - for stdin")
+	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
+	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
+	if err := sub.Parse(rest); err != nil {
+		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: err.Error() + "\n" + usage})
+	}
+	if sub.NArg() > 0 {
+		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("unexpected argument %q\n%s", sub.Arg(0), usage)})
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: "--log-level: " + err.Error()})
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	e := engine.New(*stateDir, log)
+
+	readSpec := func() (*spec.Spec, error) {
+		switch *specFile {
+		case "":
+			return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: cmd + " needs --spec FILE (or --spec - to read stdin)"}
+		case "-":
+			return spec.Parse(stdin)
+		}
+		f, err := os.Open(*specFile)
+		if err != nil {
+			return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: "--spec: " + err.Error()}
+		}
+		defer f.Close()
+		return spec.Parse(f)
+	}
+
+	var out any
+	var err error
+	switch cmd {
+	case "prepare", "unprepare", "info":
+		var s *spec.Spec
+		if s, err = readSpec(); err != nil {
+			break
+		}
+		switch cmd {
+		case "prepare":
+			out, err = e.Prepare(ctx, s)
+		case "unprepare":
+			out, err = e.Unprepare(ctx, s, engine.UnprepareOptions{Wipe: *wipe})
+		default:
+			out, err = e.Info(ctx, s)
+		}
+	case "list":
+		var vols []*engine.Result
+		if vols, err = e.List(ctx); err == nil {
+			out = map[string]any{"volumes": vols}
+		}
+	case "restore":
+		var rep *engine.RestoreReport
+		if rep, err = e.Restore(ctx); err == nil {
+			emit(stdout, rep)
+			if rep.Failed > 0 {
+				return engine.KindFailed
+			}
+			return 0
+		}
+	case "version":
+		out = map[string]string{"version": version}
+	default:
+		err = &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("unknown command %q\n%s", cmd, usage)}
+	}
+	if err != nil {
+		e := engine.AsError(err)
+		log.Error("failed", "command", cmd, "code", e.Code, "error", e.Message)
+		return fail(stdout, e)
+	}
+	emit(stdout, out)
+	return 0
+}
+
+func emit(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+func fail(w io.Writer, e *engine.Error) int {
+	emit(w, map[string]any{"error": map[string]string{"code": e.Code, "message": e.Message}})
+	return e.Kind
+}

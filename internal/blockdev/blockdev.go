@@ -1,0 +1,282 @@
+// Package blockdev answers questions about block devices from the kernel
+// itself (stat, sysfs, mountinfo, ioctls), without udev or external tools.
+package blockdev
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// SysBlock is where the kernel lists block devices by name.
+const SysBlock = "/sys/class/block"
+
+// Dev is a device number.
+type Dev struct{ Major, Minor uint32 }
+
+func (d Dev) String() string { return fmt.Sprintf("%d:%d", d.Major, d.Minor) }
+
+// ErrNotBlock is returned for paths that exist but are not block devices.
+var ErrNotBlock = errors.New("not a block device")
+
+// Stat follows symlinks and returns the device number of a block device.
+func Stat(path string) (Dev, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return Dev{}, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return Dev{}, fmt.Errorf("%s: %w", path, ErrNotBlock)
+	}
+	return Dev{unix.Major(st.Rdev), unix.Minor(st.Rdev)}, nil
+}
+
+// Name returns the kernel name (sda, nvme0n1p3, loop3p1) of a device number.
+func Name(d Dev) (string, error) {
+	l, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%s", d))
+	if err != nil {
+		return "", fmt.Errorf("device %s is not known to sysfs: %w", d, err)
+	}
+	return filepath.Base(l), nil
+}
+
+// DevOf reads a kernel name's device number from sysfs.
+func DevOf(name string) (Dev, error) {
+	b, err := os.ReadFile(filepath.Join(SysBlock, name, "dev"))
+	if err != nil {
+		return Dev{}, err
+	}
+	var d Dev
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &d.Major, &d.Minor); err != nil {
+		return Dev{}, fmt.Errorf("parsing %s/dev: %w", name, err)
+	}
+	return d, nil
+}
+
+// PartitionInfo is set for partitions: their number and their parent disk.
+type PartitionInfo struct {
+	Number int
+	Parent string
+	// Start and Size in bytes, as the kernel knows them.
+	Start, Size int64
+}
+
+// Partition returns the partition info of name, or ok=false for whole disks.
+// The parent comes from the sysfs hierarchy (the partition's directory lives
+// inside its disk's), never from trimming digits off the name.
+func Partition(name string) (PartitionInfo, bool, error) {
+	dir := filepath.Join(SysBlock, name)
+	b, err := os.ReadFile(filepath.Join(dir, "partition"))
+	if errors.Is(err, os.ErrNotExist) {
+		return PartitionInfo{}, false, nil
+	}
+	if err != nil {
+		return PartitionInfo{}, false, err
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return PartitionInfo{}, false, err
+	}
+	p := PartitionInfo{Parent: filepath.Base(filepath.Dir(real))}
+	if p.Number, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return p, true, fmt.Errorf("parsing %s/partition: %w", name, err)
+	}
+	start, err1 := readInt(filepath.Join(dir, "start"))
+	size, err2 := readInt(filepath.Join(dir, "size"))
+	if err := errors.Join(err1, err2); err != nil {
+		return p, true, err
+	}
+	p.Start, p.Size = start*512, size*512
+	return p, true, nil
+}
+
+// Children lists the partitions of a disk, by kernel name.
+func Children(name string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(SysBlock, name))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if _, err := os.Stat(filepath.Join(SysBlock, name, e.Name(), "partition")); err == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// Holders lists devices stacked on name (device-mapper, md, bcache...).
+func Holders(name string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(SysBlock, name, "holders"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(ents))
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
+// SizeOf is the size in bytes of a device by kernel name.
+func SizeOf(name string) (int64, error) {
+	n, err := readInt(filepath.Join(SysBlock, name, "size"))
+	return n * 512, err
+}
+
+func readInt(p string) (int64, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// Mountpoints returns where a device is mounted, from the mount table of
+// this process's namespace, and "[SWAP]" if it is an active swap device.
+func Mountpoints(d Dev) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	want := d.String()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && fields[2] == want {
+			out = append(out, unescape(fields[4]))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if swaps, err := os.ReadFile("/proc/swaps"); err == nil {
+		for _, line := range strings.Split(string(swaps), "\n")[1:] {
+			fields := strings.Fields(line)
+			if len(fields) == 0 {
+				continue
+			}
+			if sd, err := Stat(unescape(fields[0])); err == nil && sd == d {
+				out = append(out, "[SWAP]")
+			}
+		}
+	}
+	return out, nil
+}
+
+// unescape undoes the octal escapes mountinfo uses for spaces and the like.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Usage says whether a device, or any partition of it, is in use.
+type Usage struct {
+	Mountpoints []string `json:"mountpoints,omitempty"`
+	Holders     []string `json:"holders,omitempty"`
+}
+
+func (u Usage) InUse() bool { return len(u.Mountpoints) > 0 || len(u.Holders) > 0 }
+
+func (u Usage) String() string {
+	var parts []string
+	if len(u.Mountpoints) > 0 {
+		parts = append(parts, "mounted on "+strings.Join(u.Mountpoints, ", "))
+	}
+	if len(u.Holders) > 0 {
+		parts = append(parts, "held by "+strings.Join(u.Holders, ", "))
+	}
+	return strings.Join(parts, " and ")
+}
+
+// UsageOf collects mounts and holders of name and of its partitions.
+func UsageOf(name string) (Usage, error) {
+	var u Usage
+	names := []string{name}
+	kids, err := Children(name)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return u, err
+	}
+	names = append(names, kids...)
+	for _, n := range names {
+		d, err := DevOf(n)
+		if err != nil {
+			continue
+		}
+		mps, err := Mountpoints(d)
+		if err != nil {
+			return u, err
+		}
+		for _, m := range mps {
+			if n != name {
+				m = n + ":" + m
+			}
+			u.Mountpoints = append(u.Mountpoints, m)
+		}
+		hs, err := Holders(n)
+		if err != nil {
+			return u, err
+		}
+		u.Holders = append(u.Holders, hs...)
+	}
+	return u, nil
+}
+
+// Geometry reads size and logical sector size of an open block device.
+func Geometry(fd int) (size int64, sectorSize int, err error) {
+	var sz uint64
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&sz))); e != 0 {
+		return 0, 0, fmt.Errorf("BLKGETSIZE64: %w", e)
+	}
+	ss, err := unix.IoctlGetInt(fd, unix.BLKSSZGET)
+	if err != nil {
+		return 0, 0, fmt.Errorf("BLKSSZGET: %w", err)
+	}
+	return int64(sz), ss, nil
+}
+
+// EnsureNode makes /dev/<name> exist as the right block node. devtmpfs
+// normally creates it; a container's /dev may not.
+func EnsureNode(name string) (string, error) {
+	d, err := DevOf(name)
+	if err != nil {
+		return "", err
+	}
+	p := "/dev/" + name
+	if got, err := Stat(p); err == nil {
+		if got == d {
+			return p, nil
+		}
+		return "", fmt.Errorf("%s is device %s, but the kernel says %s is %s", p, got, name, d)
+	}
+	if err := unix.Mknod(p, unix.S_IFBLK|0o660, int(unix.Mkdev(d.Major, d.Minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+		return "", fmt.Errorf("creating %s: %w", p, err)
+	}
+	return p, nil
+}

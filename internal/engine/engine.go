@@ -1,0 +1,211 @@
+// Package engine is the node engine behind salt-volume-exec: it prepares,
+// inspects, restores and removes volumes on this machine.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"golang.org/x/sys/unix"
+)
+
+// CrashEnv names the environment variable that makes the binary kill itself
+// right after the named step, to prove that a rerun converges.
+const CrashEnv = "SALT_VOLUME_EXEC_CRASH_AFTER"
+
+// Volume states reported by info, list and restore.
+const (
+	StatePrepared   = "prepared"
+	StateDetached   = "detached"   // sparse: state and file, no loop device
+	StateMissing    = "missing"    // state, but the file or device is gone
+	StateOrphan     = "orphan"     // storage that is ours, but no state
+	StateIncomplete = "incomplete" // a prepare started and did not finish
+	StateAbsent     = "absent"     // nothing at all
+)
+
+// Engine works under one state dir.
+type Engine struct {
+	State      nodestate.Dir
+	Log        *slog.Logger
+	UdevWait   time.Duration
+	DetachWait time.Duration
+	crashAfter string
+}
+
+// New returns an engine with the default waits.
+func New(stateDir string, log *slog.Logger) *Engine {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Engine{
+		State:      nodestate.Dir{Root: stateDir},
+		Log:        log,
+		UdevWait:   10 * time.Second,
+		DetachWait: 10 * time.Second,
+		crashAfter: os.Getenv(CrashEnv),
+	}
+}
+
+// Result is the JSON document printed for one volume.
+type Result struct {
+	Name           string   `json:"name"`
+	UUID           string   `json:"uuid"`
+	Type           string   `json:"type,omitempty"`
+	Mode           string   `json:"mode,omitempty"`
+	FSType         string   `json:"fsType,omitempty"`
+	Size           int64    `json:"size"`
+	DevicePath     string   `json:"devicePath,omitempty"`
+	DeviceName     string   `json:"deviceName,omitempty"`
+	PersistentPath string   `json:"persistentPath,omitempty"`
+	BackingFile    string   `json:"backingFile,omitempty"`
+	State          string   `json:"state"`
+	InUse          bool     `json:"inUse"`
+	Mountpoints    []string `json:"mountpoints,omitempty"`
+	Holders        []string `json:"holders,omitempty"`
+	Changed        bool     `json:"changed"`
+	Warnings       []string `json:"warnings,omitempty"`
+	Error          string   `json:"error,omitempty"`
+}
+
+// Error kinds map to the binary's exit codes.
+const (
+	KindFailed  = 1
+	KindInvalid = 2
+	KindRefused = 3
+)
+
+// Error is a failure with a stable code and an exit kind.
+type Error struct {
+	Kind    int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+func invalid(code, format string, a ...any) error {
+	return &Error{KindInvalid, code, fmt.Sprintf(format, a...)}
+}
+
+func refused(code, format string, a ...any) error {
+	return &Error{KindRefused, code, fmt.Sprintf(format, a...)}
+}
+
+func failed(code string, err error, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	return &Error{KindFailed, code, msg}
+}
+
+// AsError converts any error into an *Error (field errors are invalid input).
+func AsError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	var fe *spec.FieldError
+	if errors.As(err, &fe) {
+		return &Error{KindInvalid, "invalid_spec", fe.Error()}
+	}
+	return &Error{KindFailed, "failed", err.Error()}
+}
+
+// op carries one operation on one volume: its spec, what changed, and the
+// step log.
+type op struct {
+	e       *Engine
+	s       *spec.Spec
+	changed bool
+}
+
+func (o *op) step(name string, attrs ...any) {
+	args := append([]any{"step", name, "volume", o.s.Name, "uuid", o.s.UUID}, attrs...)
+	o.e.Log.Info("step", args...)
+	if o.e.crashAfter == name {
+		o.e.Log.Warn("crash injected", "after", name)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
+
+// lockVolume takes the volume's lock; callers hold it for the whole op.
+func (e *Engine) lockVolume(u string) (*nodestate.Lock, error) {
+	if err := e.State.Init(); err != nil {
+		return nil, failed("state_dir", err, "preparing state dir %s", e.State.Root)
+	}
+	l, err := e.State.Lock(u)
+	if err != nil {
+		return nil, failed("lock", err, "locking volume %s", u)
+	}
+	return l, nil
+}
+
+// openProbe reads what a device or file holds.
+func openProbe(path string) (probe.Result, int64, int, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return probe.Result{}, 0, 0, err
+	}
+	defer f.Close()
+	size, ss, err := geometry(f)
+	if err != nil {
+		return probe.Result{}, 0, 0, err
+	}
+	r, err := probe.Device(f, size, ss)
+	return r, size, ss, err
+}
+
+// geometry works for block devices and regular files alike.
+func geometry(f *os.File) (int64, int, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	if st.Mode()&os.ModeDevice != 0 {
+		return blockdev.Geometry(int(f.Fd()))
+	}
+	return st.Size(), 512, nil
+}
+
+// ours tells whether a probe shows this volume's own signature.
+func ours(s *spec.Spec, r probe.Result) bool {
+	if s.Mode == spec.ModeFilesystem {
+		return r.UUID == s.UUID && r.Kind == s.FSType || (s.FSType == spec.FSExt4 && r.UUID == s.UUID && (r.Kind == "ext2" || r.Kind == "ext3"))
+	}
+	if r.Kind != "gpt" || r.GPT == nil {
+		return false
+	}
+	p, ok := r.GPT.Partition(1)
+	return ok && p.GUID == s.UUID
+}
+
+func (e *Engine) usage(name string, res *Result) (blockdev.Usage, error) {
+	u, err := blockdev.UsageOf(name)
+	if err != nil {
+		return u, failed("usage", err, "checking whether %s is in use", name)
+	}
+	res.InUse, res.Mountpoints, res.Holders = u.InUse(), u.Mountpoints, u.Holders
+	return u, nil
+}
+
+func baseResult(s *spec.Spec) *Result {
+	return &Result{
+		Name:           s.Name,
+		UUID:           s.UUID,
+		Type:           s.Type(),
+		Mode:           s.Mode,
+		FSType:         s.FSType,
+		PersistentPath: s.PersistentPath(),
+	}
+}

@@ -1,0 +1,119 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+)
+
+// RestoreReport is restore's output.
+type RestoreReport struct {
+	Volumes  []*Result `json:"volumes"`
+	Orphans  []*Result `json:"orphans"`
+	Restored int       `json:"restored"`
+	Failed   int       `json:"failed"`
+}
+
+// Restore rebuilds, from the node state alone, what a reboot takes away:
+// loop devices, partition nodes and persistent links. It needs neither the
+// network nor Salt, changes no volume content, and deletes nothing.
+func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
+	rep := &RestoreReport{Volumes: []*Result{}, Orphans: []*Result{}}
+	recs, errs := e.State.All()
+	for _, err := range errs {
+		rep.Failed++
+		rep.Volumes = append(rep.Volumes, &Result{State: StateMissing, Error: err.Error()})
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.Spec.UUID] = true
+		res := e.restoreOne(ctx, rec)
+		if res.Error != "" {
+			rep.Failed++
+		} else if res.State == StatePrepared {
+			rep.Restored++
+		}
+		rep.Volumes = append(rep.Volumes, res)
+	}
+	rep.Orphans = append(rep.Orphans, e.orphans(known)...)
+	return rep, nil
+}
+
+func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result {
+	s := rec.Spec
+	lock, err := e.lockVolume(s.UUID)
+	if err != nil {
+		res := baseResult(s)
+		res.Error = err.Error()
+		return res
+	}
+	defer lock.Unlock()
+	// Re-read under the lock: a prepare or unprepare may have just finished.
+	if rec, err = e.State.Load(s.UUID); err != nil || rec == nil {
+		res := baseResult(s)
+		res.State = StateAbsent
+		return res
+	}
+	o := &op{e: e, s: s}
+	res := e.inspect(s, rec)
+	switch res.State {
+	case StateIncomplete:
+		// Finishing a half-done prepare is prepare's job, with its checks.
+		res.Warnings = append(res.Warnings, "a prepare of this volume did not finish: run prepare again")
+		return res
+	case StateMissing:
+		if s.RawBlockDevice == nil {
+			return res
+		}
+		// A Block volume whose table is there but whose partition the kernel
+		// never learned of (no GPT parser) is found and added here.
+		name, _ := e.findRaw(s, true)
+		if name == "" {
+			return res
+		}
+		res.Error = ""
+	}
+	var err2 error
+	if s.SparseLoopDevice != nil {
+		err2 = e.restoreSparse(ctx, o, res)
+	} else {
+		err2 = e.restoreRaw(ctx, o, res)
+	}
+	if err2 != nil {
+		res.Error = AsError(err2).Message
+		return res
+	}
+	fresh := e.inspect(s, rec)
+	fresh.Changed = o.changed
+	return fresh
+}
+
+func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
+	file := e.State.SparseFile(o.s.UUID)
+	devs, err := loopdev.Find(file)
+	if err != nil {
+		return failed("loop", err, "looking for the loop device of %s", file)
+	}
+	var dev loopdev.Device
+	if len(devs) > 0 {
+		dev = devs[0]
+	} else {
+		if dev, err = loopdev.Attach(ctx, file); err != nil {
+			return failed("attach", err, "attaching %s", file)
+		}
+		o.changed = true
+		o.step("attached", "device", dev.Path)
+	}
+	return e.finishDevice(ctx, o, dev.Name, res)
+}
+
+func (e *Engine) restoreRaw(ctx context.Context, o *op, res *Result) error {
+	name, err := e.findRaw(o.s, true)
+	if err != nil || name == "" {
+		return failed("device", err, "no device on this node carries volume %s", o.s.UUID)
+	}
+	// findRaw returned the device that is the volume (the partition in
+	// Block mode, added to the kernel if it was missing): link it.
+	return e.linkDevice(ctx, o, name, res)
+}

@@ -1,0 +1,270 @@
+// Package loopdev attaches and detaches loop devices with the kernel's
+// ioctls, finds the loop device of a backing file, and makes sure partition
+// nodes exist (BLKPG) on kernels whose partition scan does not create them.
+package loopdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"golang.org/x/sys/unix"
+)
+
+// Device is an attached loop device.
+type Device struct {
+	Name string // loop3
+	Path string // /dev/loop3
+}
+
+func byNumber(n int) Device {
+	name := "loop" + strconv.Itoa(n)
+	return Device{Name: name, Path: "/dev/" + name}
+}
+
+// Attach binds backing to a free loop device with PARTSCAN set, so that the
+// kernel (where it can) scans partitions and always drops stale ones on
+// detach. AUTOCLEAR stays off: the device must outlive this process.
+func Attach(ctx context.Context, backing string) (Device, error) {
+	abs, err := filepath.Abs(backing)
+	if err != nil {
+		return Device{}, err
+	}
+	back, err := os.OpenFile(abs, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, err
+	}
+	defer back.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, fmt.Errorf("opening /dev/loop-control: %w", err)
+	}
+	defer ctl.Close()
+
+	// GET_FREE hands the same device to concurrent callers; the loser gets
+	// EBUSY from CONFIGURE and must ask again.
+	for attempt := 0; attempt < 200; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return Device{}, err
+		}
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return Device{}, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
+		}
+		d := byNumber(n)
+		if _, err := blockdev.EnsureNode(d.Name); err != nil {
+			return Device{}, err
+		}
+		err = configure(d.Path, back, abs)
+		if errors.Is(err, unix.EBUSY) {
+			time.Sleep(time.Duration(attempt%10+1) * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return Device{}, err
+		}
+		return d, nil
+	}
+	return Device{}, errors.New("no free loop device after 200 attempts")
+}
+
+func configure(dev string, back *os.File, name string) error {
+	lf, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	var info unix.LoopInfo64
+	info.Flags = unix.LO_FLAGS_PARTSCAN
+	copy(info.File_name[:unix.LO_NAME_SIZE-1], name)
+	cfg := unix.LoopConfig{Fd: uint32(back.Fd()), Info: info}
+	err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
+		if err != nil {
+			return fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
+		}
+		return nil
+	}
+	// Kernels before 5.8 have no LOOP_CONFIGURE.
+	if err := unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_SET_FD, int(back.Fd())); err != nil {
+		return fmt.Errorf("LOOP_SET_FD %s: %w", dev, err)
+	}
+	if err := unix.IoctlLoopSetStatus64(int(lf.Fd()), &info); err != nil {
+		_ = unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
+		return fmt.Errorf("LOOP_SET_STATUS64 %s: %w", dev, err)
+	}
+	return nil
+}
+
+// Find returns the loop devices currently backed by the file at path,
+// matched by device and inode (names are truncated and do not follow
+// renames).
+func Find(path string) ([]Device, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil, err
+	}
+	bound, err := Bound()
+	if err != nil {
+		return nil, err
+	}
+	var out []Device
+	for _, d := range bound {
+		info, err := status(d.Path)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if info.Device == st.Dev && info.Inode == st.Ino {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// Bound lists loop devices that have a backing file.
+func Bound() ([]Device, error) {
+	ents, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, err
+	}
+	var out []Device
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop"))
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/sys/block", e.Name(), "loop")); err == nil {
+			out = append(out, byNumber(n))
+		}
+	}
+	return out, nil
+}
+
+// BackingFile reads the backing file the kernel recorded for a bound device.
+func BackingFile(name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func status(dev string) (*unix.LoopInfo64, error) {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return unix.IoctlLoopGetStatus64(fd)
+}
+
+// Detach unbinds the device and waits until the kernel has really let go of
+// it: a detach of a busy device only sets AUTOCLEAR and returns success.
+func Detach(ctx context.Context, d Device, wait time.Duration) error {
+	fd, err := unix.Open(d.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+	unix.Close(fd)
+	if err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("LOOP_CLR_FD %s: %w", d.Path, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		if _, err := os.Stat(filepath.Join("/sys/block", d.Name, "loop")); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s is still attached %s after detach: something still holds it open", d.Path, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// EnsurePartition makes partition pno of the loop device (or any disk)
+// exist with the given extent in bytes. Kernels without the GPT parser
+// accept PARTSCAN but create nothing, so add it ourselves with BLKPG.
+func EnsurePartition(disk string, pno int, start, length int64) (string, error) {
+	if name, ok := findPartition(disk, pno); ok {
+		p, _, err := blockdev.Partition(name)
+		if err == nil && p.Start == start && p.Size == length {
+			return name, nil
+		}
+		if err := blkpg(disk, unix.BLKPG_DEL_PARTITION, pno, 0, 0); err != nil {
+			return "", err
+		}
+	}
+	if err := blkpg(disk, unix.BLKPG_ADD_PARTITION, pno, start, length); err != nil {
+		return "", err
+	}
+	name, ok := findPartition(disk, pno)
+	if !ok {
+		return "", fmt.Errorf("partition %d of %s did not appear after BLKPG", pno, disk)
+	}
+	return name, nil
+}
+
+// RemovePartition drops a partition from the kernel's view (not the disk).
+func RemovePartition(disk string, pno int) error {
+	if _, ok := findPartition(disk, pno); !ok {
+		return nil
+	}
+	return blkpg(disk, unix.BLKPG_DEL_PARTITION, pno, 0, 0)
+}
+
+func findPartition(disk string, pno int) (string, bool) {
+	kids, err := blockdev.Children(disk)
+	if err != nil {
+		return "", false
+	}
+	for _, k := range kids {
+		if p, ok, err := blockdev.Partition(k); err == nil && ok && p.Number == pno {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+func blkpg(disk string, op int32, pno int, start, length int64) error {
+	fd, err := unix.Open("/dev/"+disk, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	p := unix.BlkpgPartition{Start: start, Length: length, Pno: int32(pno)}
+	a := unix.BlkpgIoctlArg{Op: op, Datalen: int32(unsafe.Sizeof(p)), Data: (*byte)(unsafe.Pointer(&p))}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKPG, uintptr(unsafe.Pointer(&a))); e != 0 {
+		return fmt.Errorf("BLKPG op %d on /dev/%s partition %d: %w", op, disk, pno, e)
+	}
+	return nil
+}
+
+// Reread asks the kernel to rescan a disk's partition table; harmless where
+// the kernel has no parser for it.
+func Reread(disk string) error {
+	fd, err := unix.Open("/dev/"+disk, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKRRPART, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}

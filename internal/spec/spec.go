@@ -1,0 +1,271 @@
+// Package spec defines the volume spec shared by the node binary, the Salt
+// modules and the control plane, and validates it field by field.
+package spec
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+const (
+	ModeFilesystem = "Filesystem"
+	ModeBlock      = "Block"
+	FSExt4         = "ext4"
+	FSXFS          = "xfs"
+
+	TypeSparse = "sparseLoopDevice"
+	TypeRaw    = "rawBlockDevice"
+
+	// MinXFSSize is the smallest device mkfs.xfs (xfsprogs >= 5.19) accepts.
+	MinXFSSize = 300 * 1000 * 1000
+	// MinFilesystemSize keeps ext4 out of its degenerate tiny-fs layouts.
+	MinFilesystemSize = 1 << 20
+	// MinBlockSize leaves room for the 1 MiB-aligned partition and both GPTs.
+	MinBlockSize = 4 << 20
+)
+
+// Size accepts both a quantity string ("10Gi") and a bare JSON number.
+type Size string
+
+func (s *Size) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var str string
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		*s = Size(str)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("size must be a quantity string or a number of bytes")
+	}
+	*s = Size(n.String())
+	return nil
+}
+
+type SparseLoopDevice struct {
+	Size Size `json:"size"`
+}
+
+type RawBlockDevice struct {
+	DevicePath string `json:"devicePath"`
+}
+
+// Spec is the volume spec contract (see ARCHITECTURE.md).
+type Spec struct {
+	Name             string            `json:"name"`
+	UUID             string            `json:"uuid"`
+	Node             string            `json:"node,omitempty"`
+	Mode             string            `json:"mode,omitempty"`
+	FSType           string            `json:"fsType,omitempty"`
+	MkfsOptions      []string          `json:"mkfsOptions,omitempty"`
+	SparseLoopDevice *SparseLoopDevice `json:"sparseLoopDevice,omitempty"`
+	RawBlockDevice   *RawBlockDevice   `json:"rawBlockDevice,omitempty"`
+
+	// SizeBytes is the parsed sparse size; filled in by Validate.
+	SizeBytes int64 `json:"-"`
+}
+
+// FieldError names the offending field so the message can tell the user
+// exactly what to fix.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// Parse decodes a spec strictly (unknown fields are errors, so typos such as
+// "fstype" do not silently fall back to defaults) and validates it.
+func Parse(r io.Reader) (*Spec, error) {
+	data, err := io.ReadAll(io.LimitReader(r, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading spec: %w", err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, &FieldError{Field: "spec", Msg: "empty input: pass the volume spec as JSON"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var s Spec
+	if err := dec.Decode(&s); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "json: ")
+		return nil, &FieldError{Field: "spec", Msg: "invalid JSON: " + msg}
+	}
+	if dec.More() {
+		return nil, &FieldError{Field: "spec", Msg: "trailing data after the JSON object"}
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Validate fills defaults, normalises the UUID to lower case and checks every
+// field. It does not look at the machine (sizes against free space, devices);
+// the engine does that.
+func (s *Spec) Validate() error {
+	if s.Name == "" {
+		return &FieldError{"name", "missing: give the volume a name (lowercase letters, digits and '-')"}
+	}
+	if len(s.Name) > 63 || !dns1123Label.MatchString(s.Name) {
+		return &FieldError{"name", fmt.Sprintf("%q is not a DNS-1123 label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit", s.Name)}
+	}
+	if s.UUID == "" {
+		return &FieldError{"uuid", "missing: give an RFC 4122 UUID such as 3f2504e0-4f89-41d3-9a0c-0305e82c3301"}
+	}
+	u, err := uuid.Parse(s.UUID)
+	if err != nil || len(s.UUID) != 36 || u.Variant() != uuid.RFC4122 || u == uuid.Nil {
+		return &FieldError{"uuid", fmt.Sprintf("%q is not an RFC 4122 UUID: use the 8-4-4-4-12 hex form, e.g. 3f2504e0-4f89-41d3-9a0c-0305e82c3301", s.UUID)}
+	}
+	s.UUID = u.String()
+
+	switch s.Mode {
+	case "":
+		s.Mode = ModeFilesystem
+	case ModeFilesystem, ModeBlock:
+	default:
+		return &FieldError{"mode", fmt.Sprintf("%q is not a mode: use Filesystem or Block", s.Mode)}
+	}
+	if s.Mode == ModeFilesystem {
+		switch s.FSType {
+		case "":
+			s.FSType = FSExt4
+		case FSExt4, FSXFS:
+		default:
+			return &FieldError{"fsType", fmt.Sprintf("%q is not supported: use ext4 or xfs", s.FSType)}
+		}
+		if err := checkMkfsOptions(s.MkfsOptions); err != nil {
+			return err
+		}
+	} else {
+		if s.FSType != "" {
+			return &FieldError{"fsType", "a Block volume has no filesystem: drop fsType or use mode Filesystem"}
+		}
+		if len(s.MkfsOptions) > 0 {
+			return &FieldError{"mkfsOptions", "a Block volume has no filesystem: drop mkfsOptions or use mode Filesystem"}
+		}
+	}
+
+	switch {
+	case s.SparseLoopDevice != nil && s.RawBlockDevice != nil:
+		return &FieldError{"sparseLoopDevice", "give exactly one of sparseLoopDevice and rawBlockDevice, not both"}
+	case s.SparseLoopDevice == nil && s.RawBlockDevice == nil:
+		return &FieldError{"sparseLoopDevice", "missing: give sparseLoopDevice: {size: 10Gi} or rawBlockDevice: {devicePath: /dev/sdb}"}
+	case s.SparseLoopDevice != nil:
+		n, err := ParseSize(string(s.SparseLoopDevice.Size))
+		if err != nil {
+			return &FieldError{"sparseLoopDevice.size", err.Error()}
+		}
+		if err := s.checkMinimum("sparseLoopDevice.size", n); err != nil {
+			return err
+		}
+		s.SizeBytes = n
+	default:
+		return checkDevicePath(s.RawBlockDevice.DevicePath)
+	}
+	return nil
+}
+
+// CheckMinimum refuses devices too small for the requested layout; the engine
+// reuses it for raw devices once their real size is known.
+func (s *Spec) checkMinimum(field string, n int64) error {
+	switch {
+	case s.Mode == ModeBlock && n < MinBlockSize:
+		return &FieldError{field, fmt.Sprintf("%s is too small for a Block volume: use at least 4Mi", FormatSize(n))}
+	case s.Mode == ModeFilesystem && s.FSType == FSXFS && n < MinXFSSize:
+		return &FieldError{field, fmt.Sprintf("%s is too small for xfs (mkfs.xfs needs at least 300M): use a larger size or fsType ext4", FormatSize(n))}
+	case s.Mode == ModeFilesystem && n < MinFilesystemSize:
+		return &FieldError{field, fmt.Sprintf("%s is too small for a filesystem: use at least 1Mi", FormatSize(n))}
+	}
+	return nil
+}
+
+// CheckDeviceSize validates a raw device's real size against the layout.
+func (s *Spec) CheckDeviceSize(n int64) error {
+	return s.checkMinimum("rawBlockDevice.devicePath", n)
+}
+
+func checkDevicePath(p string) error {
+	const field = "rawBlockDevice.devicePath"
+	switch {
+	case p == "":
+		return &FieldError{field, "missing: give the device, e.g. /dev/sdb or /dev/disk/by-id/..."}
+	case !filepath.IsAbs(p):
+		return &FieldError{field, fmt.Sprintf("%q is relative: give an absolute path under /dev", p)}
+	case filepath.Clean(p) != p:
+		return &FieldError{field, fmt.Sprintf("%q is not a clean path: write it as %q", p, filepath.Clean(p))}
+	case !strings.HasPrefix(p, "/dev/") || len(p) <= len("/dev/"):
+		return &FieldError{field, fmt.Sprintf("%q is not under /dev: give a block device such as /dev/sdb", p)}
+	case strings.ContainsAny(p, " \t\n\x00"):
+		return &FieldError{field, fmt.Sprintf("%q contains whitespace or control characters", p)}
+	}
+	return nil
+}
+
+// checkMkfsOptions keeps pass-through options from undoing what the volume
+// relies on: the UUID we stamp, and formatting only the device we checked.
+func checkMkfsOptions(opts []string) error {
+	for i, o := range opts {
+		field := fmt.Sprintf("mkfsOptions[%d]", i)
+		switch {
+		case o == "":
+			return &FieldError{field, "empty option: remove it"}
+		case o == "-U" || strings.HasPrefix(o, "-U") || strings.Contains(o, "uuid="):
+			return &FieldError{field, fmt.Sprintf("%q would override the filesystem UUID, which must be the volume UUID: remove it", o)}
+		case strings.HasPrefix(o, "/") || strings.Contains(o, "/dev/"):
+			return &FieldError{field, fmt.Sprintf("%q names a path: mkfs options may not point at other files or devices", o)}
+		case strings.ContainsAny(o, "\n\x00"):
+			return &FieldError{field, "contains a newline or NUL byte"}
+		}
+	}
+	return nil
+}
+
+// Type is the volume kind as reported in outputs.
+func (s *Spec) Type() string {
+	if s.SparseLoopDevice != nil {
+		return TypeSparse
+	}
+	return TypeRaw
+}
+
+// PersistentPath is where the volume is always found, whatever its kernel
+// name today.
+func (s *Spec) PersistentPath() string {
+	if s.Mode == ModeBlock {
+		return "/dev/disk/by-partuuid/" + s.UUID
+	}
+	return "/dev/disk/by-uuid/" + s.UUID
+}
+
+// SameVolume tells whether two specs describe the same storage, ignoring
+// fields that do not change what is on disk (node).
+func (s *Spec) SameVolume(o *Spec) (bool, string) {
+	switch {
+	case s.Name != o.Name:
+		return false, fmt.Sprintf("name %q (recorded) vs %q", o.Name, s.Name)
+	case s.Type() != o.Type():
+		return false, fmt.Sprintf("kind %s (recorded) vs %s", o.Type(), s.Type())
+	case s.Mode != o.Mode:
+		return false, fmt.Sprintf("mode %s (recorded) vs %s", o.Mode, s.Mode)
+	case s.FSType != o.FSType:
+		return false, fmt.Sprintf("fsType %s (recorded) vs %s", o.FSType, s.FSType)
+	case s.SparseLoopDevice != nil && s.SizeBytes != o.SizeBytes:
+		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes; resizing is not supported", o.SizeBytes, s.SizeBytes)
+	case s.RawBlockDevice != nil && s.RawBlockDevice.DevicePath != o.RawBlockDevice.DevicePath:
+		return false, fmt.Sprintf("devicePath %s (recorded) vs %s", o.RawBlockDevice.DevicePath, s.RawBlockDevice.DevicePath)
+	}
+	return true, ""
+}
