@@ -23,8 +23,9 @@ const (
 	TypeSparse = "sparseLoopDevice"
 	TypeRaw    = "rawBlockDevice"
 
-	// MinXFSSize is the smallest device mkfs.xfs (xfsprogs >= 5.19) accepts.
-	MinXFSSize = 300 * 1000 * 1000
+	// MinXFSSize is the smallest device mkfs.xfs (xfsprogs 6.1) accepts: its
+	// "300MB" is 300 MiB (312475648 bytes fails, 314572800 works).
+	MinXFSSize = 300 << 20
 	// MinFilesystemSize keeps ext4 out of its degenerate tiny-fs layouts.
 	MinFilesystemSize = 1 << 20
 	// MinBlockSize leaves room for the 1 MiB-aligned partition and both GPTs.
@@ -106,10 +107,46 @@ func Parse(r io.Reader) (*Spec, error) {
 	if dec.More() {
 		return nil, &FieldError{Field: "spec", Msg: "trailing data after the JSON object"}
 	}
+	if err := checkKeys(data); err != nil {
+		return nil, err
+	}
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// knownKeys are the exact field names; encoding/json alone would also accept
+// "fstype" or "NAME", which hides typos and lets two spellings disagree.
+var knownKeys = map[string]map[string]bool{
+	"": {"name": true, "uuid": true, "node": true, "mode": true, "fsType": true, "mkfsOptions": true,
+		"sparseLoopDevice": true, "rawBlockDevice": true},
+	"sparseLoopDevice": {"size": true},
+	"rawBlockDevice":   {"devicePath": true},
+}
+
+func checkKeys(data []byte) error {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return &FieldError{Field: "spec", Msg: "invalid JSON: " + err.Error()}
+	}
+	for k, v := range top {
+		if !knownKeys[""][k] {
+			return &FieldError{Field: "spec", Msg: fmt.Sprintf("unknown field %q (field names are case-sensitive)", k)}
+		}
+		if sub, ok := knownKeys[k]; ok && string(bytes.TrimSpace(v)) != "null" {
+			var m map[string]json.RawMessage
+			if err := json.Unmarshal(v, &m); err != nil {
+				return &FieldError{Field: k, Msg: "must be an object"}
+			}
+			for kk := range m {
+				if !sub[kk] {
+					return &FieldError{Field: k, Msg: fmt.Sprintf("unknown field %q (field names are case-sensitive)", kk)}
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // Validate fills defaults, normalises the UUID to lower case and checks every
@@ -185,7 +222,7 @@ func (s *Spec) checkMinimum(field string, n int64) error {
 	case s.Mode == ModeBlock && n < MinBlockSize:
 		return &FieldError{field, fmt.Sprintf("%s is too small for a Block volume: use at least 4Mi", FormatSize(n))}
 	case s.Mode == ModeFilesystem && s.FSType == FSXFS && n < MinXFSSize:
-		return &FieldError{field, fmt.Sprintf("%s is too small for xfs (mkfs.xfs needs at least 300M): use a larger size or fsType ext4", FormatSize(n))}
+		return &FieldError{field, fmt.Sprintf("%s is too small for xfs (mkfs.xfs needs at least 300Mi): use a larger size or fsType ext4", FormatSize(n))}
 	case s.Mode == ModeFilesystem && n < MinFilesystemSize:
 		return &FieldError{field, fmt.Sprintf("%s is too small for a filesystem: use at least 1Mi", FormatSize(n))}
 	}

@@ -1,0 +1,163 @@
+package spec
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseSize(t *testing.T) {
+	good := map[string]int64{
+		"10Gi":       10 << 30,
+		"1.5Gi":      3 << 29,
+		"500M":       500_000_000,
+		"1073741824": 1 << 30,
+		"1e9":        1_000_000_000,
+		"64Mi":       64 << 20,
+		"1k":         1000,
+		"2Ki":        2048,
+		"0.5Ki":      512,
+		" 3Ti ":      3 << 40,
+		"1E3":        1000,
+	}
+	for in, want := range good {
+		got, err := ParseSize(in)
+		if assert.NoError(t, err, in) {
+			assert.Equal(t, want, got, in)
+		}
+	}
+	bad := map[string]string{
+		"":       "empty",
+		"0":      "greater than zero",
+		"-1Gi":   "greater than zero",
+		"0Gi":    "greater than zero",
+		"10GB":   "not a size",
+		"ten":    "not a size",
+		"1.5":    "whole number of bytes",
+		"1m":     "not a size", // milli is not a byte size
+		"10 Gi":  "not a size",
+		"9Ei":    "too large",
+		"1e-3":   "whole number",
+		"1e99":   "exponent",
+		"Gi":     "not a size",
+		"0x10Gi": "not a size",
+	}
+	for in, want := range bad {
+		_, err := ParseSize(in)
+		if assert.Error(t, err, in) {
+			assert.Contains(t, err.Error(), want, in)
+		}
+	}
+}
+
+func TestFormatSize(t *testing.T) {
+	assert.Equal(t, "10Gi", FormatSize(10<<30))
+	assert.Equal(t, "1536Mi", FormatSize(3<<29))
+	assert.Equal(t, "500000000", FormatSize(500_000_000))
+}
+
+const u1 = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+
+func parse(t *testing.T, js string) (*Spec, error) {
+	t.Helper()
+	return Parse(strings.NewReader(js))
+}
+
+func TestParseDefaultsAndNormalisation(t *testing.T) {
+	s, err := parse(t, `{"name":"data-1","uuid":"3F2504E0-4F89-41D3-9A0C-0305E82C3301","node":"n1","sparseLoopDevice":{"size":"10Gi"}}`)
+	require.NoError(t, err)
+	assert.Equal(t, u1, s.UUID, "uuid is stored lowercase")
+	assert.Equal(t, ModeFilesystem, s.Mode)
+	assert.Equal(t, FSExt4, s.FSType)
+	assert.Equal(t, int64(10<<30), s.SizeBytes)
+	assert.Equal(t, "/dev/disk/by-uuid/"+u1, s.PersistentPath())
+	assert.Equal(t, TypeSparse, s.Type())
+
+	s, err = parse(t, `{"name":"b","uuid":"`+u1+`","mode":"Block","sparseLoopDevice":{"size":1073741824}}`)
+	require.NoError(t, err)
+	assert.Equal(t, "", s.FSType)
+	assert.Equal(t, int64(1<<30), s.SizeBytes, "a bare JSON number is bytes")
+	assert.Equal(t, "/dev/disk/by-partuuid/"+u1, s.PersistentPath())
+
+	s, err = parse(t, `{"name":"r","uuid":"`+u1+`","fsType":"xfs","mkfsOptions":["-L","data"],"rawBlockDevice":{"devicePath":"/dev/disk/by-id/wwn-0x5000"}}`)
+	require.NoError(t, err)
+	assert.Equal(t, TypeRaw, s.Type())
+}
+
+func TestParseErrorsNameTheField(t *testing.T) {
+	base := func(extra string) string {
+		return `{"name":"data-1","uuid":"` + u1 + `",` + extra + `}`
+	}
+	cases := []struct{ js, field, hint string }{
+		{``, "spec", "empty"},
+		{`{"name":`, "spec", "invalid JSON"},
+		{`[]`, "spec", "invalid JSON"},
+		{base(`"sparseLoopDevice":{"size":"1Gi"},"fstype":"xfs"`), "spec", `unknown field "fstype"`},
+		{base(`"sparseLoopDevice":{"size":"1Gi"}} {`), "spec", "trailing"},
+		{`{"uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"}}`, "name", "missing"},
+		{`{"name":"Data_1","uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"}}`, "name", "DNS-1123"},
+		{`{"name":"` + strings.Repeat("a", 64) + `","uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"}}`, "name", "DNS-1123"},
+		{`{"name":"-a","uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"}}`, "name", "DNS-1123"},
+		{`{"name":"a","sparseLoopDevice":{"size":"1Gi"}}`, "uuid", "missing"},
+		{`{"name":"a","uuid":"not-a-uuid","sparseLoopDevice":{"size":"1Gi"}}`, "uuid", "RFC 4122"},
+		{`{"name":"a","uuid":"{` + u1 + `}","sparseLoopDevice":{"size":"1Gi"}}`, "uuid", "RFC 4122"},
+		{`{"name":"a","uuid":"00000000-0000-0000-0000-000000000000","sparseLoopDevice":{"size":"1Gi"}}`, "uuid", "RFC 4122"},
+		{`{"name":"a","uuid":"3f2504e0-4f89-41d3-ca0c-0305e82c3301","sparseLoopDevice":{"size":"1Gi"}}`, "uuid", "RFC 4122"}, // wrong variant
+		{base(`"mode":"block","sparseLoopDevice":{"size":"1Gi"}`), "mode", "Filesystem or Block"},
+		{base(`"fsType":"btrfs","sparseLoopDevice":{"size":"1Gi"}`), "fsType", "ext4 or xfs"},
+		{base(`"mode":"Block","fsType":"ext4","sparseLoopDevice":{"size":"1Gi"}`), "fsType", "Block volume has no filesystem"},
+		{base(`"mode":"Block","mkfsOptions":["-m","0"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions", "Block volume"},
+		{base(`"mkfsOptions":["-U","random"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "UUID"},
+		{base(`"fsType":"xfs","mkfsOptions":["-m","uuid=x"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", "UUID"},
+		{base(`"mkfsOptions":["/dev/sda"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "path"},
+		{base(`"mkfsOptions":[""],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "empty"},
+		{base(`"sparseLoopDevice":{"size":"1Gi"},"rawBlockDevice":{"devicePath":"/dev/sdb"}`), "sparseLoopDevice", "not both"},
+		{base(`"mode":"Filesystem"`), "sparseLoopDevice", "missing"},
+		{base(`"sparseLoopDevice":{"size":"0"}`), "sparseLoopDevice.size", "greater than zero"},
+		{base(`"sparseLoopDevice":{"size":"-5Gi"}`), "sparseLoopDevice.size", "greater than zero"},
+		{base(`"sparseLoopDevice":{"size":"lots"}`), "sparseLoopDevice.size", "not a size"},
+		{base(`"sparseLoopDevice":{}`), "sparseLoopDevice.size", "empty"},
+		{base(`"sparseLoopDevice":{"size":true}`), "spec", "size must be"},
+		{base(`"fsType":"xfs","sparseLoopDevice":{"size":"256Mi"}`), "sparseLoopDevice.size", "300Mi"},
+		{base(`"sparseLoopDevice":{"size":"512Ki"}`), "sparseLoopDevice.size", "at least 1Mi"},
+		{base(`"mode":"Block","sparseLoopDevice":{"size":"2Mi"}`), "sparseLoopDevice.size", "at least 4Mi"},
+		{base(`"rawBlockDevice":{"devicePath":""}`), "rawBlockDevice.devicePath", "missing"},
+		{base(`"rawBlockDevice":{"devicePath":"sdb"}`), "rawBlockDevice.devicePath", "relative"},
+		{base(`"rawBlockDevice":{"devicePath":"/dev/../etc/passwd"}`), "rawBlockDevice.devicePath", "clean"},
+		{base(`"rawBlockDevice":{"devicePath":"/dev/sdb/"}`), "rawBlockDevice.devicePath", "clean"},
+		{base(`"rawBlockDevice":{"devicePath":"/tmp/disk.img"}`), "rawBlockDevice.devicePath", "not under /dev"},
+		{base(`"rawBlockDevice":{"devicePath":"/dev/"}`), "rawBlockDevice.devicePath", "clean"},
+	}
+	for _, c := range cases {
+		_, err := parse(t, c.js)
+		var fe *FieldError
+		if assert.True(t, errors.As(err, &fe), "%s: want a FieldError, got %v", c.js, err) {
+			assert.Equal(t, c.field, fe.Field, c.js)
+			assert.Contains(t, fe.Msg, c.hint, c.js)
+		}
+	}
+}
+
+func TestXFSMinimumIsInclusive(t *testing.T) {
+	_, err := parse(t, `{"name":"a","uuid":"`+u1+`","fsType":"xfs","sparseLoopDevice":{"size":"300Mi"}}`)
+	assert.NoError(t, err)
+}
+
+func TestSameVolume(t *testing.T) {
+	a, err := parse(t, `{"name":"a","uuid":"`+u1+`","node":"n1","sparseLoopDevice":{"size":"1Gi"}}`)
+	require.NoError(t, err)
+	b, _ := parse(t, `{"name":"a","uuid":"`+u1+`","node":"n2","sparseLoopDevice":{"size":"1073741824"}}`)
+	same, _ := a.SameVolume(b)
+	assert.True(t, same, "node and size spelling do not matter")
+	c, _ := parse(t, `{"name":"a","uuid":"`+u1+`","sparseLoopDevice":{"size":"2Gi"}}`)
+	same, why := a.SameVolume(c)
+	assert.False(t, same)
+	assert.Contains(t, why, "resizing is not supported")
+	d, _ := parse(t, `{"name":"a","uuid":"`+u1+`","fsType":"xfs","sparseLoopDevice":{"size":"1Gi"}}`)
+	same, why = a.SameVolume(d)
+	assert.False(t, same)
+	assert.Contains(t, why, "fsType")
+}

@@ -1,0 +1,274 @@
+// Package nodeexec tests salt-volume-exec as a user runs it: the real
+// binary, real loop devices, real mkfs, checked with util-linux and gdisk.
+package nodeexec
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/stretchr/testify/require"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sve-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "salt-volume-exec")
+	out, err := exec.Command("go", "build", "-o", binary, "../../cmd/salt-volume-exec").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building salt-volume-exec: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// needLoop skips tests that need root and loop devices, saying why.
+func needLoop(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop devices, mkfs and /dev/disk links (run make test as root)")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("needs /dev/loop-control (loop module not loaded?)")
+	}
+	for _, tool := range []string{"mkfs.ext4", "mkfs.xfs", "blkid", "sgdisk"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: run make setup", tool)
+		}
+	}
+}
+
+// node is one test's node: its own state dir, and cleanup of everything the
+// test attached or linked, even when it fails.
+type node struct {
+	t     *testing.T
+	dir   string
+	uuids []string
+}
+
+func newNode(t *testing.T) *node {
+	t.Helper()
+	needLoop(t)
+	n := &node{t: t, dir: filepath.Join(t.TempDir(), "state")}
+	t.Cleanup(n.cleanup)
+	return n
+}
+
+func (n *node) cleanup() {
+	ctx := context.Background()
+	ents, _ := os.ReadDir(filepath.Join(n.dir, "sparse"))
+	for _, e := range ents {
+		devs, _ := loopdev.Find(filepath.Join(n.dir, "sparse", e.Name()))
+		for _, d := range devs {
+			_ = loopdev.RemovePartition(d.Name, 1)
+			if err := loopdev.Detach(ctx, d, 5*time.Second); err != nil {
+				n.t.Logf("cleanup: %v", err)
+			}
+		}
+	}
+	for _, u := range n.uuids {
+		os.Remove("/dev/disk/by-uuid/" + u)
+		os.Remove("/dev/disk/by-partuuid/" + u)
+	}
+}
+
+func (n *node) newUUID() string {
+	u := uuid.NewString()
+	n.uuids = append(n.uuids, u)
+	return u
+}
+
+// run is one invocation of the binary.
+type run struct {
+	Code   int
+	Out    map[string]any
+	Stdout string
+	Stderr string
+}
+
+func (r run) str(k string) string {
+	v, _ := r.Out[k].(string)
+	return v
+}
+
+func (r run) errCode() string {
+	e, _ := r.Out["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+func (r run) errMsg() string {
+	e, _ := r.Out["error"].(map[string]any)
+	c, _ := e["message"].(string)
+	return c
+}
+
+func (n *node) exec(env []string, stdin string, args ...string) run {
+	n.t.Helper()
+	cmd := exec.Command(binary, append([]string{"--state-dir", n.dir}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := run{Stdout: out.String(), Stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.Code = ee.ExitCode() // -1 when killed by a signal
+	case err != nil:
+		n.t.Fatalf("running salt-volume-exec: %v", err)
+	}
+	if r.Code >= 0 && strings.TrimSpace(r.Stdout) != "" {
+		require.NoError(n.t, json.Unmarshal(out.Bytes(), &r.Out), "stdout must be one JSON document: %q", r.Stdout)
+	}
+	return r
+}
+
+func (n *node) do(cmd string, spec map[string]any, extra ...string) run {
+	n.t.Helper()
+	b, err := json.Marshal(spec)
+	require.NoError(n.t, err)
+	return n.exec(nil, string(b), append([]string{cmd, "--spec", "-"}, extra...)...)
+}
+
+// ok runs a command that must succeed.
+func (n *node) ok(cmd string, spec map[string]any, extra ...string) run {
+	n.t.Helper()
+	r := n.do(cmd, spec, extra...)
+	require.Equal(n.t, 0, r.Code, "%s failed: %s\nstderr: %s", cmd, r.Stdout, r.Stderr)
+	return r
+}
+
+func sparseSpec(name, u, size string, extra map[string]any) map[string]any {
+	s := map[string]any{"name": name, "uuid": u, "node": "test", "sparseLoopDevice": map[string]any{"size": size}}
+	for k, v := range extra {
+		s[k] = v
+	}
+	return s
+}
+
+func rawSpec(name, u, dev string, extra map[string]any) map[string]any {
+	s := map[string]any{"name": name, "uuid": u, "rawBlockDevice": map[string]any{"devicePath": dev}}
+	for k, v := range extra {
+		s[k] = v
+	}
+	return s
+}
+
+// blkid returns blkid's low-level probe of a device as a map.
+func blkid(t *testing.T, dev string) map[string]string {
+	t.Helper()
+	out, _ := exec.Command("blkid", "-p", "-o", "export", dev).Output()
+	m := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// resolves checks that a persistent path leads to the device.
+func resolves(t *testing.T, link, devicePath string) {
+	t.Helper()
+	got, err := filepath.EvalSymlinks(link)
+	require.NoError(t, err, "%s must resolve", link)
+	require.Equal(t, devicePath, got)
+}
+
+// fakeDisk attaches a sparse image as a stand-in for a raw disk, optionally
+// partitioned by sgdisk (an independent tool) with the kernel told by BLKPG.
+func fakeDisk(t *testing.T, size int64, sgdiskArgs ...string) loopdev.Device {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "disk.img")
+	f, err := os.Create(img)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(size))
+	f.Close()
+	if len(sgdiskArgs) > 0 {
+		out, err := exec.Command("sgdisk", append(sgdiskArgs, img)...).CombinedOutput()
+		require.NoError(t, err, "sgdisk: %s", out)
+	}
+	d, err := loopdev.Attach(context.Background(), img)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for i := 1; i <= 4; i++ {
+			_ = loopdev.RemovePartition(d.Name, i)
+		}
+		if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	return d
+}
+
+// addPartitions tells the kernel about the image's partitions, as a kernel
+// with a GPT parser would have.
+func addPartitions(t *testing.T, d loopdev.Device, parts ...[2]int64) []string {
+	t.Helper()
+	var names []string
+	for i, p := range parts {
+		name, err := loopdev.EnsurePartition(d.Name, i+1, p[0], p[1])
+		require.NoError(t, err)
+		names = append(names, "/dev/"+name)
+	}
+	return names
+}
+
+// sum hashes a whole device (or a file), to prove a refusal wrote nothing.
+func sum(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func mount(t *testing.T, dev string) string {
+	t.Helper()
+	mp := t.TempDir()
+	out, err := exec.Command("mount", dev, mp).CombinedOutput()
+	require.NoError(t, err, "mount: %s", out)
+	t.Cleanup(func() { _ = exec.Command("umount", mp).Run() })
+	return mp
+}
+
+func umount(t *testing.T, mp string) {
+	t.Helper()
+	out, err := exec.Command("umount", mp).CombinedOutput()
+	require.NoError(t, err, "umount: %s", out)
+}
+
+func steps(stderr string) []string {
+	var out []string
+	for _, line := range strings.Split(stderr, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "step" {
+			out = append(out, m["step"].(string))
+		}
+	}
+	return out
+}
