@@ -46,6 +46,12 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 		return nil, err
 	}
 	defer lock.Unlock()
+	if raw != nil {
+		// Every refusal must come before the first write, state included.
+		if err := e.checkRaw(s, raw); err != nil {
+			return nil, err
+		}
+	}
 	rec, err := e.record(o, raw)
 	if err != nil {
 		return nil, err
@@ -133,11 +139,6 @@ func (e *Engine) record(o *op, raw *rawDevice) (*nodestate.Record, error) {
 	if rec != nil {
 		if same, why := s.SameVolume(rec.Spec); !same {
 			return nil, refused("conflict", "volume %s is already on this node with a different spec (%s): delete it first, or use a new uuid", s.UUID, why)
-		}
-		if raw != nil && rec.DeviceNum != "" && rec.DeviceNum != raw.dev.String() {
-			// The path now names another device. That is fine only if the
-			// new one is the volume (a rename after reboot); checked later.
-			raw.moved = true
 		}
 		return rec, nil
 	}
@@ -341,11 +342,10 @@ func writeGPT(path string, s *spec.Spec) error {
 
 // rawDevice is a resolved rawBlockDevice.devicePath.
 type rawDevice struct {
-	path  string // as given
-	real  string // symlinks resolved
-	name  string // kernel name
-	dev   blockdev.Dev
-	moved bool // differs from the device recorded at prepare
+	path string // as given
+	real string // symlinks resolved
+	name string // kernel name
+	dev  blockdev.Dev
 }
 
 func resolveRaw(p string) (*rawDevice, error) {
@@ -374,12 +374,10 @@ func resolveRaw(p string) (*rawDevice, error) {
 	return &rawDevice{path: p, real: real, name: name, dev: d}, nil
 }
 
-func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, res *Result) error {
-	s := o.s
-	part, isPart, err := blockdev.Partition(raw.name)
-	if err != nil {
-		return failed("sysfs", err, "reading %s", raw.name)
-	}
+// checkRaw refuses, before anything is written, a raw device that is not
+// already this volume and is not blank, unused and whole.
+func (e *Engine) checkRaw(s *spec.Spec, raw *rawDevice) error {
+	const field = "rawBlockDevice.devicePath"
 	size, err := blockdev.SizeOf(raw.name)
 	if err != nil {
 		return failed("sysfs", err, "reading the size of %s", raw.name)
@@ -387,23 +385,58 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	if err := s.CheckDeviceSize(size); err != nil {
 		return err
 	}
-
-	if s.Mode == spec.ModeBlock && isPart {
-		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
+	if carries(s, raw.name, false) != "" {
+		return nil // already this volume: prepare only re-links it
 	}
-
+	rec, err := e.State.Load(s.UUID)
+	if err != nil {
+		return failed("state", err, "reading state of %s", s.Name)
+	}
+	if rec != nil && rec.Phase == nodestate.PhasePrepared && rec.DeviceNum != "" && rec.DeviceNum != raw.dev.String() {
+		return refused("device_changed", "%s: %s now points at %s, not the device %s this volume was prepared on, and %s does not carry the volume",
+			field, raw.path, raw.name, rec.Device, raw.name)
+	}
+	part, isPart, err := blockdev.Partition(raw.name)
+	if err != nil {
+		return failed("sysfs", err, "reading %s", raw.name)
+	}
+	if s.Mode == spec.ModeBlock && isPart {
+		parentPath, err := blockdev.EnsureNode(part.Parent)
+		if err != nil {
+			return failed("node", err, "making /dev/%s", part.Parent)
+		}
+		pr, _, ss, err := openProbe(parentPath)
+		if err != nil {
+			return failed("probe", err, "reading %s", parentPath)
+		}
+		if pr.Kind != "gpt" || pr.GPT == nil {
+			return invalid("not_gpt", "%s: %s is a partition of %s, which has a %s, not a GPT: Block mode needs a GPT partition (or give the whole disk)", field, raw.path, parentPath, pr)
+		}
+		if pr.GPT.FromBackup {
+			return refused("gpt_damaged", "%s: the primary GPT of %s is damaged: repair it (sgdisk -e / gdisk) first", field, parentPath)
+		}
+		entry, ok := pr.GPT.Partition(part.Number)
+		if !ok || entry.Start(ss) != part.Start || entry.Size(ss) != part.Size {
+			return refused("table_mismatch", "%s: the GPT of %s does not match the kernel's view of partition %d (%s): re-read the partition table first", field, parentPath, part.Number, raw.name)
+		}
+	}
 	r, _, _, err := openProbe("/dev/" + raw.name)
 	if err != nil {
 		return failed("probe", err, "reading %s", raw.path)
 	}
-	if !ours(s, r) {
-		if raw.moved {
-			return refused("device_changed", "rawBlockDevice.devicePath: %s now points at %s, not the device %s this volume was prepared on, and %s does not carry the volume",
-				raw.path, raw.name, rec.Device, raw.name)
-		}
-		if err := refuseUnsafe(raw, r); err != nil {
-			return err
-		}
+	return refuseUnsafe(raw, r)
+}
+
+func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, res *Result) error {
+	s := o.s
+	part, isPart, err := blockdev.Partition(raw.name)
+	if err != nil {
+		return failed("sysfs", err, "reading %s", raw.name)
+	}
+	if s.Mode == spec.ModeBlock && isPart {
+		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
+	}
+	if carries(s, raw.name, false) == "" {
 		target := "/dev/" + raw.name
 		if s.Mode == spec.ModeFilesystem {
 			if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, target); err != nil {
@@ -412,6 +445,7 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 			o.changed = true
 			o.step("formatted", "fsType", s.FSType, "device", target)
 		} else {
+			// O_EXCL fails if anything claimed the disk since checkRaw.
 			f, err := os.OpenFile(target, os.O_RDWR|os.O_EXCL|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return refused("device_busy", "opening %s exclusively: %v", raw.path, err)
@@ -428,13 +462,23 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 			o.step("partitioned", "device", target)
 		}
 	}
-	if raw.moved || rec.DeviceNum != raw.dev.String() {
-		rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
-		if err := e.State.Save(rec); err != nil {
-			return failed("state", err, "saving state of %s", s.Name)
-		}
+	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
 	}
 	return e.finishDevice(ctx, o, raw.name, res)
+}
+
+// rememberDevice records which device the volume is on, to notice a path
+// that later names another one.
+func (e *Engine) rememberDevice(rec *nodestate.Record, raw *rawDevice) error {
+	if rec.DeviceNum == raw.dev.String() && rec.Device == raw.name {
+		return nil
+	}
+	rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
+	if err := e.State.Save(rec); err != nil {
+		return failed("state", err, "saving state of %s", rec.Spec.Name)
+	}
+	return nil
 }
 
 // refuseUnsafe protects data: a raw device must be blank, unused and not
@@ -461,53 +505,25 @@ func refuseUnsafe(raw *rawDevice, r probe.Result) error {
 // existing GPT partition, changing nothing else on the disk.
 func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, part blockdev.PartitionInfo, res *Result) error {
 	s := o.s
-	const field = "rawBlockDevice.devicePath"
-	parentPath, err := blockdev.EnsureNode(part.Parent)
-	if err != nil {
-		return failed("node", err, "making /dev/%s", part.Parent)
-	}
-	pr, size, ss, err := openProbe(parentPath)
-	if err != nil {
-		return failed("probe", err, "reading %s", parentPath)
-	}
-	if pr.Kind != "gpt" || pr.GPT == nil {
-		return invalid("not_gpt", "%s: %s is a partition of %s, which has a %s, not a GPT: Block mode needs a GPT partition (or give the whole disk)", field, raw.path, parentPath, pr)
-	}
-	entry, ok := pr.GPT.Partition(part.Number)
-	if !ok || entry.Start(ss) != part.Start || entry.Size(ss) != part.Size {
-		return refused("table_mismatch", "%s: the GPT of %s does not match the kernel's view of partition %d (%s): re-read the partition table first", field, parentPath, part.Number, raw.name)
-	}
-	if entry.GUID != s.UUID {
-		if raw.moved {
-			return refused("device_changed", "%s: %s now points at %s, not the device %s this volume was prepared on", field, raw.path, raw.name, rec.Device)
-		}
-		r, _, _, err := openProbe("/dev/" + raw.name)
-		if err != nil {
-			return failed("probe", err, "reading %s", raw.path)
-		}
-		if err := refuseUnsafe(raw, r); err != nil {
-			return err
-		}
-		if pr.GPT.FromBackup {
-			return refused("gpt_damaged", "%s: the primary GPT of %s is damaged: repair it (sgdisk -e / gdisk) first", field, parentPath)
-		}
+	if carries(s, raw.name, false) == "" {
+		parentPath := "/dev/" + part.Parent
 		f, err := os.OpenFile(parentPath, os.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return failed("gpt", err, "opening %s", parentPath)
 		}
-		err = gpt.SetPartitionGUID(f, size, ss, part.Number, s.UUID)
+		size, ss, err := geometry(f)
+		if err == nil {
+			err = gpt.SetPartitionGUID(f, size, ss, part.Number, s.UUID)
+		}
 		f.Close()
 		if err != nil {
 			return failed("gpt", err, "setting the GUID of partition %d of %s", part.Number, parentPath)
 		}
 		o.changed = true
-		o.step("guid-set", "device", raw.name, "previous", entry.GUID)
+		o.step("guid-set", "device", raw.name)
 	}
-	if rec.DeviceNum != raw.dev.String() {
-		rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
-		if err := e.State.Save(rec); err != nil {
-			return failed("state", err, "saving state of %s", s.Name)
-		}
+	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
 	}
 	return e.linkDevice(ctx, o, raw.name, res)
 }

@@ -1,0 +1,227 @@
+package nodeexec
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A loop device stands in for a raw disk.
+func TestRawWholeDisk(t *testing.T) {
+	for _, mode := range []string{"Filesystem", "Block"} {
+		t.Run(mode, func(t *testing.T) {
+			n := newNode(t)
+			disk := fakeDisk(t, 64<<20)
+			u := n.newUUID()
+			spec := rawSpec("raw-"+strings.ToLower(mode), u, disk.Path, map[string]any{"mode": mode})
+
+			r := n.ok("prepare", spec)
+			assert.Equal(t, "rawBlockDevice", r.str("type"))
+			dev := r.str("devicePath")
+			resolves(t, r.str("persistentPath"), dev)
+			if mode == "Block" {
+				assert.Equal(t, disk.Path+"p1", dev)
+				assert.Equal(t, u, blkid(t, dev)["PART_ENTRY_UUID"])
+				out, err := exec.Command("sgdisk", "-v", disk.Path).CombinedOutput()
+				require.NoError(t, err)
+				assert.Contains(t, string(out), "No problems found")
+			} else {
+				assert.Equal(t, disk.Path, dev)
+				assert.Equal(t, u, blkid(t, dev)["UUID"])
+				assert.Equal(t, float64(64<<20), r.Out["size"])
+			}
+			assert.Equal(t, false, n.ok("prepare", spec).Out["changed"])
+
+			// Delete keeps the data by default...
+			n.ok("unprepare", spec)
+			_, err := os.Lstat(r.str("persistentPath"))
+			assert.True(t, os.IsNotExist(err))
+			if mode == "Block" {
+				assert.Equal(t, u, blkid(t, disk.Path+"p1")["PART_ENTRY_UUID"], "GPT kept without --wipe")
+			} else {
+				assert.Equal(t, u, blkid(t, disk.Path)["UUID"], "filesystem kept without --wipe")
+			}
+			// ...so a new volume on the same device is refused as foreign data,
+			u2 := n.newUUID()
+			spec2 := rawSpec("raw-again", u2, disk.Path, map[string]any{"mode": mode})
+			before := sum(t, disk.Path)
+			refused := n.do("prepare", spec2)
+			assert.Equal(t, 3, refused.Code, refused.Stdout)
+			assert.Equal(t, before, sum(t, disk.Path))
+			// while the same volume comes back as it was.
+			back := n.ok("prepare", spec)
+			assert.Equal(t, dev, back.str("devicePath"))
+
+			// --wipe erases exactly this volume's signature; then a new
+			// volume can be created on the device.
+			n.ok("unprepare", spec, "--wipe")
+			if mode == "Block" {
+				_, err := os.Stat(disk.Path + "p1")
+				assert.True(t, os.IsNotExist(err), "the kernel partition is gone")
+				assert.Empty(t, blkid(t, disk.Path)["PTTYPE"])
+			} else {
+				assert.Empty(t, blkid(t, disk.Path)["TYPE"])
+			}
+			r2 := n.ok("prepare", spec2)
+			resolves(t, r2.str("persistentPath"), r2.str("devicePath"))
+			n.ok("unprepare", spec2, "--wipe")
+		})
+	}
+}
+
+// A partition of a disk with other partitions: we touch only ours.
+func TestRawPartitions(t *testing.T) {
+	n := newNode(t)
+	disk := fakeDisk(t, 96<<20, "-n", "1:2048:+32M", "-n", "2:0:+32M", "-n", "3:0:0")
+	parts := addPartitions(t, disk, [2]int64{2048 * 512, 32 << 20}, [2]int64{(2048 + 65536) * 512, 32 << 20})
+	p1, p2 := parts[0], parts[1]
+	require.Equal(t, disk.Path+"p1", p1)
+
+	// Partition 1 as a filesystem volume.
+	u1 := n.newUUID()
+	fs := rawSpec("part-fs", u1, p1, nil)
+	r := n.ok("prepare", fs)
+	assert.Equal(t, p1, r.str("devicePath"))
+	assert.Equal(t, "loop", filepath.Base(r.str("deviceName"))[:4])
+	resolves(t, "/dev/disk/by-uuid/"+u1, p1)
+	p1sum := sum(t, p1)
+
+	// Partition 2 as a block volume: only its GUID changes.
+	u2 := n.newUUID()
+	blk := rawSpec("part-blk", u2, p2, map[string]any{"mode": "Block"})
+	before, err := exec.Command("sgdisk", "-p", disk.Path).Output()
+	require.NoError(t, err)
+	r = n.ok("prepare", blk)
+	assert.Equal(t, p2, r.str("devicePath"))
+	assert.Equal(t, float64(32<<20), r.Out["size"])
+	resolves(t, "/dev/disk/by-partuuid/"+u2, p2)
+	info, err := exec.Command("sgdisk", "-i", "2", disk.Path).Output()
+	require.NoError(t, err)
+	assert.Contains(t, string(info), "Partition unique GUID: "+strings.ToUpper(u2))
+	after, err := exec.Command("sgdisk", "-p", disk.Path).Output()
+	require.NoError(t, err)
+	assert.Equal(t, string(before), string(after), "layout, names and types unchanged")
+	v, err := exec.Command("sgdisk", "-v", disk.Path).CombinedOutput()
+	require.NoError(t, err)
+	assert.Contains(t, string(v), "No problems found", "both GPT copies stay consistent")
+	assert.Equal(t, p1sum, sum(t, p1), "the neighbouring volume is untouched")
+
+	// --wipe on a partition volume resets its GUID; the table stays.
+	n.ok("unprepare", blk, "--wipe")
+	assert.NotEqual(t, u2, blkid(t, p2)["PART_ENTRY_UUID"])
+	assert.NotEmpty(t, blkid(t, p2)["PART_ENTRY_UUID"])
+	after, _ = exec.Command("sgdisk", "-p", disk.Path).Output()
+	assert.Equal(t, string(before), string(after))
+	n.ok("unprepare", fs, "--wipe")
+	assert.Empty(t, blkid(t, p1)["TYPE"])
+}
+
+func TestRefusalsWriteNothing(t *testing.T) {
+	n := newNode(t)
+
+	t.Run("foreign filesystem", func(t *testing.T) {
+		disk := fakeDisk(t, 32<<20)
+		out, err := exec.Command("mkfs.ext4", "-q", "-F", disk.Path).CombinedOutput()
+		require.NoError(t, err, string(out))
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, nil), disk.Path, "foreign_data", "ext4")
+	})
+	t.Run("foreign partition table", func(t *testing.T) {
+		disk := fakeDisk(t, 32<<20, "-n", "1:0:0")
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, map[string]any{"mode": "Block"}), disk.Path, "foreign_data", "GPT")
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, nil), disk.Path, "foreign_data", "GPT")
+	})
+	t.Run("dos partition table", func(t *testing.T) {
+		disk := fakeDisk(t, 32<<20)
+		f, err := os.OpenFile(disk.Path, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, err = f.WriteAt([]byte{0x80, 0, 0, 0, 0x83}, 446)
+		require.NoError(t, err)
+		_, err = f.WriteAt([]byte{0x55, 0xAA}, 510)
+		require.NoError(t, err)
+		f.Close()
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, nil), disk.Path, "foreign_data", "dos")
+	})
+	t.Run("mounted", func(t *testing.T) {
+		disk := fakeDisk(t, 32<<20)
+		out, err := exec.Command("mkfs.ext4", "-q", "-F", disk.Path).CombinedOutput()
+		require.NoError(t, err, string(out))
+		mp := mount(t, disk.Path)
+		r := n.do("prepare", rawSpec("f", n.newUUID(), disk.Path, nil))
+		assert.Equal(t, 3, r.Code)
+		assert.Equal(t, "in_use", r.errCode())
+		assert.Contains(t, r.errMsg(), mp)
+	})
+	t.Run("partition of a disk with a foreign filesystem", func(t *testing.T) {
+		disk := fakeDisk(t, 64<<20, "-n", "1:2048:+16M", "-n", "2:0:+16M")
+		parts := addPartitions(t, disk, [2]int64{2048 * 512, 16 << 20})
+		out, err := exec.Command("mkfs.ext4", "-q", "-F", parts[0]).CombinedOutput()
+		require.NoError(t, err, string(out))
+		refuse(t, n, rawSpec("f", n.newUUID(), parts[0], map[string]any{"mode": "Block"}), disk.Path, "foreign_data", "ext4")
+	})
+	t.Run("whole disk that has partitions", func(t *testing.T) {
+		disk := fakeDisk(t, 64<<20, "-n", "1:2048:+16M")
+		addPartitions(t, disk, [2]int64{2048 * 512, 16 << 20})
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, nil), disk.Path, "foreign_data", "")
+	})
+	t.Run("not a block device", func(t *testing.T) {
+		r := n.do("prepare", rawSpec("f", n.newUUID(), "/dev/null", nil))
+		assert.Equal(t, 3, r.Code)
+		assert.Equal(t, "not_block_device", r.errCode())
+	})
+	t.Run("symlink escaping /dev", func(t *testing.T) {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		require.NoError(t, os.WriteFile(target, make([]byte, 4<<20), 0o600))
+		link := "/dev/sv-test-escape-" + n.newUUID()[:8]
+		require.NoError(t, os.Symlink(target, link))
+		t.Cleanup(func() { os.Remove(link) })
+		before := sum(t, target)
+		r := n.do("prepare", rawSpec("f", n.newUUID(), link, nil))
+		assert.Equal(t, 3, r.Code)
+		assert.Equal(t, "symlink_escape", r.errCode())
+		assert.Equal(t, before, sum(t, target))
+	})
+	t.Run("device held by another device", func(t *testing.T) {
+		// A loop device backed by our disk does not register as a holder; a
+		// device-mapper table does.
+		if _, err := exec.LookPath("dmsetup"); err != nil {
+			t.Skip("needs dmsetup (package dmsetup) to stack a device-mapper device")
+		}
+		if _, err := os.Stat("/dev/mapper/control"); err != nil {
+			t.Skip("needs device-mapper in the kernel (/dev/mapper/control)")
+		}
+		disk := fakeDisk(t, 32<<20)
+		name := "sv-test-" + n.newUUID()[:8]
+		table := "0 65536 linear " + disk.Path + " 0"
+		out, err := exec.Command("dmsetup", "create", name, "--table", table).CombinedOutput()
+		if err != nil {
+			t.Skipf("dmsetup create failed (%s): cannot stack a device here", strings.TrimSpace(string(out)))
+		}
+		t.Cleanup(func() { _ = exec.Command("dmsetup", "remove", name).Run() })
+		r := n.do("prepare", rawSpec("f", n.newUUID(), disk.Path, nil))
+		assert.Equal(t, 3, r.Code)
+		assert.Equal(t, "in_use", r.errCode())
+		assert.Contains(t, r.errMsg(), "held by")
+	})
+	_, err := os.ReadDir(filepath.Join(n.dir, "volumes"))
+	if err == nil {
+		recs, _ := filepath.Glob(filepath.Join(n.dir, "volumes", "*.json"))
+		assert.Empty(t, recs, "refused prepares leave no state behind")
+	}
+}
+
+// refuse asserts a refusal (exit 3) that leaves the device byte for byte.
+func refuse(t *testing.T, n *node, spec map[string]any, dev, code, mention string) {
+	t.Helper()
+	before := sum(t, dev)
+	r := n.do("prepare", spec)
+	assert.Equal(t, 3, r.Code, r.Stdout)
+	assert.Equal(t, code, r.errCode())
+	assert.Contains(t, r.errMsg(), mention)
+	assert.Contains(t, r.errMsg(), "rawBlockDevice.devicePath", "the message names the field")
+	assert.Equal(t, before, sum(t, dev), "a refusal writes nothing")
+}
