@@ -385,7 +385,7 @@ func (e *Engine) checkRaw(s *spec.Spec, raw *rawDevice) error {
 	if err := s.CheckDeviceSize(size); err != nil {
 		return err
 	}
-	if carries(s, raw.name, false) != "" {
+	if holdsVolume(s, raw.name) {
 		return nil // already this volume: prepare only re-links it
 	}
 	rec, err := e.State.Load(s.UUID)
@@ -436,7 +436,7 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	if s.Mode == spec.ModeBlock && isPart {
 		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
 	}
-	if carries(s, raw.name, false) == "" {
+	if !holdsVolume(s, raw.name) {
 		target := "/dev/" + raw.name
 		if s.Mode == spec.ModeFilesystem {
 			if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, target); err != nil {
@@ -466,6 +466,17 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 		return err
 	}
 	return e.finishDevice(ctx, o, raw.name, res)
+}
+
+// holdsVolume reads the device's own signature: a GPT we wrote counts even
+// before the kernel knows its partition (a prepare killed right after
+// writing it).
+func holdsVolume(s *spec.Spec, name string) bool {
+	if _, isPart, _ := blockdev.Partition(name); isPart && s.Mode == spec.ModeBlock {
+		return carries(s, name, false) != ""
+	}
+	r, _, _, err := openProbe("/dev/" + name)
+	return err == nil && ours(s, r)
 }
 
 // rememberDevice records which device the volume is on, to notice a path

@@ -122,9 +122,14 @@ func (e *Engine) removeLink(o *op) error {
 
 func (e *Engine) unprepareRaw(ctx context.Context, o *op, opts UnprepareOptions, res *Result) error {
 	s := o.s
-	name, err := e.findRaw(s, false)
+	// With --wipe, a table whose partition the kernel lost (a reboot
+	// without restore) must still be found and wiped.
+	name, err := e.findRaw(s, opts.Wipe)
 	if err != nil {
 		return failed("device", err, "looking for the device of %s", s.Name)
+	}
+	if name == "" && opts.Wipe {
+		res.Warnings = append(res.Warnings, "no device on this node carries volume "+s.UUID+": nothing to wipe")
 	}
 	if name != "" {
 		res.DeviceName, res.DevicePath = name, "/dev/"+name

@@ -272,3 +272,10 @@ func steps(stderr string) []string {
 	}
 	return out
 }
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
