@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what building and testing salt-volumes needs on a bare Debian or
+# Ubuntu machine. Idempotent: installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for pkg in e2fsprogs xfsprogs util-linux gdisk mount; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages ${need[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+command -v go >/dev/null || { echo "setup: Go is not installed (need go >= 1.25)" >&2; exit 1; }
+go mod download

@@ -1,0 +1,156 @@
+// Package bench measures salt-volume-exec against the shell floor a person
+// would type by hand, in the same run, and prints the ratio.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sve-bench")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "salt-volume-exec")
+	if out, err := exec.Command("go", "build", "-o", binary, "../../cmd/salt-volume-exec").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func needRoot(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root and loop devices")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		b.Skip("needs /dev/loop-control")
+	}
+}
+
+func ours(b *testing.B, stateDir, size string) (time.Duration, func()) {
+	u := uuid.NewString()
+	spec := fmt.Sprintf(`{"name":"bench-%s","uuid":"%s","sparseLoopDevice":{"size":"%s"}}`, u[:8], u, size)
+	start := time.Now()
+	cmd := exec.Command(binary, "--state-dir", stateDir, "--log-level", "error", "prepare", "--spec", "-")
+	cmd.Stdin = strings.NewReader(spec)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("prepare: %v: %s", err, out)
+	}
+	d := time.Since(start)
+	return d, func() {
+		cmd := exec.Command(binary, "--state-dir", stateDir, "--log-level", "error", "unprepare", "--spec", "-")
+		cmd.Stdin = strings.NewReader(spec)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Errorf("unprepare: %v: %s", err, out)
+		}
+	}
+}
+
+// floor is what an operator types: truncate, losetup, mkfs.ext4 -U, with the
+// same mkfs options salt-volume-exec uses.
+func floor(b *testing.B, dir, size string) (time.Duration, func()) {
+	u := uuid.NewString()
+	file := filepath.Join(dir, u)
+	start := time.Now()
+	if out, err := exec.Command("truncate", "-s", strings.TrimSuffix(size, "i"), file).CombinedOutput(); err != nil {
+		b.Fatalf("truncate: %v: %s", err, out)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", "--partscan", file).Output()
+	if err != nil {
+		b.Fatalf("losetup: %v", err)
+	}
+	dev := strings.TrimSpace(string(out))
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-U", u, "-E", "nodiscard", dev).CombinedOutput(); err != nil {
+		b.Fatalf("mkfs: %v: %s", err, out)
+	}
+	d := time.Since(start)
+	return d, func() {
+		_ = loopdev.Detach(context.Background(), loopdev.Device{Name: filepath.Base(dev), Path: dev}, 10*time.Second)
+		os.Remove(file)
+	}
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// BenchmarkPrepare10GiB: one 10 GiB sparse ext4 volume, ours vs the floor,
+// alternating so both see the same machine state.
+func BenchmarkPrepare10GiB(b *testing.B) {
+	needRoot(b)
+	state, floorDir := b.TempDir(), b.TempDir()
+	var o, f []time.Duration
+	for i := 0; i < b.N; i++ {
+		d, undo := ours(b, state, "10Gi")
+		o = append(o, d)
+		undo()
+		d, undo = floor(b, floorDir, "10Gi")
+		f = append(f, d)
+		undo()
+	}
+	ratio := float64(median(o)) / float64(median(f))
+	b.ReportMetric(float64(median(o).Microseconds())/1000, "ms/prepare")
+	b.ReportMetric(float64(median(f).Microseconds())/1000, "ms/floor")
+	b.ReportMetric(ratio, "x-floor")
+	fmt.Printf("prepare 10Gi sparse ext4: salt-volume-exec %v, shell floor %v, ratio %.2fx (median of %d)\n",
+		median(o).Round(time.Microsecond), median(f).Round(time.Microsecond), ratio, b.N)
+}
+
+// BenchmarkPrepare50Concurrent: 50 volumes prepared at once on one node, ours
+// vs 50 shell floors at once.
+func BenchmarkPrepare50Concurrent(b *testing.B) {
+	needRoot(b)
+	const n = 50
+	state, floorDir := b.TempDir(), b.TempDir()
+	wave := func(fn func(*testing.B, string, string) (time.Duration, func()), dir string) time.Duration {
+		var wg sync.WaitGroup
+		undos := make([]func(), n)
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				_, undos[i] = fn(b, dir, "1Gi")
+			}(i)
+		}
+		wg.Wait()
+		d := time.Since(start)
+		for _, u := range undos {
+			if u != nil {
+				u()
+			}
+		}
+		return d
+	}
+	var o, f []time.Duration
+	for i := 0; i < b.N; i++ {
+		o = append(o, wave(ours, state))
+		f = append(f, wave(floor, floorDir))
+	}
+	ratio := float64(median(o)) / float64(median(f))
+	b.ReportMetric(float64(median(o).Milliseconds()), "ms/50-volumes")
+	b.ReportMetric(float64(median(f).Milliseconds()), "ms/50-floors")
+	b.ReportMetric(ratio, "x-floor")
+	fmt.Printf("prepare 50 x 1Gi concurrently: salt-volume-exec %v, shell floor %v, ratio %.2fx (median of %d)\n",
+		median(o).Round(time.Millisecond), median(f).Round(time.Millisecond), ratio, b.N)
+}
+
