@@ -153,4 +153,3 @@ func BenchmarkPrepare50Concurrent(b *testing.B) {
 	fmt.Printf("prepare 50 x 1Gi concurrently: salt-volume-exec %v, shell floor %v, ratio %.2fx (median of %d)\n",
 		median(o).Round(time.Millisecond), median(f).Round(time.Millisecond), ratio, b.N)
 }
-
