@@ -32,8 +32,9 @@ bench: setup
 
 install: build
 	install -D -m 0755 bin/salt-volume-exec $(DESTDIR)$(PREFIX)/bin/salt-volume-exec
-	install -D -m 0644 salt/states/salt_volumes/files/salt-volumes-restore.service \
-	  $(DESTDIR)/etc/systemd/system/salt-volumes-restore.service
+	install -d $(DESTDIR)/etc/systemd/system
+	sed -e 's/{{ [a-z_]* | default("\([^"]*\)") }}/\1/g' salt/states/salt_volumes/files/salt-volumes-restore.service \
+	  > $(DESTDIR)/etc/systemd/system/salt-volumes-restore.service
 
 clean:
 	rm -rf bin

@@ -22,6 +22,7 @@ const usage = `usage:
   salt-volume-exec [--state-dir DIR] prepare   --spec FILE|-
   salt-volume-exec [--state-dir DIR] unprepare --spec FILE|- [--wipe]
   salt-volume-exec [--state-dir DIR] info      --spec FILE|-
+  salt-volume-exec validate --spec FILE|-     (check a spec, print it normalised)
   salt-volume-exec [--state-dir DIR] list
   salt-volume-exec [--state-dir DIR] restore
 
@@ -91,12 +92,14 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var out any
 	var err error
 	switch cmd {
-	case "prepare", "unprepare", "info":
+	case "prepare", "unprepare", "info", "validate":
 		var s *spec.Spec
 		if s, err = readSpec(); err != nil {
 			break
 		}
 		switch cmd {
+		case "validate":
+			out = map[string]any{"spec": s, "sizeBytes": s.SizeBytes, "persistentPath": s.PersistentPath(), "type": s.Type()}
 		case "prepare":
 			out, err = e.Prepare(ctx, s)
 		case "unprepare":

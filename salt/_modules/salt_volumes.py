@@ -1,0 +1,370 @@
+"""
+Local persistent volumes, prepared on this minion by ``salt-volume-exec``.
+
+:depends: the ``salt-volume-exec`` binary (state ``salt_volumes.installed``)
+:configuration: minion config or pillar, both optional:
+
+    .. code-block:: yaml
+
+        salt_volumes:
+          exec_path: /usr/local/bin/salt-volume-exec   # default: found on PATH
+          state_dir: /var/lib/salt-volumes             # default
+
+Volumes are declared in pillar under ``salt_volumes:volumes:<name>`` (with
+``node`` set to the minion id); a run for one volume passes
+``pillar={"salt_volumes": {"volume": <spec>}}``. While a volume is prepared
+or removed, ``salt-volumes/<name>/progress`` events are fired with each step.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import threading
+
+import salt.utils.path
+import salt.utils.platform
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "salt_volumes"
+__func_alias__ = {"list_": "list"}
+
+BINARY = "salt-volume-exec"
+DEFAULT_STATE_DIR = "/var/lib/salt-volumes"
+# Fields a listener needs to use the volume without asking again.
+DEVICE_FIELDS = (
+    "name",
+    "uuid",
+    "type",
+    "mode",
+    "fsType",
+    "size",
+    "devicePath",
+    "deviceName",
+    "persistentPath",
+    "backingFile",
+    "state",
+    "inUse",
+)
+
+
+def __virtual__():
+    if not salt.utils.platform.is_linux():
+        return (False, "salt_volumes: local volumes need a Linux minion")
+    return __virtualname__
+
+
+def _opt(key, default=None):
+    # config.get looks at minion config, grains, then pillar.
+    value = __salt__["config.get"]("salt_volumes:{}".format(key), default)
+    return value if value not in (None, "") else default
+
+
+def _binary():
+    path = _opt("exec_path") or salt.utils.path.which(BINARY)
+    if not path:
+        raise CommandExecutionError(
+            "{} not found on PATH: apply salt_volumes.installed or set "
+            "salt_volumes:exec_path".format(BINARY)
+        )
+    if not os.access(path, os.X_OK):
+        raise CommandExecutionError("{} is not executable".format(path))
+    return path
+
+
+def _masterless():
+    return bool(__opts__.get("local")) or __opts__.get("master_type") == "disable"
+
+
+def _fire_progress(volume, uuid, step, extra=None):
+    # Masterless runs have no event bus to listen on; firing there only
+    # waits for a connect timeout per event.
+    if not volume or _masterless():
+        return
+    data = {"step": step, "uuid": uuid, "volume": volume, "node": __grains__.get("id")}
+    if extra:
+        data.update(extra)
+    try:
+        __salt__["event.send"]("salt-volumes/{}/progress".format(volume), data)
+    except Exception as exc:  # pylint: disable=broad-except
+        # Progress is a courtesy; the job return carries the outcome.
+        log.debug("salt_volumes: could not fire progress event: %s", exc)
+
+
+def _run(command, spec=None, extra_args=()):
+    """
+    Run the binary with an argument list (never a shell), stream its step
+    lines as progress events, and return its parsed JSON document.
+    """
+    argv = [_binary(), "--state-dir", _opt("state_dir", DEFAULT_STATE_DIR), command]
+    if spec is not None:
+        argv += ["--spec", "-"]
+    argv += list(extra_args)
+    volume = (spec or {}).get("name")
+    uuid = (spec or {}).get("uuid")
+    log.debug("salt_volumes: running %s", argv)
+    try:
+        proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise CommandExecutionError("cannot run {}: {}".format(argv[0], exc))
+
+    out = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
+    reader.start()
+    try:
+        proc.stdin.write(json.dumps(spec).encode() if spec is not None else b"")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    stderr_tail = []
+    for raw in proc.stderr:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            stderr_tail.append(line)
+            continue
+        if rec.get("msg") == "step" and command in ("prepare", "unprepare", "restore"):
+            _fire_progress(rec.get("volume") or volume, rec.get("uuid") or uuid, rec.get("step"),
+                           {k: rec[k] for k in ("device", "link", "path") if k in rec})
+        elif rec.get("level") in ("WARN", "ERROR"):
+            stderr_tail.append(rec.get("error") or rec.get("msg") or line)
+    retcode = proc.wait()
+    reader.join()
+    stdout = (out[0] if out else b"").decode("utf-8", "replace")
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        raise CommandExecutionError(
+            "{} {} exited {} without a JSON answer: {}".format(
+                BINARY, command, retcode, (stdout or " ".join(stderr_tail))[:2000]
+            )
+        )
+    if retcode != 0 or (isinstance(doc, dict) and "error" in doc):
+        err = doc.get("error", {}) if isinstance(doc, dict) else {}
+        exc = CommandExecutionError(
+            err.get("message") or "{} {} failed with exit {}".format(BINARY, command, retcode)
+        )
+        # Attributes, not info=: Salt would append info to the message.
+        exc.code, exc.retcode, exc.result = err.get("code", "failed"), retcode, doc
+        raise exc
+    return doc
+
+
+def _lookup(name):
+    single = __salt__["pillar.get"]("salt_volumes:volume")
+    if isinstance(single, dict) and single.get("name") == name:
+        return dict(single)
+    volumes = __salt__["pillar.get"]("salt_volumes:volumes", {}) or {}
+    if name in volumes:
+        spec = volumes[name]
+        if not isinstance(spec, dict):
+            raise SaltInvocationError(
+                "volume {}: pillar salt_volumes:volumes:{} must be a mapping".format(name, name)
+            )
+        spec = dict(spec)
+        spec.setdefault("name", name)
+        return spec
+    raise SaltInvocationError(
+        "volume {}: not found in pillar salt_volumes:volume or salt_volumes:volumes".format(name)
+    )
+
+
+def _spec(name=None, spec=None):
+    if spec is None:
+        if not name:
+            raise SaltInvocationError("give a volume name (from pillar) or spec")
+        spec = _lookup(name)
+    if not isinstance(spec, dict):
+        raise SaltInvocationError("spec must be a mapping, got {}".format(type(spec).__name__))
+    return spec
+
+
+def message(exc):
+    """
+    The text of an error, for state comments.
+    """
+    return str(exc)
+
+
+def device_info(result):
+    """
+    The device fields of a ``salt-volume-exec`` answer.
+    """
+    return {k: result[k] for k in DEVICE_FIELDS if k in result}
+
+
+def check(name=None, spec=None):
+    """
+    Validate a volume for this minion without touching anything: the spec
+    (by the binary's own rules) and its ``node``. Returns the normalised spec;
+    raises with the volume and field named.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' salt_volumes.check data-1
+    """
+    spec = dict(_spec(name, spec))
+    if name and not spec.get("name"):
+        spec["name"] = name  # pillar keys name their volume
+    vol = spec.get("name") or name
+    if name and spec["name"] != name:
+        raise SaltInvocationError(
+            "volume {}: name: the spec says {!r}; the pillar key and name must agree".format(
+                name, spec["name"]
+            )
+        )
+    node = spec.get("node")
+    if not node:
+        raise SaltInvocationError(
+            "volume {}: node: missing; set node to the minion id that holds the volume".format(vol)
+        )
+    if node != __grains__.get("id"):
+        raise SaltInvocationError(
+            "volume {}: node: the volume is for {!r}, this minion is {!r}".format(
+                vol, node, __grains__.get("id")
+            )
+        )
+    try:
+        doc = _run("validate", spec)
+    except CommandExecutionError as exc:
+        raise SaltInvocationError("volume {}: {}".format(vol, message(exc)))
+    normalised = doc["spec"]
+    normalised["node"] = node
+    return normalised
+
+
+def volumes():
+    """
+    The volumes a formula run should act on: the single volume in pillar
+    ``salt_volumes:volume`` when given, else every volume in
+    ``salt_volumes:volumes`` whose ``node`` is this minion. Entries with no
+    ``node`` are included so that their state fails and says so.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' salt_volumes.volumes
+    """
+    single = __salt__["pillar.get"]("salt_volumes:volume")
+    if single:
+        if not isinstance(single, dict):
+            return {"<salt_volumes:volume>": single}
+        return {single.get("name") or "<unnamed>": dict(single)}
+    out = {}
+    for name, spec in (__salt__["pillar.get"]("salt_volumes:volumes", {}) or {}).items():
+        if not isinstance(spec, dict) or spec.get("node") in (None, "", __grains__.get("id")):
+            out[name] = spec
+    return out
+
+
+def prepare(name=None, spec=None):
+    """
+    Prepare a volume on this minion (idempotent). Returns the device info,
+    with ``changed``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.prepare data-1
+        salt node-1 salt_volumes.prepare spec='{"name": "d", "uuid": "...", "node": "node-1", "sparseLoopDevice": {"size": "1Gi"}}'
+    """
+    spec = _spec(name, spec)
+    _fire_progress(spec.get("name"), spec.get("uuid"), "started", {"action": "prepare"})
+    try:
+        out = _run("prepare", spec)
+    except CommandExecutionError as exc:
+        _fire_progress(spec.get("name"), spec.get("uuid"), "failed", {"action": "prepare", "message": str(exc)})
+        raise
+    _fire_progress(spec.get("name"), spec.get("uuid"), "done", {"action": "prepare"})
+    return out
+
+
+def unprepare(name=None, spec=None, wipe=False):
+    """
+    Remove a volume from this minion. Sparse volumes lose their loop device
+    and file; raw volumes keep their data unless ``wipe=True``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.unprepare data-1
+    """
+    spec = _spec(name, spec)
+    _fire_progress(spec.get("name"), spec.get("uuid"), "started", {"action": "unprepare"})
+    try:
+        out = _run("unprepare", spec, ["--wipe"] if wipe else [])
+    except CommandExecutionError as exc:
+        _fire_progress(spec.get("name"), spec.get("uuid"), "failed", {"action": "unprepare", "message": str(exc)})
+        raise
+    _fire_progress(spec.get("name"), spec.get("uuid"), "done", {"action": "unprepare"})
+    return out
+
+
+def info(name=None, spec=None):
+    """
+    Report a volume's state on this minion without changing anything.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.info data-1
+    """
+    return _run("info", _spec(name, spec))
+
+
+def is_prepared(name=None, spec=None):
+    """
+    True if the volume is prepared on this minion.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.is_prepared data-1
+    """
+    return info(name, spec).get("state") == "prepared"
+
+
+def list_():
+    """
+    Every volume this minion knows, plus orphans.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' salt_volumes.list
+    """
+    return _run("list").get("volumes", [])
+
+
+def restore():
+    """
+    Re-attach sparse volumes and recreate links after a boot, from the node
+    state alone. Returns the binary's report; raises if a volume could not be
+    restored.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' salt_volumes.restore
+    """
+    return _run("restore")

@@ -1,0 +1,166 @@
+"""
+States for local persistent volumes (see the ``salt_volumes`` execution
+module).
+
+.. code-block:: yaml
+
+    data-1:
+      salt_volumes.prepared:
+        - spec:
+            uuid: 3f2504e0-4f89-41d3-9a0c-0305e82c3301
+            node: node-1
+            sparseLoopDevice: {size: 10Gi}
+
+The return of ``prepared`` carries a ``volume`` key with the device info
+(persistentPath, devicePath, deviceName, size, uuid, ...), so a listener on
+the job return event needs no second call.
+"""
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+__virtualname__ = "salt_volumes"
+
+
+def __virtual__():
+    if "salt_volumes.prepare" in __salt__:
+        return __virtualname__
+    return (False, "salt_volumes execution module not loaded (saltutil.sync_all)")
+
+
+def _ret(name):
+    return {"name": name, "result": False, "changes": {}, "comment": ""}
+
+
+def _checked(name, spec, ret):
+    try:
+        return __salt__["salt_volumes.check"](name=name, spec=spec)
+    except (CommandExecutionError, SaltInvocationError) as exc:
+        msg = __salt__["salt_volumes.message"](exc)
+        ret["comment"] = msg if msg.startswith("volume ") else "volume {}: {}".format(name, msg)
+        return None
+
+
+def prepared(name, spec=None):
+    """
+    Make sure the volume is prepared on this minion.
+
+    name
+        Volume name; the spec comes from pillar when ``spec`` is not given.
+    spec
+        The volume spec (uuid, node, mode, fsType, mkfsOptions,
+        sparseLoopDevice or rawBlockDevice).
+    """
+    ret = _ret(name)
+    spec = _checked(name, spec, ret)
+    if spec is None:
+        return ret
+    if __opts__["test"]:
+        try:
+            current = __salt__["salt_volumes.info"](spec=spec)
+        except CommandExecutionError as exc:
+            ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+            return ret
+        ret["volume"] = __salt__["salt_volumes.device_info"](current)
+        if current.get("state") == "prepared":
+            ret["result"] = True
+            ret["comment"] = "Volume {} is already prepared at {}".format(name, current.get("persistentPath"))
+        else:
+            ret["result"] = None
+            ret["comment"] = "Volume {} would be prepared (now {})".format(name, current.get("state"))
+            ret["changes"] = {"state": {"old": current.get("state"), "new": "prepared"}}
+        return ret
+    try:
+        out = __salt__["salt_volumes.prepare"](spec=spec)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+        return ret
+    info = __salt__["salt_volumes.device_info"](out)
+    ret["result"] = True
+    ret["volume"] = info
+    if out.get("changed"):
+        ret["changes"] = {"prepared": info}
+        ret["comment"] = "Volume {} prepared at {}".format(name, info.get("persistentPath"))
+    else:
+        ret["comment"] = "Volume {} is already prepared at {}".format(name, info.get("persistentPath"))
+    if out.get("warnings"):
+        ret["warnings"] = out["warnings"]
+    return ret
+
+
+def absent(name, spec=None, wipe=False):
+    """
+    Make sure the volume is no longer prepared on this minion. Sparse volumes
+    lose their loop device and file. Raw devices keep their data unless
+    ``wipe`` is True, which erases only the signatures carrying the volume's
+    UUID. Refused while the volume is mounted or in use.
+    """
+    ret = _ret(name)
+    spec = _checked(name, spec, ret)
+    if spec is None:
+        return ret
+    try:
+        current = __salt__["salt_volumes.info"](spec=spec)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+        return ret
+    if __opts__["test"]:
+        if current.get("state") == "absent":
+            ret["result"] = True
+            ret["comment"] = "Volume {} is already absent".format(name)
+        else:
+            ret["result"] = None
+            ret["comment"] = "Volume {} would be removed{}".format(name, " and wiped" if wipe else "")
+            ret["changes"] = {"state": {"old": current.get("state"), "new": "absent"}}
+        return ret
+    try:
+        out = __salt__["salt_volumes.unprepare"](spec=spec, wipe=wipe)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+        return ret
+    ret["result"] = True
+    ret["volume"] = __salt__["salt_volumes.device_info"](out)
+    if out.get("changed"):
+        ret["changes"] = {"removed": {"old": current.get("state"), "new": "absent", "wiped": bool(wipe)}}
+        ret["comment"] = "Volume {} removed".format(name)
+    else:
+        ret["comment"] = "Volume {} is already absent".format(name)
+    if out.get("warnings"):
+        ret["warnings"] = out["warnings"]
+    return ret
+
+
+unprepared = absent
+
+
+def restored(name):
+    """
+    Re-attach this minion's sparse volumes and recreate their links (what a
+    boot takes away). ``name`` is only the state's label.
+    """
+    ret = _ret(name)
+    if __opts__["test"]:
+        vols = __salt__["salt_volumes.list"]()
+        todo = [v.get("name") for v in vols if v.get("state") == "detached"]
+        ret["result"] = None if todo else True
+        ret["comment"] = "Would restore {}".format(", ".join(todo)) if todo else "Nothing to restore"
+        if todo:
+            ret["changes"] = {"restored": todo}
+        return ret
+    try:
+        rep = __salt__["salt_volumes.restore"]()
+    except CommandExecutionError as exc:
+        ret["comment"] = __salt__["salt_volumes.message"](exc)
+        rep = getattr(exc, "result", None) or {}
+        failed = [v.get("name") or v.get("uuid") for v in rep.get("volumes", []) if v.get("error")]
+        if failed:
+            ret["comment"] = "Could not restore: {}".format(", ".join(str(f) for f in failed))
+        return ret
+    changed = [v.get("name") for v in rep.get("volumes", []) if v.get("changed")]
+    ret["result"] = True
+    if changed:
+        ret["changes"] = {"restored": changed}
+    orphans = [o.get("backingFile") or o.get("uuid") for o in rep.get("orphans", [])]
+    ret["comment"] = "Restored {} volume(s){}".format(
+        len(changed), "; orphans left alone: " + ", ".join(orphans) if orphans else ""
+    )
+    return ret

@@ -1,0 +1,43 @@
+{#- Installs salt-volume-exec, the tools it runs, the state dir and the
+    boot-time restore unit. Put the binary at salt://salt_volumes/files/
+    (make salt-files does it). #}
+{%- set exec_path = salt['config.get']('salt_volumes:exec_path') or '/usr/local/bin/salt-volume-exec' %}
+{%- set state_dir = salt['config.get']('salt_volumes:state_dir') or '/var/lib/salt-volumes' %}
+
+salt_volumes packages:
+  pkg.installed:
+    - pkgs:
+      - e2fsprogs
+      - xfsprogs
+      - util-linux
+
+salt_volumes binary:
+  file.managed:
+    - name: {{ exec_path }}
+    - source: salt://salt_volumes/files/salt-volume-exec
+    - mode: '0755'
+    - makedirs: True
+
+salt_volumes state dir:
+  file.directory:
+    - name: {{ state_dir }}
+    - mode: '0700'
+    - makedirs: True
+
+salt_volumes restore unit:
+  file.managed:
+    - name: /etc/systemd/system/salt-volumes-restore.service
+    - source: salt://salt_volumes/files/salt-volumes-restore.service
+    - template: jinja
+    - context:
+        exec_path: {{ exec_path }}
+        state_dir: {{ state_dir }}
+    - mode: '0644'
+
+salt_volumes restore enabled:
+  service.enabled:
+    - name: salt-volumes-restore
+    - onlyif: test -d /run/systemd/system
+    - require:
+      - file: salt_volumes restore unit
+      - file: salt_volumes binary
