@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build test lint unit bench install clean
+.PHONY: all setup build test lint unit pytest bench install salt-files clean
 
 all: build
 
@@ -21,8 +21,12 @@ lint:
 
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.
-test: setup lint
+test: setup lint pytest
 	$(GO) test -count=1 -timeout 15m ./...
+
+# Unit tests of the Salt modules (the real-Salt tests are Go, in test/salt).
+pytest:
+	.venv/bin/python -m pytest -q salt/tests
 
 unit:
 	$(GO) test -count=1 ./internal/...
@@ -36,5 +40,9 @@ install: build
 	sed -e 's/{{ [a-z_]* | default("\([^"]*\)") }}/\1/g' salt/states/salt_volumes/files/salt-volumes-restore.service \
 	  > $(DESTDIR)/etc/systemd/system/salt-volumes-restore.service
 
+# Puts the binary where salt_volumes.installed serves it from (salt://).
+salt-files: build
+	install -m 0755 bin/salt-volume-exec salt/states/salt_volumes/files/salt-volume-exec
+
 clean:
-	rm -rf bin
+	rm -rf bin salt/states/salt_volumes/files/salt-volume-exec

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in e2fsprogs xfsprogs util-linux gdisk mount; do
+for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -20,3 +20,13 @@ fi
 
 command -v go >/dev/null || { echo "setup: Go is not installed (need go >= 1.25)" >&2; exit 1; }
 go mod download
+
+# Salt from PyPI into the project's virtualenv, nothing global.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if ! cmp -s salt/requirements.txt .venv/.requirements.installed; then
+  echo "setup: installing Salt into .venv (salt/requirements.txt)"
+  .venv/bin/pip install -q --disable-pip-version-check -r salt/requirements.txt
+  cp salt/requirements.txt .venv/.requirements.installed
+fi

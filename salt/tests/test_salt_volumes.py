@@ -1,0 +1,234 @@
+"""Unit tests for the branches real Salt runs cannot reach: a missing or
+broken binary, failing event buses, pillar selection edge cases, test mode.
+The real-Salt tests live in test/salt (Go)."""
+import importlib.util
+import json
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load(kind):
+    path = os.path.join(HERE, "..", "_" + kind, "salt_volumes.py")
+    spec = importlib.util.spec_from_file_location("salt_volumes_" + kind, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fake_binary(tmp_path, body):
+    """A stand-in salt-volume-exec whose behaviour the test scripts."""
+    p = tmp_path / "salt-volume-exec"
+    p.write_text("#!{}\nimport sys, json\nargs = sys.argv[1:]\ndata = sys.stdin.read()\n{}\n".format(
+        sys.executable, textwrap.dedent(body)))
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+@pytest.fixture
+def mod(tmp_path):
+    m = load("modules")
+    events = []
+    pillar = {}
+    config = {"salt_volumes:state_dir": str(tmp_path / "state")}
+
+    def pillar_get(key, default=None):
+        cur = pillar
+        for part in key.split(":"):
+            if not isinstance(cur, dict) or part not in cur:
+                return default
+            cur = cur[part]
+        return cur
+
+    m.__salt__ = {
+        "config.get": lambda k, d=None: config.get(k, d),
+        "pillar.get": pillar_get,
+        "event.send": lambda tag, data: events.append((tag, data)),
+    }
+    m.__opts__ = {}
+    m.__grains__ = {"id": "node-1"}
+    m.events, m.pillar, m.config = events, pillar, config
+    return m
+
+
+SPEC = {"name": "v1", "uuid": "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "node": "node-1",
+        "sparseLoopDevice": {"size": "1Gi"}}
+
+
+def test_missing_binary_says_how_to_install(mod, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(CommandExecutionError, match="salt_volumes.installed"):
+        mod.prepare(spec=SPEC)
+
+
+def test_binary_error_is_raised_with_its_message_and_code(mod, tmp_path):
+    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, """
+        print(json.dumps({"error": {"code": "in_use", "message": "volume v1: /dev/loop3 is mounted on /mnt"}}))
+        sys.exit(3)
+    """)
+    with pytest.raises(CommandExecutionError) as exc:
+        mod.unprepare(spec=SPEC)
+    assert str(exc.value) == "volume v1: /dev/loop3 is mounted on /mnt"
+    assert exc.value.code == "in_use" and exc.value.retcode == 3
+    assert [d["step"] for _, d in mod.events] == ["started", "failed"]
+
+
+def test_garbage_output_is_an_error(mod, tmp_path):
+    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, """
+        print("segfault-ish noise")
+        sys.exit(139)
+    """)
+    with pytest.raises(CommandExecutionError, match="without a JSON answer"):
+        mod.info(spec=SPEC)
+
+
+def test_argv_stdin_and_progress_events(mod, tmp_path):
+    log = tmp_path / "argv.json"
+    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, """
+        open({log!r}, "w").write(json.dumps({{"args": args, "stdin": data}}))
+        for step in ("recorded", "formatted"):
+            sys.stderr.write(json.dumps({{"msg": "step", "step": step, "volume": "v1", "uuid": "u"}}) + "\\n")
+        sys.stderr.write("not json\\n")
+        print(json.dumps({{"name": "v1", "changed": True, "devicePath": "/dev/loop0"}}))
+    """.format(log=str(log)))
+    out = mod.prepare(spec=SPEC)
+    assert out["devicePath"] == "/dev/loop0"
+    seen = json.loads(log.read_text())
+    assert seen["args"] == ["--state-dir", str(tmp_path / "state"), "prepare", "--spec", "-"]
+    assert json.loads(seen["stdin"]) == SPEC
+    assert [(t, d["step"]) for t, d in mod.events] == [
+        ("salt-volumes/v1/progress", "started"),
+        ("salt-volumes/v1/progress", "recorded"),
+        ("salt-volumes/v1/progress", "formatted"),
+        ("salt-volumes/v1/progress", "done"),
+    ]
+    assert all(d["node"] == "node-1" for _, d in mod.events)
+
+
+def test_no_events_masterless_and_a_broken_bus_is_not_fatal(mod, tmp_path):
+    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"changed": False}))')
+    mod.__opts__["local"] = True
+    mod.prepare(spec=SPEC)
+    assert mod.events == []
+    mod.__opts__["local"] = False
+
+    def broken(tag, data):
+        raise RuntimeError("bus down")
+
+    mod.__salt__["event.send"] = broken
+    assert mod.prepare(spec=SPEC) == {"changed": False}
+
+
+def test_lookup_and_selection(mod):
+    mod.pillar["salt_volumes"] = {"volumes": {
+        "mine": {"uuid": "a", "node": "node-1"},
+        "theirs": {"uuid": "b", "node": "node-2"},
+        "unassigned": {"uuid": "c"},
+        "broken": "not a mapping",
+    }}
+    assert sorted(mod.volumes()) == ["broken", "mine", "unassigned"]
+    assert mod._spec("mine")["name"] == "mine"
+    with pytest.raises(SaltInvocationError, match="must be a mapping"):
+        mod._spec("broken")
+    with pytest.raises(SaltInvocationError, match="not found in pillar"):
+        mod._spec("nope")
+    mod.pillar["salt_volumes"]["volume"] = dict(SPEC)
+    assert list(mod.volumes()) == ["v1"], "a single volume overrides the list"
+    assert mod._spec("v1")["uuid"] == SPEC["uuid"]
+
+
+def test_check_names_the_node_field(mod, tmp_path):
+    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"spec": json.loads(data)}))')
+    with pytest.raises(SaltInvocationError, match="volume v1: node: the volume is for 'node-2'"):
+        mod.check(spec=dict(SPEC, node="node-2"))
+    with pytest.raises(SaltInvocationError, match="volume x: name: the spec says 'v1'"):
+        mod.check(name="x", spec=SPEC)
+    assert mod.check(spec=SPEC)["node"] == "node-1"
+
+
+@pytest.fixture
+def state():
+    s = load("states")
+    s.__opts__ = {"test": False}
+    calls = []
+
+    def record(name, result=None, exc=None):
+        def fn(*args, **kwargs):
+            calls.append(name)
+            if exc:
+                raise exc
+            return result
+        return fn
+
+    s.__salt__ = {
+        "salt_volumes.prepare": record("prepare", {"changed": True, "devicePath": "/dev/loop0",
+                                                   "persistentPath": "/dev/disk/by-uuid/u", "warnings": ["thin"]}),
+        "salt_volumes.unprepare": record("unprepare", {"changed": False}),
+        "salt_volumes.check": lambda name=None, spec=None: dict(SPEC),
+        "salt_volumes.info": record("info", {"state": "absent"}),
+        "salt_volumes.device_info": lambda r: {k: r[k] for k in ("devicePath", "persistentPath", "state") if k in r},
+        "salt_volumes.message": str,
+        "salt_volumes.list": lambda: [{"name": "v1", "state": "detached"}],
+        "salt_volumes.restore": record("restore", {"volumes": [{"name": "v1", "changed": True}], "orphans": []}),
+    }
+    s.calls, s.record = calls, record
+    return s
+
+
+def test_prepared_test_mode_touches_nothing(state):
+    state.__opts__["test"] = True
+    ret = state.prepared("v1")
+    assert ret["result"] is None and ret["changes"]["state"] == {"old": "absent", "new": "prepared"}
+    assert "prepare" not in state.calls
+    state.__salt__["salt_volumes.info"] = state.record("info", {"state": "prepared", "persistentPath": "/p"})
+    ret = state.prepared("v1")
+    assert ret["result"] is True and ret["changes"] == {}
+
+
+def test_prepared_reports_device_info_and_warnings(state):
+    ret = state.prepared("v1")
+    assert ret["result"] is True
+    assert ret["volume"]["persistentPath"] == "/dev/disk/by-uuid/u"
+    assert ret["changes"]["prepared"]["devicePath"] == "/dev/loop0"
+    assert ret["warnings"] == ["thin"]
+
+
+def test_failures_name_the_volume(state):
+    state.__salt__["salt_volumes.check"] = state.record("check", exc=SaltInvocationError("volume v1: uuid: bad"))
+    ret = state.prepared("v1")
+    assert ret == {"name": "v1", "result": False, "changes": {}, "comment": "volume v1: uuid: bad"}
+    state.__salt__["salt_volumes.check"] = lambda name=None, spec=None: dict(SPEC)
+    state.__salt__["salt_volumes.prepare"] = state.record("prepare", exc=CommandExecutionError("mkfs failed"))
+    ret = state.prepared("v1")
+    assert ret["result"] is False and ret["comment"] == "volume v1: mkfs failed"
+
+
+def test_absent_test_mode_and_no_change(state):
+    state.__salt__["salt_volumes.info"] = state.record("info", {"state": "prepared"})
+    state.__opts__["test"] = True
+    ret = state.absent("v1", wipe=True)
+    assert ret["result"] is None and "wiped" in ret["comment"]
+    assert "unprepare" not in state.calls
+    state.__opts__["test"] = False
+    ret = state.absent("v1")
+    assert ret["result"] is True and ret["changes"] == {}
+    assert state.unprepared is state.absent
+
+
+def test_restored_reports_failures(state):
+    ret = state.restored("boot")
+    assert ret["result"] is True and ret["changes"] == {"restored": ["v1"]}
+    exc = CommandExecutionError("restore failed")
+    exc.result = {"volumes": [{"name": "gone", "error": "file is gone"}]}
+    state.__salt__["salt_volumes.restore"] = state.record("restore", exc=exc)
+    ret = state.restored("boot")
+    assert ret["result"] is False and ret["comment"] == "Could not restore: gone"
+    state.__opts__["test"] = True
+    ret = state.restored("boot")
+    assert ret["result"] is None and ret["changes"] == {"restored": ["v1"]}

@@ -1,0 +1,266 @@
+// Package salt tests the Salt modules and formulas on real Salt: masterless
+// salt-call, and a salt-master with a salt-minion on loopback.
+package salt
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sve-salt")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "salt-volume-exec")
+	if out, err := exec.Command("go", "build", "-o", binary, "../../cmd/salt-volume-exec").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cleanupNode detaches whatever the stack's node state attached, and removes
+// the links of the given volumes, even when the test failed.
+func cleanupNode(t *testing.T, s *saltstack.Stack, uuids *[]string) {
+	t.Cleanup(func() {
+		ents, _ := os.ReadDir(filepath.Join(s.StateDir, "sparse"))
+		for _, e := range ents {
+			devs, _ := loopdev.Find(filepath.Join(s.StateDir, "sparse", e.Name()))
+			for _, d := range devs {
+				_ = loopdev.RemovePartition(d.Name, 1)
+				_ = loopdev.Detach(context.Background(), d, 5*time.Second)
+			}
+		}
+		for _, u := range *uuids {
+			os.Remove("/dev/disk/by-uuid/" + u)
+			os.Remove("/dev/disk/by-partuuid/" + u)
+		}
+	})
+}
+
+func vol(name, u, node string, extra map[string]any) map[string]any {
+	v := map[string]any{"uuid": u, "node": node, "sparseLoopDevice": map[string]any{"size": "32Mi"}}
+	if name != "" {
+		v["name"] = name
+	}
+	for k, x := range extra {
+		v[k] = x
+	}
+	return v
+}
+
+// states returns the state results of one minion's state.apply, keyed by
+// state id.
+func states(t *testing.T, out map[string]any, minion string) map[string]map[string]any {
+	t.Helper()
+	raw, ok := out[minion].(map[string]any)
+	require.True(t, ok, "no state results for %s: %v", minion, out)
+	res := map[string]map[string]any{}
+	for _, v := range raw {
+		st := v.(map[string]any)
+		res[st["__id__"].(string)] = st
+	}
+	return res
+}
+
+func TestMasterless(t *testing.T) {
+	s := saltstack.Masterless(t, binary)
+	var uuids []string
+	cleanupNode(t, s, &uuids)
+	out, code := s.SaltCall("saltutil.sync_all", "--out=json")
+	require.Equal(t, 0, code, out)
+
+	fsU, blkU := uuid.NewString(), uuid.NewString()
+	uuids = append(uuids, fsU, blkU)
+	pillar := saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volumes": map[string]any{
+		"data-fs":  vol("", fsU, "node-1", nil),
+		"data-blk": vol("", blkU, "node-1", map[string]any{"mode": "Block"}),
+		"other":    vol("", uuid.NewString(), "node-2", nil), // not this minion's
+	}}})
+	apply := func(args ...string) (map[string]map[string]any, int) {
+		out, code := s.SaltCall(append([]string{"--retcode-passthrough", "--out=json", "state.apply"}, args...)...)
+		return states(t, saltstack.JSON(t, out), "local"), code
+	}
+
+	// test=True first: says what would change, touches nothing.
+	res, code := apply("salt_volumes", pillar, "test=True")
+	require.Equal(t, 0, code)
+	require.Len(t, res, 2, "only this minion's volumes")
+	for id, st := range res {
+		assert.Nil(t, st["result"], "%s would change", id)
+		assert.NotEmpty(t, st["changes"])
+	}
+	_, err := os.Stat(filepath.Join(s.StateDir, "sparse", fsU))
+	assert.True(t, os.IsNotExist(err), "test=True creates nothing")
+
+	res, code = apply("salt_volumes", pillar)
+	require.Equal(t, 0, code, res)
+	fs := res["salt_volumes data-fs"]
+	require.NotNil(t, fs)
+	assert.Equal(t, true, fs["result"])
+	v := fs["volume"].(map[string]any)
+	assert.Equal(t, "/dev/disk/by-uuid/"+fsU, v["persistentPath"])
+	dev, err := filepath.EvalSymlinks(v["persistentPath"].(string))
+	require.NoError(t, err)
+	assert.Equal(t, v["devicePath"], dev)
+	assert.Equal(t, float64(32<<20), v["size"])
+	assert.NotEmpty(t, fs["changes"].(map[string]any)["prepared"])
+	blk := res["salt_volumes data-blk"]["volume"].(map[string]any)
+	assert.Equal(t, "/dev/disk/by-partuuid/"+blkU, blk["persistentPath"])
+	assert.Regexp(t, `^loop\d+p1$`, blk["deviceName"])
+
+	// Second run: no changes, same device info.
+	res, code = apply("salt_volumes", pillar)
+	require.Equal(t, 0, code)
+	for id, st := range res {
+		assert.Empty(t, st["changes"], "%s changed on the second run", id)
+		assert.Equal(t, true, st["result"])
+	}
+	assert.Equal(t, v["devicePath"], res["salt_volumes data-fs"]["volume"].(map[string]any)["devicePath"])
+
+	// Execution module directly.
+	specJSON := saltstack.Pillar(vol("data-fs", fsU, "node-1", nil))[len("pillar="):]
+	out, code = s.SaltCall("--out=json", "salt_volumes.is_prepared", "spec="+specJSON)
+	require.Equal(t, 0, code)
+	assert.Equal(t, true, saltstack.JSON(t, out)["local"])
+	out, code = s.SaltCall("--out=json", "salt_volumes.list")
+	require.Equal(t, 0, code)
+	assert.Len(t, saltstack.JSON(t, out)["local"], 2)
+
+	// Bad pillar: the state fails naming the volume and the field, and
+	// nothing is prepared for it.
+	badU := uuid.NewString()
+	bad := saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volumes": map[string]any{
+		"bad-size":  vol("", badU, "node-1", map[string]any{"sparseLoopDevice": map[string]any{"size": "lots"}}),
+		"bad-key":   vol("", uuid.NewString(), "node-1", map[string]any{"fstype": "xfs"}),
+		"no-node":   vol("", uuid.NewString(), "", nil),
+		"wrong-key": vol("other-name", uuid.NewString(), "node-1", nil),
+	}}})
+	res, code = apply("salt_volumes.prepared", bad)
+	assert.NotEqual(t, 0, code, "a bad pillar fails the run")
+	want := map[string]string{
+		"salt_volumes bad-size":  "volume bad-size: sparseLoopDevice.size",
+		"salt_volumes bad-key":   `volume bad-key: spec: unknown field "fstype"`,
+		"salt_volumes no-node":   "volume no-node: node: missing",
+		"salt_volumes wrong-key": "volume wrong-key: name:",
+	}
+	for id, prefix := range want {
+		require.Contains(t, res, id)
+		assert.Equal(t, false, res[id]["result"])
+		assert.Contains(t, res[id]["comment"], prefix)
+	}
+	_, err = os.Stat(filepath.Join(s.StateDir, "sparse", badU))
+	assert.True(t, os.IsNotExist(err))
+
+	// Remove them all.
+	res, code = apply("salt_volumes.unprepared", pillar)
+	require.Equal(t, 0, code, res)
+	for id, st := range res {
+		assert.NotEmpty(t, st["changes"], id)
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.StateDir, "sparse"))
+	assert.Empty(t, ents)
+	_, err = os.Lstat("/dev/disk/by-uuid/" + fsU)
+	assert.True(t, os.IsNotExist(err))
+	res, code = apply("salt_volumes.unprepared", pillar)
+	require.Equal(t, 0, code)
+	for id, st := range res {
+		assert.Empty(t, st["changes"], id)
+	}
+}
+
+func TestMasterMinionJobReturnAndProgressEvents(t *testing.T) {
+	s := saltstack.Start(t, binary, false)
+	var uuids []string
+	cleanupNode(t, s, &uuids)
+	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	require.Equal(t, 0, code, out)
+	bus := s.Listen()
+
+	u := uuid.NewString()
+	uuids = append(uuids, u)
+	spec := vol("api-vol", u, s.MinionID, nil)
+	out, code = s.Salt(s.MinionID, "state.apply", "salt_volumes.prepared",
+		saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volume": spec}}), "--out=json", "--static")
+	require.Equal(t, 0, code, out)
+	res := states(t, saltstack.JSON(t, out), s.MinionID)
+	v := res["salt_volumes api-vol"]["volume"].(map[string]any)
+	assert.Equal(t, "/dev/disk/by-uuid/"+u, v["persistentPath"])
+
+	// The bus saw the steps, then the job return carrying the device info.
+	var steps []string
+	evs, ok := bus.Collect(30*time.Second, func(e saltstack.Event) bool {
+		return strings.HasPrefix(e.Tag, "salt/job/") && strings.Contains(e.Tag, "/ret/"+s.MinionID) && e.Data["fun"] == "state.apply"
+	})
+	require.True(t, ok, "no job return event")
+	for _, e := range evs {
+		if e.Tag == "salt-volumes/api-vol/progress" {
+			// Events a minion fires reach the master bus wrapped:
+			// {"cmd": "_minion_event", "id": <minion>, "data": {...}}.
+			assert.Equal(t, s.MinionID, e.Data["id"])
+			d, _ := e.Data["data"].(map[string]any)
+			assert.Equal(t, u, d["uuid"])
+			step, _ := d["step"].(string)
+			steps = append(steps, step)
+		}
+	}
+	assert.Equal(t, []string{"started", "recorded", "file-created", "formatted", "attached", "linked", "prepared", "done"}, steps)
+	ret := evs[len(evs)-1].Data
+	assert.Equal(t, float64(0), ret["retcode"])
+	found := false
+	for _, st := range ret["return"].(map[string]any) {
+		if vv, ok := st.(map[string]any)["volume"].(map[string]any); ok {
+			assert.Equal(t, v["devicePath"], vv["devicePath"])
+			assert.Equal(t, v["persistentPath"], vv["persistentPath"])
+			found = true
+		}
+	}
+	assert.True(t, found, "the job return event carries the device info")
+
+	// Orchestrate: every node's volumes from pillar; a node that does not
+	// exist fails the run, named.
+	u2, u3 := uuid.NewString(), uuid.NewString()
+	uuids = append(uuids, u2, u3)
+	orchPillar := map[string]any{"salt_volumes": map[string]any{"volumes": map[string]any{
+		"orch-fs":  vol("", u2, s.MinionID, nil),
+		"orch-blk": vol("", u3, s.MinionID, map[string]any{"mode": "Block"}),
+	}}}
+	out, code = s.SaltRun("state.orchestrate", "salt_volumes.orch.deploy", saltstack.Pillar(orchPillar), "--out=json")
+	require.Equal(t, 0, code, out)
+	for _, u := range []string{u2, u3} {
+		_, err := os.Stat(filepath.Join(s.StateDir, "volumes", u+".json"))
+		assert.NoError(t, err, "orchestrate prepared %s", u)
+	}
+	orchPillar["salt_volumes"].(map[string]any)["volumes"].(map[string]any)["ghost-vol"] = vol("", uuid.NewString(), "ghost-node", nil)
+	out, code = s.SaltRun("state.orchestrate", "salt_volumes.orch.deploy", saltstack.Pillar(orchPillar), "--out=json")
+	assert.NotEqual(t, 0, code, "a node that cannot be reached fails the orchestration")
+	assert.Contains(t, out, "ghost-node")
+
+	// Clean up through Salt too.
+	for _, p := range []map[string]any{
+		{"salt_volumes": map[string]any{"volume": spec}},
+		{"salt_volumes": map[string]any{"volumes": orchPillar["salt_volumes"].(map[string]any)["volumes"]}},
+	} {
+		out, code = s.Salt(s.MinionID, "state.apply", "salt_volumes.unprepared", saltstack.Pillar(p), "--out=json", "--static")
+		assert.Equal(t, 0, code, out)
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.StateDir, "sparse"))
+	assert.Empty(t, ents)
+}

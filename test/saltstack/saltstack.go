@@ -1,0 +1,419 @@
+// Package saltstack starts a real Salt (from the project's .venv) for tests:
+// masterless salt-call, or a salt-master, salt-minion and salt-api on
+// loopback with non-default ports, under a short temp root. The daemons are
+// started and stopped by pid; their logs are kept when a test fails.
+package saltstack
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Stack is one Salt installation for one test.
+type Stack struct {
+	t        *testing.T
+	Repo     string
+	Venv     string
+	Root     string // short: AF_UNIX paths must stay under 107 bytes
+	Conf     string // -c directory
+	MinionID string
+	StateDir string // salt-volume-exec state dir on the "node"
+	ExecPath string
+	APIPort  int
+	APIUser  string
+	APIPass  string
+	SockDir  string
+	procs    map[string]*exec.Cmd
+}
+
+// RepoRoot finds the checkout (the directory holding go.mod).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Need skips a test when Salt or root is unavailable, saying how to fix it.
+func Need(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: Salt runs the node binary, which attaches loop devices")
+	}
+	repo, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(repo, ".venv", "bin", "salt-call")); err != nil {
+		t.Skip("Salt is not installed in .venv: run make setup")
+	}
+	return repo
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func newStack(t *testing.T, execPath string) *Stack {
+	repo := Need(t)
+	root, err := os.MkdirTemp("/tmp", "sv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Stack{
+		t: t, Repo: repo, Venv: filepath.Join(repo, ".venv"), Root: root,
+		Conf: filepath.Join(root, "etc"), MinionID: "node-1",
+		StateDir: filepath.Join(root, "state"), ExecPath: execPath,
+		SockDir: filepath.Join(root, "sock"),
+		procs:   map[string]*exec.Cmd{},
+	}
+	for _, d := range []string{s.Conf, filepath.Join(root, "pillar"), filepath.Join(root, "log"), s.SockDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+// common is the configuration master and minion share.
+func (s *Stack) common() string {
+	return fmt.Sprintf(`root_dir: %[1]s
+user: root
+file_roots:
+  base: [%[2]s/salt/states, %[2]s/salt]
+pillar_roots:
+  base: [%[1]s/pillar]
+salt_volumes:
+  exec_path: %[3]s
+  state_dir: %[4]s
+log_level_logfile: info
+`, s.Root, s.Repo, s.ExecPath, s.StateDir)
+}
+
+// Masterless writes a salt-call --local configuration; no daemons run.
+func Masterless(t *testing.T, execPath string) *Stack {
+	s := newStack(t, execPath)
+	s.write("minion", s.common()+fmt.Sprintf(`id: %s
+file_client: local
+log_file: %s/log/minion
+`, s.MinionID, s.Root))
+	return s
+}
+
+// Start runs salt-master and salt-minion (and salt-api when api is true) on
+// loopback, and waits until the minion answers.
+func Start(t *testing.T, execPath string, api bool) *Stack {
+	s := newStack(t, execPath)
+	pub, ret := freePort(t), freePort(t)
+	s.APIPort = freePort(t)
+	s.APIUser, s.APIPass = "salt-volumes", "test-password-"+filepath.Base(s.Root)
+	if err := os.WriteFile(filepath.Join(s.Conf, "api-users"), []byte(s.APIUser+":"+s.APIPass+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.write("master", s.common()+fmt.Sprintf(`interface: 127.0.0.1
+publish_port: %[2]d
+ret_port: %[3]d
+sock_dir: %[4]s
+auto_accept: True
+log_file: %[1]s/log/master
+api_logfile: %[1]s/log/api
+api_pidfile: %[1]s/api.pid
+netapi_enable_clients: [local, local_async, runner, runner_async]
+rest_cherrypy:
+  host: 127.0.0.1
+  port: %[5]d
+  disable_ssl: True
+external_auth:
+  file:
+    ^filename: %[6]s/api-users
+    %[7]s:
+      - '*':
+        - 'state.apply':
+            args: ['^salt_volumes(\.prepared|\.unprepared)?$']
+        - 'state.sls':
+            args: ['^salt_volumes(\.prepared|\.unprepared)?$']
+        - 'saltutil.sync_all'
+        - 'test.ping'
+      - '@runner':
+        - 'jobs.lookup_jid'
+        - 'jobs.list_job'
+        - 'manage.up'
+        - 'manage.status'
+      - '@jobs'
+`, s.Root, pub, ret, s.SockDir, s.APIPort, s.Conf, s.APIUser))
+	s.write("minion", s.common()+fmt.Sprintf(`id: %[2]s
+master: 127.0.0.1
+master_port: %[3]d
+publish_port: %[4]d
+sock_dir: %[1]s/msock
+log_file: %[1]s/log/minion
+acceptance_wait_time: 1
+`, s.Root, s.MinionID, ret, pub))
+
+	s.spawn("master", "salt-master")
+	s.waitFor("master event bus", 60*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(s.SockDir, "master_event_pub.ipc"))
+		return err == nil
+	})
+	s.spawn("minion", "salt-minion")
+	s.waitFor("minion to answer", 90*time.Second, func() bool {
+		out, code := s.Salt("--timeout=5", s.MinionID, "test.ping", "--out=json")
+		return code == 0 && strings.Contains(out, "true")
+	})
+	if api {
+		s.spawn("api", "salt-api")
+		s.waitFor("salt-api", 60*time.Second, func() bool {
+			resp, err := http.Get(s.APIURL())
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
+	}
+	return s
+}
+
+// APIURL is the salt-api base URL.
+func (s *Stack) APIURL() string { return fmt.Sprintf("http://127.0.0.1:%d", s.APIPort) }
+
+// EventSocket is the master event bus's Unix socket.
+func (s *Stack) EventSocket() string { return filepath.Join(s.SockDir, "master_event_pub.ipc") }
+
+func (s *Stack) write(name, content string) {
+	if err := os.WriteFile(filepath.Join(s.Conf, name), []byte(content), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *Stack) bin(name string) string { return filepath.Join(s.Venv, "bin", name) }
+
+func (s *Stack) spawn(name, prog string) {
+	cmd := exec.Command(s.bin(prog), "-c", s.Conf, "-l", "warning")
+	logf, err := os.Create(filepath.Join(s.Root, "log", name+".out"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // we kill the whole group
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("starting %s: %v", prog, err)
+	}
+	s.procs[name] = cmd
+}
+
+// Restart stops a daemon by pid and starts it again.
+func (s *Stack) Restart(name string) {
+	prog := map[string]string{"master": "salt-master", "minion": "salt-minion", "api": "salt-api"}[name]
+	s.kill(name)
+	s.spawn(name, prog)
+}
+
+func (s *Stack) kill(name string) {
+	cmd := s.procs[name]
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	delete(s.procs, name)
+}
+
+func (s *Stack) waitFor(what string, limit time.Duration, ok func() bool) {
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			s.dumpLogs()
+			s.t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func (s *Stack) stop() {
+	for _, name := range []string{"api", "minion", "master"} {
+		s.kill(name)
+	}
+	if s.t.Failed() {
+		s.dumpLogs()
+		s.t.Logf("salt root kept for inspection: %s", s.Root)
+		return
+	}
+	os.RemoveAll(s.Root)
+}
+
+func (s *Stack) dumpLogs() {
+	logs, _ := filepath.Glob(filepath.Join(s.Root, "log", "*"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		s.t.Logf("--- %s (tail)\n%s", l, b)
+	}
+}
+
+// run runs a Salt CLI tool and returns stdout and the exit code.
+func (s *Stack) run(prog string, args ...string) (string, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.bin(prog), append([]string{"-c", s.Conf}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		s.t.Fatalf("running %s: %v", prog, err)
+	}
+	if code != 0 && errb.Len() > 0 {
+		s.t.Logf("%s %s: exit %d: %s", prog, strings.Join(args, " "), code, tail(errb.String(), 2000))
+	}
+	return out.String(), code
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// SaltCall runs salt-call (with --local for a masterless stack).
+func (s *Stack) SaltCall(args ...string) (string, int) {
+	if _, ok := s.procs["master"]; !ok {
+		args = append([]string{"--local"}, args...)
+	}
+	return s.run("salt-call", args...)
+}
+
+// Salt runs the salt CLI on the master.
+func (s *Stack) Salt(args ...string) (string, int) { return s.run("salt", args...) }
+
+// SaltRun runs salt-run on the master.
+func (s *Stack) SaltRun(args ...string) (string, int) { return s.run("salt-run", args...) }
+
+// JSON decodes Salt's --out=json output.
+func JSON(t *testing.T, out string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, tail(out, 3000))
+	}
+	return m
+}
+
+// Pillar renders a pillar= argument.
+func Pillar(v any) string {
+	b, _ := json.Marshal(v)
+	return "pillar=" + string(b)
+}
+
+// Event is one event seen on the master bus.
+type Event struct {
+	Tag  string         `json:"tag"`
+	Data map[string]any `json:"data"`
+}
+
+// Listener follows the master event bus through Salt's own Python client.
+type Listener struct {
+	cmd    *exec.Cmd
+	events chan Event
+}
+
+// Listen subscribes to the master event bus; events arrive on Events().
+func (s *Stack) Listen() *Listener {
+	cmd := exec.Command(s.bin("python"), filepath.Join(s.Repo, "test", "saltstack", "events.py"), s.Conf)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	l := &Listener{cmd: cmd, events: make(chan Event, 10000)}
+	ready := make(chan struct{})
+	go func() {
+		dec := json.NewDecoder(stdout)
+		for {
+			var ev Event
+			if err := dec.Decode(&ev); err != nil {
+				close(l.events)
+				return
+			}
+			if ev.Tag == "__ready__" {
+				close(ready)
+				continue
+			}
+			l.events <- ev
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		s.t.Fatal("event listener did not connect")
+	}
+	s.t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	return l
+}
+
+// Collect gathers events until match returns true or the time runs out.
+func (l *Listener) Collect(limit time.Duration, match func(Event) bool) ([]Event, bool) {
+	var got []Event
+	deadline := time.After(limit)
+	for {
+		select {
+		case ev, ok := <-l.events:
+			if !ok {
+				return got, false
+			}
+			got = append(got, ev)
+			if match(ev) {
+				return got, true
+			}
+		case <-deadline:
+			return got, false
+		}
+	}
+}
