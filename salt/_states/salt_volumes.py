@@ -40,6 +40,14 @@ def _checked(name, spec, ret):
         return None
 
 
+def _info(name, spec, ret):
+    try:
+        return __salt__["salt_volumes.info"](spec=spec)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+        return None
+
+
 def prepared(name, spec=None):
     """
     Make sure the volume is prepared on this minion.
@@ -55,10 +63,8 @@ def prepared(name, spec=None):
     if spec is None:
         return ret
     if __opts__["test"]:
-        try:
-            current = __salt__["salt_volumes.info"](spec=spec)
-        except CommandExecutionError as exc:
-            ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+        current = _info(name, spec, ret)
+        if current is None:
             return ret
         ret["volume"] = __salt__["salt_volumes.device_info"](current)
         if current.get("state") == "prepared":
@@ -98,10 +104,8 @@ def absent(name, spec=None, wipe=False):
     spec = _checked(name, spec, ret)
     if spec is None:
         return ret
-    try:
-        current = __salt__["salt_volumes.info"](spec=spec)
-    except CommandExecutionError as exc:
-        ret["comment"] = "volume {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+    current = _info(name, spec, ret)
+    if current is None:
         return ret
     if __opts__["test"]:
         if current.get("state") == "absent":

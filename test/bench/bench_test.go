@@ -16,24 +16,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sve-bench")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "salt-volume-exec")
-	if out, err := exec.Command("go", "build", "-o", binary, "../../cmd/salt-volume-exec").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWithExec(m, &binary) }
 
 func needRoot(b *testing.B) {
 	if os.Geteuid() != 0 {

@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -20,26 +19,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/require"
 )
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sve-bin")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "salt-volume-exec")
-	out, err := exec.Command("go", "build", "-o", binary, "../../cmd/salt-volume-exec").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building salt-volume-exec: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWithExec(m, &binary) }
 
 // needLoop skips tests that need root and loop devices, saying why.
 func needLoop(t *testing.T) {
@@ -73,23 +59,7 @@ func newNode(t *testing.T) *node {
 	return n
 }
 
-func (n *node) cleanup() {
-	ctx := context.Background()
-	ents, _ := os.ReadDir(filepath.Join(n.dir, "sparse"))
-	for _, e := range ents {
-		devs, _ := loopdev.Find(filepath.Join(n.dir, "sparse", e.Name()))
-		for _, d := range devs {
-			_ = loopdev.RemovePartition(d.Name, 1)
-			if err := loopdev.Detach(ctx, d, 5*time.Second); err != nil {
-				n.t.Logf("cleanup: %v", err)
-			}
-		}
-	}
-	for _, u := range n.uuids {
-		os.Remove("/dev/disk/by-uuid/" + u)
-		os.Remove("/dev/disk/by-partuuid/" + u)
-	}
-}
+func (n *node) cleanup() { testenv.Cleanup(n.dir, n.uuids, n.t.Logf) }
 
 func (n *node) newUUID() string {
 	u := uuid.NewString()

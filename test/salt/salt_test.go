@@ -3,56 +3,27 @@
 package salt
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sve-salt")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "salt-volume-exec")
-	if out, err := exec.Command("go", "build", "-o", binary, "../../cmd/salt-volume-exec").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWithExec(m, &binary) }
 
 // cleanupNode detaches whatever the stack's node state attached, and removes
 // the links of the given volumes, even when the test failed.
 func cleanupNode(t *testing.T, s *saltstack.Stack, uuids *[]string) {
-	t.Cleanup(func() {
-		ents, _ := os.ReadDir(filepath.Join(s.StateDir, "sparse"))
-		for _, e := range ents {
-			devs, _ := loopdev.Find(filepath.Join(s.StateDir, "sparse", e.Name()))
-			for _, d := range devs {
-				_ = loopdev.RemovePartition(d.Name, 1)
-				_ = loopdev.Detach(context.Background(), d, 5*time.Second)
-			}
-		}
-		for _, u := range *uuids {
-			os.Remove("/dev/disk/by-uuid/" + u)
-			os.Remove("/dev/disk/by-partuuid/" + u)
-		}
-	})
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, *uuids, t.Logf) })
 }
 
 func vol(name, u, node string, extra map[string]any) map[string]any {

@@ -1,0 +1,65 @@
+// Package testenv holds what the integration test packages share: building
+// the node binary once, and cleaning up the loop devices and /dev/disk links
+// a test's node state left behind.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+)
+
+// BuildExec builds cmd/salt-volume-exec into a temp dir and returns its path
+// and a function that removes it. Call it from TestMain.
+func BuildExec() (string, func(), error) {
+	dir, err := os.MkdirTemp("", "sve-bin")
+	if err != nil {
+		return "", nil, err
+	}
+	bin := filepath.Join(dir, "salt-volume-exec")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/salt-volumes/salt-volumes/cmd/salt-volume-exec").CombinedOutput()
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("building salt-volume-exec: %v\n%s", err, out)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
+}
+
+// MainWithExec is a TestMain body: it builds the binary into *bin, runs the
+// tests and exits.
+func MainWithExec(m interface{ Run() int }, bin *string) {
+	path, cleanup, err := BuildExec()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*bin = path
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
+// Cleanup detaches every loop device backed by a sparse file of stateDir and
+// removes the /dev/disk links of the given volume UUIDs. It only touches
+// what the test's own state dir names.
+func Cleanup(stateDir string, uuids []string, logf func(string, ...any)) {
+	ents, _ := os.ReadDir(filepath.Join(stateDir, "sparse"))
+	for _, e := range ents {
+		devs, _ := loopdev.Find(filepath.Join(stateDir, "sparse", e.Name()))
+		for _, d := range devs {
+			_ = loopdev.RemovePartition(d.Name, 1)
+			if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil && logf != nil {
+				logf("cleanup: %v", err)
+			}
+		}
+	}
+	for _, u := range uuids {
+		os.Remove("/dev/disk/by-uuid/" + u)
+		os.Remove("/dev/disk/by-partuuid/" + u)
+	}
+}
