@@ -1,0 +1,267 @@
+// Package events reads Salt's master event bus: the msgpack stream on
+// <sock_dir>/master_event_pub.ipc (or TCP when ipc_mode is tcp). It only
+// reads; it never writes to the socket.
+//
+// Wire format (Salt 3006-3008): concatenated msgpack maps
+// {"head": {}, "body": <bin or str: tag + "\n\n" + msgpack(data)>}, no
+// length prefix, no handshake. Data may hold Salt's ext types 78 (datetime)
+// and 79 (constant) and non-string map keys.
+package events
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Event is one event from the bus.
+type Event struct {
+	Tag  string         `json:"tag"`
+	Data map[string]any `json:"data"`
+}
+
+// SaltTime is Salt's ext type 78: a datetime as "%Y%m%dT%H:%M:%S.%f".
+type SaltTime string
+
+// SaltConstant is Salt's ext type 79, kept as its raw msgpack payload (a
+// string type: msgpack/v5 cannot build byte-slice ext types as interfaces).
+type SaltConstant string
+
+func init() {
+	msgpack.RegisterExtDecoder(78, SaltTime(""), func(d *msgpack.Decoder, v reflect.Value, n int) error {
+		b := make([]byte, n)
+		if err := d.ReadFull(b); err != nil {
+			return err
+		}
+		v.SetString(string(b))
+		return nil
+	})
+	msgpack.RegisterExtDecoder(79, SaltConstant(""), func(d *msgpack.Decoder, v reflect.Value, n int) error {
+		b := make([]byte, n)
+		if err := d.ReadFull(b); err != nil {
+			return err
+		}
+		v.SetString(string(b))
+		return nil
+	})
+}
+
+// MaxFrame bounds one frame; Salt trims events to max_event_size (1 MiB).
+const MaxFrame = 16 << 20
+
+// Decoder reads events from a stream. It survives bad events: a frame whose
+// body cannot be decoded is counted and skipped.
+type Decoder struct {
+	dec     *msgpack.Decoder
+	Skipped int // events that could not be decoded
+}
+
+// NewDecoder wraps a stream (the socket, or a recording of it).
+func NewDecoder(r io.Reader) *Decoder {
+	d := msgpack.NewDecoder(bufio.NewReaderSize(r, 64<<10))
+	d.SetMapDecoder(stringKeyMap)
+	d.UseLooseInterfaceDecoding(true)
+	return &Decoder{dec: d}
+}
+
+// Next returns the next well-formed event. io.EOF means the bus closed; any
+// other error means the stream itself is broken (reconnect).
+func (d *Decoder) Next() (Event, error) {
+	for {
+		v, err := d.dec.DecodeInterfaceLoose()
+		if err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return Event{}, io.EOF
+			}
+			return Event{}, err
+		}
+		ev, err := FromFrame(v)
+		if err != nil {
+			d.Skipped++
+			continue
+		}
+		return ev, nil
+	}
+}
+
+// FromFrame turns one decoded frame into an event.
+func FromFrame(v any) (Event, error) {
+	frame, ok := v.(map[string]any)
+	if !ok {
+		return Event{}, fmt.Errorf("frame is %T, not a map", v)
+	}
+	var body []byte
+	switch b := frame["body"].(type) {
+	case []byte:
+		body = b
+	case string:
+		body = []byte(b)
+	default:
+		return Event{}, fmt.Errorf("frame body is %T", frame["body"])
+	}
+	return Unpack(body)
+}
+
+// Unpack splits a body at the first blank line into tag and data.
+func Unpack(body []byte) (Event, error) {
+	tag, raw, ok := bytes.Cut(body, []byte("\n\n"))
+	if !ok {
+		return Event{}, errors.New("body has no tag separator")
+	}
+	ev := Event{Tag: string(tag)}
+	if len(raw) == 0 {
+		ev.Data = map[string]any{}
+		return ev, nil
+	}
+	d := msgpack.NewDecoder(bytes.NewReader(raw))
+	d.SetMapDecoder(stringKeyMap)
+	d.UseLooseInterfaceDecoding(true)
+	v, err := d.DecodeInterfaceLoose()
+	if err != nil {
+		return Event{}, fmt.Errorf("event %s: %w", ev.Tag, err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return Event{}, fmt.Errorf("event %s: data is %T, not a map", ev.Tag, v)
+	}
+	ev.Data = m
+	return ev, nil
+}
+
+// stringKeyMap decodes every map with string keys, whatever the wire type
+// of the key (str, bin, int).
+func stringKeyMap(d *msgpack.Decoder) (any, error) {
+	n, err := d.DecodeMapLen()
+	if err != nil || n == -1 {
+		return nil, err
+	}
+	m := make(map[string]any, n)
+	for i := 0; i < n; i++ {
+		k, err := d.DecodeInterfaceLoose()
+		if err != nil {
+			return nil, err
+		}
+		v, err := d.DecodeInterfaceLoose()
+		if err != nil {
+			return nil, err
+		}
+		switch kk := k.(type) {
+		case string:
+			m[kk] = v
+		case []byte:
+			m[string(kk)] = v
+		default:
+			m[fmt.Sprint(kk)] = v
+		}
+	}
+	return m, nil
+}
+
+// Kinds of events the control plane reacts to.
+const (
+	KindOther       = ""
+	KindJobNew      = "job-new"
+	KindJobReturn   = "job-return"
+	KindRunNew      = "run-new"
+	KindRunReturn   = "run-return"
+	KindMinionStart = "minion-start"
+	KindProgress    = "progress"
+)
+
+// Kind classifies an event by its tag.
+func (e Event) Kind() string {
+	p := strings.Split(e.Tag, "/")
+	switch {
+	case len(p) == 4 && p[0] == "salt" && p[1] == "job" && p[3] == "new":
+		return KindJobNew
+	case len(p) == 5 && p[0] == "salt" && p[1] == "job" && p[3] == "ret":
+		return KindJobReturn
+	case len(p) == 4 && p[0] == "salt" && p[1] == "run" && p[3] == "new":
+		return KindRunNew
+	case len(p) == 4 && p[0] == "salt" && p[1] == "run" && p[3] == "ret":
+		return KindRunReturn
+	case len(p) == 4 && p[0] == "salt" && p[1] == "minion" && p[3] == "start":
+		return KindMinionStart
+	case len(p) == 3 && p[0] == "salt-volumes" && p[2] == "progress":
+		return KindProgress
+	}
+	return KindOther
+}
+
+// JobReturn is a salt/job/<jid>/ret/<minion> event.
+type JobReturn struct {
+	JID     string
+	Minion  string
+	Fun     string
+	FunArgs []any
+	Retcode int
+	Success bool
+	Return  any
+}
+
+// AsJobReturn decodes a job return event.
+func (e Event) AsJobReturn() (JobReturn, bool) {
+	if e.Kind() != KindJobReturn {
+		return JobReturn{}, false
+	}
+	p := strings.Split(e.Tag, "/")
+	r := JobReturn{JID: p[2], Minion: p[4], Return: e.Data["return"]}
+	r.Fun, _ = e.Data["fun"].(string)
+	r.FunArgs, _ = e.Data["fun_args"].([]any)
+	r.Retcode = toInt(e.Data["retcode"])
+	if s, ok := e.Data["success"].(bool); ok {
+		r.Success = s
+	} else {
+		r.Success = r.Retcode == 0
+	}
+	return r, true
+}
+
+// Progress is one of our salt-volumes/<name>/progress events.
+type Progress struct {
+	Volume string
+	UUID   string
+	Step   string
+	Node   string
+	Data   map[string]any
+}
+
+// AsProgress decodes a progress event, unwrapping the envelope Salt puts
+// around events a minion fires ({"cmd": "_minion_event", "id", "data"}).
+func (e Event) AsProgress() (Progress, bool) {
+	if e.Kind() != KindProgress {
+		return Progress{}, false
+	}
+	d := e.Data
+	node, _ := d["id"].(string)
+	if inner, ok := d["data"].(map[string]any); ok && d["cmd"] == "_minion_event" {
+		d = inner
+	}
+	p := Progress{Volume: strings.Split(e.Tag, "/")[1], Data: d, Node: node}
+	p.UUID, _ = d["uuid"].(string)
+	p.Step, _ = d["step"].(string)
+	if n, ok := d["node"].(string); ok && n != "" {
+		p.Node = n
+	}
+	return p, true
+}
+
+func toInt(v any) int {
+	switch n := v.(type) {
+	case int64:
+		return int(n)
+	case uint64:
+		return int(n)
+	case int:
+		return n
+	case float64:
+		return int(n)
+	}
+	return 0
+}

@@ -1,0 +1,83 @@
+// Package events tests the Go event-bus reader against a real salt-master.
+package events
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type collector struct {
+	mu     sync.Mutex
+	events []events.Event
+	conns  int
+}
+
+func (c *collector) wait(t *testing.T, limit time.Duration, match func(events.Event) bool) events.Event {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		for _, e := range c.events {
+			if match(e) {
+				c.mu.Unlock()
+				return e
+			}
+		}
+		c.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no matching event within %s", limit)
+	return events.Event{}
+}
+
+func TestReadsTheRealMasterBusAndReconnects(t *testing.T) {
+	s := saltstack.Start(t, "/bin/true", false)
+	c := &collector{}
+	bus := &events.Bus{Network: "unix", Addr: s.EventSocket(), MinBackoff: 100 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = bus.Run(ctx, func() { c.mu.Lock(); c.conns++; c.mu.Unlock() }, func(e events.Event) {
+			c.mu.Lock()
+			c.events = append(c.events, e)
+			c.mu.Unlock()
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(500 * time.Millisecond) // let the reader connect
+
+	out, code := s.Salt(s.MinionID, "test.ping", "--out=json")
+	require.Equal(t, 0, code, out)
+	ret := c.wait(t, 30*time.Second, func(e events.Event) bool {
+		r, ok := e.AsJobReturn()
+		return ok && r.Fun == "test.ping" && r.Minion == s.MinionID
+	})
+	r, _ := ret.AsJobReturn()
+	assert.True(t, r.Success)
+	assert.Equal(t, true, r.Return)
+	jobNew := c.wait(t, 5*time.Second, func(e events.Event) bool {
+		return e.Kind() == events.KindJobNew && strings.Contains(e.Tag, r.JID)
+	})
+	assert.Equal(t, "test.ping", jobNew.Data["fun"])
+	_, isTime := jobNew.Data["_stamp"].(string)
+	assert.True(t, isTime, "_stamp decodes as a string")
+
+	// Restart the master: the reader reconnects by itself and sees the
+	// minion come back.
+	s.Restart("master")
+	c.wait(t, 90*time.Second, func(e events.Event) bool { return e.Kind() == events.KindMinionStart })
+	assert.GreaterOrEqual(t, bus.Stats.Reconnects.Load(), int64(1))
+	c.mu.Lock()
+	assert.GreaterOrEqual(t, c.conns, 2)
+	c.mu.Unlock()
+	assert.Equal(t, int64(0), bus.Stats.Skipped.Load(), "every real event decodes")
+}
