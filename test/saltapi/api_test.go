@@ -1,0 +1,92 @@
+// Package saltapi tests the Go salt-api client against a real salt-api with
+// the least-privilege eauth account the control plane uses.
+package saltapi
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var binary string
+
+func TestMain(m *testing.M) { testenv.MainWithExec(m, &binary) }
+
+func TestRealSaltAPI(t *testing.T) {
+	s := saltstack.Start(t, binary, true)
+	u := uuid.NewString()
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, []string{u}, t.Logf) })
+	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	require.Equal(t, 0, code, out)
+
+	c, err := saltapi.New(saltapi.Config{URL: s.APIURL(), Username: s.APIUser, Password: s.APIPass, Eauth: "file"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	ids, err := c.Minions(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.MinionID}, ids)
+
+	spec := map[string]any{"name": "api-1", "uuid": u, "node": s.MinionID, "sparseLoopDevice": map[string]any{"size": "32Mi"}}
+	job, err := c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"salt_volumes.prepared"},
+		map[string]any{"pillar": map[string]any{"salt_volumes": map[string]any{"volume": spec}}})
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.MinionID}, job.Minions)
+
+	// Poll the job cache here only because this test has no event reader;
+	// the control plane learns it from the bus.
+	var rets map[string]json.RawMessage
+	require.Eventually(t, func() bool {
+		var found bool
+		rets, found, err = c.LookupJID(ctx, job.JID)
+		return err == nil && found && rets[s.MinionID] != nil
+	}, time.Minute, 500*time.Millisecond)
+	var states map[string]map[string]any
+	require.NoError(t, json.Unmarshal(rets[s.MinionID], &states))
+	require.Len(t, states, 1)
+	for _, st := range states {
+		assert.Equal(t, true, st["result"])
+		assert.Equal(t, "/dev/disk/by-uuid/"+u, st["volume"].(map[string]any)["persistentPath"])
+	}
+
+	_, found, err := c.LookupJID(ctx, "20000101000000000000")
+	require.NoError(t, err)
+	assert.False(t, found, "an unknown job id")
+
+	// The ACL allows nothing but the salt_volumes formulas.
+	_, err = c.LocalAsync(ctx, s.MinionID, "cmd.run", []any{"id"}, nil)
+	var apiErr *saltapi.Error
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, 401, apiErr.Status)
+	_, err = c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"other_formula"}, nil)
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, 401, apiErr.Status)
+	_, err = c.Runner(ctx, "state.orchestrate", map[string]any{"arg": []any{"anything"}})
+	require.ErrorAs(t, err, &apiErr)
+
+	// salt-api forgets sessions when it restarts: one re-login and go on.
+	logins := c.Logins
+	s.Restart("api")
+	require.Eventually(t, func() bool {
+		_, err := c.Minions(ctx)
+		return err == nil
+	}, time.Minute, 500*time.Millisecond)
+	assert.Equal(t, logins+1, c.Logins)
+
+	job, err = c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"salt_volumes.unprepared"},
+		map[string]any{"pillar": map[string]any{"salt_volumes": map[string]any{"volume": spec}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		rets, found, err := c.LookupJID(ctx, job.JID)
+		return err == nil && found && rets[s.MinionID] != nil
+	}, time.Minute, 500*time.Millisecond)
+}
