@@ -49,7 +49,9 @@ func client(t *testing.T, url string, logs *bytes.Buffer) *Client {
 	return c
 }
 
-func ok(w http.ResponseWriter, v any) { _ = json.NewEncoder(w).Encode(map[string]any{"return": []any{v}}) }
+func ok(w http.ResponseWriter, v any) {
+	_ = json.NewEncoder(w).Encode(map[string]any{"return": []any{v}})
+}
 
 func TestTokenReuseAndOneReloginOn401(t *testing.T) {
 	srv, posts := fakeAPI(t, func(n int64, w http.ResponseWriter, token string) {
