@@ -1,0 +1,79 @@
+package volume
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDeletionCriteria(t *testing.T) {
+	cases := []struct {
+		phase  Phase
+		inUse  bool
+		can    bool
+		reason string
+	}{
+		{Unknown, false, false, "no status yet"},
+		{Pending, false, false, "being prepared"},
+		{Terminating, false, false, "already being deleted"},
+		{Available, true, false, "in use"},
+		{Failed, true, false, "in use"},
+		{Available, false, true, ""},
+		{Failed, false, true, ""},
+	}
+	for _, c := range cases {
+		v := &Volume{Status: Status{Phase: c.phase, InUse: c.inUse}}
+		v.Spec.Node = "node-1"
+		can, why := CanDelete(v)
+		assert.Equal(t, c.can, can, "%s inUse=%v", c.phase, c.inUse)
+		assert.Contains(t, why, c.reason)
+	}
+	assert.Equal(t, "Unknown", Unknown.String())
+}
+
+// A real return of state.apply salt_volumes.prepared (as seen in the job
+// return event, decoded from JSON).
+const realPrepared = `{"salt_volumes_|-salt_volumes v1_|-v1_|-prepared": {"name": "v1", "result": true,
+ "changes": {}, "comment": "Volume v1 prepared at /dev/disk/by-uuid/u",
+ "volume": {"name": "v1", "uuid": "u", "size": 33554432, "devicePath": "/dev/loop0", "deviceName": "loop0",
+ "persistentPath": "/dev/disk/by-uuid/u", "state": "prepared", "inUse": false},
+ "__sls__": "salt_volumes.prepared", "__run_num__": 0, "__id__": "salt_volumes v1"}}`
+
+func decode(t *testing.T, s string) any {
+	var v any
+	require.NoError(t, json.Unmarshal([]byte(s), &v))
+	return v
+}
+
+func TestParseStateReturn(t *testing.T) {
+	o := ParseStateReturn(0, decode(t, realPrepared))
+	require.True(t, o.OK)
+	var st Status
+	st.ApplyDevice(o.Device)
+	assert.Equal(t, Status{DeviceName: "loop0", DevicePath: "/dev/loop0", PersistentPath: "/dev/disk/by-uuid/u", Size: 33554432}, st)
+
+	failed := `{"a": {"result": false, "comment": "volume v1: rawBlockDevice.devicePath: /dev/nope does not exist on this node", "__run_num__": 0},
+	            "b": {"result": false, "comment": "One or more requisite failed: a", "__run_num__": 1}}`
+	o = ParseStateReturn(2, decode(t, failed))
+	assert.False(t, o.OK)
+	assert.Equal(t, "volume v1: rawBlockDevice.devicePath: /dev/nope does not exist on this node", o.Message)
+	assert.False(t, o.Retryable)
+
+	o = ParseStateReturn(1, decode(t, `["Rendering SLS 'base:salt_volumes.prepared' failed: mapping values are not allowed"]`))
+	assert.False(t, o.OK)
+	assert.Contains(t, o.Message, "did not render")
+
+	o = ParseStateReturn(1, decode(t, `["The function \"state.apply\" is running as PID 4242 and was started at 2026 with jid 1"]`))
+	assert.True(t, o.Retryable, "a concurrent state run is retried, not failed")
+
+	o = ParseStateReturn(1, "ERROR: salt_volumes.prepare failed")
+	assert.Equal(t, "ERROR: salt_volumes.prepare failed", o.Message)
+	o = ParseStateReturn(0, nil)
+	assert.False(t, o.OK)
+
+	o = ParseStateReturn(2, decode(t, `{"a": {"result": true, "__run_num__": 0}}`))
+	assert.False(t, o.OK, "a non-zero retcode is a failure even if every state looks fine")
+	assert.Contains(t, o.Message, "retcode 2")
+}
