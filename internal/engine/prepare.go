@@ -346,6 +346,8 @@ type rawDevice struct {
 	real string // symlinks resolved
 	name string // kernel name
 	dev  blockdev.Dev
+	// held is set by checkRaw: the device already carries this volume.
+	held bool
 }
 
 func resolveRaw(p string) (*rawDevice, error) {
@@ -385,7 +387,7 @@ func (e *Engine) checkRaw(s *spec.Spec, raw *rawDevice) error {
 	if err := s.CheckDeviceSize(size); err != nil {
 		return err
 	}
-	if holdsVolume(s, raw.name) {
+	if raw.held = holdsVolume(s, raw.name); raw.held {
 		return nil // already this volume: prepare only re-links it
 	}
 	rec, err := e.State.Load(s.UUID)
@@ -436,7 +438,7 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	if s.Mode == spec.ModeBlock && isPart {
 		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
 	}
-	if !holdsVolume(s, raw.name) {
+	if !raw.held {
 		target := "/dev/" + raw.name
 		if s.Mode == spec.ModeFilesystem {
 			if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, target); err != nil {
@@ -516,7 +518,7 @@ func refuseUnsafe(raw *rawDevice, r probe.Result) error {
 // existing GPT partition, changing nothing else on the disk.
 func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, part blockdev.PartitionInfo, res *Result) error {
 	s := o.s
-	if carries(s, raw.name, false) == "" {
+	if !raw.held {
 		parentPath := "/dev/" + part.Parent
 		f, err := os.OpenFile(parentPath, os.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {

@@ -34,22 +34,18 @@ type SaltTime string
 type SaltConstant string
 
 func init() {
-	msgpack.RegisterExtDecoder(78, SaltTime(""), func(d *msgpack.Decoder, v reflect.Value, n int) error {
-		b := make([]byte, n)
-		if err := d.ReadFull(b); err != nil {
-			return err
-		}
-		v.SetString(string(b))
-		return nil
-	})
-	msgpack.RegisterExtDecoder(79, SaltConstant(""), func(d *msgpack.Decoder, v reflect.Value, n int) error {
-		b := make([]byte, n)
-		if err := d.ReadFull(b); err != nil {
-			return err
-		}
-		v.SetString(string(b))
-		return nil
-	})
+	msgpack.RegisterExtDecoder(78, SaltTime(""), rawExt)
+	msgpack.RegisterExtDecoder(79, SaltConstant(""), rawExt)
+}
+
+// rawExt keeps an ext payload as the bytes of a string-kind type.
+func rawExt(d *msgpack.Decoder, v reflect.Value, n int) error {
+	b := make([]byte, n)
+	if err := d.ReadFull(b); err != nil {
+		return err
+	}
+	v.SetString(string(b))
+	return nil
 }
 
 // MaxFrame bounds one frame; Salt trims events to max_event_size (1 MiB).

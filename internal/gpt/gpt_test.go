@@ -3,7 +3,6 @@ package gpt
 import (
 	"bytes"
 	"encoding/hex"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -158,9 +157,25 @@ func TestHeaderCRCIsChecked(t *testing.T) {
 	f := newImage(t, size)
 	_, _, err := Create(f, size, 512, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "x")
 	require.NoError(t, err)
-	hdr := make([]byte, 92)
-	_, err = f.ReadAt(hdr, 512)
+	// Flip one byte of the primary header's disk GUID: the signature is
+	// intact, only the header CRC can tell.
+	b := make([]byte, 1)
+	_, err = f.ReadAt(b, 512+56)
 	require.NoError(t, err)
-	want := crc32.ChecksumIEEE(append(append(append([]byte{}, hdr[:16]...), 0, 0, 0, 0), hdr[20:92]...))
-	assert.Equal(t, want, uint32(hdr[16])|uint32(hdr[17])<<8|uint32(hdr[18])<<16|uint32(hdr[19])<<24)
+	_, err = f.WriteAt([]byte{b[0] ^ 0xff}, 512+56)
+	require.NoError(t, err)
+	tbl, err := Read(f, size, 512)
+	require.NoError(t, err)
+	assert.True(t, tbl.FromBackup, "a header with a bad CRC is not trusted")
+
+	// And a bad entry-array CRC: flip a byte of the partition name.
+	f2 := newImage(t, size)
+	_, _, err = Create(f2, size, 512, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "x")
+	require.NoError(t, err)
+	_, err = f2.WriteAt([]byte{'Y'}, 1024+56)
+	require.NoError(t, err)
+	tbl, err = Read(f2, size, 512)
+	require.NoError(t, err)
+	assert.True(t, tbl.FromBackup)
+	assert.Equal(t, "x", tbl.Entries[0].Name, "the intact backup is what is read")
 }

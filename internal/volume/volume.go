@@ -31,16 +31,6 @@ func (p Phase) String() string {
 	return string(p)
 }
 
-// Reasons say why a volume is in its phase.
-const (
-	ReasonPreparing        = "Preparing"
-	ReasonPrepared         = "Prepared"
-	ReasonCreationError    = "CreationError"
-	ReasonDestructionError = "DestructionError"
-	ReasonTerminating      = "Terminating"
-	ReasonInvalid          = "InvalidSpec"
-)
-
 // Status is what the control plane knows about a volume on its node.
 type Status struct {
 	Phase          Phase     `json:"phase"`
