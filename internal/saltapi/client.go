@@ -63,6 +63,8 @@ type Client struct {
 	cfg   Config
 	http  *retryablehttp.Client
 	login *http.Client // separate: logging in from inside CheckRetry must not recurse
+	// transport carries the TLS settings to the long-lived /events stream.
+	transport *http.Transport
 
 	mu     sync.Mutex
 	token  string
@@ -103,7 +105,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsCfg
-	c := &Client{cfg: cfg, login: &http.Client{Transport: transport, Timeout: cfg.Timeout}}
+	c := &Client{cfg: cfg, login: &http.Client{Transport: transport, Timeout: cfg.Timeout}, transport: transport}
 
 	rc := retryablehttp.NewClient()
 	rc.HTTPClient = &http.Client{Transport: transport, Timeout: cfg.Timeout}
@@ -199,6 +201,21 @@ func (c *Client) ensureLogin(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Token returns a valid session token, logging in if needed.
+func (c *Client) Token(ctx context.Context) (string, error) {
+	if err := c.ensureLogin(ctx); err != nil {
+		return "", err
+	}
+	return c.currentToken(), nil
+}
+
+// URL is the salt-api base URL.
+func (c *Client) URL() string { return c.cfg.URL }
+
+// StreamClient is an HTTP client with the configured TLS settings and no
+// overall timeout, for GET /events.
+func (c *Client) StreamClient() *http.Client { return &http.Client{Transport: c.transport} }
 
 // Lowstate is one salt-api command chunk.
 type Lowstate map[string]any
@@ -348,4 +365,54 @@ func (c *Client) Minions(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("manage.up: unexpected answer %s", truncate(raw))
 	}
 	return ids, nil
+}
+
+// MinionReturn is one minion's stored return of a job.
+type MinionReturn struct {
+	Return  json.RawMessage `json:"return"`
+	Retcode int             `json:"retcode"`
+}
+
+// JobInfo is what the master's job cache knows of a job.
+type JobInfo struct {
+	Known    bool
+	Function string
+	Minions  []string
+	Returns  map[string]MinionReturn
+}
+
+// ListJob asks the job cache about jid (jobs.list_job). Unlike lookup_jid it
+// tells a running job (known, no returns yet) from one the master never saw
+// or has expired (Function "unknown-function"), and it keeps each minion's
+// retcode.
+func (c *Client) ListJob(ctx context.Context, jid string) (JobInfo, error) {
+	raw, err := c.Runner(ctx, "jobs.list_job", map[string]any{"jid": jid})
+	if err != nil {
+		return JobInfo{}, err
+	}
+	return ParseListJob(raw)
+}
+
+// ParseListJob reads a jobs.list_job answer.
+func ParseListJob(raw json.RawMessage) (JobInfo, error) {
+	var m struct {
+		Function string                     `json:"Function"`
+		Minions  []string                   `json:"Minions"`
+		Result   map[string]json.RawMessage `json:"Result"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return JobInfo{}, fmt.Errorf("jobs.list_job: unexpected answer %s", truncate(raw))
+	}
+	info := JobInfo{Function: m.Function, Minions: m.Minions, Returns: map[string]MinionReturn{}}
+	info.Known = m.Function != "" && m.Function != "unknown-function"
+	for minion, r := range m.Result {
+		var mr MinionReturn
+		if err := json.Unmarshal(r, &mr); err != nil || mr.Return == nil {
+			// Very old caches stored the bare return.
+			mr = MinionReturn{Return: r}
+		}
+		info.Returns[minion] = mr
+		info.Known = true
+	}
+	return info, nil
 }

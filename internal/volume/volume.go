@@ -3,6 +3,7 @@
 package volume
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -31,6 +32,21 @@ func (p Phase) String() string {
 	return string(p)
 }
 
+// MarshalJSON spells the empty phase "Unknown" for API users.
+func (p Phase) MarshalJSON() ([]byte, error) { return json.Marshal(p.String()) }
+
+func (p *Phase) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	if s == "Unknown" {
+		s = ""
+	}
+	*p = Phase(s)
+	return nil
+}
+
 // Status is what the control plane knows about a volume on its node.
 type Status struct {
 	Phase          Phase     `json:"phase"`
@@ -44,6 +60,8 @@ type Status struct {
 	Size           int64     `json:"size,omitempty"`
 	InUse          bool      `json:"inUse,omitempty"`
 	UpdatedAt      time.Time `json:"updatedAt,omitempty"`
+	// JobStartedAt is when JobID was launched (job latency, job timeout).
+	JobStartedAt time.Time `json:"jobStartedAt,omitempty"`
 }
 
 // Volume is one volume object.
@@ -53,6 +71,26 @@ type Volume struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// DeleteRequested marks a deletion the reconciler has not finished.
 	DeleteRequested bool `json:"deleteRequested,omitempty"`
+	// Wipe asks the deletion to erase the volume's signatures on a raw device.
+	Wipe bool `json:"wipe,omitempty"`
+	// Origin is "salt" for a volume first seen in the return of a state
+	// run someone else started (salt-call, orchestrate); empty for ours.
+	Origin string `json:"origin,omitempty"`
+}
+
+// Clone returns a deep copy.
+func (v *Volume) Clone() *Volume {
+	c := *v
+	c.Spec.MkfsOptions = append([]string(nil), v.Spec.MkfsOptions...)
+	if v.Spec.SparseLoopDevice != nil {
+		s := *v.Spec.SparseLoopDevice
+		c.Spec.SparseLoopDevice = &s
+	}
+	if v.Spec.RawBlockDevice != nil {
+		r := *v.Spec.RawBlockDevice
+		c.Spec.RawBlockDevice = &r
+	}
+	return &c
 }
 
 // CanDelete applies the deletion criteria: no decision without a status,
@@ -154,4 +192,64 @@ func (s *Status) ApplyDevice(d map[string]any) {
 		s.Size = int64(n)
 	}
 	s.InUse, _ = d["inUse"].(bool)
+}
+
+// StateResult is what one salt_volumes state in a state run did.
+type StateResult struct {
+	Volume   string // the state's name: the volume name
+	Function string // prepared, unprepared, restored
+	OK       bool
+	Comment  string
+	Device   map[string]any
+	Spec     map[string]any
+}
+
+// StateResults finds the salt_volumes states in any state run's return
+// (salt-call, orchestrate, ours), keyed "salt_volumes_|-<id>_|-<name>_|-<fun>".
+func StateResults(ret any) []StateResult {
+	m, ok := ret.(map[string]any)
+	if !ok {
+		return nil
+	}
+	var out []StateResult
+	for key, v := range m {
+		parts := strings.Split(key, "_|-")
+		if len(parts) != 4 || parts[0] != "salt_volumes" {
+			continue
+		}
+		st, ok := v.(map[string]any)
+		if !ok {
+			continue
+		}
+		r := StateResult{Volume: parts[2], Function: parts[3], OK: st["result"] == true}
+		r.Comment, _ = st["comment"].(string)
+		r.Device, _ = st["volume"].(map[string]any)
+		r.Spec, _ = st["spec"].(map[string]any)
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
+	return out
+}
+
+// AdoptedSpec is the spec of a volume prepared by someone else's state run:
+// the normalised spec the prepared state returns next to the device info.
+func AdoptedSpec(node string, r StateResult) (*spec.Spec, error) {
+	if r.Spec == nil {
+		return nil, fmt.Errorf("volume %s: the state return carries no spec (salt_volumes older than the control plane?)", r.Volume)
+	}
+	b, err := json.Marshal(r.Spec)
+	if err != nil {
+		return nil, err
+	}
+	s, err := spec.Parse(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w", r.Volume, err)
+	}
+	if s.Node == "" {
+		s.Node = node
+	}
+	if s.Node != node {
+		return nil, fmt.Errorf("volume %s: spec node %q but returned by %q", r.Volume, s.Node, node)
+	}
+	return s, nil
 }

@@ -83,6 +83,9 @@ def prepared(name, spec=None):
     info = __salt__["salt_volumes.device_info"](out)
     ret["result"] = True
     ret["volume"] = info
+    # The normalised spec lets a control plane adopt a volume prepared by
+    # salt-call or orchestrate from the job return alone.
+    ret["spec"] = spec
     if out.get("changed"):
         ret["changes"] = {"prepared": info}
         ret["comment"] = "Volume {} prepared at {}".format(name, info.get("persistentPath"))

@@ -1,0 +1,114 @@
+// Package metrics writes counters, gauges and histograms in Prometheus's
+// text exposition format. A few dozen lines of ours instead of the client
+// library and its dependency tree: the control plane exports a handful.
+package metrics
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Counter only goes up.
+type Counter struct{ v atomic.Int64 }
+
+func (c *Counter) Inc()         { c.v.Add(1) }
+func (c *Counter) Add(n int64)  { c.v.Add(n) }
+func (c *Counter) Value() int64 { return c.v.Load() }
+
+// Histogram counts observations in fixed buckets (seconds).
+type Histogram struct {
+	mu      sync.Mutex
+	Buckets []float64
+	counts  []int64
+	sum     float64
+	n       int64
+}
+
+// NewHistogram uses the given upper bounds, ascending.
+func NewHistogram(buckets ...float64) *Histogram {
+	return &Histogram{Buckets: buckets, counts: make([]int64, len(buckets))}
+}
+
+func (h *Histogram) Observe(v float64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, b := range h.Buckets {
+		if v <= b {
+			h.counts[i]++
+		}
+	}
+	h.sum += v
+	h.n++
+}
+
+// Count is the number of observations.
+func (h *Histogram) Count() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+// Writer accumulates one exposition.
+type Writer struct {
+	w   io.Writer
+	err error
+}
+
+func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
+
+func (w *Writer) printf(format string, a ...any) {
+	if w.err == nil {
+		_, w.err = fmt.Fprintf(w.w, format, a...)
+	}
+}
+
+// Counter writes one counter.
+func (w *Writer) Counter(name, help string, v int64) {
+	w.printf("# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
+}
+
+// Gauge writes a gauge, one sample per label value (label may be empty).
+func (w *Writer) Gauge(name, help, label string, values map[string]float64) {
+	w.printf("# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if label == "" {
+			w.printf("%s %s\n", name, num(values[k]))
+		} else {
+			w.printf("%s{%s=%q} %s\n", name, label, escape(k), num(values[k]))
+		}
+	}
+}
+
+// Histogram writes a histogram.
+func (w *Writer) Histogram(name, help string, h *Histogram) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w.printf("# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	for i, b := range h.Buckets {
+		w.printf("%s_bucket{le=%q} %d\n", name, num(b), h.counts[i])
+	}
+	w.printf("%s_bucket{le=\"+Inf\"} %d\n%s_sum %s\n%s_count %d\n", name, h.n, name, num(h.sum), name, h.n)
+}
+
+// Err is the first write error.
+func (w *Writer) Err() error { return w.err }
+
+func num(f float64) string {
+	if math.IsInf(f, 1) {
+		return "+Inf"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+func escape(s string) string { return strings.ReplaceAll(s, "\n", `\n`) }

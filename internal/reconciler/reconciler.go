@@ -1,0 +1,667 @@
+// Package reconciler drives volume objects through their phases: it starts
+// one Salt state run per create or delete through salt-api and settles the
+// volume when the job's return crosses the event bus. Jobs are looked up in
+// Salt's job cache only after the bus (re)connects, when a job outlives its
+// timeout, or in the optional polling mode.
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/metrics"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// Salt is what the reconciler needs from salt-api.
+type Salt interface {
+	LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwarg map[string]any) (saltapi.Job, error)
+	ListJob(ctx context.Context, jid string) (saltapi.JobInfo, error)
+}
+
+// SLS names the reconciler applies.
+const (
+	SLSPrepared   = "salt_volumes.prepared"
+	SLSUnprepared = "salt_volumes.unprepared"
+)
+
+// Reasons set on a volume's status.
+const (
+	ReasonPrepareFailed   = "PrepareFailed"
+	ReasonUnprepareFailed = "UnprepareFailed"
+	ReasonNodeNotFound    = "NodeNotFound"
+	ReasonSaltUnavailable = "SaltUnavailable"
+	ReasonSaltRefused     = "SaltRefused"
+	ReasonRetrying        = "Retrying"
+	ReasonJobTimeout      = "JobTimeout"
+)
+
+// Options tune the reconciler; zero values take the defaults.
+type Options struct {
+	Workers int // concurrent reconciles (default 16)
+	// JobTimeout bounds how long a volume waits for its job's return before
+	// the job cache is asked and, failing that, the volume fails (default 10m).
+	JobTimeout time.Duration
+	// PollInterval > 0 disables the event source and looks jobs up on a
+	// timer instead: the MetalK8s way, kept as the benchmark baseline and a
+	// fallback where the bus cannot be reached.
+	PollInterval time.Duration
+	// RetryDelay is the first delay after a transient failure; it doubles up
+	// to a minute (default 2s).
+	RetryDelay time.Duration
+	// LookupParallel bounds concurrent job lookups after a reconnect (8).
+	LookupParallel int
+}
+
+// Metrics are the reconciler's counters.
+type Metrics struct {
+	Reconciles        metrics.Counter
+	JobsLaunched      metrics.Counter
+	JobsSucceeded     metrics.Counter
+	JobsFailed        metrics.Counter
+	JobsReconstructed metrics.Counter // settled from the job cache after a reconnect or restart
+	JobsRelaunched    metrics.Counter // unknown to Salt after a reconnect or restart, started again
+	JobsTimedOut      metrics.Counter
+	LaunchErrors      metrics.Counter
+	Adopted           metrics.Counter
+	Lookups           metrics.Counter
+	JobLatency        *metrics.Histogram
+}
+
+// Reconciler owns the volume objects in its store.
+type Reconciler struct {
+	store   *store.Store
+	salt    Salt
+	source  events.Source
+	opt     Options
+	log     *slog.Logger
+	Hub     *Hub
+	Metrics *Metrics
+
+	q *queue
+
+	mu             sync.Mutex
+	inbox          map[string][]observation
+	jobs           map[string]string // our job id -> volume
+	unmatched      map[string]events.JobReturn
+	unmatchedOrder []string
+	notBefore      map[string]time.Time
+	backoff        map[string]time.Duration
+	lookupRetry    bool
+}
+
+// New builds a reconciler. source may be nil in polling mode.
+func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slog.Logger) *Reconciler {
+	if opt.Workers <= 0 {
+		opt.Workers = 16
+	}
+	if opt.JobTimeout <= 0 {
+		opt.JobTimeout = 10 * time.Minute
+	}
+	if opt.RetryDelay <= 0 {
+		opt.RetryDelay = 2 * time.Second
+	}
+	if opt.LookupParallel <= 0 {
+		opt.LookupParallel = 8
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{
+		store: st, salt: salt, source: source, opt: opt, log: log,
+		Hub:     NewHub(),
+		Metrics: &Metrics{JobLatency: metrics.NewHistogram(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)},
+		q:       newQueue(),
+		inbox:   map[string][]observation{}, jobs: map[string]string{},
+		unmatched: map[string]events.JobReturn{}, notBefore: map[string]time.Time{},
+		backoff: map[string]time.Duration{},
+	}
+}
+
+type obsKind int
+
+const (
+	obsProgress obsKind = iota
+	obsReturn
+	obsLost   // the job cache does not know the job
+	obsDelete // a user asked for deletion
+)
+
+// observation is something learnt about a volume, applied by its worker so
+// that one volume's changes never interleave.
+type observation struct {
+	kind    obsKind
+	jid     string
+	node    string
+	how     string // event, lookup, poll
+	outcome volume.Outcome
+	result  *volume.StateResult // set for returns found by state name
+	uuid    string
+	step    string
+	wipe    bool
+}
+
+// Run reconciles until ctx ends.
+func (r *Reconciler) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range r.opt.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				name, ok := r.q.get()
+				if !ok {
+					return
+				}
+				r.reconcile(ctx, name)
+				r.q.done(name)
+			}
+		}()
+	}
+	// Every volume gets a first pass: Unknown ones are launched, waiting
+	// ones get their timeout timer back.
+	for _, v := range r.store.List() {
+		r.q.add(v.Spec.Name)
+	}
+	if r.opt.PollInterval > 0 {
+		r.log.Info("polling mode: no event source", "interval", r.opt.PollInterval)
+		t := time.NewTicker(r.opt.PollInterval)
+		for done := false; !done; {
+			select {
+			case <-ctx.Done():
+				done = true
+			case <-t.C:
+				r.lookupPending(ctx, "poll")
+			}
+		}
+		t.Stop()
+	} else {
+		_ = r.source.Run(ctx, func() { go r.lookupPending(ctx, "lookup") }, r.Handle)
+	}
+	r.q.close()
+	wg.Wait()
+	return ctx.Err()
+}
+
+// Idle reports whether no volume is queued or being reconciled (tests and
+// benchmarks use it to know a replay has settled).
+func (r *Reconciler) Idle() bool { return r.q.idle() }
+
+// Create stores a new volume (phase Unknown) and queues it.
+func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
+	now := time.Now().UTC()
+	v := &volume.Volume{Spec: *s, CreatedAt: now, Status: volume.Status{UpdatedAt: now}}
+	if err := r.store.Create(v); err != nil {
+		return nil, err
+	}
+	r.Hub.Publish(Added, v.Clone())
+	r.q.add(s.Name)
+	return v, nil
+}
+
+// DeleteError is a deletion the criteria forbid.
+type DeleteError struct{ Reason string }
+
+func (e *DeleteError) Error() string { return "cannot delete: " + e.Reason }
+
+// Delete asks for a volume's deletion. The criteria are checked now, so the
+// caller gets a clear refusal, and again by the worker that carries it out.
+func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
+	v, err := r.store.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	if ok, why := volume.CanDelete(v); !ok {
+		return v, &DeleteError{Reason: why}
+	}
+	r.push(name, observation{kind: obsDelete, wipe: wipe})
+	return v, nil
+}
+
+// Handle takes one bus event. It never blocks on Salt or a volume.
+func (r *Reconciler) Handle(ev events.Event) {
+	switch ev.Kind() {
+	case events.KindProgress:
+		p, _ := ev.AsProgress()
+		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node})
+	case events.KindJobReturn:
+		jr, _ := ev.AsJobReturn()
+		out := volume.ParseStateReturn(jr.Retcode, jr.Return)
+		r.mu.Lock()
+		name, ours := r.jobs[jr.JID]
+		r.mu.Unlock()
+		if ours {
+			r.push(name, observation{kind: obsReturn, jid: jr.JID, node: jr.Minion, how: "event", outcome: out})
+			return
+		}
+		results := volume.StateResults(jr.Return)
+		for i := range results {
+			r.push(results[i].Volume, observation{kind: obsReturn, jid: jr.JID, node: jr.Minion, how: "event", outcome: out, result: &results[i]})
+		}
+		if len(results) == 0 && strings.HasPrefix(jr.Fun, "state.") {
+			// Maybe ours, returned before local_async answered (a render
+			// error names no state): keep it for registerJob.
+			r.remember(jr)
+		}
+	}
+}
+
+func (r *Reconciler) push(name string, o observation) {
+	if name == "" {
+		return
+	}
+	r.mu.Lock()
+	r.inbox[name] = append(r.inbox[name], o)
+	r.mu.Unlock()
+	r.q.add(name)
+}
+
+func (r *Reconciler) remember(jr events.JobReturn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unmatched[jr.JID] = jr
+	r.unmatchedOrder = append(r.unmatchedOrder, jr.JID)
+	if len(r.unmatchedOrder) > 1024 {
+		delete(r.unmatched, r.unmatchedOrder[0])
+		r.unmatchedOrder = r.unmatchedOrder[1:]
+	}
+}
+
+func (r *Reconciler) registerJob(jid, name string) {
+	r.mu.Lock()
+	r.jobs[jid] = name
+	jr, early := r.unmatched[jid]
+	delete(r.unmatched, jid)
+	r.mu.Unlock()
+	if early {
+		r.push(name, observation{kind: obsReturn, jid: jid, node: jr.Minion, how: "event", outcome: volume.ParseStateReturn(jr.Retcode, jr.Return)})
+	}
+}
+
+func (r *Reconciler) forgetJob(jid string) {
+	r.mu.Lock()
+	delete(r.jobs, jid)
+	r.mu.Unlock()
+}
+
+type effect int
+
+const (
+	unchanged effect = iota
+	changed
+	removed
+)
+
+func (r *Reconciler) reconcile(ctx context.Context, name string) {
+	r.Metrics.Reconciles.Inc()
+	r.mu.Lock()
+	obs := r.inbox[name]
+	delete(r.inbox, name)
+	r.mu.Unlock()
+
+	v, err := r.store.Get(name)
+	if errors.Is(err, store.ErrNotFound) {
+		r.adopt(name, obs)
+		return
+	}
+	if err != nil {
+		r.log.Error("reading volume", "volume", name, "error", err)
+		return
+	}
+	dirty := false
+	for _, o := range obs {
+		switch r.apply(v, o) {
+		case changed:
+			dirty = true
+		case removed:
+			r.remove(v)
+			return
+		}
+	}
+	if r.act(ctx, v) {
+		dirty = true
+	}
+	if dirty {
+		v.Status.UpdatedAt = time.Now().UTC()
+		if err := r.store.Put(v); err != nil {
+			r.log.Error("saving volume", "volume", name, "error", err)
+			r.q.addAfter(name, r.opt.RetryDelay)
+			return
+		}
+		r.Hub.Publish(Modified, v)
+	}
+}
+
+func (r *Reconciler) remove(v *volume.Volume) {
+	name := v.Spec.Name
+	if err := r.store.Delete(name); err != nil {
+		r.log.Error("removing volume", "volume", name, "error", err)
+		r.q.addAfter(name, r.opt.RetryDelay)
+		return
+	}
+	r.mu.Lock()
+	delete(r.notBefore, name)
+	delete(r.backoff, name)
+	r.mu.Unlock()
+	r.log.Info("volume deleted", "volume", name, "node", v.Spec.Node)
+	r.Hub.Publish(Deleted, v)
+}
+
+// adopt creates the object for a volume someone else's state run prepared.
+func (r *Reconciler) adopt(name string, obs []observation) {
+	for _, o := range obs {
+		if o.kind != obsReturn || o.result == nil || o.result.Function != "prepared" || !o.result.OK || o.result.Device == nil {
+			continue
+		}
+		s, err := volume.AdoptedSpec(o.node, *o.result)
+		if err != nil {
+			r.log.Warn("not adopting volume", "volume", name, "job", o.jid, "error", err)
+			continue
+		}
+		now := time.Now().UTC()
+		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
+			Status: volume.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}
+		v.Status.ApplyDevice(o.result.Device)
+		if err := r.store.Create(v); err != nil {
+			r.log.Warn("not adopting volume", "volume", name, "error", err)
+			r.q.add(name)
+			return
+		}
+		r.Metrics.Adopted.Inc()
+		r.log.Info("volume prepared outside the control plane adopted", "volume", name, "node", o.node, "job", o.jid)
+		r.Hub.Publish(Added, v)
+		return
+	}
+}
+
+func waiting(v *volume.Volume) bool {
+	return v.Status.Phase == volume.Pending || v.Status.Phase == volume.Terminating
+}
+
+func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
+	st := &v.Status
+	switch o.kind {
+	case obsProgress:
+		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step {
+			return unchanged
+		}
+		if o.node != "" && o.node != v.Spec.Node {
+			return unchanged
+		}
+		st.Step = o.step
+		return changed
+	case obsDelete:
+		if ok, why := volume.CanDelete(v); !ok || v.DeleteRequested {
+			r.log.Info("deletion dropped", "volume", v.Spec.Name, "reason", why)
+			return unchanged
+		}
+		v.DeleteRequested, v.Wipe = true, o.wipe
+		return changed
+	case obsLost:
+		if o.jid != st.JobID || !waiting(v) {
+			return unchanged
+		}
+		r.forgetJob(o.jid)
+		r.Metrics.JobsRelaunched.Inc()
+		r.log.Warn("job unknown to Salt; launching it again", "volume", v.Spec.Name, "job", o.jid)
+		st.JobID, st.Message = "", "job "+o.jid+" was unknown to Salt; launched again"
+		return changed
+	case obsReturn:
+		if o.jid == st.JobID && o.node == v.Spec.Node && waiting(v) {
+			if o.how == "lookup" {
+				r.Metrics.JobsReconstructed.Inc()
+			}
+			return r.settle(v, o.outcome)
+		}
+		return r.foreign(v, o)
+	}
+	return unchanged
+}
+
+// settle applies the return of the job the volume was waiting for.
+func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
+	st := &v.Status
+	name := v.Spec.Name
+	r.forgetJob(st.JobID)
+	if !st.JobStartedAt.IsZero() {
+		r.Metrics.JobLatency.Observe(time.Since(st.JobStartedAt).Seconds())
+	}
+	if out.Retryable {
+		// The run did not happen: another state run held the minion.
+		st.JobID, st.Reason, st.Message = "", ReasonRetrying, out.Message
+		r.delay(name)
+		return changed
+	}
+	st.Step = ""
+	if st.Phase == volume.Terminating {
+		if out.OK {
+			r.Metrics.JobsSucceeded.Inc()
+			return removed
+		}
+		r.Metrics.JobsFailed.Inc()
+		st.Phase, st.Reason, st.Message = volume.Failed, ReasonUnprepareFailed, out.Message
+		v.DeleteRequested, v.Wipe = false, false
+		return changed
+	}
+	if out.OK {
+		r.Metrics.JobsSucceeded.Inc()
+		st.Phase, st.Reason, st.Message = volume.Available, "", ""
+		st.ApplyDevice(out.Device)
+		r.mu.Lock()
+		delete(r.backoff, name)
+		r.mu.Unlock()
+		return changed
+	}
+	r.Metrics.JobsFailed.Inc()
+	st.Phase, st.Reason, st.Message = volume.Failed, ReasonPrepareFailed, out.Message
+	return changed
+}
+
+// foreign applies the return of a state run the volume was not waiting
+// for: someone's salt-call or orchestrate run, or an old job of ours.
+func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
+	res := o.result
+	if res == nil || waiting(v) || o.node != v.Spec.Node || !res.OK {
+		return unchanged
+	}
+	if u, _ := res.Device["uuid"].(string); res.Device != nil && u != v.Spec.UUID {
+		r.log.Warn("state return names this volume with another uuid; ignored", "volume", v.Spec.Name, "job", o.jid, "uuid", u)
+		return unchanged
+	}
+	switch res.Function {
+	case "prepared":
+		if res.Device == nil || v.DeleteRequested {
+			return unchanged
+		}
+		before := v.Status
+		v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Available, "", ""
+		v.Status.ApplyDevice(res.Device)
+		if before == v.Status {
+			return unchanged
+		}
+		r.log.Info("volume status updated from a state run outside the control plane", "volume", v.Spec.Name, "job", o.jid)
+		return changed
+	case "unprepared":
+		r.log.Info("volume unprepared outside the control plane; removing it", "volume", v.Spec.Name, "job", o.jid)
+		return removed
+	}
+	return unchanged
+}
+
+// act starts whatever job the volume needs; it reports whether v changed.
+func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
+	st := &v.Status
+	switch {
+	case v.DeleteRequested && (st.Phase != volume.Terminating || st.JobID == ""):
+		return r.launch(ctx, v, SLSUnprepared, volume.Terminating)
+	case !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "")):
+		return r.launch(ctx, v, SLSPrepared, volume.Pending)
+	case waiting(v) && st.JobID != "":
+		return r.checkTimeout(ctx, v)
+	}
+	return false
+}
+
+func (r *Reconciler) delay(name string) {
+	r.mu.Lock()
+	d := r.backoff[name]
+	if d == 0 {
+		d = r.opt.RetryDelay
+	}
+	r.backoff[name] = min(2*d, time.Minute)
+	r.notBefore[name] = time.Now().Add(d)
+	r.mu.Unlock()
+	r.q.addAfter(name, d)
+}
+
+func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, phase volume.Phase) bool {
+	name := v.Spec.Name
+	r.mu.Lock()
+	wait := time.Until(r.notBefore[name])
+	r.mu.Unlock()
+	st := &v.Status
+	if wait > 0 {
+		r.q.addAfter(name, wait)
+		if st.Phase != phase {
+			st.Phase = phase
+			return true
+		}
+		return false
+	}
+	pillar := map[string]any{"volume": v.Spec}
+	if sls == SLSUnprepared && v.Wipe {
+		pillar["wipe"] = true
+	}
+	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, "state.apply", []any{sls}, map[string]any{"pillar": map[string]any{"salt_volumes": pillar}})
+	st.Step = ""
+	if err != nil {
+		r.Metrics.LaunchErrors.Inc()
+		var apiErr *saltapi.Error
+		permanent := errors.Is(err, saltapi.ErrNoMinions) || (errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest)
+		r.log.Warn("could not start the state run", "volume", name, "sls", sls, "error", err, "permanent", permanent)
+		if !permanent {
+			st.Phase, st.JobID = phase, ""
+			st.Reason, st.Message = ReasonSaltUnavailable, fmt.Sprintf("could not start %s on %s, retrying: %v", sls, v.Spec.Node, err)
+			r.delay(name)
+			return true
+		}
+		st.Phase, st.JobID = volume.Failed, ""
+		st.Reason, st.Message = ReasonSaltRefused, fmt.Sprintf("salt-api refused %s on %s: %v", sls, v.Spec.Node, err)
+		if errors.Is(err, saltapi.ErrNoMinions) {
+			st.Reason = ReasonNodeNotFound
+			st.Message = fmt.Sprintf("no Salt minion matches node %q: check the node name against salt-key -L", v.Spec.Node)
+		}
+		v.DeleteRequested, v.Wipe = false, false
+		return true
+	}
+	r.Metrics.JobsLaunched.Inc()
+	r.log.Info("state run started", "volume", name, "node", v.Spec.Node, "sls", sls, "job", job.JID)
+	st.Phase, st.JobID, st.JobStartedAt = phase, job.JID, time.Now().UTC()
+	st.Reason, st.Message = "", ""
+	r.registerJob(job.JID, name)
+	r.q.addAfter(name, r.opt.JobTimeout)
+	return true
+}
+
+// checkTimeout re-arms the job timer, or, past the timeout, asks the job
+// cache once and fails the volume if the node never answered.
+func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
+	st := &v.Status
+	r.mu.Lock()
+	r.jobs[st.JobID] = v.Spec.Name // after a restart the index starts empty
+	r.mu.Unlock()
+	left := r.opt.JobTimeout - time.Since(st.JobStartedAt)
+	if left > 0 {
+		r.q.addAfter(v.Spec.Name, left)
+		return false
+	}
+	o, ok, err := r.lookup(ctx, v, "lookup")
+	if err != nil {
+		r.log.Warn("job lookup failed", "volume", v.Spec.Name, "job", st.JobID, "error", err)
+		r.q.addAfter(v.Spec.Name, r.opt.RetryDelay)
+		return false
+	}
+	if ok {
+		return r.apply(v, o) != unchanged
+	}
+	r.Metrics.JobsTimedOut.Inc()
+	r.forgetJob(st.JobID)
+	st.Reason = ReasonJobTimeout
+	st.Message = fmt.Sprintf("no return from %s for job %s within %s: is the minion up? (salt-run jobs.lookup_jid %s)", v.Spec.Node, st.JobID, r.opt.JobTimeout, st.JobID)
+	if st.Phase == volume.Terminating {
+		v.DeleteRequested, v.Wipe = false, false
+	}
+	st.Phase, st.Step = volume.Failed, ""
+	return true
+}
+
+// lookup asks the job cache about the volume's job: a return (or the job
+// being unknown) becomes an observation; ok is false while it still runs.
+func (r *Reconciler) lookup(ctx context.Context, v *volume.Volume, how string) (observation, bool, error) {
+	r.Metrics.Lookups.Inc()
+	jid := v.Status.JobID
+	info, err := r.salt.ListJob(ctx, jid)
+	if err != nil {
+		return observation{}, false, err
+	}
+	if ret, ok := info.Returns[v.Spec.Node]; ok {
+		var body any
+		if err := json.Unmarshal(ret.Return, &body); err != nil {
+			body = string(ret.Return)
+		}
+		return observation{kind: obsReturn, jid: jid, node: v.Spec.Node, how: how, outcome: volume.ParseStateReturn(ret.Retcode, body)}, true, nil
+	}
+	if !info.Known {
+		return observation{kind: obsLost, jid: jid}, true, nil
+	}
+	return observation{}, false, nil
+}
+
+// lookupPending asks the job cache once about every job a volume waits for:
+// returns fired while no one listened are found there.
+func (r *Reconciler) lookupPending(ctx context.Context, how string) {
+	sem := make(chan struct{}, r.opt.LookupParallel)
+	var wg sync.WaitGroup
+	var failed sync.Once
+	for _, v := range r.store.List() {
+		if !waiting(v) || v.Status.JobID == "" {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			o, ok, err := r.lookup(ctx, v, how)
+			if err != nil {
+				failed.Do(func() { r.log.Warn("job lookup failed; trying again shortly", "error", err) })
+				r.mu.Lock()
+				r.lookupRetry = true
+				r.mu.Unlock()
+				return
+			}
+			if ok {
+				r.push(v.Spec.Name, o)
+			}
+		}()
+	}
+	wg.Wait()
+	r.mu.Lock()
+	again := r.lookupRetry
+	r.lookupRetry = false
+	r.mu.Unlock()
+	if again && how == "lookup" && ctx.Err() == nil {
+		time.AfterFunc(5*time.Second, func() { r.lookupPending(ctx, how) })
+	}
+}

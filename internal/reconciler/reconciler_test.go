@@ -1,0 +1,453 @@
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// fakeSalt is a salt-api stand-in for the phase machine; the real one is
+// exercised in test/controlplane.
+type fakeSalt struct {
+	mu       sync.Mutex
+	calls    []call
+	n        int
+	err      []error // errors for the next launches, in order
+	jobs     map[string]saltapi.JobInfo
+	onLaunch func(jid string, c call) // runs before LocalAsync answers
+}
+
+type call struct {
+	Tgt, Fun string
+	Arg      []any
+	Kwarg    map[string]any
+}
+
+func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, kwarg map[string]any) (saltapi.Job, error) {
+	f.mu.Lock()
+	c := call{tgt, fun, arg, kwarg}
+	f.calls = append(f.calls, c)
+	if len(f.err) > 0 {
+		err := f.err[0]
+		f.err = f.err[1:]
+		f.mu.Unlock()
+		return saltapi.Job{}, err
+	}
+	f.n++
+	jid := fmt.Sprintf("2026112200000000%04d", f.n)
+	hook := f.onLaunch
+	f.mu.Unlock()
+	if hook != nil {
+		hook(jid, c)
+	}
+	return saltapi.Job{JID: jid, Minions: []string{tgt}}, nil
+}
+
+func (f *fakeSalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if info, ok := f.jobs[jid]; ok {
+		return info, nil
+	}
+	return saltapi.JobInfo{Function: "unknown-function"}, nil
+}
+
+func (f *fakeSalt) launches() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]call(nil), f.calls...)
+}
+
+// chanSource delivers events sent on ch; it "connects" once.
+type chanSource struct{ ch chan events.Event }
+
+func (s *chanSource) Run(ctx context.Context, onConnect func(), handle func(events.Event)) error {
+	onConnect()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev := <-s.ch:
+			handle(ev)
+		}
+	}
+}
+
+type rig struct {
+	t     *testing.T
+	salt  *fakeSalt
+	src   *chanSource
+	store *store.Store
+	r     *Reconciler
+	watch <-chan WatchEvent
+}
+
+func newRig(t *testing.T, opt Options, seed ...*volume.Volume) *rig {
+	st, err := store.Open(filepath.Join(t.TempDir(), "volumes.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	for _, v := range seed {
+		require.NoError(t, st.Put(v))
+	}
+	g := &rig{t: t, salt: &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, src: &chanSource{ch: make(chan events.Event, 16)}, store: st}
+	g.r = New(st, g.salt, g.src, opt, nil)
+	w, stop := g.r.Hub.Subscribe(256)
+	t.Cleanup(stop)
+	g.watch = w
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return g
+}
+
+func sparseSpec(name string) *spec.Spec {
+	s, err := spec.Parse(strings.NewReader(fmt.Sprintf(`{"name":%q,"uuid":"3f2504e0-4f89-41d3-9a0c-0305e82c33%02d","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, name, len(name))))
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// next waits for the named volume's next change.
+func (g *rig) next(name string) WatchEvent {
+	g.t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case ev := <-g.watch:
+			if ev.Volume.Spec.Name == name {
+				return ev
+			}
+		case <-deadline:
+			g.t.Fatalf("no change of %s within 5s", name)
+		}
+	}
+}
+
+// until waits for the volume to reach phase (or be deleted when phase is "DELETED").
+func (g *rig) until(name string, phase string) *volume.Volume {
+	g.t.Helper()
+	for {
+		ev := g.next(name)
+		if ev.Type == Deleted && phase == Deleted {
+			return ev.Volume
+		}
+		if ev.Type != Deleted && ev.Volume.Status.Phase.String() == phase {
+			return ev.Volume
+		}
+	}
+}
+
+func ret(jid, minion string, retcode int64, ret any) events.Event {
+	return events.Event{Tag: "salt/job/" + jid + "/ret/" + minion, Data: map[string]any{
+		"fun": "state.apply", "retcode": retcode, "return": ret, "jid": jid, "id": minion}}
+}
+
+func stateRet(name, fun string, ok bool, comment string, device map[string]any) map[string]any {
+	st := map[string]any{"result": ok, "comment": comment, "__run_num__": int64(0), "changes": map[string]any{}}
+	if device != nil {
+		st["volume"] = device
+	}
+	return map[string]any{"salt_volumes_|-salt_volumes " + name + "_|-" + name + "_|-" + fun: st}
+}
+
+func device(s *spec.Spec) map[string]any {
+	return map[string]any{"name": s.Name, "uuid": s.UUID, "type": "sparseLoopDevice", "mode": "Filesystem",
+		"devicePath": "/dev/loop3", "deviceName": "loop3", "persistentPath": "/dev/disk/by-uuid/" + s.UUID,
+		"size": int64(1 << 30), "inUse": false}
+}
+
+func (g *rig) send(ev events.Event) { g.src.ch <- ev }
+
+func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("data-1")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+
+	ev := g.next("data-1")
+	assert.Equal(t, Added, ev.Type)
+	assert.Equal(t, volume.Unknown, ev.Volume.Status.Phase)
+	v := g.until("data-1", "Pending")
+	require.NotEmpty(t, v.Status.JobID)
+
+	calls := g.salt.launches()
+	require.Len(t, calls, 1)
+	assert.Equal(t, "node-1", calls[0].Tgt)
+	assert.Equal(t, "state.apply", calls[0].Fun)
+	assert.Equal(t, []any{SLSPrepared}, calls[0].Arg)
+	pillar, _ := json.Marshal(calls[0].Kwarg)
+	assert.Contains(t, string(pillar), `"pillar":{"salt_volumes":{"volume":{"name":"data-1","uuid":"`+s.UUID)
+
+	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "attached", "uuid": s.UUID}}})
+	assert.Equal(t, "attached", g.next("data-1").Volume.Status.Step)
+
+	// A progress event for another volume with the same name but another
+	// uuid (a stale run) changes nothing; the return settles the volume.
+	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{"step": "formatted", "uuid": "0d5d2ff4-87b3-4ab5-8e8b-6c9c2f0c0b11"}})
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("data-1", "prepared", true, "prepared", device(s))))
+	v = g.until("data-1", "Available")
+	assert.Equal(t, "/dev/loop3", v.Status.DevicePath)
+	assert.Equal(t, "/dev/disk/by-uuid/"+s.UUID, v.Status.PersistentPath)
+	assert.Equal(t, int64(1<<30), v.Status.Size)
+	assert.Empty(t, v.Status.Step)
+	got, err := g.store.Get("data-1")
+	require.NoError(t, err)
+	assert.Equal(t, volume.Available, got.Status.Phase, "the store holds what watchers saw")
+	assert.EqualValues(t, 1, g.r.Metrics.JobLatency.Count())
+}
+
+func TestFailedReturnCarriesSaltsMessage(t *testing.T) {
+	g := newRig(t, Options{})
+	_, err := g.r.Create(sparseSpec("bad"))
+	require.NoError(t, err)
+	v := g.until("bad", "Pending")
+	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("bad", "prepared", false, "volume bad: rawBlockDevice.devicePath: /dev/nope does not exist", nil)))
+	v = g.until("bad", "Failed")
+	assert.Equal(t, ReasonPrepareFailed, v.Status.Reason)
+	assert.Equal(t, "volume bad: rawBlockDevice.devicePath: /dev/nope does not exist", v.Status.Message)
+}
+
+func TestBusyMinionIsRetried(t *testing.T) {
+	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
+	_, err := g.r.Create(sparseSpec("busy"))
+	require.NoError(t, err)
+	v := g.until("busy", "Pending")
+	first := v.Status.JobID
+	g.send(ret(first, "node-1", 1, []any{"The function \"state.apply\" is running as PID 4242 and was started at 2026"}))
+	for v.Status.JobID == first || v.Status.JobID == "" {
+		v = g.next("busy").Volume
+	}
+	assert.Equal(t, volume.Pending, v.Status.Phase)
+	assert.Len(t, g.salt.launches(), 2)
+}
+
+func TestDeleteFollowsTheCriteria(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("del")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	_, err = g.r.Delete("del", false)
+	var de *DeleteError
+	require.ErrorAs(t, err, &de, "Unknown: no status yet")
+	assert.Contains(t, de.Reason, "no status yet")
+
+	v := g.until("del", "Pending")
+	_, err = g.r.Delete("del", false)
+	require.ErrorAs(t, err, &de)
+	assert.Contains(t, de.Reason, "being prepared")
+
+	inUse := device(s)
+	inUse["inUse"] = true
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "prepared", true, "", inUse)))
+	g.until("del", "Available")
+	_, err = g.r.Delete("del", false)
+	require.ErrorAs(t, err, &de)
+	assert.Contains(t, de.Reason, "in use")
+
+	g.send(ret("20261122999999999999", "node-1", 0, stateRet("del", "prepared", true, "", device(s))))
+	v = g.next("del").Volume
+	assert.False(t, v.Status.InUse, "a salt-call run reported the device released")
+
+	_, err = g.r.Delete("del", true)
+	require.NoError(t, err)
+	v = g.until("del", "Terminating")
+	calls := g.salt.launches()
+	last := calls[len(calls)-1]
+	assert.Equal(t, []any{SLSUnprepared}, last.Arg)
+	pillar, _ := json.Marshal(last.Kwarg)
+	assert.Contains(t, string(pillar), `"wipe":true`)
+	_, err = g.r.Delete("del", false)
+	require.ErrorAs(t, err, &de, "already Terminating")
+
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "unprepared", true, "", nil)))
+	g.until("del", Deleted)
+	_, err = g.store.Get("del")
+	assert.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("stuck")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	v := g.until("stuck", "Pending")
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("stuck", "prepared", true, "", device(s))))
+	g.until("stuck", "Available")
+	_, err = g.r.Delete("stuck", false)
+	require.NoError(t, err)
+	v = g.until("stuck", "Terminating")
+	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("stuck", "unprepared", false, "volume stuck: device is mounted at /mnt", nil)))
+	v = g.until("stuck", "Failed")
+	assert.Equal(t, ReasonUnprepareFailed, v.Status.Reason)
+	assert.False(t, v.DeleteRequested)
+	ok, _ := volume.CanDelete(v)
+	assert.True(t, ok)
+}
+
+func TestLaunchErrors(t *testing.T) {
+	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
+	g.salt.err = []error{saltapi.ErrNoMinions}
+	_, err := g.r.Create(sparseSpec("nonode"))
+	require.NoError(t, err)
+	v := g.until("nonode", "Failed")
+	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason)
+	assert.Contains(t, v.Status.Message, `"node-1"`)
+
+	g.salt.mu.Lock()
+	g.salt.err = []error{&saltapi.Error{Status: 503, Op: "local_async state.apply"}}
+	g.salt.mu.Unlock()
+	_, err = g.r.Create(sparseSpec("later"))
+	require.NoError(t, err)
+	v = g.until("later", "Pending")
+	assert.Equal(t, ReasonSaltUnavailable, v.Status.Reason)
+	assert.Empty(t, v.Status.JobID)
+	for v.Status.JobID == "" {
+		v = g.next("later").Volume
+	}
+	assert.Empty(t, v.Status.Reason, "the retry went through")
+}
+
+func TestReturnBeforeLocalAsyncAnswers(t *testing.T) {
+	g := newRig(t, Options{})
+	// The minion answers before salt-api does; a render error names no
+	// state, so only the job id can match it.
+	g.salt.onLaunch = func(jid string, _ call) {
+		g.r.Handle(ret(jid, "node-1", 1, []any{"Rendering SLS 'base:salt_volumes.prepared' failed"}))
+	}
+	_, err := g.r.Create(sparseSpec("early"))
+	require.NoError(t, err)
+	v := g.until("early", "Failed")
+	assert.Contains(t, v.Status.Message, "did not render")
+}
+
+func TestRestartLooksUpPendingJobsOnce(t *testing.T) {
+	now := time.Now().UTC()
+	done := sparseSpec("done-while-down")
+	lost := sparseSpec("lost")
+	running := sparseSpec("running")
+	seed := []*volume.Volume{
+		{Spec: *done, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-done", JobStartedAt: now}},
+		{Spec: *lost, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-lost", JobStartedAt: now}},
+		{Spec: *running, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-running", JobStartedAt: now}},
+	}
+	body, _ := json.Marshal(stateRet(done.Name, "prepared", true, "", device(done)))
+	st, err := store.Open(filepath.Join(t.TempDir(), "v.db"))
+	require.NoError(t, err)
+	st.Close()
+	g := &fakeSalt{jobs: map[string]saltapi.JobInfo{
+		"j-done":    {Known: true, Returns: map[string]saltapi.MinionReturn{"node-1": {Return: body}}},
+		"j-running": {Known: true, Function: "state.apply", Minions: []string{"node-1"}, Returns: map[string]saltapi.MinionReturn{}},
+	}}
+	rg := newRigWith(t, g, Options{}, seed...)
+	v := rg.until("done-while-down", "Available")
+	assert.Equal(t, "/dev/loop3", v.Status.DevicePath)
+	v = rg.next("lost").Volume
+	for v.Status.JobID == "j-lost" || v.Status.JobID == "" {
+		v = rg.next("lost").Volume
+	}
+	assert.Equal(t, volume.Pending, v.Status.Phase, "unknown job launched again")
+	assert.EqualValues(t, 1, rg.r.Metrics.JobsReconstructed.Value())
+	assert.EqualValues(t, 1, rg.r.Metrics.JobsRelaunched.Value())
+	r, err := rg.store.Get("running")
+	require.NoError(t, err)
+	assert.Equal(t, "j-running", r.Status.JobID, "a running job is left to its return event")
+	rg.send(ret("j-running", "node-1", 0, stateRet("running", "prepared", true, "", device(running))))
+	rg.until("running", "Available")
+}
+
+func newRigWith(t *testing.T, salt *fakeSalt, opt Options, seed ...*volume.Volume) *rig {
+	g := newRigNoRun(t, seed...)
+	g.salt = salt
+	g.r = New(g.store, salt, g.src, opt, nil)
+	w, stop := g.r.Hub.Subscribe(256)
+	t.Cleanup(stop)
+	g.watch = w
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return g
+}
+
+func newRigNoRun(t *testing.T, seed ...*volume.Volume) *rig {
+	st, err := store.Open(filepath.Join(t.TempDir(), "volumes.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	for _, v := range seed {
+		require.NoError(t, st.Put(v))
+	}
+	return &rig{t: t, src: &chanSource{ch: make(chan events.Event, 16)}, store: st}
+}
+
+func TestJobTimeout(t *testing.T) {
+	g := newRig(t, Options{JobTimeout: 100 * time.Millisecond})
+	_, err := g.r.Create(sparseSpec("slow"))
+	require.NoError(t, err)
+	v := g.until("slow", "Pending")
+	g.salt.mu.Lock()
+	g.salt.jobs[v.Status.JobID] = saltapi.JobInfo{Known: true, Function: "state.apply", Returns: map[string]saltapi.MinionReturn{}}
+	g.salt.mu.Unlock()
+	v = g.until("slow", "Failed")
+	assert.Equal(t, ReasonJobTimeout, v.Status.Reason)
+	assert.Contains(t, v.Status.Message, "jobs.lookup_jid "+v.Status.JobID)
+}
+
+func TestStateRunsOfOthersAreTracked(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("by-hand")
+	r := stateRet("by-hand", "prepared", true, "", device(s))
+	specMap := map[string]any{}
+	b, _ := json.Marshal(s)
+	require.NoError(t, json.Unmarshal(b, &specMap))
+	r["salt_volumes_|-salt_volumes by-hand_|-by-hand_|-prepared"].(map[string]any)["spec"] = specMap
+	g.send(ret("20261122111111111111", "node-1", 0, r))
+	ev := g.next("by-hand")
+	assert.Equal(t, Added, ev.Type)
+	assert.Equal(t, volume.Available, ev.Volume.Status.Phase)
+	assert.Equal(t, "salt", ev.Volume.Origin)
+	assert.Equal(t, "node-1", ev.Volume.Spec.Node)
+	assert.Equal(t, spec.Size("1Gi"), ev.Volume.Spec.SparseLoopDevice.Size)
+	assert.EqualValues(t, 1, g.r.Metrics.Adopted.Value())
+	assert.Empty(t, g.salt.launches(), "an adopted volume needs no job")
+
+	// A return from another node for the same name is not this volume.
+	g.send(ret("20261122111111111112", "node-2", 0, stateRet("by-hand", "unprepared", true, "", nil)))
+	// salt-call state.apply salt_volumes.unprepared on its node removes it.
+	g.send(ret("20261122111111111113", "node-1", 0, stateRet("by-hand", "unprepared", true, "", nil)))
+	assert.Equal(t, Deleted, g.next("by-hand").Type)
+}
+
+func TestVolumesReconcileConcurrently(t *testing.T) {
+	g := newRig(t, Options{Workers: 8})
+	const n = 200
+	for i := range n {
+		_, err := g.r.Create(sparseSpec(fmt.Sprintf("v-%03d", i)))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return len(g.salt.launches()) == n }, 10*time.Second, 10*time.Millisecond)
+	seen := map[string]int{}
+	for _, c := range g.salt.launches() {
+		b, _ := json.Marshal(c.Kwarg)
+		seen[string(b)]++
+	}
+	for k, c := range seen {
+		assert.Equal(t, 1, c, "one launch per volume: %s", k)
+	}
+}

@@ -1,0 +1,147 @@
+// Package store keeps volume objects in an embedded bbolt file. Reads are
+// served from memory; every write goes to disk before it is visible, so a
+// control plane killed at any point restarts from what it last reported.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+var bucket = []byte("volumes")
+
+// ErrNotFound is returned for a volume the store does not hold.
+var ErrNotFound = errors.New("volume not found")
+
+// ErrExists is returned when creating a volume whose name is taken.
+var ErrExists = errors.New("a volume with this name already exists")
+
+// Store is the volume store. It is safe for concurrent use.
+type Store struct {
+	db       *bolt.DB
+	createMu sync.Mutex // makes "name free? then write" one step
+	mu       sync.RWMutex
+	cache    map[string]*volume.Volume
+}
+
+// Open opens (or creates) the store file and loads every volume.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store directory: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("opening store %s: another salt-volumes serve holds it", path)
+		}
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	s := &Store{db: db, cache: map[string]*volume.Volume{}}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucket)
+		if err != nil {
+			return err
+		}
+		return b.ForEach(func(k, v []byte) error {
+			var vol volume.Volume
+			if err := json.Unmarshal(v, &vol); err != nil {
+				return fmt.Errorf("volume %q: %w", k, err)
+			}
+			s.cache[string(k)] = &vol
+			return nil
+		})
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("loading store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Get returns a copy of the named volume.
+func (s *Store) Get(name string) (*volume.Volume, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	v, ok := s.cache[name]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	c := v.Clone()
+	return c, nil
+}
+
+// List returns copies of all volumes, sorted by name.
+func (s *Store) List() []*volume.Volume {
+	s.mu.RLock()
+	out := make([]*volume.Volume, 0, len(s.cache))
+	for _, v := range s.cache {
+		out = append(out, v.Clone())
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Spec.Name < out[j].Spec.Name })
+	return out
+}
+
+// Len is the number of volumes.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.cache)
+}
+
+// Create adds a volume; it fails if the name is taken.
+func (s *Store) Create(v *volume.Volume) error {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	s.mu.RLock()
+	_, exists := s.cache[v.Spec.Name]
+	s.mu.RUnlock()
+	if exists {
+		return fmt.Errorf("%w: %q", ErrExists, v.Spec.Name)
+	}
+	return s.Put(v)
+}
+
+// Put writes a volume. Concurrent writers share one fsync (bolt.Batch).
+func (s *Store) Put(v *volume.Volume) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	name := v.Spec.Name
+	if err := s.db.Batch(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Put([]byte(name), data)
+	}); err != nil {
+		return fmt.Errorf("saving volume %q: %w", name, err)
+	}
+	s.mu.Lock()
+	s.cache[name] = v.Clone()
+	s.mu.Unlock()
+	return nil
+}
+
+// Delete removes a volume.
+func (s *Store) Delete(name string) error {
+	if err := s.db.Batch(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Delete([]byte(name))
+	}); err != nil {
+		return fmt.Errorf("deleting volume %q: %w", name, err)
+	}
+	s.mu.Lock()
+	delete(s.cache, name)
+	s.mu.Unlock()
+	return nil
+}
