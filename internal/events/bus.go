@@ -22,6 +22,8 @@ type Stats struct {
 	Decoded    atomic.Int64
 	Skipped    atomic.Int64
 	Reconnects atomic.Int64
+	// Connected is true while the source is connected.
+	Connected atomic.Bool
 }
 
 // Bus reads the master event bus over a Unix socket (ipc_mode: ipc, the
@@ -73,7 +75,9 @@ func (b *Bus) Run(ctx context.Context, onConnect func(), handle func(Event)) err
 		if onConnect != nil {
 			onConnect()
 		}
+		b.Stats.Connected.Store(true)
 		err = b.read(ctx, conn, handle)
+		b.Stats.Connected.Store(false)
 		conn.Close()
 		if ctx.Err() != nil {
 			break

@@ -76,7 +76,9 @@ func (s *SSE) Run(ctx context.Context, onConnect func(), handle func(Event)) err
 		if onConnect != nil {
 			onConnect()
 		}
+		s.Stats.Connected.Store(true)
 		err = s.read(ctx, body, handle)
+		s.Stats.Connected.Store(false)
 		body.Close()
 		if ctx.Err() != nil {
 			break

@@ -66,9 +66,10 @@ type Client struct {
 	// transport carries the TLS settings to the long-lived /events stream.
 	transport *http.Transport
 
-	mu     sync.Mutex
-	token  string
-	expiry time.Time
+	loginMu sync.Mutex
+	mu      sync.Mutex
+	token   string
+	expiry  time.Time
 	// Logins counts successful logins (for tests and metrics).
 	Logins int
 }
@@ -193,6 +194,9 @@ func (c *Client) Login(ctx context.Context) error {
 
 // ensureLogin logs in when there is no token or it is about to expire.
 func (c *Client) ensureLogin(ctx context.Context) error {
+	// One login at a time: concurrent callers wait for it and reuse its token.
+	c.loginMu.Lock()
+	defer c.loginMu.Unlock()
 	c.mu.Lock()
 	need := c.token == "" || (!c.expiry.IsZero() && time.Until(c.expiry) < time.Minute)
 	c.mu.Unlock()
@@ -208,6 +212,13 @@ func (c *Client) Token(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return c.currentToken(), nil
+}
+
+// LoginCount is the number of successful logins so far.
+func (c *Client) LoginCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Logins
 }
 
 // URL is the salt-api base URL.

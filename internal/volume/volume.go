@@ -169,6 +169,9 @@ func ParseStateReturn(retcode int, ret any) Outcome {
 			msgs = append(msgs, fmt.Sprint(m))
 		}
 		msg := strings.Join(msgs, "; ")
+		if strings.Contains(msg, "no attribute 'salt_volumes.") {
+			msg += " (the salt_volumes modules are not on the minion: run salt <node> saltutil.sync_all)"
+		}
 		return Outcome{Message: "the state did not render: " + msg, Retryable: strings.Contains(msg, "is running as PID")}
 	case string:
 		return Outcome{Message: r, Retryable: strings.Contains(r, "is running as PID")}

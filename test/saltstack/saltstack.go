@@ -16,13 +16,24 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 )
 
+// T is what the stack needs from its caller: a *testing.T in tests, a
+// small adapter in the demo.
+type T interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	Skip(args ...any)
+	Cleanup(func())
+	Failed() bool
+}
+
 // Stack is one Salt installation for one test.
 type Stack struct {
-	t        *testing.T
+	t        T
 	Repo     string
 	Venv     string
 	Root     string // short: AF_UNIX paths must stay under 107 bytes
@@ -56,7 +67,7 @@ func RepoRoot() (string, error) {
 }
 
 // Need skips a test when Salt or root is unavailable, saying how to fix it.
-func Need(t *testing.T) string {
+func Need(t T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: Salt runs the node binary, which attaches loop devices")
@@ -71,7 +82,7 @@ func Need(t *testing.T) string {
 	return repo
 }
 
-func freePort(t *testing.T) int {
+func freePort(t T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -81,7 +92,7 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func newStack(t *testing.T, execPath string) *Stack {
+func newStack(t T, execPath string) *Stack {
 	repo := Need(t)
 	root, err := os.MkdirTemp("/tmp", "sv")
 	if err != nil {
@@ -119,7 +130,7 @@ log_level_logfile: info
 }
 
 // Masterless writes a salt-call --local configuration; no daemons run.
-func Masterless(t *testing.T, execPath string) *Stack {
+func Masterless(t T, execPath string) *Stack {
 	s := newStack(t, execPath)
 	s.write("minion", s.common()+fmt.Sprintf(`id: %s
 file_client: local
@@ -130,7 +141,7 @@ log_file: %s/log/minion
 
 // Start runs salt-master and salt-minion (and salt-api when api is true) on
 // loopback, and waits until the minion answers.
-func Start(t *testing.T, execPath string, api bool) *Stack {
+func Start(t T, execPath string, api bool) *Stack {
 	s := newStack(t, execPath)
 	pub, ret := freePort(t), freePort(t)
 	s.APIPort = freePort(t)
@@ -330,7 +341,7 @@ func (s *Stack) Salt(args ...string) (string, int) { return s.run("salt", args..
 func (s *Stack) SaltRun(args ...string) (string, int) { return s.run("salt-run", args...) }
 
 // JSON decodes Salt's --out=json output.
-func JSON(t *testing.T, out string) map[string]any {
+func JSON(t T, out string) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal([]byte(out), &m); err != nil {

@@ -14,6 +14,17 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 )
 
+// Build builds the named commands (cmd/<name>) into dir.
+func Build(dir string, names ...string) error {
+	for _, n := range names {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, n), "github.com/salt-volumes/salt-volumes/cmd/"+n).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("building %s: %v\n%s", n, err, out)
+		}
+	}
+	return nil
+}
+
 // BuildExec builds cmd/salt-volume-exec into a temp dir and returns its path
 // and a function that removes it. Call it from TestMain.
 func BuildExec() (string, func(), error) {

@@ -1,0 +1,374 @@
+// Package api is the control plane's HTTP API: JSON over HTTP with a bearer
+// token, server-sent events for watching, Prometheus metrics, health.
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/salt-volumes/salt-volumes/internal/metrics"
+	"github.com/salt-volumes/salt-volumes/internal/reconciler"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// View is a volume as the API shows it: the object plus what the deletion
+// criteria say now, so clients never offer a deletion that will be refused.
+type View struct {
+	*volume.Volume
+	Deletable           bool   `json:"deletable"`
+	DeleteBlockedReason string `json:"deleteBlockedReason,omitempty"`
+}
+
+// NewView computes the view of v.
+func NewView(v *volume.Volume) View {
+	ok, why := volume.CanDelete(v)
+	return View{Volume: v, Deletable: ok, DeleteBlockedReason: why}
+}
+
+// Event is one watch stream record.
+type Event struct {
+	Type   string `json:"type"`
+	Volume View   `json:"volume"`
+}
+
+// Node is a Salt minion and its volumes.
+type Node struct {
+	Name    string         `json:"name"`
+	Up      bool           `json:"up"`
+	Volumes int            `json:"volumes"`
+	Phases  map[string]int `json:"phases"`
+}
+
+// Error is the body of every error answer.
+type Error struct {
+	Code    string `json:"code"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+// Server serves the API.
+type Server struct {
+	Reconciler *reconciler.Reconciler
+	Store      *store.Store
+	Token      string
+	// Nodes lists the minions Salt knows are up.
+	Nodes func(ctx context.Context) ([]string, error)
+	// Ready says why the server is not ready (nil when it is).
+	Ready func() error
+	// ExtraMetrics writes metrics owned by others (event source, salt-api).
+	ExtraMetrics func(w *metrics.Writer)
+	// UI serves the web UI at / when set.
+	UI  http.Handler
+	Log *slog.Logger
+	// Heartbeat is the watch stream's keep-alive period (default 15s).
+	Heartbeat time.Duration
+}
+
+// Handler returns the routed handler.
+func (s *Server) Handler() http.Handler {
+	if s.Log == nil {
+		s.Log = slog.New(slog.DiscardHandler)
+	}
+	if s.Heartbeat == 0 {
+		s.Heartbeat = 15 * time.Second
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", s.auth(s.metrics))
+	mux.Handle("POST /api/v1/volumes", s.auth(s.create))
+	mux.Handle("GET /api/v1/volumes", s.auth(s.list))
+	mux.Handle("GET /api/v1/volumes/{name}", s.auth(s.get))
+	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(s.delete))
+	mux.Handle("GET /api/v1/watch", s.auth(s.watch))
+	mux.Handle("GET /api/v1/nodes", s.auth(s.nodes))
+	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, http.StatusNotFound, Error{Code: "not_found", Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
+	}))
+	if s.UI != nil {
+		mux.Handle("/", s.UI)
+	}
+	return mux
+}
+
+// auth accepts "Authorization: Bearer <token>", or access_token in the query
+// for EventSource, which cannot set headers.
+func (s *Server) auth(h http.HandlerFunc) http.Handler {
+	want := []byte(s.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if got == "" || got == r.Header.Get("Authorization") {
+			got = r.URL.Query().Get("access_token")
+		}
+		if len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="salt-volumes"`)
+			writeErr(w, http.StatusUnauthorized, Error{Code: "unauthorized", Message: "missing or wrong API token: send Authorization: Bearer <token> (SALT_VOLUMES_TOKEN for the CLI)"})
+			return
+		}
+		h(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, status int, e Error) {
+	writeJSON(w, status, map[string]Error{"error": e})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.Ready != nil {
+		if err := s.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+	}
+	io.WriteString(w, "ok\n")
+}
+
+// ParseCreate reads a create request: the volume spec contract, with the
+// uuid generated when absent and the node required.
+func ParseCreate(body io.Reader) (*spec.Spec, error) {
+	data, err := io.ReadAll(io.LimitReader(body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, &spec.FieldError{Field: "spec", Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+	}
+	if raw, ok := top["uuid"]; !ok || string(raw) == `""` || string(raw) == "null" {
+		top["uuid"], _ = json.Marshal(uuid.NewString())
+		data, _ = json.Marshal(top)
+	}
+	sp, err := spec.Parse(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	if sp.Node == "" {
+		return nil, &spec.FieldError{Field: "node", Msg: "missing: name the Salt minion that will hold the volume (salt-key -L lists them)"}
+	}
+	return sp, nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	sp, err := ParseCreate(r.Body)
+	if err != nil {
+		var fe *spec.FieldError
+		if errors.As(err, &fe) {
+			writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Field: fe.Field, Message: fe.Error()})
+			return
+		}
+		writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Message: err.Error()})
+		return
+	}
+	for _, other := range s.Store.List() {
+		if other.Spec.UUID == sp.UUID {
+			writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "uuid", Message: fmt.Sprintf("uuid: %s already belongs to volume %q: leave uuid out to get a new one", sp.UUID, other.Spec.Name)})
+			return
+		}
+	}
+	v, err := s.Reconciler.Create(sp)
+	if errors.Is(err, store.ErrExists) {
+		writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "name", Message: fmt.Sprintf("name: volume %q already exists: pick another name or delete it first", sp.Name)})
+		return
+	}
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: err.Error()})
+		return
+	}
+	s.Log.Info("volume created", "volume", sp.Name, "node", sp.Node)
+	w.Header().Set("Location", "/api/v1/volumes/"+sp.Name)
+	writeJSON(w, http.StatusCreated, NewView(v))
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	node := r.URL.Query().Get("node")
+	items := []View{}
+	for _, v := range s.Store.List() {
+		if node == "" || v.Spec.Node == node {
+			items = append(items, NewView(v))
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	v, err := s.Store.Get(r.PathValue("name"))
+	if err != nil {
+		notFound(w, r.PathValue("name"))
+		return
+	}
+	writeJSON(w, http.StatusOK, NewView(v))
+}
+
+func notFound(w http.ResponseWriter, name string) {
+	writeErr(w, http.StatusNotFound, Error{Code: "not_found", Message: fmt.Sprintf("volume %q not found", name)})
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	wipe := r.URL.Query().Get("wipe") == "true"
+	v, err := s.Reconciler.Delete(name, wipe)
+	var de *reconciler.DeleteError
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		notFound(w, name)
+	case errors.As(err, &de):
+		writeErr(w, http.StatusConflict, Error{Code: "delete_forbidden", Message: fmt.Sprintf("volume %q: %s", name, de.Reason)})
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: err.Error()})
+	default:
+		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe)
+		writeJSON(w, http.StatusAccepted, NewView(v))
+	}
+}
+
+// watch streams volume changes as server-sent events: first every current
+// volume as ADDED, then each change. ?node= and ?name= filter.
+func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: "streaming unsupported"})
+		return
+	}
+	node, name := r.URL.Query().Get("node"), r.URL.Query().Get("name")
+	match := func(v *volume.Volume) bool {
+		return (node == "" || v.Spec.Node == node) && (name == "" || v.Spec.Name == name)
+	}
+	ch, stop := s.Reconciler.Hub.Subscribe(1024)
+	defer stop()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	send := func(typ string, v *volume.Volume) error {
+		b, err := json.Marshal(Event{Type: typ, Volume: NewView(v)})
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
+		return err
+	}
+	for _, v := range s.Store.List() {
+		if match(v) {
+			if send(reconciler.Added, v) != nil {
+				return
+			}
+		}
+	}
+	// Tells clients the initial list is complete (wait uses it).
+	fmt.Fprint(w, "event: SYNCED\ndata: {}\n\n")
+	fl.Flush()
+	hb := time.NewTicker(s.Heartbeat)
+	defer hb.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-hb.C:
+			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+		case ev, ok := <-ch:
+			if !ok {
+				return // fell behind: the client reconnects and gets the list again
+			}
+			if !match(ev.Volume) {
+				continue
+			}
+			if send(ev.Type, ev.Volume) != nil {
+				return
+			}
+			fl.Flush()
+		}
+	}
+}
+
+func (s *Server) nodes(w http.ResponseWriter, r *http.Request) {
+	byName := map[string]*Node{}
+	get := func(n string) *Node {
+		if byName[n] == nil {
+			byName[n] = &Node{Name: n, Phases: map[string]int{}}
+		}
+		return byName[n]
+	}
+	var warn string
+	if s.Nodes != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+		up, err := s.Nodes(ctx)
+		cancel()
+		if err != nil {
+			warn = "Salt could not list its minions: " + err.Error()
+		}
+		for _, n := range up {
+			get(n).Up = true
+		}
+	}
+	for _, v := range s.Store.List() {
+		n := get(v.Spec.Node)
+		n.Volumes++
+		n.Phases[v.Status.Phase.String()]++
+	}
+	items := make([]Node, 0, len(byName))
+	for _, n := range byName {
+		items = append(items, *n)
+	}
+	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
+	out := map[string]any{"items": items}
+	if warn != "" {
+		out["warning"] = warn
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	var buf bytes.Buffer
+	mw := metrics.NewWriter(&buf)
+	m := s.Reconciler.Metrics
+	mw.Counter("salt_volumes_reconciles_total", "Volume reconcile passes.", m.Reconciles.Value())
+	mw.Counter("salt_volumes_jobs_launched_total", "State runs started through salt-api.", m.JobsLaunched.Value())
+	mw.Counter("salt_volumes_jobs_succeeded_total", "State runs that settled a volume successfully.", m.JobsSucceeded.Value())
+	mw.Counter("salt_volumes_jobs_failed_total", "State runs that failed a volume.", m.JobsFailed.Value())
+	mw.Counter("salt_volumes_jobs_reconstructed_total", "Jobs settled from Salt's job cache after an event bus reconnect or a control plane restart.", m.JobsReconstructed.Value())
+	mw.Counter("salt_volumes_jobs_relaunched_total", "Jobs unknown to Salt after a reconnect or restart, started again.", m.JobsRelaunched.Value())
+	mw.Counter("salt_volumes_jobs_timed_out_total", "Jobs without a return within the job timeout.", m.JobsTimedOut.Value())
+	mw.Counter("salt_volumes_job_launch_errors_total", "Failed attempts to start a state run.", m.LaunchErrors.Value())
+	mw.Counter("salt_volumes_job_lookups_total", "Job cache lookups (reconnects, restarts, timeouts, polling mode).", m.Lookups.Value())
+	mw.Counter("salt_volumes_adopted_total", "Volumes first seen in someone else's state run.", m.Adopted.Value())
+	mw.Histogram("salt_volumes_job_latency_seconds", "From starting a state run to its return settling the volume.", m.JobLatency)
+	phases := map[string]float64{}
+	for _, p := range []volume.Phase{volume.Unknown, volume.Pending, volume.Available, volume.Failed, volume.Terminating} {
+		phases[p.String()] = 0
+	}
+	for _, v := range s.Store.List() {
+		phases[v.Status.Phase.String()]++
+	}
+	mw.Gauge("salt_volumes_volumes", "Volumes by phase.", "phase", phases)
+	mw.Gauge("salt_volumes_watchers", "Open watch streams.", "", map[string]float64{"": float64(s.Reconciler.Hub.Watchers())})
+	if s.ExtraMetrics != nil {
+		s.ExtraMetrics(mw)
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	w.Write(buf.Bytes())
+}

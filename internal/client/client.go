@@ -1,0 +1,196 @@
+// Package client talks to the salt-volumes API; the CLI and the tests use it.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/salt-volumes/salt-volumes/internal/api"
+)
+
+// Client is an API client.
+type Client struct {
+	URL   string
+	Token string
+	HTTP  *http.Client
+}
+
+// Error is an error answer from the server.
+type Error struct {
+	Status int
+	Body   api.Error
+}
+
+func (e *Error) Error() string { return e.Body.Message }
+
+func (c *Client) do(ctx context.Context, method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.URL, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("salt-volumes API at %s: %w", c.URL, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error api.Error `json:"error"`
+		}
+		if json.Unmarshal(raw, &e) != nil || e.Error.Message == "" {
+			e.Error = api.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))}
+		}
+		return &Error{Status: resp.StatusCode, Body: e.Error}
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return fmt.Errorf("salt-volumes API: unexpected answer: %w", err)
+		}
+	}
+	return nil
+}
+
+// Create creates a volume from a spec (the ARCHITECTURE.md contract).
+func (c *Client) Create(ctx context.Context, spec any) (api.View, error) {
+	var v api.View
+	err := c.do(ctx, http.MethodPost, "/api/v1/volumes", spec, &v)
+	return v, err
+}
+
+// List lists volumes, on one node when node is set.
+func (c *Client) List(ctx context.Context, node string) ([]api.View, error) {
+	var out struct {
+		Items []api.View `json:"items"`
+	}
+	path := "/api/v1/volumes"
+	if node != "" {
+		path += "?node=" + url.QueryEscape(node)
+	}
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out.Items, err
+}
+
+// Get returns one volume.
+func (c *Client) Get(ctx context.Context, name string) (api.View, error) {
+	var v api.View
+	err := c.do(ctx, http.MethodGet, "/api/v1/volumes/"+url.PathEscape(name), nil, &v)
+	return v, err
+}
+
+// Delete asks for a volume's deletion.
+func (c *Client) Delete(ctx context.Context, name string, wipe bool) (api.View, error) {
+	var v api.View
+	path := "/api/v1/volumes/" + url.PathEscape(name)
+	if wipe {
+		path += "?wipe=true"
+	}
+	err := c.do(ctx, http.MethodDelete, path, nil, &v)
+	return v, err
+}
+
+// Nodes lists Salt's minions with their volumes.
+func (c *Client) Nodes(ctx context.Context) ([]api.Node, string, error) {
+	var out struct {
+		Items   []api.Node `json:"items"`
+		Warning string     `json:"warning"`
+	}
+	err := c.do(ctx, http.MethodGet, "/api/v1/nodes", nil, &out)
+	return out.Items, out.Warning, err
+}
+
+// Synced is the Event.Type that marks the end of the initial list.
+const Synced = "SYNCED"
+
+// Watch streams changes (after the current volumes as ADDED and one SYNCED
+// event) until fn returns false, ctx ends, or the stream breaks.
+func (c *Client) Watch(ctx context.Context, node, name string, fn func(api.Event) bool) error {
+	q := url.Values{}
+	if node != "" {
+		q.Set("node", node)
+	}
+	if name != "" {
+		q.Set("name", name)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.URL, "/")+"/api/v1/watch?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	req.Header.Set("Accept", "text/event-stream")
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("salt-volumes API at %s: %w", c.URL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var e struct {
+			Error api.Error `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		if e.Error.Message == "" {
+			e.Error.Message = fmt.Sprintf("HTTP %d", resp.StatusCode)
+		}
+		return &Error{Status: resp.StatusCode, Body: e.Error}
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var typ, data string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			typ = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			data = strings.TrimPrefix(line, "data: ")
+		case line == "" && typ != "":
+			ev := api.Event{Type: typ}
+			if typ != Synced {
+				if err := json.Unmarshal([]byte(data), &ev); err != nil {
+					return fmt.Errorf("watch: bad event: %w", err)
+				}
+			}
+			if !fn(ev) {
+				return nil
+			}
+			typ, data = "", ""
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() == nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errors.New("watch stream closed by the server")
+}

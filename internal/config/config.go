@@ -1,0 +1,148 @@
+// Package config reads salt-volumes serve's YAML configuration.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole file. Unknown keys are errors, so a typo never falls
+// back to a default silently.
+type Config struct {
+	// Listen is the API address; loopback unless you put a TLS proxy in front.
+	Listen string `yaml:"listen"`
+	// Token (or TokenFile) is the API bearer token.
+	Token     string `yaml:"token"`
+	TokenFile string `yaml:"tokenFile"`
+	// Store is the bbolt file holding the volume objects.
+	Store  string `yaml:"store"`
+	Salt   Salt   `yaml:"salt"`
+	Events Events `yaml:"events"`
+	// JobTimeout bounds the wait for a job's return (default 10m).
+	JobTimeout Duration `yaml:"jobTimeout"`
+	// PollInterval > 0 replaces the event source with job polling.
+	PollInterval Duration `yaml:"pollInterval"`
+	Workers      int      `yaml:"workers"`
+	LogLevel     string   `yaml:"logLevel"`
+
+	nonLoopback bool
+}
+
+// Salt is how to reach salt-api.
+type Salt struct {
+	URL                string `yaml:"url"`
+	Username           string `yaml:"username"`
+	Password           string `yaml:"password"`
+	PasswordFile       string `yaml:"passwordFile"`
+	Eauth              string `yaml:"eauth"`
+	CAFile             string `yaml:"caFile"`
+	InsecureSkipVerify bool   `yaml:"insecureSkipVerify"`
+}
+
+// Events selects the event source.
+type Events struct {
+	// Source is "bus" (the master's event socket; the control plane runs on
+	// the master) or "sse" (salt-api's GET /events).
+	Source string `yaml:"source"`
+	// Socket is master_event_pub.ipc (ipc_mode: ipc); TCP is host:port of
+	// the master's event publisher when ipc_mode is tcp (127.0.0.1:4512).
+	Socket string `yaml:"socket"`
+	TCP    string `yaml:"tcp"`
+}
+
+// Duration is a time.Duration written as "10m", "30s".
+type Duration time.Duration
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration: write it like 30s, 10m or 1h", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Load reads, defaults and validates a config file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes and validates config text.
+func Parse(data []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.Store == "" {
+		c.Store = "/var/lib/salt-volumes-control/volumes.db"
+	}
+	if c.Salt.Eauth == "" {
+		c.Salt.Eauth = "file"
+	}
+	if c.Events.Source == "" {
+		c.Events.Source = "bus"
+	}
+	if c.Events.Socket == "" && c.Events.TCP == "" {
+		c.Events.Socket = "/var/run/salt/master/master_event_pub.ipc"
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.TokenFile != "" {
+		b, err := os.ReadFile(c.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("tokenFile: %w", err)
+		}
+		c.Token = strings.TrimSpace(string(b))
+	}
+	if c.Salt.PasswordFile != "" {
+		b, err := os.ReadFile(c.Salt.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("salt.passwordFile: %w", err)
+		}
+		c.Salt.Password = strings.TrimRight(string(b), "\r\n")
+	}
+	switch {
+	case len(c.Token) < 16:
+		return nil, errors.New("token: set token or tokenFile to a secret of at least 16 characters (e.g. openssl rand -hex 32)")
+	case c.Salt.URL == "":
+		return nil, errors.New("salt.url: missing: the salt-api address, e.g. https://127.0.0.1:8000")
+	case c.Salt.Username == "" || c.Salt.Password == "":
+		return nil, errors.New("salt.username/salt.password: missing: the eauth account the control plane logs in with")
+	case c.Events.Source != "bus" && c.Events.Source != "sse":
+		return nil, fmt.Errorf("events.source: %q: use bus (on the master host) or sse (salt-api /events)", c.Events.Source)
+	case c.Workers < 0:
+		return nil, errors.New("workers: must be positive")
+	}
+	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return nil, fmt.Errorf("listen: %q: use host:port, e.g. 127.0.0.1:8080", c.Listen)
+	} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		// Not refused: operators may put the API behind their own network
+		// policy. Said loudly by serve.
+		c.nonLoopback = true
+	}
+	return &c, nil
+}
+
+// NonLoopback reports a listen address reachable from other hosts.
+func (c *Config) NonLoopback() bool { return c.nonLoopback }

@@ -1,0 +1,118 @@
+// Package server wires a configuration into a running control plane: store,
+// salt-api client, event source, reconciler and HTTP API.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/api"
+	"github.com/salt-volumes/salt-volumes/internal/config"
+	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/metrics"
+	"github.com/salt-volumes/salt-volumes/internal/reconciler"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+)
+
+// Run serves until ctx ends. ready, when not nil, gets the bound address
+// once the API listens.
+func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Handler, ready func(addr string)) error {
+	st, err := store.Open(cfg.Store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	salt, err := saltapi.New(saltapi.Config{
+		URL: cfg.Salt.URL, Username: cfg.Salt.Username, Password: cfg.Salt.Password, Eauth: cfg.Salt.Eauth,
+		CAFile: cfg.Salt.CAFile, InsecureSkipVerify: cfg.Salt.InsecureSkipVerify, Log: log.With("component", "salt-api"),
+	})
+	if err != nil {
+		return err
+	}
+	stats := &events.Stats{}
+	var source events.Source
+	switch {
+	case cfg.PollInterval > 0:
+	case cfg.Events.Source == "sse":
+		source = &events.SSE{URL: salt.URL(), Client: salt.StreamClient(), Token: salt.Token, Relogin: salt.Login,
+			Log: log.With("component", "events"), Stats: stats}
+	case cfg.Events.TCP != "":
+		source = &events.Bus{Network: "tcp", Addr: cfg.Events.TCP, Log: log.With("component", "events"), Stats: stats}
+	default:
+		source = &events.Bus{Network: "unix", Addr: cfg.Events.Socket, Log: log.With("component", "events"), Stats: stats}
+	}
+	rec := reconciler.New(st, salt, source, reconciler.Options{
+		Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval),
+	}, log.With("component", "reconciler"))
+
+	srv := &api.Server{
+		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
+		Ready: func() error {
+			if source != nil && !stats.Connected.Load() {
+				return errors.New("event source not connected")
+			}
+			return nil
+		},
+		ExtraMetrics: func(w *metrics.Writer) {
+			w.Counter("salt_volumes_events_decoded_total", "Events read from the Salt event bus.", stats.Decoded.Load())
+			w.Counter("salt_volumes_events_skipped_total", "Events that could not be decoded and were skipped.", stats.Skipped.Load())
+			w.Counter("salt_volumes_event_reconnects_total", "Reconnects of the event source.", stats.Reconnects.Load())
+			conn := 0.0
+			if stats.Connected.Load() {
+				conn = 1
+			}
+			w.Gauge("salt_volumes_event_source_connected", "1 while the event source is connected.", "", map[string]float64{"": conn})
+			w.Counter("salt_volumes_saltapi_logins_total", "Logins to salt-api.", int64(salt.LoginCount()))
+		},
+	}
+	if cfg.NonLoopback() {
+		log.Warn("the API listens beyond loopback: put TLS and a firewall in front of it", "listen", cfg.Listen)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	recDone := make(chan struct{})
+	go func() {
+		defer close(recDone)
+		rec.Run(ctx)
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		defer c()
+		_ = hs.Shutdown(sctx)
+	}()
+	log.Info("salt-volumes serve listening", "addr", ln.Addr().String(), "store", cfg.Store, "events", describe(cfg))
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	err = hs.Serve(ln)
+	cancel()
+	<-recDone
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func describe(cfg *config.Config) string {
+	switch {
+	case cfg.PollInterval > 0:
+		return fmt.Sprintf("polling every %s", time.Duration(cfg.PollInterval))
+	case cfg.Events.Source == "sse":
+		return "salt-api /events"
+	case cfg.Events.TCP != "":
+		return "tcp " + cfg.Events.TCP
+	}
+	return cfg.Events.Socket
+}

@@ -1,0 +1,253 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/api"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+)
+
+func blkid(t *testing.T, tag, dev string) string {
+	out, err := exec.Command("blkid", "-p", "-o", "value", "-s", tag, dev).Output()
+	require.NoError(t, err, "blkid %s", dev)
+	return strings.TrimSpace(string(out))
+}
+
+func getJSON(t *testing.T, p *plane, name string) api.View {
+	out, errs, code := p.CLI("get", name, "-o", "json")
+	require.Equal(t, 0, code, errs)
+	var v api.View
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	return v
+}
+
+// TestEndToEnd runs the user's scenarios in order on one real Salt stack.
+func TestEndToEnd(t *testing.T) {
+	s := saltstack.Start(t, bin("salt-volume-exec"), true)
+	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	require.Equal(t, 0, code, out)
+	var uuids []string
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
+	p := newPlane(t, s)
+	p.Start("")
+	c := p.Client()
+	ctx := context.Background()
+
+	t.Run("create sparse filesystem from the CLI", func(t *testing.T) {
+		out, errs, code := p.CLI("create", "data-1", "--node", "node-1", "--size", "64Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		assert.Contains(t, out, "Available")
+		v := getJSON(t, p, "data-1")
+		uuids = append(uuids, v.Spec.UUID)
+		assert.Equal(t, "/dev/disk/by-uuid/"+v.Spec.UUID, v.Status.PersistentPath)
+		dev, err := filepath.EvalSymlinks(v.Status.PersistentPath)
+		require.NoError(t, err, "the persistent path resolves")
+		assert.Equal(t, v.Status.DevicePath, dev)
+		assert.Equal(t, v.Spec.UUID, blkid(t, "UUID", dev))
+		assert.Equal(t, "ext4", blkid(t, "TYPE", dev))
+		assert.EqualValues(t, 64<<20, v.Status.Size)
+		assert.True(t, v.Deletable)
+
+		out, _, code = p.CLI("ls")
+		require.Equal(t, 0, code)
+		assert.Regexp(t, `data-1\s+node-1\s+sparse\s+Filesystem\s+ext4\s+64Mi\s+Available\s+loop\d+`, out)
+	})
+
+	t.Run("create sparse block volume through the API, watching each step", func(t *testing.T) {
+		w := p.Watch("blk-1")
+		v, err := c.Create(ctx, map[string]any{"name": "blk-1", "node": "node-1", "mode": "Block", "sparseLoopDevice": map[string]any{"size": "32Mi"}})
+		require.NoError(t, err)
+		uuids = append(uuids, v.Spec.UUID)
+		assert.Equal(t, volume.Unknown, v.Status.Phase)
+		evs := w.Until(t, 2*time.Minute, phaseIs("Available"))
+		assert.Equal(t, "ADDED", evs[0].Type)
+		assert.Equal(t, volume.Unknown, evs[0].Volume.Status.Phase)
+		var steps []string
+		for _, ev := range evs {
+			if ev.Volume.Status.Phase == volume.Pending && ev.Volume.Status.Step != "" {
+				steps = append(steps, ev.Volume.Status.Step)
+			}
+		}
+		assert.Contains(t, steps, "partition-added", "progress steps reached the watch stream: %s", summary(evs))
+		last := evs[len(evs)-1].Volume
+		assert.Equal(t, "/dev/disk/by-partuuid/"+v.Spec.UUID, last.Status.PersistentPath)
+		dev, err := filepath.EvalSymlinks(last.Status.PersistentPath)
+		require.NoError(t, err)
+		assert.Equal(t, last.Status.DevicePath, dev)
+		assert.Regexp(t, `^/dev/loop\d+p1$`, dev)
+	})
+
+	t.Run("deletion is refused while the criteria forbid it", func(t *testing.T) {
+		_, err := c.Create(ctx, map[string]any{"name": "too-soon", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
+		require.NoError(t, err)
+		_, errs, code := p.CLI("rm", "too-soon")
+		assert.Equal(t, 3, code)
+		assert.Regexp(t, `no status yet|being prepared`, errs)
+		out, errs, code := p.CLI("wait", "too-soon", "--for", "Available", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		v := getJSON(t, p, "too-soon")
+		uuids = append(uuids, v.Spec.UUID)
+		_, errs, code = p.CLI("rm", "too-soon", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+	})
+
+	t.Run("bad input names the field and creates nothing", func(t *testing.T) {
+		_, errs, code := p.CLI("create", "Bad_Name", "--node", "node-1", "--size", "1Gi")
+		assert.Equal(t, 2, code)
+		assert.Contains(t, errs, "name:")
+		_, errs, code = p.CLI("create", "xfs-small", "--node", "node-1", "--size", "100Mi", "--fs", "xfs")
+		assert.Equal(t, 2, code)
+		assert.Contains(t, errs, "sparseLoopDevice.size")
+		_, errs, code = p.CLI("create", "data-1", "--node", "node-1", "--size", "1Gi")
+		assert.Equal(t, 3, code)
+		assert.Contains(t, errs, `"data-1" already exists`)
+		_, errs, code = p.CLI("get", "nope")
+		assert.Equal(t, 4, code)
+		assert.Contains(t, errs, `"nope" not found`)
+		items, err := c.List(ctx, "")
+		require.NoError(t, err)
+		for _, v := range items {
+			assert.NotEqual(t, "xfs-small", v.Spec.Name)
+		}
+	})
+
+	t.Run("a missing raw device ends Failed with Salt's message", func(t *testing.T) {
+		out, errs, code := p.CLI("create", "raw-missing", "--node", "node-1", "--device", "/dev/salt-volumes-no-such-disk", "--wait", "--timeout", "2m")
+		assert.Equal(t, 1, code, out)
+		assert.Contains(t, errs, "/dev/salt-volumes-no-such-disk")
+		v := getJSON(t, p, "raw-missing")
+		assert.Equal(t, volume.Failed, v.Status.Phase)
+		assert.Equal(t, "PrepareFailed", v.Status.Reason)
+		assert.Contains(t, v.Status.Message, "volume raw-missing: ")
+		assert.Contains(t, v.Status.Message, "/dev/salt-volumes-no-such-disk")
+		assert.NotEmpty(t, v.Status.JobID, "the Salt job is named for troubleshooting")
+		assert.True(t, v.Deletable)
+		_, errs, code = p.CLI("rm", "raw-missing", "--wait", "--timeout", "2m")
+		assert.Equal(t, 0, code, errs)
+	})
+
+	t.Run("delete detaches the loop device and removes the file", func(t *testing.T) {
+		v := getJSON(t, p, "data-1")
+		file := filepath.Join(s.StateDir, "sparse", v.Spec.UUID)
+		devs, err := loopdev.Find(file)
+		require.NoError(t, err)
+		require.Len(t, devs, 1, "attached before")
+		out, errs, code := p.CLI("rm", "data-1", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		assert.Contains(t, out, "volume data-1 deleted")
+		devs, _ = loopdev.Find(file)
+		assert.Empty(t, devs, "loop device detached")
+		_, err = os.Stat(file)
+		assert.True(t, os.IsNotExist(err), "sparse file removed")
+		_, err = os.Lstat(v.Status.PersistentPath)
+		assert.True(t, os.IsNotExist(err), "link removed")
+		_, _, code = p.CLI("get", "data-1")
+		assert.Equal(t, 4, code)
+	})
+
+	t.Run("a volume prepared by salt-call shows up", func(t *testing.T) {
+		const id = "7b0f8a64-3c1e-4d6f-9a51-2f7c0e9d4b10"
+		uuids = append(uuids, id)
+		w := p.Watch("by-hand")
+		out, code := s.SaltCall("state.apply", "salt_volumes.prepared", "--out=json", saltstack.Pillar(map[string]any{
+			"salt_volumes": map[string]any{"volume": map[string]any{"name": "by-hand", "uuid": id, "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}}}}))
+		require.Equal(t, 0, code, out)
+		evs := w.Until(t, time.Minute, phaseIs("Available"))
+		v := evs[len(evs)-1].Volume
+		assert.Equal(t, "salt", v.Origin)
+		assert.Equal(t, "node-1", v.Spec.Node)
+		assert.Equal(t, id, v.Spec.UUID)
+		assert.Equal(t, "/dev/disk/by-uuid/"+id, v.Status.PersistentPath)
+		// And the control plane can delete what it adopted.
+		_, errs, code := p.CLI("rm", "by-hand", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+	})
+
+	t.Run("killed control plane converges after restart", func(t *testing.T) {
+		w := p.Watch("crash-1")
+		_, err := c.Create(ctx, map[string]any{"name": "crash-1", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
+		require.NoError(t, err)
+		evs := w.Until(t, time.Minute, func(ev api.Event) bool { return ev.Volume.Status.JobID != "" })
+		uuids = append(uuids, evs[0].Volume.Spec.UUID)
+		w.cancel()
+		p.Kill() // the job is running or done; its return event goes unseen
+		before := evs[len(evs)-1].Volume.Status.JobID
+
+		// A second volume whose job Salt never saw: its record says Pending
+		// with a job id from nowhere (a crash between local_async and the
+		// master writing its job cache looks like this).
+		st, err := store.Open(p.Store)
+		require.NoError(t, err)
+		now := time.Now().UTC()
+		lost := &volume.Volume{CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "20200101000000000001", JobStartedAt: now}}
+		lost.Spec.Name, lost.Spec.UUID, lost.Spec.Node, lost.Spec.Mode, lost.Spec.FSType = "lost-job", "5d9e3f0a-8b7c-4e21-a3d4-6f1b2c3d4e5f", "node-1", "Filesystem", "ext4"
+		lost.Spec.SparseLoopDevice = &spec.SparseLoopDevice{Size: "16Mi"}
+		require.NoError(t, st.Put(lost))
+		require.NoError(t, st.Close())
+		uuids = append(uuids, lost.Spec.UUID)
+
+		p.Start("")
+		v := waitPhase(t, p, "crash-1", "Available")
+		assert.Equal(t, before, v.Status.JobID, "settled from the job Salt ran, not a new one")
+		v = waitPhase(t, p, "lost-job", "Available")
+		assert.NotEqual(t, "20200101000000000001", v.Status.JobID, "the unknown job was launched again")
+		assert.Equal(t, 1.0, p.Metric("salt_volumes_jobs_relaunched_total"))
+		assert.GreaterOrEqual(t, p.Metric("salt_volumes_jobs_reconstructed_total"), 0.0)
+		for _, n := range []string{"crash-1", "lost-job"} {
+			_, errs, code := p.CLI("rm", n, "--wait", "--timeout", "2m")
+			require.Equal(t, 0, code, errs)
+		}
+	})
+
+	t.Run("salt-master restart while a job runs", func(t *testing.T) {
+		w := p.Watch("restart-1")
+		_, err := c.Create(ctx, map[string]any{"name": "restart-1", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
+		require.NoError(t, err)
+		evs := w.Until(t, time.Minute, func(ev api.Event) bool { return ev.Volume.Status.JobID != "" })
+		uuids = append(uuids, evs[0].Volume.Spec.UUID)
+		reconnects := p.Metric("salt_volumes_event_reconnects_total")
+		s.Restart("master")
+		w.Until(t, 4*time.Minute, phaseIs("Available"))
+		require.Eventually(t, func() bool { return p.Metric("salt_volumes_event_reconnects_total") > reconnects }, time.Minute, 200*time.Millisecond,
+			"the listener reconnected to the new master's bus")
+	})
+
+	t.Run("salt-api event stream as the source", func(t *testing.T) {
+		p.Stop()
+		p.events = "events:\n  source: sse\n"
+		p.Start("")
+		out, errs, code := p.CLI("create", "sse-1", "--node", "node-1", "--size", "16Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		v := getJSON(t, p, "sse-1")
+		uuids = append(uuids, v.Spec.UUID)
+		assert.Greater(t, p.Metric("salt_volumes_events_decoded_total"), 0.0)
+		out, errs, code = p.CLI("nodes")
+		require.Equal(t, 0, code, errs)
+		assert.Regexp(t, `node-1\s+true\s+\d+\s+Available=`, out)
+		_, errs, code = p.CLI("rm", "sse-1", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+	})
+}
+
+// waitPhase follows the CLI's wait (watch stream, no polling).
+func waitPhase(t *testing.T, p *plane, name, phase string) api.View {
+	t.Helper()
+	out, errs, code := p.CLI("wait", name, "--for", phase, "--timeout", "2m")
+	require.Equal(t, 0, code, out+errs)
+	return getJSON(t, p, name)
+}
