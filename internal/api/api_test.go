@@ -1,0 +1,197 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/reconciler"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+)
+
+// noSalt never answers a launch, so volumes stay where the API put them.
+type noSalt struct{}
+
+func (noSalt) LocalAsync(ctx context.Context, _, _ string, _ []any, _ map[string]any) (saltapi.Job, error) {
+	<-ctx.Done()
+	return saltapi.Job{}, ctx.Err()
+}
+func (noSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) { return saltapi.JobInfo{}, nil }
+
+const token = "0123456789abcdef0123"
+
+func newServer(t *testing.T) (*httptest.Server, *store.Store) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "v.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	rec := reconciler.New(st, noSalt{}, nil, reconciler.Options{PollInterval: time.Hour}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	go rec.Run(ctx)
+	srv := &Server{Reconciler: rec, Store: st, Token: token,
+		Nodes: func(context.Context) ([]string, error) { return []string{"node-1", "node-2"}, nil }}
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { ts.Close(); cancel() })
+	return ts, st
+}
+
+func do(t *testing.T, ts *httptest.Server, method, path, tok, body string) (int, map[string]any) {
+	req, err := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	_ = json.Unmarshal(raw, &m)
+	return resp.StatusCode, m
+}
+
+func errField(m map[string]any, k string) string {
+	e, _ := m["error"].(map[string]any)
+	s, _ := e[k].(string)
+	return s
+}
+
+func TestTokenIsRequired(t *testing.T) {
+	ts, _ := newServer(t)
+	for _, tok := range []string{"", "wrong-token-wrong-token"} {
+		code, m := do(t, ts, "GET", "/api/v1/volumes", tok, "")
+		assert.Equal(t, 401, code)
+		assert.Contains(t, errField(m, "message"), "API token")
+		code, _ = do(t, ts, "GET", "/metrics", tok, "")
+		assert.Equal(t, 401, code)
+	}
+	code, _ := do(t, ts, "GET", "/healthz", "", "")
+	assert.Equal(t, 200, code, "health needs no token")
+	code, _ = do(t, ts, "GET", "/api/v1/volumes?access_token="+token, "", "")
+	assert.Equal(t, 200, code, "EventSource clients pass the token in the query")
+}
+
+func TestCreateValidatesAndConflicts(t *testing.T) {
+	ts, st := newServer(t)
+	cases := []struct{ body, field, msg string }{
+		{`{"name":"a","sparseLoopDevice":{"size":"1Gi"}}`, "node", "missing"},
+		{`{"name":"a","node":"n","sparseLoopDevice":{"size":"lots"}}`, "sparseLoopDevice.size", ""},
+		{`{"name":"A_b","node":"n","sparseLoopDevice":{"size":"1Gi"}}`, "name", "DNS-1123"},
+		{`{"name":"a","node":"n","fstype":"xfs","sparseLoopDevice":{"size":"1Gi"}}`, "spec", `unknown field "fstype"`},
+		{`{"name":"a","node":"n"`, "spec", "invalid JSON"},
+	}
+	for _, c := range cases {
+		code, m := do(t, ts, "POST", "/api/v1/volumes", token, c.body)
+		assert.Equal(t, 400, code, c.body)
+		assert.Equal(t, c.field, errField(m, "field"), c.body)
+		assert.Contains(t, errField(m, "message"), c.msg, c.body)
+	}
+	assert.Zero(t, st.Len(), "refused input creates nothing")
+
+	code, m := do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"a","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	require.Equal(t, 201, code)
+	status := m["status"].(map[string]any)
+	assert.Equal(t, "Unknown", status["phase"])
+	assert.Equal(t, false, m["deletable"])
+	assert.Contains(t, m["deleteBlockedReason"], "no status yet")
+	spec := m["spec"].(map[string]any)
+	assert.Len(t, spec["uuid"], 36, "uuid generated")
+
+	code, m = do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"a","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	assert.Equal(t, 409, code)
+	assert.Equal(t, "name", errField(m, "field"))
+	code, m = do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"b","uuid":"`+spec["uuid"].(string)+`","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	assert.Equal(t, 409, code)
+	assert.Equal(t, "uuid", errField(m, "field"))
+
+	code, m = do(t, ts, "DELETE", "/api/v1/volumes/a", token, "")
+	assert.Equal(t, 409, code)
+	assert.Contains(t, errField(m, "message"), "no status yet")
+	code, _ = do(t, ts, "DELETE", "/api/v1/volumes/zzz", token, "")
+	assert.Equal(t, 404, code)
+	code, _ = do(t, ts, "GET", "/api/v1/volumes/zzz", token, "")
+	assert.Equal(t, 404, code)
+
+	code, m = do(t, ts, "GET", "/api/v1/volumes?node=node-2", token, "")
+	assert.Equal(t, 200, code)
+	assert.Empty(t, m["items"])
+	code, m = do(t, ts, "GET", "/api/v1/nodes", token, "")
+	assert.Equal(t, 200, code)
+	nodes := m["items"].([]any)
+	require.Len(t, nodes, 2)
+	n1 := nodes[0].(map[string]any)
+	assert.Equal(t, "node-1", n1["name"])
+	assert.EqualValues(t, 1, n1["volumes"])
+	assert.Equal(t, map[string]any{"Unknown": 1.0}, n1["phases"])
+}
+
+func TestWatchStartsWithTheListThenStreams(t *testing.T) {
+	ts, _ := newServer(t)
+	code, _ := do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"first","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	require.Equal(t, 201, code)
+	req, _ := http.NewRequest("GET", ts.URL+"/api/v1/watch?node=node-1", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	sc := bufio.NewScanner(resp.Body)
+	next := func() (string, string) {
+		var typ, data string
+		for sc.Scan() {
+			l := sc.Text()
+			if l == "" && typ != "" {
+				return typ, data
+			}
+			if v, ok := strings.CutPrefix(l, "event: "); ok {
+				typ = v
+			}
+			if v, ok := strings.CutPrefix(l, "data: "); ok {
+				data = v
+			}
+		}
+		return "", ""
+	}
+	typ, data := next()
+	assert.Equal(t, "ADDED", typ)
+	assert.Contains(t, data, `"name":"first"`)
+	typ, _ = next()
+	assert.Equal(t, "SYNCED", typ)
+	do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"elsewhere","node":"node-2","sparseLoopDevice":{"size":"1Gi"}}`)
+	do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"second","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	typ, data = next()
+	assert.Equal(t, "ADDED", typ)
+	assert.Contains(t, data, `"name":"second"`, "node-2's volume was filtered out")
+}
+
+func TestMetricsExposition(t *testing.T) {
+	ts, _ := newServer(t)
+	do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"a","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	req, _ := http.NewRequest("GET", ts.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	text := string(b)
+	for _, want := range []string{
+		"# TYPE salt_volumes_reconciles_total counter",
+		"salt_volumes_jobs_reconstructed_total 0",
+		"salt_volumes_jobs_relaunched_total 0",
+		`salt_volumes_job_latency_seconds_bucket{le="+Inf"} 0`,
+		`salt_volumes_volumes{phase="Unknown"} 1`,
+		`salt_volumes_volumes{phase="Available"} 0`,
+	} {
+		assert.Contains(t, text, want)
+	}
+}

@@ -1,0 +1,52 @@
+package config
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const base = `token: 0123456789abcdef0123
+salt:
+  url: http://127.0.0.1:8000
+  username: salt-volumes
+  password: secret
+`
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse([]byte(base))
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:8080", c.Listen)
+	assert.Equal(t, "bus", c.Events.Source)
+	assert.Equal(t, "/var/run/salt/master/master_event_pub.ipc", c.Events.Socket)
+	assert.Equal(t, "file", c.Salt.Eauth)
+	assert.False(t, c.NonLoopback())
+}
+
+func TestErrorsNameTheField(t *testing.T) {
+	cases := map[string]string{
+		base + "jobTimout: 5m\n":          "field jobTimout not found",
+		base + "jobTimeout: soon\n":       `"soon" is not a duration`,
+		base + "events:\n  source: zmq\n": "events.source",
+		"token: short\n":                  "token:",
+		"token: 0123456789abcdef0123\n":   "salt.url",
+		base + "salt:\n  url: x\n":        "mapping key \"salt\" already defined",
+		base + "listen: 8080\n":           "listen:",
+		base + "workers: -1\n":            "workers",
+	}
+	for text, want := range cases {
+		_, err := Parse([]byte(text))
+		require.Error(t, err, text)
+		assert.Contains(t, err.Error(), want, text)
+	}
+}
+
+func TestValues(t *testing.T) {
+	c, err := Parse([]byte(base + "jobTimeout: 90s\nlisten: 0.0.0.0:9000\nevents:\n  source: sse\n"))
+	require.NoError(t, err)
+	assert.Equal(t, 90*time.Second, time.Duration(c.JobTimeout))
+	assert.True(t, c.NonLoopback())
+	assert.Equal(t, "sse", c.Events.Source)
+}
