@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build test lint unit pytest bench install salt-files clean
+.PHONY: all setup build demo test lint unit pytest bench install salt-files clean
 
 all: build
 
@@ -19,6 +19,11 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+
+# A local Salt stack plus the control plane, two real volumes; Ctrl-C stops
+# everything and detaches what it attached. DEMO_ARGS=--once for a smoke run.
+demo: setup build
+	$(GO) run ./test/demo $(DEMO_ARGS)
 
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.

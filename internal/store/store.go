@@ -26,6 +26,9 @@ var ErrNotFound = errors.New("volume not found")
 // ErrExists is returned when creating a volume whose name is taken.
 var ErrExists = errors.New("a volume with this name already exists")
 
+// openTimeout bounds the wait for the file lock another process holds.
+var openTimeout = 5 * time.Second
+
 // Store is the volume store. It is safe for concurrent use.
 type Store struct {
 	db       *bolt.DB
@@ -39,13 +42,17 @@ func Open(path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("store directory: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("opening store %s: another salt-volumes serve holds it", path)
 		}
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
+	// A lone writer waits this long for company before its fsync; 2 ms
+	// instead of bbolt's 10 keeps one API create snappy while a burst of
+	// reconciles still shares fsyncs.
+	db.MaxBatchDelay = 2 * time.Millisecond
 	s := &Store{db: db, cache: map[string]*volume.Volume{}}
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucket)

@@ -1,0 +1,89 @@
+package store
+
+import (
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+func vol(name string) *volume.Volume {
+	return &volume.Volume{Spec: spec.Spec{Name: name, UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301", Node: "n",
+		MkfsOptions: []string{"-m", "0"}, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}, CreatedAt: time.Unix(1, 0).UTC()}
+}
+
+func TestSurvivesReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.db")
+	s, err := Open(path)
+	require.NoError(t, err)
+	v := vol("a")
+	v.Status = volume.Status{Phase: volume.Pending, JobID: "j1", Step: "attached"}
+	require.NoError(t, s.Create(v))
+	require.NoError(t, s.Create(vol("b")))
+	require.NoError(t, s.Delete("b"))
+	require.NoError(t, s.Close())
+
+	s, err = Open(path)
+	require.NoError(t, err)
+	defer s.Close()
+	got, err := s.Get("a")
+	require.NoError(t, err)
+	assert.Equal(t, v, got)
+	_, err = s.Get("b")
+	assert.ErrorIs(t, err, ErrNotFound)
+	assert.Equal(t, 1, s.Len())
+}
+
+func TestReadsAreCopies(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "v.db"))
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Create(vol("a")))
+	got, _ := s.Get("a")
+	got.Status.Phase = volume.Failed
+	got.Spec.MkfsOptions[0] = "-X"
+	got.Spec.SparseLoopDevice.Size = "2Gi"
+	again, _ := s.Get("a")
+	assert.Equal(t, volume.Unknown, again.Status.Phase)
+	assert.Equal(t, "-m", again.Spec.MkfsOptions[0])
+	assert.Equal(t, spec.Size("1Gi"), again.Spec.SparseLoopDevice.Size)
+}
+
+func TestConcurrentCreatesOfOneNameOneWins(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "v.db"))
+	require.NoError(t, err)
+	defer s.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok := 0
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s.Create(vol("same")) == nil {
+				mu.Lock()
+				ok++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 1, ok)
+}
+
+func TestSecondServeIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.db")
+	s, err := Open(path)
+	require.NoError(t, err)
+	defer s.Close()
+	openTimeout = 100 * time.Millisecond
+	_, err = Open(path)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "another salt-volumes serve holds it")
+}
