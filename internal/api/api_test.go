@@ -27,7 +27,9 @@ func (noSalt) LocalAsync(ctx context.Context, _, _ string, _ []any, _ map[string
 	<-ctx.Done()
 	return saltapi.Job{}, ctx.Err()
 }
-func (noSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) { return saltapi.JobInfo{}, nil }
+func (noSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) {
+	return saltapi.JobInfo{}, nil
+}
 
 const token = "0123456789abcdef0123"
 
