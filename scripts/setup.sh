@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv; do
+for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
