@@ -97,22 +97,7 @@ type rig struct {
 }
 
 func newRig(t *testing.T, opt Options, seed ...*volume.Volume) *rig {
-	st, err := store.Open(filepath.Join(t.TempDir(), "volumes.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { st.Close() })
-	for _, v := range seed {
-		require.NoError(t, st.Put(v))
-	}
-	g := &rig{t: t, salt: &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, src: &chanSource{ch: make(chan events.Event, 16)}, store: st}
-	g.r = New(st, g.salt, g.src, opt, nil)
-	w, stop := g.r.Hub.Subscribe(256)
-	t.Cleanup(stop)
-	g.watch = w
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { g.r.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return g
+	return newRigWith(t, &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, opt, seed...)
 }
 
 func sparseSpec(name string) *spec.Spec {
@@ -348,9 +333,6 @@ func TestRestartLooksUpPendingJobsOnce(t *testing.T) {
 		{Spec: *running, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-running", JobStartedAt: now}},
 	}
 	body, _ := json.Marshal(stateRet(done.Name, "prepared", true, "", device(done)))
-	st, err := store.Open(filepath.Join(t.TempDir(), "v.db"))
-	require.NoError(t, err)
-	st.Close()
 	g := &fakeSalt{jobs: map[string]saltapi.JobInfo{
 		"j-done":    {Known: true, Returns: map[string]saltapi.MinionReturn{"node-1": {Return: body}}},
 		"j-running": {Known: true, Function: "state.apply", Minions: []string{"node-1"}, Returns: map[string]saltapi.MinionReturn{}},
