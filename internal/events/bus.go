@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -40,60 +39,18 @@ type Bus struct {
 // Run connects, decodes, and reconnects with backoff until ctx is done. It
 // never writes to the socket.
 func (b *Bus) Run(ctx context.Context, onConnect func(), handle func(Event)) error {
-	if b.Stats == nil {
-		b.Stats = &Stats{}
-	}
-	if b.Log == nil {
-		b.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	minB, maxB := b.MinBackoff, b.MaxBackoff
-	if minB == 0 {
-		minB = 250 * time.Millisecond
-	}
-	if maxB == 0 {
-		maxB = 5 * time.Second
-	}
-	backoff := minB
-	first := true
-	for ctx.Err() == nil {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, b.Network, b.Addr)
-		if err != nil {
-			b.Log.Debug("event bus not reachable", "addr", b.Addr, "error", err)
-			if !sleep(ctx, backoff) {
-				break
-			}
-			backoff = min(backoff*2, maxB)
-			continue
-		}
-		if !first {
-			b.Stats.Reconnects.Add(1)
-		}
-		first = false
-		backoff = minB
-		b.Log.Info("event bus connected", "addr", b.Addr)
-		if onConnect != nil {
-			onConnect()
-		}
-		b.Stats.Connected.Store(true)
-		err = b.read(ctx, conn, handle)
-		b.Stats.Connected.Store(false)
-		conn.Close()
-		if ctx.Err() != nil {
-			break
-		}
-		b.Log.Warn("event bus disconnected; reconnecting", "addr", b.Addr, "error", err)
-		if !sleep(ctx, backoff) {
-			break
-		}
-	}
-	return ctx.Err()
+	l := &loop{what: "event bus " + b.Addr, stats: b.Stats, log: b.Log, minB: b.MinBackoff, maxB: b.MaxBackoff}
+	b.Stats = l.init()
+	return l.run(ctx, onConnect,
+		func(ctx context.Context) (io.ReadCloser, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, b.Network, b.Addr)
+		},
+		func(r io.Reader) error { return b.read(r, handle) })
 }
 
-func (b *Bus) read(ctx context.Context, conn net.Conn, handle func(Event)) error {
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	dec := NewDecoder(conn)
+func (b *Bus) read(r io.Reader, handle func(Event)) error {
+	dec := NewDecoder(r)
 	skipped := 0
 	for {
 		ev, err := dec.Next()
@@ -102,14 +59,77 @@ func (b *Bus) read(ctx context.Context, conn net.Conn, handle func(Event)) error
 			skipped = dec.Skipped
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return io.EOF
-			}
 			return err
 		}
 		b.Stats.Decoded.Add(1)
 		handle(ev)
 	}
+}
+
+// loop is the connect / read / reconnect-with-backoff cycle both sources
+// share, so their reconnect behaviour and counters cannot drift apart.
+type loop struct {
+	what       string
+	stats      *Stats
+	log        *slog.Logger
+	minB, maxB time.Duration
+}
+
+func (l *loop) init() *Stats {
+	if l.stats == nil {
+		l.stats = &Stats{}
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.minB == 0 {
+		l.minB = 250 * time.Millisecond
+	}
+	if l.maxB == 0 {
+		l.maxB = 5 * time.Second
+	}
+	return l.stats
+}
+
+// run opens a stream, reads it until it breaks, and opens it again, calling
+// onConnect on every (re)connect: events fired in between are lost, so the
+// caller catches up from another source of truth there.
+func (l *loop) run(ctx context.Context, onConnect func(), open func(context.Context) (io.ReadCloser, error), read func(io.Reader) error) error {
+	backoff := l.minB
+	first := true
+	for ctx.Err() == nil {
+		rc, err := open(ctx)
+		if err != nil {
+			l.log.Debug("not reachable", "source", l.what, "error", err)
+			if !sleep(ctx, backoff) {
+				break
+			}
+			backoff = min(backoff*2, l.maxB)
+			continue
+		}
+		if !first {
+			l.stats.Reconnects.Add(1)
+		}
+		first, backoff = false, l.minB
+		l.log.Info("connected", "source", l.what)
+		if onConnect != nil {
+			onConnect()
+		}
+		stop := context.AfterFunc(ctx, func() { rc.Close() })
+		l.stats.Connected.Store(true)
+		err = read(rc)
+		l.stats.Connected.Store(false)
+		stop()
+		rc.Close()
+		if ctx.Err() != nil {
+			break
+		}
+		l.log.Warn("disconnected; reconnecting", "source", l.what, "error", err)
+		if !sleep(ctx, backoff) {
+			break
+		}
+	}
+	return ctx.Err()
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -34,61 +34,22 @@ var errUnauthorized = errors.New("salt-api /events: 401 unauthorized")
 
 // Run connects, reads and reconnects with backoff until ctx is done.
 func (s *SSE) Run(ctx context.Context, onConnect func(), handle func(Event)) error {
-	if s.Stats == nil {
-		s.Stats = &Stats{}
-	}
-	if s.Log == nil {
-		s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
 	if s.Client == nil {
 		s.Client = &http.Client{}
 	}
-	minB, maxB := s.MinBackoff, s.MaxBackoff
-	if minB == 0 {
-		minB = 250 * time.Millisecond
-	}
-	if maxB == 0 {
-		maxB = 5 * time.Second
-	}
-	backoff := minB
-	first := true
-	for ctx.Err() == nil {
-		body, err := s.open(ctx)
-		if errors.Is(err, errUnauthorized) && s.Relogin != nil {
-			if lerr := s.Relogin(ctx); lerr == nil {
-				body, err = s.open(ctx)
+	l := &loop{what: "salt-api " + s.URL + "/events", stats: s.Stats, log: s.Log, minB: s.MinBackoff, maxB: s.MaxBackoff}
+	s.Stats = l.init()
+	return l.run(ctx, onConnect,
+		func(ctx context.Context) (io.ReadCloser, error) {
+			body, err := s.open(ctx)
+			if errors.Is(err, errUnauthorized) && s.Relogin != nil {
+				if lerr := s.Relogin(ctx); lerr == nil {
+					body, err = s.open(ctx)
+				}
 			}
-		}
-		if err != nil {
-			s.Log.Debug("salt-api event stream not reachable", "error", err)
-			if !sleep(ctx, backoff) {
-				break
-			}
-			backoff = min(backoff*2, maxB)
-			continue
-		}
-		if !first {
-			s.Stats.Reconnects.Add(1)
-		}
-		first = false
-		backoff = minB
-		s.Log.Info("salt-api event stream connected", "url", s.URL)
-		if onConnect != nil {
-			onConnect()
-		}
-		s.Stats.Connected.Store(true)
-		err = s.read(ctx, body, handle)
-		s.Stats.Connected.Store(false)
-		body.Close()
-		if ctx.Err() != nil {
-			break
-		}
-		s.Log.Warn("salt-api event stream ended; reconnecting", "error", err)
-		if !sleep(ctx, backoff) {
-			break
-		}
-	}
-	return ctx.Err()
+			return body, err
+		},
+		func(r io.Reader) error { return s.read(r, handle) })
 }
 
 func (s *SSE) open(ctx context.Context) (io.ReadCloser, error) {
@@ -120,7 +81,7 @@ func (s *SSE) open(ctx context.Context) (io.ReadCloser, error) {
 // read parses "tag:" and "data:" fields; a blank line ends a record. The
 // data field holds {"tag": ..., "data": {...}}; other fields (retry:, id:,
 // comments) are ignored.
-func (s *SSE) read(ctx context.Context, body io.Reader, handle func(Event)) error {
+func (s *SSE) read(body io.Reader, handle func(Event)) error {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 64<<20)
 	var data strings.Builder
@@ -144,9 +105,6 @@ func (s *SSE) read(ctx context.Context, body io.Reader, handle func(Event)) erro
 	}
 	if err := sc.Err(); err != nil {
 		return err
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
 	}
 	return io.EOF
 }

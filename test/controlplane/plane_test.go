@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,18 +58,11 @@ type plane struct {
 	events string
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func newPlane(t *testing.T, s *saltstack.Stack) *plane {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	p := &plane{t: t, stack: s, Token: hex.EncodeToString(b), Store: filepath.Join(s.Root, "control", "volumes.db")}
-	p.URL = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	p.URL = fmt.Sprintf("http://127.0.0.1:%d", saltstack.FreePort(t))
 	p.Config = filepath.Join(s.Root, "control.yaml")
 	p.events = fmt.Sprintf("events:\n  source: bus\n  socket: %s\n", s.EventSocket())
 	t.Cleanup(func() {

@@ -82,7 +82,8 @@ func Need(t T) string {
 	return repo
 }
 
-func freePort(t T) int {
+// FreePort is a loopback TCP port nobody listens on right now.
+func FreePort(t T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -143,8 +144,8 @@ log_file: %s/log/minion
 // loopback, and waits until the minion answers.
 func Start(t T, execPath string, api bool) *Stack {
 	s := newStack(t, execPath)
-	pub, ret := freePort(t), freePort(t)
-	s.APIPort = freePort(t)
+	pub, ret := FreePort(t), FreePort(t)
+	s.APIPort = FreePort(t)
 	s.APIUser, s.APIPass = "salt-volumes", "test-password-"+filepath.Base(s.Root)
 	if err := os.WriteFile(filepath.Join(s.Conf, "api-users"), []byte(s.APIUser+":"+s.APIPass+"\n"), 0o600); err != nil {
 		t.Fatal(err)
