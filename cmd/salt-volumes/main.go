@@ -42,7 +42,8 @@ const usage = `salt-volumes: local persistent volumes on Salt-managed nodes
 Server:
   salt-volumes serve --config FILE
 
-Client (finds the server through SALT_VOLUMES_URL and SALT_VOLUMES_TOKEN, or --url/--token):
+Client (finds the server through SALT_VOLUMES_URL and SALT_VOLUMES_TOKEN or
+SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
   salt-volumes create NAME --node N (--size Q | --device PATH) [--mode Block] [--fs xfs]
                       [--mkfs-option OPT]... [--uuid U] [--wait] [--timeout D]
   salt-volumes ls [--node N] [-o table|json]
@@ -51,6 +52,9 @@ Client (finds the server through SALT_VOLUMES_URL and SALT_VOLUMES_TOKEN, or --u
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
+  salt-volumes pv NAME [--storage-class S] [--hostname H] [--reclaim-policy Retain|Delete]
+                  [--mount-option O]...      a local PersistentVolume (YAML) for kubectl
+  salt-volumes storageclass [--name S] [--mount-option O]...   its StorageClass (YAML)
   salt-volumes version
 
 Exit codes: 0 ok, 1 failed, 2 invalid input, 3 refused (conflict or deletion
@@ -90,6 +94,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return c.watch(ctx, rest)
 	case "nodes":
 		return c.nodes(ctx, rest)
+	case "pv":
+		return c.pv(ctx, rest)
+	case "storageclass":
+		return c.storageClass(rest)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return exitOK
@@ -102,6 +110,7 @@ type cli struct {
 	out, errw io.Writer
 	url       string
 	token     string
+	tokenFile string
 	output    string
 }
 
@@ -116,6 +125,7 @@ func (c *cli) flags(name string) *flag.FlagSet {
 	fs.SetOutput(c.errw)
 	fs.StringVar(&c.url, "url", os.Getenv("SALT_VOLUMES_URL"), "API address (SALT_VOLUMES_URL)")
 	fs.StringVar(&c.token, "token", "", "API token (default SALT_VOLUMES_TOKEN; prefer the variable: flags show in ps)")
+	fs.StringVar(&c.tokenFile, "token-file", os.Getenv("SALT_VOLUMES_TOKEN_FILE"), "file holding the API token (SALT_VOLUMES_TOKEN_FILE)")
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	return fs
 }
@@ -139,11 +149,18 @@ func (c *cli) client() (*client.Client, error) {
 	if c.token == "" {
 		c.token = os.Getenv("SALT_VOLUMES_TOKEN")
 	}
+	if c.token == "" && c.tokenFile != "" {
+		b, err := os.ReadFile(c.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		c.token = strings.TrimSpace(string(b))
+	}
 	if c.url == "" {
 		return nil, errors.New("no server: set SALT_VOLUMES_URL (e.g. http://127.0.0.1:8080) or pass --url")
 	}
 	if c.token == "" {
-		return nil, errors.New("no token: set SALT_VOLUMES_TOKEN or pass --token")
+		return nil, errors.New("no token: set SALT_VOLUMES_TOKEN or SALT_VOLUMES_TOKEN_FILE, or pass --token-file")
 	}
 	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("-o %s: use table or json", c.output)

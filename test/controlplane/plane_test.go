@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 	if err == nil {
 		err = testenv.Build(dir, "salt-volume-exec", "salt-volumes")
 	}
+	if err == nil {
+		err = testenv.BuildAs(dir, "salt-volumes-e2e", "test/e2e")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -45,7 +45,10 @@ type Stack struct {
 	APIUser  string
 	APIPass  string
 	SockDir  string
+	pubPort  int
+	retPort  int
 	procs    map[string]*exec.Cmd
+	confs    map[string]string // daemon name -> its -c directory
 }
 
 // RepoRoot finds the checkout (the directory holding go.mod).
@@ -104,7 +107,7 @@ func newStack(t T, execPath string) *Stack {
 		Conf: filepath.Join(root, "etc"), MinionID: "node-1",
 		StateDir: filepath.Join(root, "state"), ExecPath: execPath,
 		SockDir: filepath.Join(root, "sock"),
-		procs:   map[string]*exec.Cmd{},
+		procs:   map[string]*exec.Cmd{}, confs: map[string]string{},
 	}
 	for _, d := range []string{s.Conf, filepath.Join(root, "pillar"), filepath.Join(root, "log"), s.SockDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -116,7 +119,9 @@ func newStack(t T, execPath string) *Stack {
 }
 
 // common is the configuration master and minion share.
-func (s *Stack) common() string {
+func (s *Stack) common() string { return s.commonFor(s.Root, s.StateDir) }
+
+func (s *Stack) commonFor(root, stateDir string) string {
 	return fmt.Sprintf(`root_dir: %[1]s
 user: root
 file_roots:
@@ -127,7 +132,7 @@ salt_volumes:
   exec_path: %[3]s
   state_dir: %[4]s
 log_level_logfile: info
-`, s.Root, s.Repo, s.ExecPath, s.StateDir)
+`, root, s.Repo, s.ExecPath, stateDir)
 }
 
 // Masterless writes a salt-call --local configuration; no daemons run.
@@ -144,7 +149,8 @@ log_file: %s/log/minion
 // loopback, and waits until the minion answers.
 func Start(t T, execPath string, api bool) *Stack {
 	s := newStack(t, execPath)
-	pub, ret := FreePort(t), FreePort(t)
+	s.pubPort, s.retPort = FreePort(t), FreePort(t)
+	pub, ret := s.pubPort, s.retPort
 	s.APIPort = FreePort(t)
 	s.APIUser, s.APIPass = "salt-volumes", "test-password-"+filepath.Base(s.Root)
 	if err := os.WriteFile(filepath.Join(s.Conf, "api-users"), []byte(s.APIUser+":"+s.APIPass+"\n"), 0o600); err != nil {
@@ -181,14 +187,7 @@ external_auth:
         - 'manage.status'
       - '@jobs'
 `, s.Root, pub, ret, s.SockDir, s.APIPort, s.Conf, s.APIUser))
-	s.write("minion", s.common()+fmt.Sprintf(`id: %[2]s
-master: 127.0.0.1
-master_port: %[3]d
-publish_port: %[4]d
-sock_dir: %[1]s/msock
-log_file: %[1]s/log/minion
-acceptance_wait_time: 1
-`, s.Root, s.MinionID, ret, pub))
+	s.write("minion", s.minionConfig(s.Root, s.StateDir, s.MinionID))
 
 	s.spawn("master", "salt-master")
 	s.waitFor("master event bus", 60*time.Second, func() bool {
@@ -196,10 +195,7 @@ acceptance_wait_time: 1
 		return err == nil
 	})
 	s.spawn("minion", "salt-minion")
-	s.waitFor("minion to answer", 90*time.Second, func() bool {
-		out, code := s.Salt("--timeout=5", s.MinionID, "test.ping", "--out=json")
-		return code == 0 && strings.Contains(out, "true")
-	})
+	s.waitForMinion(s.MinionID)
 	if api {
 		s.spawn("api", "salt-api")
 		s.waitFor("salt-api", 60*time.Second, func() bool {
@@ -212,6 +208,42 @@ acceptance_wait_time: 1
 		})
 	}
 	return s
+}
+
+func (s *Stack) minionConfig(root, stateDir, id string) string {
+	return s.commonFor(root, stateDir) + fmt.Sprintf(`id: %[2]s
+master: 127.0.0.1
+master_port: %[3]d
+publish_port: %[4]d
+sock_dir: %[1]s/msock
+log_file: %[5]s/log/minion-%[2]s
+acceptance_wait_time: 1
+`, root, id, s.retPort, s.pubPort, s.Root)
+}
+
+func (s *Stack) waitForMinion(id string) {
+	s.waitFor(id+" to answer", 90*time.Second, func() bool {
+		out, code := s.Salt("--timeout=5", id, "test.ping", "--out=json")
+		return code == 0 && strings.Contains(out, "true")
+	})
+}
+
+// AddMinion starts one more salt-minion on this machine, standing in for
+// another node: its own id, keys, cache and salt-volume-exec state dir (which
+// it returns), the same master. Call after Start.
+func (s *Stack) AddMinion(id string) string {
+	root := filepath.Join(s.Root, id)
+	conf, stateDir := filepath.Join(root, "etc"), filepath.Join(root, "state")
+	if err := os.MkdirAll(conf, 0o700); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(conf, "minion"), []byte(s.minionConfig(root, stateDir, id)), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	s.confs["minion-"+id] = conf
+	s.spawn("minion-"+id, "salt-minion")
+	s.waitForMinion(id)
+	return stateDir
 }
 
 // APIURL is the salt-api base URL.
@@ -229,7 +261,11 @@ func (s *Stack) write(name, content string) {
 func (s *Stack) bin(name string) string { return filepath.Join(s.Venv, "bin", name) }
 
 func (s *Stack) spawn(name, prog string) {
-	cmd := exec.Command(s.bin(prog), "-c", s.Conf, "-l", "warning")
+	conf := s.Conf
+	if c, ok := s.confs[name]; ok {
+		conf = c
+	}
+	cmd := exec.Command(s.bin(prog), "-c", conf, "-l", "warning")
 	logf, err := os.Create(filepath.Join(s.Root, "log", name+".out"))
 	if err != nil {
 		s.t.Fatal(err)
@@ -278,6 +314,9 @@ func (s *Stack) waitFor(what string, limit time.Duration, ok func() bool) {
 }
 
 func (s *Stack) stop() {
+	for name := range s.confs {
+		s.kill(name)
+	}
 	for _, name := range []string{"api", "minion", "master"} {
 		s.kill(name)
 	}

@@ -17,10 +17,18 @@ import (
 // Build builds the named commands (cmd/<name>) into dir.
 func Build(dir string, names ...string) error {
 	for _, n := range names {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, n), "github.com/salt-volumes/salt-volumes/cmd/"+n).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("building %s: %v\n%s", n, err, out)
+		if err := BuildAs(dir, n, "cmd/"+n); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// BuildAs builds the module's package pkg (e.g. "test/e2e") into dir/name.
+func BuildAs(dir, name, pkg string) error {
+	out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/salt-volumes/salt-volumes/"+pkg).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("building %s: %v\n%s", name, err, out)
 	}
 	return nil
 }

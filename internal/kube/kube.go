@@ -1,0 +1,168 @@
+// Package kube turns an Available volume into the Kubernetes objects that
+// expose it: a local PersistentVolume pinned to the volume's node, and the
+// StorageClass such volumes belong to. It writes manifests only; it never
+// talks to a Kubernetes API server.
+package kube
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// DefaultStorageClass is the class name the guide and the CLI use.
+const DefaultStorageClass = "salt-volumes"
+
+// Options shape the PersistentVolume.
+type Options struct {
+	StorageClass string // default DefaultStorageClass
+	// Hostname is the node's kubernetes.io/hostname label when it differs
+	// from the Salt minion id; default the volume's node.
+	Hostname string
+	// ReclaimPolicy is Retain (default) or Delete. Nothing deletes the
+	// storage on Delete: there is no provisioner, so Retain says the truth.
+	ReclaimPolicy string
+	MountOptions  []string
+}
+
+type meta struct {
+	Name   string            `yaml:"name"`
+	Labels map[string]string `yaml:"labels,omitempty"`
+}
+
+type matchExpression struct {
+	Key      string   `yaml:"key"`
+	Operator string   `yaml:"operator"`
+	Values   []string `yaml:"values"`
+}
+
+type nodeSelectorTerm struct {
+	MatchExpressions []matchExpression `yaml:"matchExpressions"`
+}
+
+type pvSpec struct {
+	Capacity      map[string]string `yaml:"capacity"`
+	VolumeMode    string            `yaml:"volumeMode"`
+	AccessModes   []string          `yaml:"accessModes"`
+	ReclaimPolicy string            `yaml:"persistentVolumeReclaimPolicy"`
+	StorageClass  string            `yaml:"storageClassName"`
+	MountOptions  []string          `yaml:"mountOptions,omitempty"`
+	Local         struct {
+		Path   string `yaml:"path"`
+		FSType string `yaml:"fsType,omitempty"`
+	} `yaml:"local"`
+	NodeAffinity struct {
+		Required struct {
+			NodeSelectorTerms []nodeSelectorTerm `yaml:"nodeSelectorTerms"`
+		} `yaml:"required"`
+	} `yaml:"nodeAffinity"`
+}
+
+// PersistentVolume is a v1 PersistentVolume object.
+type PersistentVolume struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+	Metadata   meta   `yaml:"metadata"`
+	Spec       pvSpec `yaml:"spec"`
+}
+
+// StorageClass is a storage.k8s.io/v1 StorageClass object.
+type StorageClass struct {
+	APIVersion        string   `yaml:"apiVersion"`
+	Kind              string   `yaml:"kind"`
+	Metadata          meta     `yaml:"metadata"`
+	Provisioner       string   `yaml:"provisioner"`
+	VolumeBindingMode string   `yaml:"volumeBindingMode"`
+	ReclaimPolicy     string   `yaml:"reclaimPolicy"`
+	MountOptions      []string `yaml:"mountOptions,omitempty"`
+}
+
+// Kubernetes label values: at most 63 characters of [A-Za-z0-9._-],
+// starting and ending alphanumeric.
+var labelValue = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
+
+// NewPersistentVolume builds the PV for an Available volume. The path is the
+// persistent one (by-uuid or by-partuuid), which survives reboots and device
+// renames; the node affinity uses matchExpressions on kubernetes.io/hostname
+// because the scheduler ignores matchFields there (kubernetes#81725).
+func NewPersistentVolume(v *volume.Volume, o Options) (*PersistentVolume, error) {
+	if v.Status.Phase != volume.Available || v.Status.PersistentPath == "" || v.Status.Size <= 0 {
+		return nil, fmt.Errorf("volume %s is %s: a PersistentVolume needs an Available volume (its persistent path and size come from the node)", v.Spec.Name, v.Status.Phase)
+	}
+	if o.StorageClass == "" {
+		o.StorageClass = DefaultStorageClass
+	}
+	if o.Hostname == "" {
+		o.Hostname = v.Spec.Node
+	}
+	if !labelValue.MatchString(o.Hostname) {
+		return nil, fmt.Errorf("hostname %q is not a valid kubernetes.io/hostname value: pass the node's label with --hostname", o.Hostname)
+	}
+	switch o.ReclaimPolicy {
+	case "":
+		o.ReclaimPolicy = "Retain"
+	case "Retain", "Delete":
+	default:
+		return nil, fmt.Errorf("reclaim policy %q: use Retain or Delete", o.ReclaimPolicy)
+	}
+	pv := &PersistentVolume{APIVersion: "v1", Kind: "PersistentVolume"}
+	pv.Metadata = meta{Name: v.Spec.Name, Labels: map[string]string{
+		"salt-volumes.io/node": o.Hostname,
+		"salt-volumes.io/uuid": v.Spec.UUID,
+	}}
+	pv.Spec.Capacity = map[string]string{"storage": spec.FormatSize(v.Status.Size)}
+	pv.Spec.VolumeMode = v.Spec.Mode
+	pv.Spec.AccessModes = []string{"ReadWriteOnce"}
+	pv.Spec.ReclaimPolicy = o.ReclaimPolicy
+	pv.Spec.StorageClass = o.StorageClass
+	pv.Spec.Local.Path = v.Status.PersistentPath
+	if v.Spec.Mode == spec.ModeFilesystem {
+		// The path is a block device: kubelet mounts it with this type.
+		pv.Spec.Local.FSType = v.Spec.FSType
+		pv.Spec.MountOptions = o.MountOptions
+	} else if len(o.MountOptions) > 0 {
+		return nil, errors.New("mount options: a Block volume is not mounted")
+	}
+	pv.Spec.NodeAffinity.Required.NodeSelectorTerms = []nodeSelectorTerm{{
+		MatchExpressions: []matchExpression{{Key: "kubernetes.io/hostname", Operator: "In", Values: []string{o.Hostname}}},
+	}}
+	return pv, nil
+}
+
+// NewStorageClass is the class for salt-volumes PVs: no provisioner (the PVs
+// are made by hand or by script from Available volumes) and binding delayed
+// until a pod is scheduled, so the scheduler picks a node that has a free
+// volume instead of binding a claim to a volume on a node the pod cannot use.
+func NewStorageClass(name string, mountOptions []string) *StorageClass {
+	if name == "" {
+		name = DefaultStorageClass
+	}
+	return &StorageClass{
+		APIVersion: "storage.k8s.io/v1", Kind: "StorageClass", Metadata: meta{Name: name},
+		Provisioner:       "kubernetes.io/no-provisioner",
+		VolumeBindingMode: "WaitForFirstConsumer",
+		ReclaimPolicy:     "Retain",
+		MountOptions:      mountOptions,
+	}
+}
+
+// Marshal renders an object as a YAML document, indented the way kubectl
+// prints them.
+func Marshal(obj any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(obj); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,414 @@
+// Package scenario is the end-to-end user scenario that both the loopback
+// stack (test/controlplane) and the Vagrant cluster (make vagrant-e2e, through
+// test/e2e) run: on every node, create one volume of each kind through the
+// salt-volumes CLI, check each on its node through Salt (blkid behind the
+// persistent path, the node binary's own records), delete them all and check
+// that nothing is left.
+//
+// It only knows two programs, the CLI and the salt CLI, so the same code runs
+// wherever a user could type those commands.
+package scenario
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/api"
+)
+
+// Exec runs one program with an argument list (never a shell) and returns
+// its stdout, stderr and exit code; err is for failing to run it at all.
+type Exec func(ctx context.Context, args ...string) (stdout, stderr string, code int, err error)
+
+// Node is one minion and the two blank disks the scenario may format and wipe.
+type Node struct {
+	Name  string
+	Disks []string
+}
+
+// Scenario is one run. CLI has the server URL and token already set.
+type Scenario struct {
+	CLI     Exec
+	Salt    Exec
+	Nodes   []Node
+	Prefix  string        // volume names start with it; default "e2e"
+	Timeout time.Duration // per wait; default 5m
+	Logf    func(format string, args ...any)
+}
+
+// Case is one volume the scenario creates.
+type Case struct {
+	Name   string
+	Node   string
+	Kind   string // sparse or raw
+	Mode   string // Filesystem or Block
+	FS     string // ext4 or xfs, Filesystem mode only
+	Device string // raw only
+	Args   []string
+}
+
+// Cases lists, for every node, a sparse ext4 Filesystem volume, a sparse
+// Block volume, a raw xfs Filesystem volume on the first disk and a raw Block
+// volume on the second.
+func (s *Scenario) Cases() []Case {
+	prefix := s.Prefix
+	if prefix == "" {
+		prefix = "e2e"
+	}
+	var cs []Case
+	for _, n := range s.Nodes {
+		base := prefix + "-" + n.Name
+		cs = append(cs,
+			Case{Name: base + "-sparse-fs", Node: n.Name, Kind: "sparse", Mode: "Filesystem", FS: "ext4",
+				Args: []string{"--size", "64Mi", "--mkfs-option=-m", "--mkfs-option=0"}},
+			Case{Name: base + "-sparse-blk", Node: n.Name, Kind: "sparse", Mode: "Block",
+				Args: []string{"--size", "32Mi", "--mode", "Block"}},
+		)
+		if len(n.Disks) >= 2 {
+			cs = append(cs,
+				Case{Name: base + "-raw-fs", Node: n.Name, Kind: "raw", Mode: "Filesystem", FS: "xfs", Device: n.Disks[0],
+					Args: []string{"--device", n.Disks[0], "--fs", "xfs"}},
+				Case{Name: base + "-raw-blk", Node: n.Name, Kind: "raw", Mode: "Block", Device: n.Disks[1],
+					Args: []string{"--device", n.Disks[1], "--mode", "Block"}},
+			)
+		}
+	}
+	return cs
+}
+
+func (s *Scenario) logf(format string, args ...any) {
+	if s.Logf != nil {
+		s.Logf(format, args...)
+	}
+}
+
+func (s *Scenario) timeout() time.Duration {
+	if s.Timeout > 0 {
+		return s.Timeout
+	}
+	return 5 * time.Minute
+}
+
+// Run plays the whole scenario. On failure it still deletes what it created
+// (raw devices wiped) before returning the first error.
+func (s *Scenario) Run(ctx context.Context) (err error) {
+	if len(s.Nodes) == 0 {
+		return errors.New("scenario: no nodes given")
+	}
+	for _, n := range s.Nodes {
+		if len(n.Disks) != 0 && len(n.Disks) < 2 {
+			return fmt.Errorf("scenario: node %s: give two disks (or none to skip raw volumes), got %v", n.Name, n.Disks)
+		}
+	}
+	cases := s.Cases()
+	created := map[string]bool{}
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, c := range cases {
+			if created[c.Name] {
+				_, _, _, _ = s.CLI(context.WithoutCancel(ctx), "rm", c.Name, "--wipe", "--wait", "--timeout", s.timeout().String())
+			}
+		}
+	}()
+
+	if err := s.checkNodesUp(ctx); err != nil {
+		return err
+	}
+
+	start := time.Now()
+	for _, c := range cases {
+		args := append([]string{"create", c.Name, "--node", c.Node}, c.Args...)
+		out, errs, code, err := s.CLI(ctx, args...)
+		if err != nil {
+			return err
+		}
+		if code != 0 {
+			return fmt.Errorf("salt-volumes %s: exit %d: %s%s", strings.Join(args, " "), code, out, errs)
+		}
+		created[c.Name] = true
+	}
+	views := map[string]api.View{}
+	for _, c := range cases {
+		if err := s.wait(ctx, c.Name, "Available"); err != nil {
+			return err
+		}
+	}
+	s.logf("%d volumes on %d nodes Available %.1fs after the first create", len(cases), len(s.Nodes), time.Since(start).Seconds())
+
+	var list struct {
+		Items []api.View `json:"items"`
+	}
+	if err := s.cliJSON(ctx, &list, "ls", "-o", "json"); err != nil {
+		return err
+	}
+	for _, v := range list.Items {
+		views[v.Spec.Name] = v
+	}
+	for _, c := range cases {
+		v, ok := views[c.Name]
+		if !ok {
+			return fmt.Errorf("%s: not in salt-volumes ls", c.Name)
+		}
+		if err := checkView(c, v); err != nil {
+			return err
+		}
+		if err := s.checkOnNode(ctx, c, v); err != nil {
+			return err
+		}
+		s.logf("%s on %s: %s -> %s (%s), checked on the node", c.Name, c.Node, v.Status.PersistentPath, v.Status.DevicePath, c.Mode)
+	}
+	if err := s.checkNodeCounts(ctx, cases); err != nil {
+		return err
+	}
+
+	// The node binary's own records, to prove deletion leaves nothing.
+	records := map[string]map[string]any{}
+	for _, n := range s.Nodes {
+		recs, err := s.nodeRecords(ctx, n.Name)
+		if err != nil {
+			return err
+		}
+		for u, r := range recs {
+			records[u] = r
+		}
+	}
+
+	for _, c := range cases {
+		args := []string{"rm", c.Name}
+		if c.Kind == "raw" {
+			args = append(args, "--wipe") // leaves the disk blank for the next run
+		}
+		out, errs, code, err := s.CLI(ctx, args...)
+		if err != nil {
+			return err
+		}
+		if code != 0 {
+			return fmt.Errorf("salt-volumes %s: exit %d: %s%s", strings.Join(args, " "), code, out, errs)
+		}
+	}
+	for _, c := range cases {
+		if err := s.wait(ctx, c.Name, "Deleted"); err != nil {
+			return err
+		}
+		delete(created, c.Name)
+	}
+	after := map[string]map[string]map[string]any{}
+	for _, n := range s.Nodes {
+		if after[n.Name], err = s.nodeRecords(ctx, n.Name); err != nil {
+			return err
+		}
+	}
+	for _, c := range cases {
+		v := views[c.Name]
+		if _, ok := after[c.Node][v.Spec.UUID]; ok {
+			return fmt.Errorf("%s: salt_volumes.list on %s still shows uuid %s after deletion", c.Name, c.Node, v.Spec.UUID)
+		}
+		if err := s.checkGone(ctx, c, v, records[v.Spec.UUID]); err != nil {
+			return err
+		}
+	}
+	s.logf("%d volumes deleted, nothing left on the nodes", len(cases))
+	return nil
+}
+
+func (s *Scenario) wait(ctx context.Context, name, phase string) error {
+	out, errs, code, err := s.CLI(ctx, "wait", name, "--for", phase, "--timeout", s.timeout().String())
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		detail, _, _, _ := s.CLI(ctx, "get", name)
+		return fmt.Errorf("%s did not reach %s (exit %d): %s%s\n%s", name, phase, code, out, errs, detail)
+	}
+	return nil
+}
+
+func (s *Scenario) cliJSON(ctx context.Context, into any, args ...string) error {
+	out, errs, code, err := s.CLI(ctx, args...)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return fmt.Errorf("salt-volumes %s: exit %d: %s", strings.Join(args, " "), code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), into); err != nil {
+		return fmt.Errorf("salt-volumes %s: output is not JSON: %v", strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+func (s *Scenario) checkNodesUp(ctx context.Context) error {
+	var nodes struct {
+		Items []api.Node `json:"items"`
+	}
+	if err := s.cliJSON(ctx, &nodes, "nodes", "-o", "json"); err != nil {
+		return err
+	}
+	up := map[string]bool{}
+	for _, n := range nodes.Items {
+		up[n.Name] = n.Up
+	}
+	for _, n := range s.Nodes {
+		if !up[n.Name] {
+			return fmt.Errorf("node %s is not up in salt-volumes nodes (%+v): is its minion running and accepted?", n.Name, nodes.Items)
+		}
+	}
+	return nil
+}
+
+func (s *Scenario) checkNodeCounts(ctx context.Context, cases []Case) error {
+	var nodes struct {
+		Items []api.Node `json:"items"`
+	}
+	if err := s.cliJSON(ctx, &nodes, "nodes", "-o", "json"); err != nil {
+		return err
+	}
+	want := map[string]int{}
+	for _, c := range cases {
+		want[c.Node]++
+	}
+	for _, n := range nodes.Items {
+		if w, ok := want[n.Name]; ok && n.Phases["Available"] < w {
+			return fmt.Errorf("salt-volumes nodes: %s has %d Available volumes, want at least %d", n.Name, n.Phases["Available"], w)
+		}
+	}
+	return nil
+}
+
+// checkView is what the control plane says about the volume.
+func checkView(c Case, v api.View) error {
+	if v.Status.Phase.String() != "Available" || v.Spec.Node != c.Node || string(v.Spec.Mode) != c.Mode {
+		return fmt.Errorf("%s: phase %s node %s mode %s, want Available on %s in %s", c.Name, v.Status.Phase, v.Spec.Node, v.Spec.Mode, c.Node, c.Mode)
+	}
+	want := "/dev/disk/by-uuid/" + v.Spec.UUID
+	if c.Mode == "Block" {
+		want = "/dev/disk/by-partuuid/" + v.Spec.UUID
+	}
+	if v.Status.PersistentPath != want {
+		return fmt.Errorf("%s: persistent path %q, want %q", c.Name, v.Status.PersistentPath, want)
+	}
+	if v.Status.Size <= 0 || v.Status.DevicePath == "" {
+		return fmt.Errorf("%s: no device info (size %d, device %q)", c.Name, v.Status.Size, v.Status.DevicePath)
+	}
+	if !v.Deletable {
+		return fmt.Errorf("%s: Available but not deletable: %s", c.Name, v.DeleteBlockedReason)
+	}
+	return nil
+}
+
+// checkOnNode asks the node itself, through Salt, what is behind the
+// persistent path: low-level blkid (no cache) must find the volume UUID as
+// the filesystem UUID (Filesystem) or the GPT partition's unique GUID (Block).
+func (s *Scenario) checkOnNode(ctx context.Context, c Case, v api.View) error {
+	tags, code, err := s.blkid(ctx, c.Node, v.Status.PersistentPath)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return fmt.Errorf("%s: blkid -p %s on %s exited %d: the persistent path does not lead to the volume", c.Name, v.Status.PersistentPath, c.Node, code)
+	}
+	if c.Mode == "Filesystem" {
+		if tags["UUID"] != v.Spec.UUID || tags["TYPE"] != c.FS {
+			return fmt.Errorf("%s: on %s, %s holds %s UUID %s, want %s UUID %s", c.Name, c.Node, v.Status.PersistentPath, tags["TYPE"], tags["UUID"], c.FS, v.Spec.UUID)
+		}
+	} else if tags["PART_ENTRY_UUID"] != v.Spec.UUID {
+		return fmt.Errorf("%s: on %s, %s is partition %q, want unique GUID %s", c.Name, c.Node, v.Status.PersistentPath, tags["PART_ENTRY_UUID"], v.Spec.UUID)
+	}
+	return nil
+}
+
+// checkGone proves a deleted volume left nothing on its node: no persistent
+// path, the sparse file removed, a wiped raw disk blank.
+func (s *Scenario) checkGone(ctx context.Context, c Case, v api.View, record map[string]any) error {
+	exists, err := s.saltBool(ctx, c.Node, "file.access", v.Status.PersistentPath, "f")
+	if err != nil {
+		return err
+	}
+	if exists {
+		return fmt.Errorf("%s: %s still exists on %s after deletion", c.Name, v.Status.PersistentPath, c.Node)
+	}
+	if c.Kind == "sparse" {
+		file, _ := record["backingFile"].(string)
+		if file == "" {
+			return fmt.Errorf("%s: the node's record had no backingFile: %v", c.Name, record)
+		}
+		exists, err := s.saltBool(ctx, c.Node, "file.file_exists", file)
+		if err != nil {
+			return err
+		}
+		if exists {
+			return fmt.Errorf("%s: sparse file %s still exists on %s", c.Name, file, c.Node)
+		}
+		return nil
+	}
+	tags, code, err := s.blkid(ctx, c.Node, c.Device)
+	if err != nil {
+		return err
+	}
+	if code != 2 { // blkid's "nothing found"
+		return fmt.Errorf("%s: %s on %s is not blank after rm --wipe (blkid exit %d: %v)", c.Name, c.Device, c.Node, code, tags)
+	}
+	return nil
+}
+
+// salt runs one function on one minion and decodes its return.
+func (s *Scenario) salt(ctx context.Context, into any, node, fun string, args ...string) error {
+	all := append([]string{"--out=json", "--static", "--timeout=60", node, fun}, args...)
+	out, errs, _, err := s.Salt(ctx, all...)
+	if err != nil {
+		return err
+	}
+	var ret map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out), &ret); err != nil || ret[node] == nil {
+		return fmt.Errorf("salt %s %s: no JSON return from %s: %s%s", node, fun, node, out, errs)
+	}
+	if err := json.Unmarshal(ret[node], into); err != nil {
+		return fmt.Errorf("salt %s %s: unexpected return %s", node, fun, ret[node])
+	}
+	return nil
+}
+
+func (s *Scenario) saltBool(ctx context.Context, node, fun string, args ...string) (bool, error) {
+	var b bool
+	err := s.salt(ctx, &b, node, fun, args...)
+	return b, err
+}
+
+// blkid runs low-level probing (-p: no cache, reads the device) on the node.
+func (s *Scenario) blkid(ctx context.Context, node, path string) (map[string]string, int, error) {
+	var r struct {
+		Retcode int    `json:"retcode"`
+		Stdout  string `json:"stdout"`
+	}
+	if err := s.salt(ctx, &r, node, "cmd.run_all", "blkid -p -o export "+path, "python_shell=False"); err != nil {
+		return nil, 0, err
+	}
+	tags := map[string]string{}
+	for _, line := range strings.Split(r.Stdout, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			tags[k] = v
+		}
+	}
+	return tags, r.Retcode, nil
+}
+
+// nodeRecords is salt_volumes.list on the node, by volume UUID.
+func (s *Scenario) nodeRecords(ctx context.Context, node string) (map[string]map[string]any, error) {
+	var recs []map[string]any
+	if err := s.salt(ctx, &recs, node, "salt_volumes.list"); err != nil {
+		return nil, err
+	}
+	byUUID := map[string]map[string]any{}
+	for _, r := range recs {
+		if u, ok := r["uuid"].(string); ok {
+			byUUID[u] = r
+		}
+	}
+	return byUUID, nil
+}
