@@ -4,7 +4,8 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build demo test lint unit pytest bench install salt-files clean
+.PHONY: all setup build e2e-bin demo test lint unit pytest bench install salt-files clean \
+        vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
 
@@ -15,10 +16,17 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/salt-volume-exec ./cmd/salt-volume-exec
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/salt-volumes ./cmd/salt-volumes
 
+# The end-to-end scenario as a program (test/e2e), for the Vagrant master.
+e2e-bin:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/salt-volumes-e2e ./test/e2e
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+	@if command -v shellcheck >/dev/null; then \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh .ci/run vagrant/provision/*.sh; \
+	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # A local Salt stack plus the control plane, two real volumes; Ctrl-C stops
 # everything and detaches what it attached. DEMO_ARGS=--once for a smoke run.
@@ -27,7 +35,7 @@ demo: setup build
 
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.
-test: setup lint pytest
+test: setup lint pytest vagrant-validate
 	$(GO) test -count=1 -timeout 15m ./...
 
 # Unit tests of the Salt modules (the real-Salt tests are Go, in test/salt).
@@ -49,6 +57,31 @@ install: build
 # Puts the binary where salt_volumes.installed serves it from (salt://).
 salt-files: build
 	install -m 0755 bin/salt-volume-exec salt/states/salt_volumes/files/salt-volume-exec
+
+# The Vagrant cluster (vagrant/Vagrantfile): a salt-master with salt-api and
+# salt-volumes serve, and two minions with two spare disks each. Needs
+# Vagrant with libvirt or VirtualBox and network access to the box and
+# Salt's package repository. VAGRANT_ARGS=--provider=libvirt, for example.
+VAGRANT ?= vagrant
+NODES   ?= node-1 node-2
+
+vagrant-up: build salt-files e2e-bin
+	cd vagrant && $(VAGRANT) up $(VAGRANT_ARGS)
+
+# Creates, checks and deletes volumes of every kind on every node through
+# the CLI on the master; installs freshly built binaries first.
+vagrant-e2e: build salt-files e2e-bin
+	cd vagrant && $(VAGRANT) rsync && $(VAGRANT) ssh master -c 'sudo /vagrant/vagrant/provision/e2e.sh $(NODES)'
+
+vagrant-down:
+	cd vagrant && $(VAGRANT) destroy -f
+
+# Part of make test: the Vagrantfile parses, its provisioning scripts exist,
+# and the libvirt provider's settings are valid (when vagrant-libvirt is
+# installed; VirtualBox's need VirtualBox itself).
+vagrant-validate:
+	@if command -v $(VAGRANT) >/dev/null; then cd vagrant && $(VAGRANT) validate; \
+	else echo "vagrant not installed: Vagrantfile not validated (make setup installs it)"; fi
 
 clean:
 	rm -rf bin salt/states/salt_volumes/files/salt-volume-exec

@@ -1,6 +1,9 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,4 +52,22 @@ func TestValues(t *testing.T) {
 	assert.Equal(t, 90*time.Second, time.Duration(c.JobTimeout))
 	assert.True(t, c.NonLoopback())
 	assert.Equal(t, "sse", c.Events.Source)
+}
+
+// The example operators copy (deploy/config.yaml) must load as shipped,
+// once its secret files exist.
+func TestShippedExample(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/config.yaml")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	text := strings.ReplaceAll(string(b), "/etc/salt-volumes/", dir+"/")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "token"), []byte("0123456789abcdef0123\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "salt-api-password"), []byte("secret\n"), 0o600))
+	c, err := Parse([]byte(text))
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:8080", c.Listen)
+	assert.Equal(t, "0123456789abcdef0123", c.Token)
+	assert.Equal(t, "secret", c.Salt.Password)
+	assert.Equal(t, "bus", c.Events.Source)
+	assert.False(t, c.NonLoopback())
 }

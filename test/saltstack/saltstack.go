@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // T is what the stack needs from its caller: a *testing.T in tests, a
@@ -164,29 +166,11 @@ auto_accept: True
 log_file: %[1]s/log/master
 api_logfile: %[1]s/log/api
 api_pidfile: %[1]s/api.pid
-netapi_enable_clients: [local, local_async, runner, runner_async]
 rest_cherrypy:
   host: 127.0.0.1
   port: %[5]d
   disable_ssl: True
-external_auth:
-  file:
-    ^filename: %[6]s/api-users
-    %[7]s:
-      - '*':
-        - 'state.apply':
-            args: ['^salt_volumes(\.prepared|\.unprepared)?$']
-        - 'state.sls':
-            args: ['^salt_volumes(\.prepared|\.unprepared)?$']
-        - 'saltutil.sync_all'
-        - 'test.ping'
-      - '@runner':
-        - 'jobs.lookup_jid'
-        - 'jobs.list_job'
-        - 'manage.up'
-        - 'manage.status'
-      - '@jobs'
-`, s.Root, pub, ret, s.SockDir, s.APIPort, s.Conf, s.APIUser))
+`, s.Root, pub, ret, s.SockDir, s.APIPort)+s.shippedAuth())
 	s.write("minion", s.minionConfig(s.Root, s.StateDir, s.MinionID))
 
 	s.spawn("master", "salt-master")
@@ -208,6 +192,40 @@ external_auth:
 		})
 	}
 	return s
+}
+
+// shippedAuth is the control plane's salt-api account exactly as
+// deploy/master.d/salt-volumes.conf gives it to operators (clients and ACL),
+// with the test's password file: the tests prove the shipped ACL is enough.
+func (s *Stack) shippedAuth() string {
+	b, err := os.ReadFile(filepath.Join(s.Repo, "deploy", "master.d", "salt-volumes.conf"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var conf struct {
+		Clients      []string `yaml:"netapi_enable_clients"`
+		ExternalAuth struct {
+			File map[string]any `yaml:"file"`
+		} `yaml:"external_auth"`
+	}
+	if err := yaml.Unmarshal(b, &conf); err != nil {
+		s.t.Fatalf("deploy/master.d/salt-volumes.conf: %v", err)
+	}
+	acl, ok := conf.ExternalAuth.File[s.APIUser]
+	if !ok || len(conf.Clients) == 0 {
+		s.t.Fatalf("deploy/master.d/salt-volumes.conf: no external_auth:file:%s or netapi_enable_clients", s.APIUser)
+	}
+	out, err := yaml.Marshal(map[string]any{
+		"netapi_enable_clients": conf.Clients,
+		"external_auth": map[string]any{"file": map[string]any{
+			"^filename": filepath.Join(s.Conf, "api-users"),
+			s.APIUser:   acl,
+		}},
+	})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return string(out)
 }
 
 func (s *Stack) minionConfig(root, stateDir, id string) string {

@@ -1,0 +1,29 @@
+# Sourced by master.sh and minion.sh: installs Salt packages from the Salt
+# Project's official Debian repository, pinned to one major release.
+# Usage: install_salt <major|latest> <package>...
+
+install_salt() {
+  local version=$1
+  shift
+  export DEBIAN_FRONTEND=noninteractive
+  if ! dpkg-query -W -f='${Status}' "$@" 2>/dev/null | grep -q "install ok installed"; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends curl gnupg ca-certificates >/dev/null
+    install -d -m 0755 /etc/apt/keyrings
+    curl -fsSL https://packages.broadcom.com/artifactory/api/security/keypair/SaltProjectKey/public |
+      gpg --dearmor --yes -o /etc/apt/keyrings/salt-archive-keyring.pgp
+    cat >/etc/apt/sources.list.d/salt.sources <<SOURCES
+Types: deb
+URIs: https://packages.broadcom.com/artifactory/saltproject-deb
+Suites: stable
+Components: main
+Signed-By: /etc/apt/keyrings/salt-archive-keyring.pgp
+SOURCES
+    if [ "$version" != latest ]; then
+      printf 'Package: salt-*\nPin: version %s.*\nPin-Priority: 1001\n' "$version" >/etc/apt/preferences.d/salt-pin-1001
+    fi
+    apt-get update -qq
+    apt-get install -y -qq "$@" >/dev/null
+  fi
+  dpkg-query -W "$@"
+}
