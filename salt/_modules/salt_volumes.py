@@ -57,8 +57,11 @@ def __virtual__():
 
 
 def _opt(key, default=None):
-    # config.get looks at minion config, grains, then pillar.
-    value = __salt__["config.get"]("salt_volumes:{}".format(key), default)
+    # Minion config only, never config.get: it falls back to pillar, and a
+    # pillar= override is something the control plane's salt-api account may
+    # send. A binary path or state dir taken from there would let that
+    # account run any program, or write sparse files anywhere, as root.
+    value = (__opts__.get("salt_volumes") or {}).get(key)
     return value if value not in (None, "") else default
 
 

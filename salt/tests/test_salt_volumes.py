@@ -36,7 +36,10 @@ def mod(tmp_path):
     m = load("modules")
     events = []
     pillar = {}
-    config = {"salt_volumes:state_dir": str(tmp_path / "state")}
+    # Pillar-backed like Salt's config.get, which the module must not use for
+    # its own settings.
+    config = {}
+    opts = {"state_dir": str(tmp_path / "state")}
 
     def pillar_get(key, default=None):
         cur = pillar
@@ -51,9 +54,9 @@ def mod(tmp_path):
         "pillar.get": pillar_get,
         "event.send": lambda tag, data: events.append((tag, data)),
     }
-    m.__opts__ = {}
+    m.__opts__ = {"salt_volumes": opts}
     m.__grains__ = {"id": "node-1"}
-    m.events, m.pillar, m.config = events, pillar, config
+    m.events, m.pillar, m.config, m.opts = events, pillar, config, opts
     return m
 
 
@@ -68,7 +71,7 @@ def test_missing_binary_says_how_to_install(mod, monkeypatch):
 
 
 def test_binary_error_is_raised_with_its_message_and_code(mod, tmp_path):
-    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, """
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
         print(json.dumps({"error": {"code": "in_use", "message": "volume v1: /dev/loop3 is mounted on /mnt"}}))
         sys.exit(3)
     """)
@@ -80,7 +83,7 @@ def test_binary_error_is_raised_with_its_message_and_code(mod, tmp_path):
 
 
 def test_garbage_output_is_an_error(mod, tmp_path):
-    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, """
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
         print("segfault-ish noise")
         sys.exit(139)
     """)
@@ -90,7 +93,7 @@ def test_garbage_output_is_an_error(mod, tmp_path):
 
 def test_argv_stdin_and_progress_events(mod, tmp_path):
     log = tmp_path / "argv.json"
-    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, """
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
         open({log!r}, "w").write(json.dumps({{"args": args, "stdin": data}}))
         for step in ("recorded", "formatted"):
             sys.stderr.write(json.dumps({{"msg": "step", "step": step, "volume": "v1", "uuid": "u"}}) + "\\n")
@@ -112,7 +115,7 @@ def test_argv_stdin_and_progress_events(mod, tmp_path):
 
 
 def test_no_events_masterless_and_a_broken_bus_is_not_fatal(mod, tmp_path):
-    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"changed": False}))')
+    mod.opts["exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"changed": False}))')
     mod.__opts__["local"] = True
     mod.prepare(spec=SPEC)
     assert mod.events == []
@@ -144,7 +147,7 @@ def test_lookup_and_selection(mod):
 
 
 def test_check_names_the_node_field(mod, tmp_path):
-    mod.config["salt_volumes:exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"spec": json.loads(data)}))')
+    mod.opts["exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"spec": json.loads(data)}))')
     with pytest.raises(SaltInvocationError, match="volume v1: node: the volume is for 'node-2'"):
         mod.check(spec=dict(SPEC, node="node-2"))
     with pytest.raises(SaltInvocationError, match="volume x: name: the spec says 'v1'"):
@@ -232,3 +235,18 @@ def test_restored_reports_failures(state):
     state.__opts__["test"] = True
     ret = state.restored("boot")
     assert ret["result"] is None and ret["changes"] == {"restored": ["v1"]}
+
+
+def test_settings_never_come_from_pillar(mod, tmp_path):
+    """A pillar= override (which the control plane's salt-api account may
+    send) must not choose the program run as root nor the state dir."""
+    mod.opts["exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"argv": args}))')
+    evil = tmp_path / "evil"
+    evil.write_text("#!/bin/sh\ntouch {}\n".format(tmp_path / "pwned"))
+    evil.chmod(0o755)
+    mod.pillar["salt_volumes"] = {"exec_path": str(evil), "state_dir": "/etc"}
+    mod.config["salt_volumes:exec_path"] = str(evil)
+    mod.config["salt_volumes:state_dir"] = "/etc"
+    out = mod.prepare(spec=SPEC)
+    assert out["argv"][:2] == ["--state-dir", str(tmp_path / "state")]
+    assert not (tmp_path / "pwned").exists()

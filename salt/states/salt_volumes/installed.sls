@@ -1,8 +1,10 @@
 {#- Installs salt-volume-exec, the tools it runs, the state dir and the
     boot-time restore unit. Put the binary at salt://salt_volumes/files/
     (make salt-files does it). #}
-{%- set exec_path = salt['config.get']('salt_volumes:exec_path') or '/usr/local/bin/salt-volume-exec' %}
-{%- set state_dir = salt['config.get']('salt_volumes:state_dir') or '/var/lib/salt-volumes' %}
+{#- From the minion config only, like the module: never from pillar. #}
+{%- set conf = opts.get('salt_volumes') or {} %}
+{%- set exec_path = conf.get('exec_path') or '/usr/local/bin/salt-volume-exec' %}
+{%- set state_dir = conf.get('state_dir') or '/var/lib/salt-volumes' %}
 
 salt_volumes packages:
   pkg.installed:
