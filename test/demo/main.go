@@ -162,6 +162,8 @@ events:
 	}
 	step("volumes")
 	_ = cli("ls")
+	step("the same volume as a Kubernetes local PersistentVolume (docs/kubernetes.md)")
+	_ = cli("pv", "demo-fs")
 
 	step("the stack is running; in another shell:")
 	fmt.Printf("export SALT_VOLUMES_URL=%s\n", url)

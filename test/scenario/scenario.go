@@ -2,8 +2,9 @@
 // stack (test/controlplane) and the Vagrant cluster (make vagrant-e2e, through
 // test/e2e) run: on every node, create one volume of each kind through the
 // salt-volumes CLI, check each on its node through Salt (blkid behind the
-// persistent path, the node binary's own records), delete them all and check
-// that nothing is left.
+// persistent path, the node binary's own records), read back the Kubernetes
+// PersistentVolume the CLI prints for it, delete them all and check that
+// nothing is left.
 //
 // It only knows two programs, the CLI and the salt CLI, so the same code runs
 // wherever a user could type those commands.
@@ -16,6 +17,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/salt-volumes/salt-volumes/internal/api"
 )
@@ -161,6 +164,9 @@ func (s *Scenario) Run(ctx context.Context) (err error) {
 		if err := s.checkOnNode(ctx, c, v); err != nil {
 			return err
 		}
+		if err := s.checkPV(ctx, c, v); err != nil {
+			return err
+		}
 		s.logf("%s on %s: %s -> %s (%s), checked on the node", c.Name, c.Node, v.Status.PersistentPath, v.Status.DevicePath, c.Mode)
 	}
 	if err := s.checkNodeCounts(ctx, cases); err != nil {
@@ -298,6 +304,48 @@ func checkView(c Case, v api.View) error {
 	}
 	if !v.Deletable {
 		return fmt.Errorf("%s: Available but not deletable: %s", c.Name, v.DeleteBlockedReason)
+	}
+	return nil
+}
+
+// checkPV reads back the Kubernetes PersistentVolume the CLI prints for the
+// volume: it must point at the persistent path, in the volume's mode, on
+// the volume's node.
+func (s *Scenario) checkPV(ctx context.Context, c Case, v api.View) error {
+	out, errs, code, err := s.CLI(ctx, "pv", c.Name)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return fmt.Errorf("salt-volumes pv %s: exit %d: %s", c.Name, code, errs)
+	}
+	var pv struct {
+		Kind string `yaml:"kind"`
+		Spec struct {
+			VolumeMode string `yaml:"volumeMode"`
+			Local      struct {
+				Path string `yaml:"path"`
+			} `yaml:"local"`
+			NodeAffinity struct {
+				Required struct {
+					Terms []struct {
+						Exprs []struct {
+							Key    string   `yaml:"key"`
+							Values []string `yaml:"values"`
+						} `yaml:"matchExpressions"`
+					} `yaml:"nodeSelectorTerms"`
+				} `yaml:"required"`
+			} `yaml:"nodeAffinity"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &pv); err != nil {
+		return fmt.Errorf("salt-volumes pv %s: not YAML: %v", c.Name, err)
+	}
+	terms := pv.Spec.NodeAffinity.Required.Terms
+	if pv.Kind != "PersistentVolume" || pv.Spec.Local.Path != v.Status.PersistentPath || pv.Spec.VolumeMode != c.Mode ||
+		len(terms) != 1 || len(terms[0].Exprs) != 1 || terms[0].Exprs[0].Key != "kubernetes.io/hostname" ||
+		len(terms[0].Exprs[0].Values) != 1 || terms[0].Exprs[0].Values[0] != c.Node {
+		return fmt.Errorf("salt-volumes pv %s: want a %s PersistentVolume at %s on %s, got:\n%s", c.Name, c.Mode, v.Status.PersistentPath, c.Node, out)
 	}
 	return nil
 }
