@@ -94,6 +94,9 @@ type rig struct {
 	store *store.Store
 	r     *Reconciler
 	watch <-chan WatchEvent
+	// held keeps changes of other volumes seen while waiting for one, so a
+	// test waiting for a second volume still gets changes that came first.
+	held map[string][]WatchEvent
 }
 
 func newRig(t *testing.T, opt Options, seed ...*volume.Volume) *rig {
@@ -111,6 +114,10 @@ func sparseSpec(name string) *spec.Spec {
 // next waits for the named volume's next change.
 func (g *rig) next(name string) WatchEvent {
 	g.t.Helper()
+	if evs := g.held[name]; len(evs) > 0 {
+		g.held[name] = evs[1:]
+		return evs[0]
+	}
 	deadline := time.After(5 * time.Second)
 	for {
 		select {
@@ -118,6 +125,10 @@ func (g *rig) next(name string) WatchEvent {
 			if ev.Volume.Spec.Name == name {
 				return ev
 			}
+			if g.held == nil {
+				g.held = map[string][]WatchEvent{}
+			}
+			g.held[ev.Volume.Spec.Name] = append(g.held[ev.Volume.Spec.Name], ev)
 		case <-deadline:
 			g.t.Fatalf("no change of %s within 5s", name)
 		}
