@@ -48,7 +48,7 @@ SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
                       [--mkfs-option OPT]... [--uuid U] [--wait] [--timeout D]
   salt-volumes ls [--node N] [-o table|json]
   salt-volumes get NAME [-o table|json]
-  salt-volumes rm NAME [--wipe] [--wait] [--timeout D]
+  salt-volumes rm NAME [--wipe | --forget] [--wait] [--timeout D]
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
@@ -316,6 +316,7 @@ func (c *cli) get(ctx context.Context, args []string) int {
 func (c *cli) rm(ctx context.Context, args []string) int {
 	fs := c.flags("rm")
 	wipe := fs.Bool("wipe", false, "raw devices: also erase the signatures the volume wrote")
+	forget := fs.Bool("forget", false, "a Failed volume whose node is gone: drop it without running anything on the node")
 	wait := fs.Bool("wait", false, "wait until the volume is gone")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
 	pos, err := parse(fs, args)
@@ -329,7 +330,15 @@ func (c *cli) rm(ctx context.Context, args []string) int {
 	if err != nil {
 		return c.fail(exitUsage, "%v", err)
 	}
-	if _, err := cl.Delete(ctx, pos[0], *wipe); err != nil {
+	if *wipe && *forget {
+		return c.fail(exitUsage, "rm: --forget leaves the node untouched, so it cannot --wipe: use one or the other")
+	}
+	if *forget {
+		_, err = cl.Forget(ctx, pos[0])
+	} else {
+		_, err = cl.Delete(ctx, pos[0], *wipe)
+	}
+	if err != nil {
 		return c.apiErr(err)
 	}
 	if *wait {

@@ -228,7 +228,18 @@ func notFound(w http.ResponseWriter, name string) {
 func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	wipe := r.URL.Query().Get("wipe") == "true"
-	v, err := s.Reconciler.Delete(name, wipe)
+	forget := r.URL.Query().Get("forget") == "true"
+	var v *volume.Volume
+	var err error
+	switch {
+	case wipe && forget:
+		writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
+		return
+	case forget:
+		v, err = s.Reconciler.Forget(name)
+	default:
+		v, err = s.Reconciler.Delete(name, wipe)
+	}
 	var de *reconciler.DeleteError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -238,7 +249,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: err.Error()})
 	default:
-		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe)
+		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe, "forget", forget)
 		writeJSON(w, http.StatusAccepted, NewView(v))
 	}
 }

@@ -114,6 +114,13 @@ func (c *Client) Delete(ctx context.Context, name string, wipe bool) (api.View, 
 	return v, err
 }
 
+// Forget drops a Failed volume without running anything on its node.
+func (c *Client) Forget(ctx context.Context, name string) (api.View, error) {
+	var v api.View
+	err := c.do(ctx, http.MethodDelete, "/api/v1/volumes/"+url.PathEscape(name)+"?forget=true", nil, &v)
+	return v, err
+}
+
 // Nodes lists Salt's minions with their volumes.
 func (c *Client) Nodes(ctx context.Context) ([]api.Node, string, error) {
 	var out struct {

@@ -150,6 +150,7 @@ type observation struct {
 	uuid    string
 	step    string
 	wipe    bool
+	forget  bool
 }
 
 // Run reconciles until ctx ends.
@@ -226,6 +227,22 @@ func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
 		return v, &DeleteError{Reason: why}
 	}
 	r.push(name, observation{kind: obsDelete, wipe: wipe})
+	return v, nil
+}
+
+// Forget drops a Failed volume from the store without running anything on
+// its node: the way out for a volume whose node is gone for good, where the
+// unprepare state can never run. Whatever is on the node stays; a later
+// salt_volumes run there reports it and it is adopted again.
+func (r *Reconciler) Forget(name string) (*volume.Volume, error) {
+	v, err := r.store.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	if v.Status.Phase != volume.Failed {
+		return v, &DeleteError{Reason: "only a Failed volume can be forgotten (it is " + v.Status.Phase.String() + "); delete it normally"}
+	}
+	r.push(name, observation{kind: obsDelete, forget: true})
 	return v, nil
 }
 
@@ -402,6 +419,15 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 		st.Step = o.step
 		return changed
 	case obsDelete:
+		if o.forget {
+			if st.Phase != volume.Failed {
+				r.log.Info("forget dropped", "volume", v.Spec.Name, "phase", st.Phase)
+				return unchanged
+			}
+			r.forgetJob(st.JobID)
+			r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", st.Reason)
+			return removed
+		}
 		if ok, why := volume.CanDelete(v); !ok || v.DeleteRequested {
 			r.log.Info("deletion dropped", "volume", v.Spec.Name, "reason", why)
 			return unchanged

@@ -297,6 +297,38 @@ func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
 	assert.True(t, ok)
 }
 
+// A volume whose node is gone can never be unprepared; forgetting it drops
+// the object and runs nothing. Only Failed volumes can be forgotten.
+func TestForgetFailedVolume(t *testing.T) {
+	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
+	g.salt.err = []error{saltapi.ErrNoMinions, saltapi.ErrNoMinions}
+	_, err := g.r.Create(sparseSpec("gone"))
+	require.NoError(t, err)
+	g.until("gone", "Failed")
+	_, err = g.r.Delete("gone", false)
+	require.NoError(t, err)
+	v := g.until("gone", "Failed")
+	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason, "unprepare cannot run either")
+
+	launches := len(g.salt.launches())
+	_, err = g.r.Forget("gone")
+	require.NoError(t, err)
+	g.until("gone", Deleted)
+	_, err = g.store.Get("gone")
+	assert.ErrorIs(t, err, store.ErrNotFound)
+	assert.Equal(t, launches, len(g.salt.launches()), "forget runs nothing on the node")
+
+	_, err = g.r.Create(sparseSpec("alive"))
+	require.NoError(t, err)
+	jid := g.until("alive", "Pending").Status.JobID
+	g.send(ret(jid, "node-1", 0, stateRet("alive", "prepared", true, "", device(sparseSpec("alive")))))
+	g.until("alive", "Available")
+	_, err = g.r.Forget("alive")
+	var de *DeleteError
+	require.ErrorAs(t, err, &de)
+	assert.Contains(t, de.Reason, "only a Failed volume can be forgotten (it is Available)")
+}
+
 func TestLaunchErrors(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	g.salt.err = []error{saltapi.ErrNoMinions}

@@ -141,6 +141,26 @@ func TestEndToEnd(t *testing.T) {
 		assert.Equal(t, 0, code, errs)
 	})
 
+	t.Run("a volume whose node Salt does not know can only be forgotten", func(t *testing.T) {
+		out, errs, code := p.CLI("create", "ghost-1", "--node", "ghost-node", "--size", "16Mi", "--wait", "--timeout", "1m")
+		assert.Equal(t, 1, code, out+errs)
+		v := getJSON(t, p, "ghost-1")
+		assert.Equal(t, volume.Failed, v.Status.Phase)
+		assert.Equal(t, "NodeNotFound", v.Status.Reason)
+		_, errs, code = p.CLI("rm", "ghost-1", "--wait", "--timeout", "30s")
+		assert.NotEqual(t, 0, code, "unprepare cannot run on a node that is not there: %s", errs)
+		require.Eventually(t, func() bool {
+			v := getJSON(t, p, "ghost-1")
+			return v.Status.Phase == volume.Failed && v.Status.Reason == "NodeNotFound"
+		}, 30*time.Second, 200*time.Millisecond, "still there, Failed")
+		_, errs, code = p.CLI("rm", "ghost-1", "--forget", "--wipe")
+		assert.Equal(t, 2, code, errs)
+		_, errs, code = p.CLI("rm", "ghost-1", "--forget", "--wait", "--timeout", "1m")
+		assert.Equal(t, 0, code, errs)
+		_, _, code = p.CLI("get", "ghost-1")
+		assert.Equal(t, 4, code, "forgotten")
+	})
+
 	t.Run("delete detaches the loop device and removes the file", func(t *testing.T) {
 		v := getJSON(t, p, "data-1")
 		file := filepath.Join(s.StateDir, "sparse", v.Spec.UUID)

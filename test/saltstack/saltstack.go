@@ -296,11 +296,19 @@ func (s *Stack) spawn(name, prog string) {
 	s.procs[name] = cmd
 }
 
-// Restart stops a daemon by pid and starts it again.
+// Restart stops a daemon by pid and starts it again. A restarted master is
+// back when its minions answer again: a job published before they
+// reconnect is lost, and a test would wait for it in vain.
 func (s *Stack) Restart(name string) {
 	prog := map[string]string{"master": "salt-master", "minion": "salt-minion", "api": "salt-api"}[name]
 	s.kill(name)
 	s.spawn(name, prog)
+	if name == "master" {
+		s.waitForMinion(s.MinionID)
+		for n := range s.confs {
+			s.waitForMinion(strings.TrimPrefix(n, "minion-"))
+		}
+	}
 }
 
 func (s *Stack) kill(name string) {
