@@ -1,38 +1,18 @@
 package controlplane
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
-
-// fakeDisk attaches a blank sparse image as a stand-in for a spare disk.
-func fakeDisk(t *testing.T, size int64) string {
-	t.Helper()
-	img := filepath.Join(t.TempDir(), "disk.img")
-	require.NoError(t, os.WriteFile(img, nil, 0o600))
-	require.NoError(t, os.Truncate(img, size))
-	d, err := loopdev.Attach(context.Background(), img)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = loopdev.RemovePartition(d.Name, 1)
-		if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	return d.Path
-}
 
 // TestScenario runs the Vagrant cluster's end-to-end scenario (the same
 // salt-volumes-e2e binary make vagrant-e2e runs on the master) on loopback:
@@ -49,8 +29,8 @@ func TestScenario(t *testing.T) {
 	out, code := s.Salt("*", "saltutil.sync_all", "--out=json")
 	require.Equal(t, 0, code, out)
 
-	d1, d2 := fakeDisk(t, 320<<20), fakeDisk(t, 64<<20)
-	d3, d4 := fakeDisk(t, 320<<20), fakeDisk(t, 64<<20)
+	d1, d2 := testenv.FakeDisk(t, 320<<20).Path, testenv.FakeDisk(t, 64<<20).Path
+	d3, d4 := testenv.FakeDisk(t, 320<<20).Path, testenv.FakeDisk(t, 64<<20).Path
 	out, code = s.Salt("node-2", "grains.set", "salt_volumes_e2e:disks", `["`+d3+`","`+d4+`"]`, "force=True", "--out=json")
 	require.Equal(t, 0, code, out)
 

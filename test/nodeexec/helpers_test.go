@@ -4,7 +4,6 @@ package nodeexec
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
@@ -166,30 +164,10 @@ func resolves(t *testing.T, link, devicePath string) {
 	require.Equal(t, devicePath, got)
 }
 
-// fakeDisk attaches a sparse image as a stand-in for a raw disk, optionally
-// partitioned by sgdisk (an independent tool) with the kernel told by BLKPG.
+// fakeDisk is a stand-in raw disk, optionally partitioned by sgdisk.
 func fakeDisk(t *testing.T, size int64, sgdiskArgs ...string) loopdev.Device {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), "disk.img")
-	f, err := os.Create(img)
-	require.NoError(t, err)
-	require.NoError(t, f.Truncate(size))
-	f.Close()
-	if len(sgdiskArgs) > 0 {
-		out, err := exec.Command("sgdisk", append(sgdiskArgs, img)...).CombinedOutput()
-		require.NoError(t, err, "sgdisk: %s", out)
-	}
-	d, err := loopdev.Attach(context.Background(), img)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for i := 1; i <= 4; i++ {
-			_ = loopdev.RemovePartition(d.Name, i)
-		}
-		if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	return d
+	return testenv.FakeDisk(t, size, sgdiskArgs...)
 }
 
 // addPartitions tells the kernel about the image's partitions, as a kernel

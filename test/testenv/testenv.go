@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
@@ -81,4 +82,36 @@ func Cleanup(stateDir string, uuids []string, logf func(string, ...any)) {
 		os.Remove("/dev/disk/by-uuid/" + u)
 		os.Remove("/dev/disk/by-partuuid/" + u)
 	}
+}
+
+// FakeDisk attaches a sparse image of size bytes as a stand-in for a raw
+// disk, optionally partitioned first by sgdisk (an independent tool). The
+// loop device and any partitions the test added are removed at cleanup.
+func FakeDisk(t testing.TB, size int64, sgdiskArgs ...string) loopdev.Device {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	if len(sgdiskArgs) > 0 {
+		if out, err := exec.Command("sgdisk", append(sgdiskArgs, img)...).CombinedOutput(); err != nil {
+			t.Fatalf("sgdisk: %v: %s", err, out)
+		}
+	}
+	d, err := loopdev.Attach(context.Background(), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for i := 1; i <= 4; i++ {
+			_ = loopdev.RemovePartition(d.Name, i)
+		}
+		if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	return d
 }
