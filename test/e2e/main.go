@@ -61,7 +61,7 @@ func run() int {
 		if disks != "" {
 			node.Disks = strings.Split(disks, ",")
 		} else {
-			d, err := grainDisks(ctx, sc.Salt, name, *grain)
+			d, err := grainDisks(ctx, sc, name, *grain)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "salt-volumes-e2e:", err)
 				return 1
@@ -107,17 +107,13 @@ func command(prog string, pre ...string) scenario.Exec {
 	}
 }
 
-func grainDisks(ctx context.Context, salt scenario.Exec, node, grain string) ([]string, error) {
-	out, errs, _, err := salt(ctx, "--out=json", "--static", node, "grains.get", grain)
-	if err != nil {
+func grainDisks(ctx context.Context, sc *scenario.Scenario, node, grain string) ([]string, error) {
+	var ret json.RawMessage
+	if err := sc.SaltReturn(ctx, &ret, node, "grains.get", grain); err != nil {
 		return nil, err
 	}
-	var ret map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(out), &ret); err != nil || ret[node] == nil {
-		return nil, fmt.Errorf("salt %s grains.get %s: %s%s", node, grain, out, errs)
-	}
 	var disks []string
-	if err := json.Unmarshal(ret[node], &disks); err != nil {
+	if err := json.Unmarshal(ret, &disks); err != nil {
 		return nil, nil // grains.get returns "" when the grain is not set
 	}
 	return disks, nil

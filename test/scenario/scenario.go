@@ -249,39 +249,46 @@ func (s *Scenario) cliJSON(ctx context.Context, into any, args ...string) error 
 	return nil
 }
 
-func (s *Scenario) checkNodesUp(ctx context.Context) error {
-	var nodes struct {
+// nodes is salt-volumes nodes, by node name.
+func (s *Scenario) nodes(ctx context.Context) (map[string]api.Node, error) {
+	var out struct {
 		Items []api.Node `json:"items"`
 	}
-	if err := s.cliJSON(ctx, &nodes, "nodes", "-o", "json"); err != nil {
+	if err := s.cliJSON(ctx, &out, "nodes", "-o", "json"); err != nil {
+		return nil, err
+	}
+	byName := map[string]api.Node{}
+	for _, n := range out.Items {
+		byName[n.Name] = n
+	}
+	return byName, nil
+}
+
+func (s *Scenario) checkNodesUp(ctx context.Context) error {
+	nodes, err := s.nodes(ctx)
+	if err != nil {
 		return err
 	}
-	up := map[string]bool{}
-	for _, n := range nodes.Items {
-		up[n.Name] = n.Up
-	}
 	for _, n := range s.Nodes {
-		if !up[n.Name] {
-			return fmt.Errorf("node %s is not up in salt-volumes nodes (%+v): is its minion running and accepted?", n.Name, nodes.Items)
+		if !nodes[n.Name].Up {
+			return fmt.Errorf("node %s is not up in salt-volumes nodes (%+v): is its minion running and accepted?", n.Name, nodes)
 		}
 	}
 	return nil
 }
 
 func (s *Scenario) checkNodeCounts(ctx context.Context, cases []Case) error {
-	var nodes struct {
-		Items []api.Node `json:"items"`
-	}
-	if err := s.cliJSON(ctx, &nodes, "nodes", "-o", "json"); err != nil {
+	nodes, err := s.nodes(ctx)
+	if err != nil {
 		return err
 	}
 	want := map[string]int{}
 	for _, c := range cases {
 		want[c.Node]++
 	}
-	for _, n := range nodes.Items {
-		if w, ok := want[n.Name]; ok && n.Phases["Available"] < w {
-			return fmt.Errorf("salt-volumes nodes: %s has %d Available volumes, want at least %d", n.Name, n.Phases["Available"], w)
+	for name, w := range want {
+		if got := nodes[name].Phases["Available"]; got < w {
+			return fmt.Errorf("salt-volumes nodes: %s has %d Available volumes, want at least %d", name, got, w)
 		}
 	}
 	return nil
@@ -405,8 +412,9 @@ func (s *Scenario) checkGone(ctx context.Context, c Case, v api.View, record map
 	return nil
 }
 
-// salt runs one function on one minion and decodes its return.
-func (s *Scenario) salt(ctx context.Context, into any, node, fun string, args ...string) error {
+// SaltReturn runs one function on one minion through the salt CLI and
+// decodes that minion's return into into.
+func (s *Scenario) SaltReturn(ctx context.Context, into any, node, fun string, args ...string) error {
 	all := append([]string{"--out=json", "--static", "--timeout=60", node, fun}, args...)
 	out, errs, _, err := s.Salt(ctx, all...)
 	if err != nil {
@@ -424,7 +432,7 @@ func (s *Scenario) salt(ctx context.Context, into any, node, fun string, args ..
 
 func (s *Scenario) saltBool(ctx context.Context, node, fun string, args ...string) (bool, error) {
 	var b bool
-	err := s.salt(ctx, &b, node, fun, args...)
+	err := s.SaltReturn(ctx, &b, node, fun, args...)
 	return b, err
 }
 
@@ -434,7 +442,7 @@ func (s *Scenario) blkid(ctx context.Context, node, path string) (map[string]str
 		Retcode int    `json:"retcode"`
 		Stdout  string `json:"stdout"`
 	}
-	if err := s.salt(ctx, &r, node, "cmd.run_all", "blkid -p -o export "+path, "python_shell=False"); err != nil {
+	if err := s.SaltReturn(ctx, &r, node, "cmd.run_all", "blkid -p -o export "+path, "python_shell=False"); err != nil {
 		return nil, 0, err
 	}
 	tags := map[string]string{}
@@ -449,7 +457,7 @@ func (s *Scenario) blkid(ctx context.Context, node, path string) (map[string]str
 // nodeRecords is salt_volumes.list on the node, by volume UUID.
 func (s *Scenario) nodeRecords(ctx context.Context, node string) (map[string]map[string]any, error) {
 	var recs []map[string]any
-	if err := s.salt(ctx, &recs, node, "salt_volumes.list"); err != nil {
+	if err := s.SaltReturn(ctx, &recs, node, "salt_volumes.list"); err != nil {
 		return nil, err
 	}
 	byUUID := map[string]map[string]any{}
