@@ -200,9 +200,14 @@ func unescape(s string) string {
 type Usage struct {
 	Mountpoints []string `json:"mountpoints,omitempty"`
 	Holders     []string `json:"holders,omitempty"`
+	// LoopBacked lists loop devices whose backing file is this device: the
+	// loop driver sets no holders link for them.
+	LoopBacked []string `json:"loopBacked,omitempty"`
 }
 
-func (u Usage) InUse() bool { return len(u.Mountpoints) > 0 || len(u.Holders) > 0 }
+func (u Usage) InUse() bool {
+	return len(u.Mountpoints) > 0 || len(u.Holders) > 0 || len(u.LoopBacked) > 0
+}
 
 func (u Usage) String() string {
 	var parts []string
@@ -211,6 +216,9 @@ func (u Usage) String() string {
 	}
 	if len(u.Holders) > 0 {
 		parts = append(parts, "held by "+strings.Join(u.Holders, ", "))
+	}
+	if len(u.LoopBacked) > 0 {
+		parts = append(parts, "the backing file of "+strings.Join(u.LoopBacked, ", "))
 	}
 	return strings.Join(parts, " and ")
 }
@@ -244,8 +252,54 @@ func UsageOf(name string) (Usage, error) {
 			return u, err
 		}
 		u.Holders = append(u.Holders, hs...)
+		u.LoopBacked = append(u.LoopBacked, loopsBackedBy(d)...)
 	}
 	return u, nil
+}
+
+// loopsBackedBy lists the loop devices whose backing file is the block
+// device d.
+func loopsBackedBy(d Dev) []string {
+	dirs, _ := filepath.Glob("/sys/block/loop*")
+	var out []string
+	for _, p := range dirs {
+		if bd, ok := LoopBacking(filepath.Base(p)); ok && bd == d {
+			out = append(out, filepath.Base(p))
+		}
+	}
+	return out
+}
+
+// LoopBacking returns the block device a loop device is backed by, from the
+// path the loop driver records in sysfs; ok is false for file-backed or
+// unbound loop devices and for anything else.
+func LoopBacking(name string) (Dev, bool) {
+	b, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	if err != nil {
+		return Dev{}, false
+	}
+	back := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+	d, err := Stat(back)
+	return d, err == nil
+}
+
+// ErrBusy means another user has the device open exclusively.
+var ErrBusy = errors.New("open exclusively by another user (a mount, possibly in another mount namespace, or a device-mapper, md or bcache device)")
+
+// CheckExclusive opens path with O_EXCL and closes it again. The kernel
+// refuses it while a filesystem is mounted from the device in any mount
+// namespace, or while a stacked device claims it, which /proc/self/mountinfo
+// and sysfs holders cannot see. Only call it right before a write or a
+// detach: the short claim could make a concurrent mount fail.
+func CheckExclusive(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EBUSY) {
+		return ErrBusy
+	}
+	if err != nil {
+		return fmt.Errorf("opening %s exclusively: %w", path, err)
+	}
+	return unix.Close(fd)
 }
 
 // Geometry reads size and logical sector size of an open block device.

@@ -30,6 +30,9 @@ const (
 	StateOrphan     = "orphan"     // storage that is ours, but no state
 	StateIncomplete = "incomplete" // a prepare started and did not finish
 	StateAbsent     = "absent"     // nothing at all
+	// StateDamaged: we wrote the volume, and its signature is gone. It is
+	// never written again; the message says how to recover it.
+	StateDamaged = "damaged"
 )
 
 // Engine works under one state dir.

@@ -12,6 +12,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
@@ -87,10 +88,14 @@ func (e *Engine) inspect(s *spec.Spec, rec *nodestate.Record) *Result {
 func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result) {
 	file := e.State.SparseFile(s.UUID)
 	res.BackingFile = file
-	st, err := os.Stat(file)
+	st, err := os.Lstat(file)
 	exists := err == nil
 	if exists {
 		res.Size = st.Size()
+	}
+	damaged := false
+	if exists && rec != nil && rec.Formatted() {
+		damaged = !e.sparseCarries(s)
 	}
 	var devs []loopdev.Device
 	if exists {
@@ -116,6 +121,9 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 	case !exists:
 		res.State = StateMissing
 		res.Error = file + " is gone"
+	case damaged:
+		res.State = StateDamaged
+		res.Error = file + " no longer carries the volume's " + expectedSignature(s) + ": " + recovery(s, file)
 	case len(devs) == 0:
 		res.State = StateDetached
 	default:
@@ -139,10 +147,25 @@ func resolveLink(link string) string {
 	return filepath.Base(p)
 }
 
-func (e *Engine) inspectRaw(s *spec.Spec, rec *nodestate.Record, res *Result) {
-	name, err := e.findRaw(s, false)
+// sparseCarries reads the volume's signature from its sparse file.
+func (e *Engine) sparseCarries(s *spec.Spec) bool {
+	f, err := e.State.OpenSparse(s.UUID, os.O_RDONLY)
 	if err != nil {
-		res.Error = err.Error()
+		return false
+	}
+	defer f.Close()
+	r, err := probe.Device(f, s.SizeBytes, 512)
+	return err == nil && ours(s, r)
+}
+
+func (e *Engine) inspectRaw(s *spec.Spec, rec *nodestate.Record, res *Result) {
+	var name string
+	if rec != nil {
+		name = e.locateRaw(rec, false)
+	} else {
+		// No record: a device carrying the UUID is reported as an orphan,
+		// and never acted upon.
+		name, _ = e.findRaw(s, false)
 	}
 	if name != "" {
 		res.DeviceName, res.DevicePath = name, "/dev/"+name
@@ -155,15 +178,33 @@ func (e *Engine) inspectRaw(s *spec.Spec, rec *nodestate.Record, res *Result) {
 		res.State = StateOrphan
 	case rec.Phase != nodestate.PhasePrepared:
 		res.State = StateIncomplete
+	case name == "" && e.recordedDeviceDamaged(rec):
+		res.State = StateDamaged
+		res.DeviceName, res.DevicePath = rec.Device, "/dev/"+rec.Device
+		res.Error = "/dev/" + rec.Device + " no longer carries the volume's " + expectedSignature(s) + ": " + recovery(s, "/dev/"+rec.Device)
 	case name == "":
 		res.State = StateMissing
-		if res.Error == "" {
-			res.Error = "no device on this node carries the volume " + s.UUID
-		}
+		res.Error = "no device on this node carries the volume " + s.UUID
 	default:
 		res.State = StatePrepared
 		e.checkLink(s, res)
 	}
+}
+
+// recordedDeviceDamaged: the device the record names is still there, the
+// same size, but without the signature we wrote on it (rather than with it,
+// waiting for restore to tell the kernel about its partition).
+func (e *Engine) recordedDeviceDamaged(rec *nodestate.Record) bool {
+	d, ok := parseDev(rec.DeviceNum)
+	if !ok || !rec.Formatted() {
+		return false
+	}
+	n, err := blockdev.Name(d)
+	if err != nil {
+		return false
+	}
+	size, err := blockdev.SizeOf(n)
+	return err == nil && (rec.DeviceSize == 0 || size == rec.DeviceSize) && !e.recordMatches(rec, n)
 }
 
 // findRaw returns the kernel name of the device that is the volume: the

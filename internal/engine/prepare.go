@@ -12,9 +12,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
-	"github.com/salt-volumes/salt-volumes/internal/mkfs"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
-	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"golang.org/x/sys/unix"
 )
@@ -46,13 +44,7 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 		return nil, err
 	}
 	defer lock.Unlock()
-	if raw != nil {
-		// Every refusal must come before the first write, state included.
-		if err := e.checkRaw(s, raw); err != nil {
-			return nil, err
-		}
-	}
-	rec, err := e.record(o, raw)
+	rec, err := e.admit(ctx, o, raw)
 	if err != nil {
 		return nil, err
 	}
@@ -111,10 +103,10 @@ func (e *Engine) checkCapacity(s *spec.Spec) (string, error) {
 	return "", nil
 }
 
-// record loads or creates the volume's node state, refusing specs that
-// clash with what this node already holds. The global lock makes the name
-// and device checks atomic with the write.
-func (e *Engine) record(o *op, raw *rawDevice) (*nodestate.Record, error) {
+// admit makes every refusal before the first write (the record included)
+// and returns the volume's record, creating it if needed. The global lock
+// makes the name, device and UUID checks atomic with the write.
+func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.Record, error) {
 	s := o.s
 	g, err := e.State.Lock("global")
 	if err != nil {
@@ -133,18 +125,42 @@ func (e *Engine) record(o *op, raw *rawDevice) (*nodestate.Record, error) {
 		case r.Spec.Name == s.Name:
 			return nil, refused("name_conflict", "name: volume %q already exists on this node with uuid %s: choose another name or delete that volume first", s.Name, r.Spec.UUID)
 		case raw != nil && r.Spec.RawBlockDevice != nil && r.DeviceNum == raw.dev.String():
-			return nil, refused("device_conflict", "rawBlockDevice.devicePath: %s is already used by volume %q (%s)", s.RawBlockDevice.DevicePath, r.Spec.Name, r.Spec.UUID)
+			return nil, refused("device_conflict", "%s: %s is already used by volume %q (%s)", devicePathField, s.RawBlockDevice.DevicePath, r.Spec.Name, r.Spec.UUID)
 		}
 	}
 	if rec != nil {
 		if same, why := s.SameVolume(rec.Spec); !same {
 			return nil, refused("conflict", "volume %s is already on this node with a different spec (%s): delete it first, or use a new uuid", s.UUID, why)
 		}
+	}
+	mine := map[string]bool{}
+	if rec != nil {
+		for _, n := range e.devicesOf(rec) {
+			mine[n] = true
+		}
+	}
+	if err := decideUUID(s, carriersOf(s), mine); err != nil {
+		return nil, err
+	}
+	held := e.holdings(all, s.UUID)
+	if raw != nil {
+		if err := e.admitRaw(ctx, s, rec, raw, held); err != nil {
+			return nil, err
+		}
+	} else if rec == nil {
+		// A sparse file that no record claims is an orphan: not ours to reuse.
+		if _, err := os.Lstat(e.State.SparseFile(s.UUID)); err == nil {
+			return nil, refused("orphan", "uuid: %s already exists but no record claims it (an orphan, see salt-volume-exec list): move it away or use another uuid", e.State.SparseFile(s.UUID))
+		}
+	}
+	if rec != nil {
 		return rec, nil
 	}
 	rec = &nodestate.Record{Spec: s, Phase: nodestate.PhasePreparing}
 	if raw != nil {
-		rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
+		if err := describeRaw(rec, raw); err != nil {
+			return nil, err
+		}
 	}
 	if err := e.State.Save(rec); err != nil {
 		return nil, failed("state", err, "saving state of %s", s.Name)
@@ -154,63 +170,43 @@ func (e *Engine) record(o *op, raw *rawDevice) (*nodestate.Record, error) {
 	return rec, nil
 }
 
-func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
-	s := o.s
-	file := e.State.SparseFile(s.UUID)
-	res.BackingFile = file
-
-	created, err := ensureSparseFile(file, s.SizeBytes)
+// admitRaw checks a raw device: a volume we wrote must still be on the
+// device the record names; a device we have not written yet must be
+// blank, unused, whole and nobody else's volume.
+func (e *Engine) admitRaw(ctx context.Context, s *spec.Spec, rec *nodestate.Record, raw *rawDevice, held map[string]string) error {
+	size, err := blockdev.SizeOf(raw.name)
+	if err != nil {
+		return failed("sysfs", err, "reading the size of %s", raw.name)
+	}
+	if err := s.CheckDeviceSize(size); err != nil {
+		return err
+	}
+	if hb := heldBy(raw, held); hb != "" {
+		return decideTarget(targetFacts{Path: raw.path, HeldBy: hb})
+	}
+	if rec != nil && e.recordMatches(rec, raw.name) {
+		return nil // already this volume (or our own unfinished write): prepare re-links it
+	}
+	if rec != nil && rec.Formatted() {
+		if rec.DeviceNum != "" && rec.DeviceNum != raw.dev.String() {
+			return refused("device_changed", "%s: %s now points at %s, not the device %s this volume was prepared on, and %s does not carry the volume",
+				devicePathField, raw.path, raw.name, rec.Device, raw.name)
+		}
+		r, _, _, err := openProbe("/dev/" + raw.name)
+		if err != nil {
+			return failed("probe", err, "reading %s", raw.path)
+		}
+		_, err = decideContent(s, contentFacts{Where: raw.path, Found: r, Formatted: true})
+		return err
+	}
+	if err := checkPartitionTable(s, raw); err != nil {
+		return err
+	}
+	f, err := gatherTarget(ctx, raw, "")
 	if err != nil {
 		return err
 	}
-	if created {
-		o.changed = true
-		o.step("file-created", "path", file)
-	}
-
-	// Format (or partition) the file before attaching it, so that udev, where
-	// it runs, sees the final signature on the loop device's first event.
-	r, _, _, err := openProbe(file)
-	if err != nil {
-		return failed("probe", err, "reading %s", file)
-	}
-	if !ours(s, r) {
-		if !r.Empty() && rec.Phase == nodestate.PhasePrepared {
-			return refused("foreign_data", "%s holds %s, not this volume's signature; refusing to overwrite a prepared volume", file, r)
-		}
-		// The file is ours (state says we were preparing it); whatever a
-		// crashed run left in it is not anyone's data.
-		if s.Mode == spec.ModeFilesystem {
-			if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, file); err != nil {
-				return failed("mkfs", err, "formatting %s", file)
-			}
-			o.changed = true
-			o.step("formatted", "fsType", s.FSType)
-		} else {
-			if err := writeGPT(file, s); err != nil {
-				return err
-			}
-			o.changed = true
-			o.step("partitioned")
-		}
-	}
-
-	devs, err := loopdev.Find(file)
-	if err != nil {
-		return failed("loop", err, "looking for the loop device of %s", file)
-	}
-	var dev loopdev.Device
-	if len(devs) > 0 {
-		dev = devs[0]
-	} else {
-		if dev, err = loopdev.Attach(ctx, file); err != nil {
-			return failed("attach", err, "attaching %s", file)
-		}
-		o.changed = true
-		o.step("attached", "device", dev.Path)
-	}
-	res.DeviceName, res.DevicePath = dev.Name, dev.Path
-	return e.finishDevice(ctx, o, dev.Name, res)
+	return decideTarget(f)
 }
 
 // finishDevice makes the partition node (Block mode) and the persistent link
@@ -257,6 +253,9 @@ func (e *Engine) linkDevice(ctx context.Context, o *op, name string, res *Result
 
 	link := o.s.PersistentPath()
 	if devlinks.Resolve(link) != name {
+		if l := gatherLink(o.s, link); !linkIsOurs(l, name) {
+			return refused("link_conflict", "%s names /dev/%s, which carries uuid %s too and is not this volume's device: not replacing it", link, l.Target, o.s.UUID)
+		}
 		if err := devlinks.Ensure(ctx, link, name, e.UdevWait); err != nil {
 			return failed("link", err, "creating %s", link)
 		}
@@ -295,248 +294,4 @@ func sectorSize(name string) int {
 		return 512
 	}
 	return n
-}
-
-// ensureSparseFile creates the file at its exact size. A zero-length file is
-// what a crash between create and truncate leaves behind.
-func ensureSparseFile(file string, size int64) (bool, error) {
-	f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return false, failed("file", err, "creating %s", file)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return false, failed("file", err, "reading %s", file)
-	}
-	switch st.Size() {
-	case size:
-		return false, nil
-	case 0:
-		if err := f.Truncate(size); err != nil {
-			return false, failed("file", err, "sizing %s", file)
-		}
-		if err := f.Sync(); err != nil {
-			return false, failed("file", err, "syncing %s", file)
-		}
-		return true, nil
-	}
-	return false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes; resizing is not supported", file, st.Size(), size)
-}
-
-func writeGPT(path string, s *spec.Spec) error {
-	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return failed("gpt", err, "opening %s", path)
-	}
-	defer f.Close()
-	size, ss, err := geometry(f)
-	if err != nil {
-		return failed("gpt", err, "reading the size of %s", path)
-	}
-	if _, _, err := gpt.Create(f, size, ss, s.UUID, s.Name); err != nil {
-		return failed("gpt", err, "writing the GPT of %s", path)
-	}
-	return nil
-}
-
-// rawDevice is a resolved rawBlockDevice.devicePath.
-type rawDevice struct {
-	path string // as given
-	real string // symlinks resolved
-	name string // kernel name
-	dev  blockdev.Dev
-	// held is set by checkRaw: the device already carries this volume.
-	held bool
-}
-
-func resolveRaw(p string) (*rawDevice, error) {
-	const field = "rawBlockDevice.devicePath"
-	real, err := filepath.EvalSymlinks(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, invalid("device_not_found", "%s: %s does not exist on this node: check the path (ls -l /dev/disk/by-id) and the node", field, p)
-	}
-	if err != nil {
-		return nil, failed("device", err, "resolving %s", p)
-	}
-	if !strings.HasPrefix(real, "/dev/") {
-		return nil, refused("symlink_escape", "%s: %s resolves to %s, outside /dev: refusing to treat it as a device", field, p, real)
-	}
-	d, err := blockdev.Stat(real)
-	if errors.Is(err, blockdev.ErrNotBlock) {
-		return nil, refused("not_block_device", "%s: %s is not a block device", field, p)
-	}
-	if err != nil {
-		return nil, failed("device", err, "reading %s", p)
-	}
-	name, err := blockdev.Name(d)
-	if err != nil {
-		return nil, failed("device", err, "finding the kernel name of %s", p)
-	}
-	return &rawDevice{path: p, real: real, name: name, dev: d}, nil
-}
-
-// checkRaw refuses, before anything is written, a raw device that is not
-// already this volume and is not blank, unused and whole.
-func (e *Engine) checkRaw(s *spec.Spec, raw *rawDevice) error {
-	const field = "rawBlockDevice.devicePath"
-	size, err := blockdev.SizeOf(raw.name)
-	if err != nil {
-		return failed("sysfs", err, "reading the size of %s", raw.name)
-	}
-	if err := s.CheckDeviceSize(size); err != nil {
-		return err
-	}
-	if raw.held = holdsVolume(s, raw.name); raw.held {
-		return nil // already this volume: prepare only re-links it
-	}
-	rec, err := e.State.Load(s.UUID)
-	if err != nil {
-		return failed("state", err, "reading state of %s", s.Name)
-	}
-	if rec != nil && rec.Phase == nodestate.PhasePrepared && rec.DeviceNum != "" && rec.DeviceNum != raw.dev.String() {
-		return refused("device_changed", "%s: %s now points at %s, not the device %s this volume was prepared on, and %s does not carry the volume",
-			field, raw.path, raw.name, rec.Device, raw.name)
-	}
-	part, isPart, err := blockdev.Partition(raw.name)
-	if err != nil {
-		return failed("sysfs", err, "reading %s", raw.name)
-	}
-	if s.Mode == spec.ModeBlock && isPart {
-		parentPath, err := blockdev.EnsureNode(part.Parent)
-		if err != nil {
-			return failed("node", err, "making /dev/%s", part.Parent)
-		}
-		pr, _, ss, err := openProbe(parentPath)
-		if err != nil {
-			return failed("probe", err, "reading %s", parentPath)
-		}
-		if pr.Kind != "gpt" || pr.GPT == nil {
-			return invalid("not_gpt", "%s: %s is a partition of %s, which has a %s, not a GPT: Block mode needs a GPT partition (or give the whole disk)", field, raw.path, parentPath, pr)
-		}
-		if pr.GPT.FromBackup {
-			return refused("gpt_damaged", "%s: the primary GPT of %s is damaged: repair it (sgdisk -e / gdisk) first", field, parentPath)
-		}
-		entry, ok := pr.GPT.Partition(part.Number)
-		if !ok || entry.Start(ss) != part.Start || entry.Size(ss) != part.Size {
-			return refused("table_mismatch", "%s: the GPT of %s does not match the kernel's view of partition %d (%s): re-read the partition table first", field, parentPath, part.Number, raw.name)
-		}
-	}
-	r, _, _, err := openProbe("/dev/" + raw.name)
-	if err != nil {
-		return failed("probe", err, "reading %s", raw.path)
-	}
-	return refuseUnsafe(raw, r)
-}
-
-func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, res *Result) error {
-	s := o.s
-	part, isPart, err := blockdev.Partition(raw.name)
-	if err != nil {
-		return failed("sysfs", err, "reading %s", raw.name)
-	}
-	if s.Mode == spec.ModeBlock && isPart {
-		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
-	}
-	if !raw.held {
-		target := "/dev/" + raw.name
-		if s.Mode == spec.ModeFilesystem {
-			if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, target); err != nil {
-				return failed("mkfs", err, "formatting %s", raw.path)
-			}
-			o.changed = true
-			o.step("formatted", "fsType", s.FSType, "device", target)
-		} else {
-			// O_EXCL fails if anything claimed the disk since checkRaw.
-			f, err := os.OpenFile(target, os.O_RDWR|os.O_EXCL|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return refused("device_busy", "opening %s exclusively: %v", raw.path, err)
-			}
-			sz, ss, err := geometry(f)
-			if err == nil {
-				_, _, err = gpt.Create(f, sz, ss, s.UUID, s.Name)
-			}
-			f.Close()
-			if err != nil {
-				return failed("gpt", err, "writing the GPT of %s", raw.path)
-			}
-			o.changed = true
-			o.step("partitioned", "device", target)
-		}
-	}
-	if err := e.rememberDevice(rec, raw); err != nil {
-		return err
-	}
-	return e.finishDevice(ctx, o, raw.name, res)
-}
-
-// holdsVolume reads the device's own signature: a GPT we wrote counts even
-// before the kernel knows its partition (a prepare killed right after
-// writing it).
-func holdsVolume(s *spec.Spec, name string) bool {
-	if _, isPart, _ := blockdev.Partition(name); isPart && s.Mode == spec.ModeBlock {
-		return carries(s, name, false) != ""
-	}
-	r, _, _, err := openProbe("/dev/" + name)
-	return err == nil && ours(s, r)
-}
-
-// rememberDevice records which device the volume is on, to notice a path
-// that later names another one.
-func (e *Engine) rememberDevice(rec *nodestate.Record, raw *rawDevice) error {
-	if rec.DeviceNum == raw.dev.String() && rec.Device == raw.name {
-		return nil
-	}
-	rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
-	if err := e.State.Save(rec); err != nil {
-		return failed("state", err, "saving state of %s", rec.Spec.Name)
-	}
-	return nil
-}
-
-// refuseUnsafe protects data: a raw device must be blank, unused and not
-// carved up before we write anything.
-func refuseUnsafe(raw *rawDevice, r probe.Result) error {
-	const field = "rawBlockDevice.devicePath"
-	u, err := blockdev.UsageOf(raw.name)
-	if err != nil {
-		return failed("usage", err, "checking whether %s is in use", raw.path)
-	}
-	if u.InUse() {
-		return refused("in_use", "%s: %s is %s: refusing to touch it", field, raw.path, u)
-	}
-	if !r.Empty() {
-		return refused("foreign_data", "%s: %s holds a %s that is not this volume's: refusing to overwrite it (wipe it yourself if it is really unused, e.g. wipefs -a %s)", field, raw.path, r, raw.path)
-	}
-	if kids, _ := blockdev.Children(raw.name); len(kids) > 0 {
-		return refused("foreign_data", "%s: %s has partitions (%s): refusing to overwrite them", field, raw.path, strings.Join(kids, ", "))
-	}
-	return nil
-}
-
-// preparePartitionGUID stamps the volume UUID as the unique GUID of an
-// existing GPT partition, changing nothing else on the disk.
-func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, part blockdev.PartitionInfo, res *Result) error {
-	s := o.s
-	if !raw.held {
-		parentPath := "/dev/" + part.Parent
-		f, err := os.OpenFile(parentPath, os.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return failed("gpt", err, "opening %s", parentPath)
-		}
-		size, ss, err := geometry(f)
-		if err == nil {
-			err = gpt.SetPartitionGUID(f, size, ss, part.Number, s.UUID)
-		}
-		f.Close()
-		if err != nil {
-			return failed("gpt", err, "setting the GUID of partition %d of %s", part.Number, parentPath)
-		}
-		o.changed = true
-		o.step("guid-set", "device", raw.name)
-	}
-	if err := e.rememberDevice(rec, raw); err != nil {
-		return err
-	}
-	return e.linkDevice(ctx, o, raw.name, res)
 }

@@ -58,6 +58,8 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 	o := &op{e: e, s: s}
 	res := e.inspect(s, rec)
 	switch res.State {
+	case StateDamaged:
+		return res
 	case StateIncomplete:
 		// Finishing a half-done prepare is prepare's job, with its checks.
 		res.Warnings = append(res.Warnings, "a prepare of this volume did not finish: run prepare again")
@@ -68,7 +70,7 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 		}
 		// A Block volume whose table is there but whose partition the kernel
 		// never learned of (no GPT parser) is found and added here.
-		name, _ := e.findRaw(s, true)
+		name := e.locateRaw(rec, true)
 		if name == "" {
 			return res
 		}
@@ -78,7 +80,7 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 	if s.SparseLoopDevice != nil {
 		err2 = e.restoreSparse(ctx, o, res)
 	} else {
-		err2 = e.restoreRaw(ctx, o, res)
+		err2 = e.restoreRaw(ctx, o, rec, res)
 	}
 	if err2 != nil {
 		res.Error = AsError(err2).Message
@@ -108,10 +110,10 @@ func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
 	return e.finishDevice(ctx, o, dev.Name, res)
 }
 
-func (e *Engine) restoreRaw(ctx context.Context, o *op, res *Result) error {
-	name, err := e.findRaw(o.s, true)
-	if err != nil || name == "" {
-		return failed("device", err, "no device on this node carries volume %s", o.s.UUID)
+func (e *Engine) restoreRaw(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
+	name := e.locateRaw(rec, true)
+	if name == "" {
+		return failed("device", nil, "no device on this node matches the record of volume %s", o.s.UUID)
 	}
 	// findRaw returned the device that is the volume (the partition in
 	// Block mode, added to the kernel if it was missing): link it.

@@ -10,6 +10,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"golang.org/x/sys/unix"
@@ -17,13 +18,15 @@ import (
 
 // UnprepareOptions tune removal.
 type UnprepareOptions struct {
-	// Wipe erases the signatures that carry this volume's UUID on a raw
-	// device (its filesystem superblock, its GPT, or its partition GUID).
+	// Wipe erases the signatures we wrote on a raw device (its filesystem
+	// superblock, its GPT, or its partition GUID).
 	Wipe bool
 }
 
 // Unprepare removes the volume from this node. Sparse volumes lose their
 // loop device and file; raw volumes keep their data unless Wipe is set.
+// Only what the volume's record names is touched: without a record, a UUID
+// in a spec proves nothing, and nothing is done.
 func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOptions) (*Result, error) {
 	res := baseResult(s)
 	o := &op{e: e, s: s}
@@ -36,29 +39,47 @@ func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOpti
 	if err != nil {
 		return nil, failed("state", err, "reading state of %s", s.Name)
 	}
-	if rec != nil {
-		if same, why := s.SameVolume(rec.Spec); !same {
-			return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
-		}
+	res.State = StateAbsent
+	if rec == nil {
+		res.Warnings = append(res.Warnings, "no record of volume "+s.UUID+" on this node: nothing was touched (only what prepare recorded is ever removed)")
+		return res, nil
+	}
+	if same, why := s.SameVolume(rec.Spec); !same {
+		return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
 	}
 	if s.SparseLoopDevice != nil {
 		err = e.unprepareSparse(ctx, o, res)
 	} else {
-		err = e.unprepareRaw(ctx, o, opts, res)
+		err = e.unprepareRaw(ctx, o, rec, opts, res)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if rec != nil {
-		if err := e.State.Remove(s.UUID); err != nil {
-			return nil, failed("state", err, "removing state of %s", s.Name)
-		}
-		o.changed = true
-		o.step("forgotten")
+	if err := e.State.Remove(s.UUID); err != nil {
+		return nil, failed("state", err, "removing state of %s", s.Name)
 	}
-	res.State = StateAbsent
+	o.changed = true
+	o.step("forgotten")
 	res.Changed = o.changed
 	return res, nil
+}
+
+// refuseInUse checks a device right before we detach or wipe it: mounts
+// and holders we can see, loop devices stacked on it, and an exclusive
+// open for what we cannot see (a mount in another mount namespace).
+func (e *Engine) refuseInUse(s *spec.Spec, name string, res *Result) error {
+	u, err := e.usage(name, res)
+	if err != nil {
+		return err
+	}
+	if u.InUse() {
+		return refused("in_use", "volume %s: /dev/%s is %s: unmount it (and stop what holds it) before deleting the volume", s.Name, name, u)
+	}
+	if err := blockdev.CheckExclusive("/dev/" + name); err != nil {
+		res.InUse = true
+		return refused("in_use", "volume %s: /dev/%s is %v: unmount it (and stop what holds it) before deleting the volume", s.Name, name, err)
+	}
+	return nil
 }
 
 func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error {
@@ -66,25 +87,24 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 	file := e.State.SparseFile(s.UUID)
 	res.BackingFile = file
 	var devs []loopdev.Device
-	if _, err := os.Stat(file); err == nil {
+	if _, err := os.Lstat(file); err == nil {
+		f, err := e.State.OpenSparse(s.UUID, os.O_RDONLY)
+		if err != nil {
+			return refused("sparse_file", "%v", err)
+		}
+		f.Close()
 		if devs, err = loopdev.Find(file); err != nil {
 			return failed("loop", err, "looking for the loop device of %s", file)
 		}
 	}
 	// Check every device before touching any, so a refusal changes nothing.
 	for _, d := range devs {
-		u, err := e.usage(d.Name, res)
-		if err != nil {
+		if err := e.refuseInUse(s, d.Name, res); err != nil {
+			res.DeviceName, res.DevicePath = d.Name, d.Path
 			return err
 		}
-		if u.InUse() {
-			res.DeviceName, res.DevicePath = d.Name, d.Path
-			return refused("in_use", "volume %s: %s is %s: unmount it (and stop what holds it) before deleting the volume", s.Name, d.Path, u)
-		}
 	}
-	if err := e.removeLink(o); err != nil {
-		return err
-	}
+	// Detach before unlinking: the link goes only once the device is gone.
 	for _, d := range devs {
 		res.DeviceName, res.DevicePath = d.Name, d.Path
 		if s.Mode == spec.ModeBlock {
@@ -98,6 +118,9 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 		o.changed = true
 		o.step("detached", "device", d.Path)
 	}
+	if err := e.removeLink(o, ""); err != nil {
+		return err
+	}
 	if err := os.Remove(file); err == nil {
 		o.changed = true
 		o.step("file-removed", "path", file)
@@ -107,9 +130,15 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 	return nil
 }
 
-func (e *Engine) removeLink(o *op) error {
+// removeLink deletes the persistent link if it is ours: it names our
+// device, dangles, or names a device that does not carry the UUID.
+func (e *Engine) removeLink(o *op, device string) error {
 	link := o.s.PersistentPath()
 	if _, err := os.Lstat(link); err != nil {
+		return nil
+	}
+	if l := gatherLink(o.s, link); !linkIsOurs(l, device) {
+		o.e.Log.Warn("leaving a link that names another device", "link", link, "device", l.Target)
 		return nil
 	}
 	if err := devlinks.Remove(link); err != nil {
@@ -120,55 +149,49 @@ func (e *Engine) removeLink(o *op) error {
 	return nil
 }
 
-func (e *Engine) unprepareRaw(ctx context.Context, o *op, opts UnprepareOptions, res *Result) error {
+func (e *Engine) unprepareRaw(ctx context.Context, o *op, rec *nodestate.Record, opts UnprepareOptions, res *Result) error {
 	s := o.s
 	// With --wipe, a table whose partition the kernel lost (a reboot
 	// without restore) must still be found and wiped.
-	name, err := e.findRaw(s, opts.Wipe)
-	if err != nil {
-		return failed("device", err, "looking for the device of %s", s.Name)
-	}
+	name := e.locateRaw(rec, opts.Wipe)
 	if name == "" && opts.Wipe {
-		res.Warnings = append(res.Warnings, "no device on this node carries volume "+s.UUID+": nothing to wipe")
+		res.Warnings = append(res.Warnings, "no device on this node matches the record of volume "+s.UUID+": nothing to wipe")
 	}
 	if name != "" {
 		res.DeviceName, res.DevicePath = name, "/dev/"+name
-		disk := name
-		if s.Mode == spec.ModeBlock {
-			if p, isPart, _ := blockdev.Partition(name); isPart {
-				disk = p.Parent
-			}
-		}
-		u, err := e.usage(name, res)
-		if err != nil {
+		if err := e.refuseInUse(s, name, res); err != nil {
 			return err
 		}
-		if u.InUse() {
-			return refused("in_use", "volume %s: %s is %s: unmount it (and stop what holds it) before deleting the volume", s.Name, res.DevicePath, u)
-		}
 		if opts.Wipe {
-			if err := e.wipe(o, name, disk); err != nil {
+			if err := e.wipe(o, rec, name); err != nil {
 				return err
 			}
 		}
 	}
-	return e.removeLink(o)
+	return e.removeLink(o, name)
 }
 
-// wipe erases only what carries this volume's UUID, re-checking it right
-// before writing.
-func (e *Engine) wipe(o *op, name, disk string) error {
+// wipe erases only what we wrote, re-checking it right before writing.
+func (e *Engine) wipe(o *op, rec *nodestate.Record, name string) error {
 	s := o.s
+	disk := name
+	var part blockdev.PartitionInfo
+	if s.Mode == spec.ModeBlock {
+		p, isPart, err := blockdev.Partition(name)
+		if err != nil || !isPart {
+			return failed("wipe", err, "reading partition %s", name)
+		}
+		part, disk = p, p.Parent
+	}
+	// A superblock is wiped through an exclusive open of the device; a
+	// table through the disk (whose other partitions may be mounted).
+	flags := os.O_RDWR | unix.O_CLOEXEC
 	if s.Mode == spec.ModeFilesystem {
-		return e.wipeFilesystem(o, name)
+		flags |= os.O_EXCL
 	}
-	p, isPart, err := blockdev.Partition(name)
-	if err != nil || !isPart {
-		return failed("wipe", err, "reading partition %s", name)
-	}
-	f, err := os.OpenFile("/dev/"+disk, os.O_RDWR|unix.O_CLOEXEC, 0)
+	f, err := os.OpenFile("/dev/"+disk, flags, 0)
 	if err != nil {
-		return failed("wipe", err, "opening /dev/%s", disk)
+		return refused("in_use", "opening /dev/%s to wipe it: %v", disk, err)
 	}
 	defer f.Close()
 	size, ss, err := geometry(f)
@@ -176,63 +199,65 @@ func (e *Engine) wipe(o *op, name, disk string) error {
 		return failed("wipe", err, "reading /dev/%s", disk)
 	}
 	r, err := probe.Device(f, size, ss)
-	if err != nil || r.GPT == nil {
-		return failed("wipe", err, "reading the GPT of /dev/%s", disk)
+	if err != nil {
+		return failed("wipe", err, "reading /dev/%s", disk)
 	}
-	ent, ok := r.GPT.Partition(p.Number)
-	if !ok || ent.GUID != s.UUID {
-		return refused("foreign_data", "partition %d of /dev/%s no longer carries volume %s: not wiping", p.Number, disk, s.UUID)
+	w := wipeFacts{Written: recordedWrite(rec, s.Mode == spec.ModeBlock && part.Parent != "" && rec.PartNumber != 0)}
+	if s.Mode == spec.ModeFilesystem {
+		w.Ours = ours(s, r)
+	} else if r.GPT != nil {
+		ent, ok := r.GPT.Partition(part.Number)
+		w.Ours = ok && ent.GUID == s.UUID
+		start, length, _ := gpt.Extent(size, ss)
+		w.OurLayout = len(r.GPT.Entries) == 1 && ok && ent.Start(ss) == start && ent.Size(ss) == length
+		w.DiskGUID, w.RecordedDiskGUID = r.GPT.DiskGUID, rec.DiskGUID
 	}
-	// A one-partition table laid out exactly as gpt.Create lays it out is
-	// the one we wrote on a whole disk (the name may have changed since).
-	start, length, _ := gpt.Extent(size, ss)
-	if len(r.GPT.Entries) == 1 && ent.Start(ss) == start && ent.Size(ss) == length {
-		// We wrote this whole table: take it away, and the kernel's partition.
+	act, err := decideWipe(s, "/dev/"+disk, w)
+	if err != nil {
+		return err
+	}
+	switch act {
+	case wipeSuperblock:
+		// The primary superblock is all blkid and mkfs look at.
+		off, n := int64(1024), 1024 // ext2/3/4
+		if r.Kind == "xfs" {
+			off, n = 0, 512
+		}
+		if _, err := f.WriteAt(make([]byte, n), off); err != nil {
+			return failed("wipe", err, "erasing the superblock of /dev/%s", name)
+		}
+		if err := f.Sync(); err != nil {
+			return failed("wipe", err, "syncing /dev/%s", name)
+		}
+		o.step("wiped", "device", name, "what", r.Kind)
+	case wipeTable:
 		if err := gpt.Wipe(f, size, ss); err != nil {
 			return failed("wipe", err, "erasing the GPT of /dev/%s", disk)
 		}
 		_ = loopdev.RemovePartition(disk, 1)
-		o.changed = true
 		o.step("wiped", "device", disk, "what", "gpt")
-		return nil
-	}
-	// A partition of someone's disk: the other partitions stay; only the
-	// GUID that names this volume goes.
-	if err := gpt.SetPartitionGUID(f, size, ss, p.Number, uuid.NewString()); err != nil {
-		return failed("wipe", err, "resetting the GUID of partition %d of /dev/%s", p.Number, disk)
+	case resetGUID:
+		// The partition gets back the GUID it had before it became a volume;
+		// the table and the other partitions stay as they are.
+		guid := rec.OldGUID
+		if guid == "" || guid == s.UUID {
+			guid = uuid.NewString()
+		}
+		if err := gpt.SetPartitionGUID(f, size, ss, part.Number, guid); err != nil {
+			return failed("wipe", err, "resetting the GUID of partition %d of /dev/%s", part.Number, disk)
+		}
+		o.step("wiped", "device", name, "what", "partition-guid")
 	}
 	o.changed = true
-	o.step("wiped", "device", name, "what", "partition-guid")
 	return nil
 }
 
-func (e *Engine) wipeFilesystem(o *op, name string) error {
-	s := o.s
-	f, err := os.OpenFile("/dev/"+name, os.O_RDWR|os.O_EXCL|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return refused("device_busy", "opening /dev/%s exclusively to wipe it: %v", name, err)
+// recordedWrite is what the record says we wrote. A record without it is
+// from an older version, or from a prepare killed before saving it; either
+// way the device was blank when recorded, so our signature on it is ours.
+func recordedWrite(rec *nodestate.Record, partition bool) string {
+	if rec.Written != "" {
+		return rec.Written
 	}
-	defer f.Close()
-	size, ss, err := geometry(f)
-	if err != nil {
-		return failed("wipe", err, "reading /dev/%s", name)
-	}
-	r, err := probe.Device(f, size, ss)
-	if err != nil || !ours(s, r) {
-		return refused("foreign_data", "/dev/%s no longer carries volume %s: not wiping", name, s.UUID)
-	}
-	// The primary superblock is all blkid and mkfs look at.
-	off, n := int64(1024), 1024 // ext2/3/4
-	if r.Kind == "xfs" {
-		off, n = 0, 512
-	}
-	if _, err := f.WriteAt(make([]byte, n), off); err != nil {
-		return failed("wipe", err, "erasing the superblock of /dev/%s", name)
-	}
-	if err := f.Sync(); err != nil {
-		return failed("wipe", err, "syncing /dev/%s", name)
-	}
-	o.changed = true
-	o.step("wiped", "device", name, "what", r.Kind)
-	return nil
+	return written(rec.Spec, partition)
 }

@@ -37,7 +37,7 @@ func Attach(ctx context.Context, backing string) (Device, error) {
 	if err != nil {
 		return Device{}, err
 	}
-	back, err := os.OpenFile(abs, os.O_RDWR|unix.O_CLOEXEC, 0)
+	back, err := os.OpenFile(abs, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return Device{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -33,10 +34,31 @@ type Record struct {
 	Phase     string `json:"phase"`
 	// Device is the raw device's kernel name and number when prepared, to
 	// notice a path that now points elsewhere.
-	Device    string    `json:"device,omitempty"`
-	DeviceNum string    `json:"deviceNum,omitempty"`
-	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"`
+	Device    string `json:"device,omitempty"`
+	DeviceNum string `json:"deviceNum,omitempty"`
+	// DeviceSize is the raw device's size: with what we wrote, it tells our
+	// device from another one that a caller gave the same UUID.
+	DeviceSize int64 `json:"deviceSize,omitempty"`
+	// Written says what we wrote once the write finished (ext4, xfs, gpt,
+	// or guid for a partition whose GUID we set). A volume we wrote is
+	// never written again: a damaged signature is reported, not replaced.
+	Written string `json:"written,omitempty"`
+	// DiskGUID is the disk GUID of a GPT we wrote on a whole raw disk.
+	DiskGUID string `json:"diskGUID,omitempty"`
+	// For a raw Block volume on an existing partition: its disk, its index
+	// and the GUID it had, which --wipe puts back.
+	Parent     string    `json:"parent,omitempty"`
+	ParentNum  string    `json:"parentNum,omitempty"`
+	PartNumber int       `json:"partNumber,omitempty"`
+	OldGUID    string    `json:"oldGUID,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// Formatted tells whether we finished writing the volume's signature.
+// Records from before Written existed say so by being prepared.
+func (r *Record) Formatted() bool {
+	return r.Written != "" || r.Phase == PhasePrepared
 }
 
 // Dir is a state directory.
@@ -49,14 +71,59 @@ func (d Dir) SparseFile(u string) string { return filepath.Join(d.Sparse(), u) }
 func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+".json") }
 
 // Init creates the layout, root-only: the state names devices and files
-// that root processes act on.
+// that root processes act on. Modes are tightened on every run, and the
+// subdirectories must be real directories: a symlink planted there would
+// send sparse files, records or locks elsewhere.
 func (d Dir) Init() error {
 	for _, p := range []string{d.Root, d.volumes(), d.locks(), d.Sparse()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return fmt.Errorf("creating state dir: %w", err)
 		}
+		if p == d.Root {
+			continue // the root may be a symlink to another disk
+		}
+		st, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("checking state dir: %w", err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory (a symlink?): move it away and run again", p)
+		}
+		if st.Mode().Perm() != 0o700 {
+			if err := os.Chmod(p, 0o700); err != nil {
+				return fmt.Errorf("tightening %s: %w", p, err)
+			}
+		}
 	}
 	return nil
+}
+
+// OpenSparse opens a sparse file of the state dir without following a
+// symlink, and refuses anything but a regular file with one link: a
+// planted link would make mkfs or a loop device act on its target.
+func (d Dir) OpenSparse(u string, flag int) (*os.File, error) {
+	p := d.SparseFile(u)
+	f, err := os.OpenFile(p, flag|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("%s is a symlink, not a sparse file of ours: refusing to follow it", p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file: refusing to use it", p)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Nlink > 1 {
+		f.Close()
+		return nil, fmt.Errorf("%s has %d hard links: another path shares it, refusing to use it", p, sys.Nlink)
+	}
+	return f, nil
 }
 
 // Load returns the record of a volume, or nil if there is none.
@@ -72,11 +139,35 @@ func (d Dir) Load(u string) (*Record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("state file %s is corrupt: %w", d.path(u), err)
 	}
-	if r.Spec == nil {
-		return nil, fmt.Errorf("state file %s has no spec", d.path(u))
+	if err := r.check(u); err != nil {
+		return nil, fmt.Errorf("state file %s is not valid: %w", d.path(u), err)
 	}
 	r.Spec.SizeBytes = r.SizeBytes
 	return &r, nil
+}
+
+// check validates a record as strictly as a spec from a user: its UUID
+// names files under the state dir and its device path is acted on.
+func (r *Record) check(u string) error {
+	if r.Spec == nil {
+		return errors.New("no spec")
+	}
+	// mkfsOptions are only used before the first write; an option that a
+	// newer version no longer allows must not make the record unreadable.
+	c := *r.Spec
+	c.MkfsOptions = nil
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if c.UUID != u || r.Spec.UUID != u {
+		return fmt.Errorf("it names uuid %q, not %q", r.Spec.UUID, u)
+	}
+	switch r.Phase {
+	case PhasePreparing, PhasePrepared:
+	default:
+		return fmt.Errorf("unknown phase %q", r.Phase)
+	}
+	return nil
 }
 
 // Save writes a record atomically: temp file, fsync, rename, fsync dir.

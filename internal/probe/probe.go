@@ -33,6 +33,8 @@ func (r Result) String() string {
 	switch {
 	case r.Kind == "":
 		return "no signature"
+	case r.UUID != "" && (r.Kind == "swap" || r.Kind == "LUKS"):
+		return fmt.Sprintf("%s signature (UUID %s)", r.Kind, r.UUID)
 	case r.UUID != "":
 		return fmt.Sprintf("%s filesystem (UUID %s)", r.Kind, r.UUID)
 	case r.Kind == "gpt" && r.GPT != nil:
@@ -125,7 +127,7 @@ func Device(r io.ReaderAt, size int64, ss int) (Result, error) {
 	}
 	for _, f := range foreign {
 		if m := at(f.off, len(f.val)); m != nil && string(m) == f.val {
-			return Result{Kind: f.kind}, nil
+			return Result{Kind: f.kind, UUID: foreignUUID(f.kind, at)}, nil
 		}
 	}
 	if zfsAt(b) {
@@ -143,6 +145,25 @@ func Device(r io.ReaderAt, size int64, ss int) (Result, error) {
 		}
 	}
 	return Result{}, nil
+}
+
+// foreignUUID reads the UUID of the foreign kinds that udev would link
+// under /dev/disk/by-uuid, so that a volume UUID colliding with one of them
+// is noticed without udev.
+func foreignUUID(kind string, at func(int64, int) []byte) string {
+	switch kind {
+	case "btrfs":
+		return fsUUID(at(65536+0x20, 16))
+	case "swap":
+		return fsUUID(at(1024+12, 16))
+	case "LUKS":
+		if b := at(0xa8, 40); b != nil {
+			if u, err := uuid.Parse(string(bytes.TrimRight(b, "\x00"))); err == nil {
+				return u.String()
+			}
+		}
+	}
+	return ""
 }
 
 // zfsAt recognises the first ZFS vdev label by its nvlist, which always

@@ -37,7 +37,9 @@ func pow(base, exp int64) *big.Int {
 // refused rather than rounded: a size that does not name whole bytes is
 // almost certainly a typo ("1.5" meant "1.5Gi").
 func ParseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
+	if t := strings.TrimSpace(s); t != s {
+		return 0, fmt.Errorf("%q has spaces around it: write %q", s, t)
+	}
 	if s == "" {
 		return 0, fmt.Errorf("empty size: use a quantity such as 10Gi, 500M or 1073741824")
 	}

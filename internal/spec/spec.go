@@ -107,6 +107,9 @@ func Parse(r io.Reader) (*Spec, error) {
 	if dec.More() {
 		return nil, &FieldError{Field: "spec", Msg: "trailing data after the JSON object"}
 	}
+	if err := checkDuplicateKeys(data); err != nil {
+		return nil, err
+	}
 	if err := checkKeys(data); err != nil {
 		return nil, err
 	}
@@ -149,6 +152,55 @@ func checkKeys(data []byte) error {
 	return nil
 }
 
+// checkDuplicateKeys refuses an object that names a key twice: encoding/json
+// keeps the last one silently, so {"size":"10Mi","size":"1Ti"} would mean
+// whatever the last writer wanted while a reviewer reads the first.
+func checkDuplicateKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var walk func(path string) error
+	walk = func(path string) error {
+		tok, err := dec.Token()
+		if err != nil {
+			return &FieldError{Field: "spec", Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return &FieldError{Field: "spec", Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+				}
+				k, _ := kt.(string)
+				field := k
+				if path != "" {
+					field = path + "." + k
+				}
+				if seen[k] {
+					return &FieldError{Field: field, Msg: "given twice: keep one (JSON objects must not repeat a key)"}
+				}
+				seen[k] = true
+				if err := walk(field); err != nil {
+					return err
+				}
+			}
+			_, err = dec.Token() // '}'
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if err := walk(fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+			_, err = dec.Token() // ']'
+		}
+		if err != nil {
+			return &FieldError{Field: "spec", Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+		}
+		return nil
+	}
+	return walk("")
+}
+
 // Validate fills defaults, normalises the UUID to lower case and checks every
 // field. It does not look at the machine (sizes against free space, devices);
 // the engine does that.
@@ -183,7 +235,7 @@ func (s *Spec) Validate() error {
 		default:
 			return &FieldError{"fsType", fmt.Sprintf("%q is not supported: use ext4 or xfs", s.FSType)}
 		}
-		if err := checkMkfsOptions(s.MkfsOptions); err != nil {
+		if err := checkMkfsOptions(s.FSType, s.MkfsOptions); err != nil {
 			return err
 		}
 	} else {
@@ -247,25 +299,6 @@ func checkDevicePath(p string) error {
 		return &FieldError{field, fmt.Sprintf("%q is not under /dev: give a block device such as /dev/sdb", p)}
 	case strings.ContainsAny(p, " \t\n\x00"):
 		return &FieldError{field, fmt.Sprintf("%q contains whitespace or control characters", p)}
-	}
-	return nil
-}
-
-// checkMkfsOptions keeps pass-through options from undoing what the volume
-// relies on: the UUID we stamp, and formatting only the device we checked.
-func checkMkfsOptions(opts []string) error {
-	for i, o := range opts {
-		field := fmt.Sprintf("mkfsOptions[%d]", i)
-		switch {
-		case o == "":
-			return &FieldError{field, "empty option: remove it"}
-		case o == "-U" || strings.HasPrefix(o, "-U") || strings.Contains(o, "uuid="):
-			return &FieldError{field, fmt.Sprintf("%q would override the filesystem UUID, which must be the volume UUID: remove it", o)}
-		case strings.HasPrefix(o, "/") || strings.Contains(o, "/dev/"):
-			return &FieldError{field, fmt.Sprintf("%q names a path: mkfs options may not point at other files or devices", o)}
-		case strings.ContainsAny(o, "\n\x00"):
-			return &FieldError{field, "contains a newline or NUL byte"}
-		}
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package spec
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -20,7 +22,6 @@ func TestParseSize(t *testing.T) {
 		"1k":         1000,
 		"2Ki":        2048,
 		"0.5Ki":      512,
-		" 3Ti ":      3 << 40,
 		"1E3":        1000,
 	}
 	for in, want := range good {
@@ -114,6 +115,24 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{base(`"fsType":"xfs","mkfsOptions":["-m","uuid=x"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", "UUID"},
 		{base(`"mkfsOptions":["/dev/sda"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "path"},
 		{base(`"mkfsOptions":[""],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "empty"},
+		{base(`"sparseLoopDevice":{"size":" 3Ti "}`), "sparseLoopDevice.size", `write "3Ti"`},
+		{base(`"sparseLoopDevice":{"size":"10Mi","size":"1Ti"}`), "sparseLoopDevice.size", "given twice"},
+		{base(`"name":"x","sparseLoopDevice":{"size":"10Mi"}`), "name", "given twice"},
+		{base(`"mkfsOptions":["-d","../../../../etc/ssh"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "copies a host directory"},
+		{base(`"mkfsOptions":["-n"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "dry run"},
+		{base(`"mkfsOptions":["-E","offset=4096"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", `"offset" is not allowed`},
+		{base(`"mkfsOptions":["-J","device=/dev/sda"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", `"device" is not allowed`},
+		{base(`"mkfsOptions":["-F"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "forcing"},
+		{base(`"mkfsOptions":["-O","journal_dev"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", "journal_dev"},
+		{base(`"mkfsOptions":["-m"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "needs a value"},
+		{base(`"mkfsOptions":["-jq"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "one option per element"},
+		{base(`"mkfsOptions":["-m","0","sda"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[2]", "not an option"},
+		{base(`"fsType":"xfs","mkfsOptions":["-d","file,name=/etc/x"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", `"file" is not allowed`},
+		{base(`"fsType":"xfs","mkfsOptions":["-f"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "forcing"},
+		{base(`"fsType":"xfs","mkfsOptions":["-N"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "dry run"},
+		{base(`"fsType":"xfs","mkfsOptions":["-p","/etc/proto"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "protofile"},
+		{base(`"fsType":"xfs","mkfsOptions":["-r","rtdev=/dev/sda"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "realtime"},
+		{base(`"fsType":"xfs","mkfsOptions":["-L","thirteen-char"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", "longer than 12"},
 		{base(`"sparseLoopDevice":{"size":"1Gi"},"rawBlockDevice":{"devicePath":"/dev/sdb"}`), "sparseLoopDevice", "not both"},
 		{base(`"mode":"Filesystem"`), "sparseLoopDevice", "missing"},
 		{base(`"sparseLoopDevice":{"size":"0"}`), "sparseLoopDevice.size", "greater than zero"},
@@ -160,4 +179,56 @@ func TestSameVolume(t *testing.T) {
 	same, why = a.SameVolume(d)
 	assert.False(t, same)
 	assert.Contains(t, why, "fsType")
+}
+
+func TestMkfsOptionsThatTuneAreAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		name, fs string
+		opts     []string
+	}{
+		{"ext4 common", "ext4", []string{"-m", "0", "-E", "lazy_itable_init=1,stride=4", "-O", "^has_journal", "-b4096", "-j", "-L", "data"}},
+		{"ext4 inodes", "ext4", []string{"-i", "65536", "-I", "256", "-N", "1000", "-T", "largefile", "-e", "remount-ro", "-J", "size=16"}},
+		{"xfs stripes", "xfs", []string{"-d", "agcount=4,su=64k,sw=2", "-i", "size=512", "-L", "data", "-m", "reflink=1,crc=1"}},
+		{"xfs log", "xfs", []string{"-l", "size=64m,lazy-count=1", "-n", "ftype=1", "-s", "size=4096", "-b", "size=4096"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.NoError(t, checkMkfsOptions(tc.fs, tc.opts))
+		})
+	}
+}
+
+// FuzzParse: any input either fails with a field error or gives a spec that
+// validates again after a JSON round trip, unchanged.
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{
+		`{"name":"data-1","uuid":"` + u1 + `","sparseLoopDevice":{"size":"10Gi"}}`,
+		`{"name":"r","uuid":"` + u1 + `","mode":"Block","rawBlockDevice":{"devicePath":"/dev/sdb"}}`,
+		`{"name":"x","uuid":"` + u1 + `","fsType":"xfs","mkfsOptions":["-d","su=64k,sw=2"],"sparseLoopDevice":{"size":"1e9"}}`,
+		`{"name":"d","uuid":"` + u1 + `","sparseLoopDevice":{"size":"10Mi","size":"1Ti"}}`,
+		`{"name":"d","uuid":"` + u1 + `","mkfsOptions":["-E","offset=4096"],"sparseLoopDevice":{"size":1073741824}}`,
+		`[{"a":[1,{"b":2}]}]`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := Parse(bytes.NewReader(data))
+		if err != nil {
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("error is not a field error: %v", err)
+			}
+			return
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := Parse(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("accepted spec does not parse again: %v\n%s", err, b)
+		}
+		if same, why := again.SameVolume(s); !same || again.UUID != s.UUID {
+			t.Fatalf("round trip changed the spec: %s", why)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -46,14 +47,29 @@ func TestRawWholeDisk(t *testing.T) {
 			} else {
 				assert.Equal(t, u, blkid(t, disk.Path)["UUID"], "filesystem kept without --wipe")
 			}
-			// ...so a new volume on the same device is refused as foreign data,
+			// ...and it is no longer ours: neither a new volume nor the same
+			// spec again may take it (a UUID in a spec proves nothing once
+			// the record is gone).
 			u2 := n.newUUID()
 			spec2 := rawSpec("raw-again", u2, disk.Path, map[string]any{"mode": mode})
 			before := sum(t, disk.Path)
 			refused := n.do("prepare", spec2)
 			assert.Equal(t, 3, refused.Code, refused.Stdout)
+			assert.Equal(t, "foreign_data", refused.errCode())
+			again := n.do("prepare", spec)
+			assert.Equal(t, 3, again.Code, again.Stdout)
+			assert.Equal(t, "uuid_in_use", again.errCode())
 			assert.Equal(t, before, sum(t, disk.Path))
-			// while the same volume comes back as it was.
+			// Unprepare without a record touches nothing, --wipe included.
+			gone := n.ok("unprepare", spec, "--wipe")
+			assert.Equal(t, "absent", gone.str("state"))
+			assert.Equal(t, before, sum(t, disk.Path))
+			// Wiping it is the owner's call: then the device is blank again.
+			out, err := exec.Command("wipefs", "-a", disk.Path).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			if mode == "Block" {
+				_ = loopdev.RemovePartition(disk.Name, 1)
+			}
 			back := n.ok("prepare", spec)
 			assert.Equal(t, dev, back.str("devicePath"))
 

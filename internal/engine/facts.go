@@ -1,0 +1,224 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+// Gathering the facts the decisions in decide.go take. Nothing here writes
+// to a device; the one exception, CheckExclusive, opens and closes.
+
+// gatherTarget reads everything decideTarget needs about a raw device.
+func gatherTarget(ctx context.Context, raw *rawDevice, heldBy string) (targetFacts, error) {
+	f := targetFacts{Path: raw.path, HeldBy: heldBy}
+	if heldBy != "" {
+		return f, nil
+	}
+	var err error
+	if f.Usage, err = blockdev.UsageOf(raw.name); err != nil {
+		return f, failed("usage", err, "checking whether %s is in use", raw.path)
+	}
+	dev := "/dev/" + raw.name
+	f.Busy = blockdev.CheckExclusive(dev)
+	if f.Busy != nil && f.Busy != blockdev.ErrBusy {
+		return f, failed("usage", f.Busy, "checking whether %s is in use", raw.path)
+	}
+	if f.Own, _, _, err = openProbe(dev); err != nil {
+		return f, failed("probe", err, "reading %s", raw.path)
+	}
+	if f.Signatures, err = probe.Signatures(ctx, dev); err != nil {
+		return f, refused("probe", "%s: cannot prove %s is blank: %v", devicePathField, raw.path, err)
+	}
+	f.Children, _ = blockdev.Children(raw.name)
+	return f, nil
+}
+
+// holdings maps the kernel name of every device that is, or is part of, a
+// volume recorded on this node to that volume's name. except leaves out one
+// volume (the one being prepared).
+func (e *Engine) holdings(recs []*nodestate.Record, except string) map[string]string {
+	held := map[string]string{}
+	for _, r := range recs {
+		if r.Spec.UUID == except {
+			continue
+		}
+		for _, n := range e.devicesOf(r) {
+			held[n] = r.Spec.Name
+		}
+	}
+	return held
+}
+
+// devicesOf lists the kernel names of a recorded volume's devices: the
+// loop devices of its sparse file, or its raw device (and the disk of a
+// partition whose GUID we set), each with its partitions.
+func (e *Engine) devicesOf(r *nodestate.Record) []string {
+	var names []string
+	if r.Spec.SparseLoopDevice != nil {
+		devs, _ := loopdev.Find(e.State.SparseFile(r.Spec.UUID))
+		for _, d := range devs {
+			names = append(names, d.Name)
+		}
+	} else {
+		for _, num := range []string{r.DeviceNum, r.ParentNum} {
+			if d, ok := parseDev(num); ok {
+				if n, err := blockdev.Name(d); err == nil {
+					names = append(names, n)
+				}
+			}
+		}
+	}
+	out := names
+	for _, n := range names {
+		kids, _ := blockdev.Children(n)
+		out = append(out, kids...)
+	}
+	return out
+}
+
+// heldBy names the volume whose devices the raw device is, contains, or is
+// part of, including through a loop device stacked on either side.
+func heldBy(raw *rawDevice, held map[string]string) string {
+	family := []string{raw.name}
+	if p, isPart, _ := blockdev.Partition(raw.name); isPart {
+		family = append(family, p.Parent)
+	}
+	kids, _ := blockdev.Children(raw.name)
+	family = append(family, kids...)
+	for _, n := range append([]string(nil), family...) {
+		if back, ok := blockdev.LoopBacking(n); ok {
+			if bn, err := blockdev.Name(back); err == nil {
+				family = append(family, bn)
+			}
+		}
+	}
+	for _, n := range family {
+		if v, ok := held[n]; ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func parseDev(s string) (blockdev.Dev, bool) {
+	var d blockdev.Dev
+	_, err := fmt.Sscanf(s, "%d:%d", &d.Major, &d.Minor)
+	return d, err == nil && s == d.String()
+}
+
+// scanDevices lists the block devices worth reading: bound loop devices,
+// disks and partitions, not RAM disks.
+func scanDevices() []string {
+	ents, err := os.ReadDir(blockdev.SysBlock)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, ent := range ents {
+		n := ent.Name()
+		if strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") {
+			continue
+		}
+		if strings.HasPrefix(n, "loop") {
+			disk := n
+			if p, isPart, _ := blockdev.Partition(n); isPart {
+				disk = p.Parent
+			}
+			if _, err := os.Stat(filepath.Join(blockdev.SysBlock, disk, "loop")); err != nil {
+				continue // unbound loop devices have nothing to read
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// carriersOf finds every device whose filesystem UUID, or one of whose GPT
+// partition GUIDs, is u. It reads the devices' own superblocks and tables
+// (no udev needed), and also follows the persistent links, which name
+// whatever udev's full prober found where udev runs.
+func carriersOf(s *spec.Spec) []carrier {
+	var out []carrier
+	seen := map[string]bool{}
+	add := func(name, what string) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, carrier{name, what})
+		}
+	}
+	for _, n := range scanDevices() {
+		r, _, _, err := openProbe("/dev/" + n)
+		if err != nil {
+			continue
+		}
+		if r.UUID == s.UUID {
+			add(n, r.Kind+" filesystem UUID")
+		}
+		if r.GPT != nil {
+			for _, ent := range r.GPT.Entries {
+				if ent.GUID == s.UUID {
+					add(n, "GPT partition GUID of partition "+strconv.Itoa(ent.Index))
+				}
+			}
+		}
+	}
+	for _, link := range []string{"/dev/disk/by-uuid/" + s.UUID, "/dev/disk/by-partuuid/" + s.UUID} {
+		if t := linkTarget(link); t != "" && deviceExists(t) {
+			add(t, "named by "+link)
+		}
+	}
+	return out
+}
+
+// linkTarget is the kernel name a /dev/disk link names ("" if no link).
+func linkTarget(link string) string {
+	t, err := os.Readlink(link)
+	if err != nil {
+		return ""
+	}
+	return filepath.Base(t)
+}
+
+func deviceExists(name string) bool {
+	_, err := os.Stat(filepath.Join(blockdev.SysBlock, name))
+	return err == nil
+}
+
+// gatherLink reads what linkIsOurs needs.
+func gatherLink(s *spec.Spec, link string) linkFacts {
+	l := linkFacts{Target: linkTarget(link)}
+	if l.Target == "" {
+		return l
+	}
+	l.Exists = deviceExists(l.Target)
+	if l.Exists {
+		l.Carries = carriesUUID(s, l.Target)
+	}
+	return l
+}
+
+// carriesUUID tells whether a device's own signature carries the volume's
+// UUID, in the form the link names: the filesystem UUID, or the GUID of the
+// partition in its disk's table.
+func carriesUUID(s *spec.Spec, name string) bool {
+	if p, isPart, _ := blockdev.Partition(name); isPart {
+		r, _, ss, err := openProbe("/dev/" + p.Parent)
+		if err == nil && r.GPT != nil {
+			if ent, ok := r.GPT.Partition(p.Number); ok && ent.GUID == s.UUID && ent.Start(ss) == p.Start {
+				return true
+			}
+		}
+	}
+	r, _, _, err := openProbe("/dev/" + name)
+	return err == nil && r.UUID == s.UUID
+}

@@ -1,0 +1,290 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/gpt"
+	"github.com/salt-volumes/salt-volumes/internal/mkfs"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"golang.org/x/sys/unix"
+)
+
+// rawDevice is a resolved rawBlockDevice.devicePath.
+type rawDevice struct {
+	path string // as given
+	real string // symlinks resolved
+	name string // kernel name
+	dev  blockdev.Dev
+}
+
+func resolveRaw(p string) (*rawDevice, error) {
+	real, err := filepath.EvalSymlinks(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, invalid("device_not_found", "%s: %s does not exist on this node: check the path (ls -l /dev/disk/by-id) and the node", devicePathField, p)
+	}
+	if err != nil {
+		return nil, failed("device", err, "resolving %s", p)
+	}
+	if !strings.HasPrefix(real, "/dev/") {
+		return nil, refused("symlink_escape", "%s: %s resolves to %s, outside /dev: refusing to treat it as a device", devicePathField, p, real)
+	}
+	d, err := blockdev.Stat(real)
+	if errors.Is(err, blockdev.ErrNotBlock) {
+		return nil, refused("not_block_device", "%s: %s is not a block device", devicePathField, p)
+	}
+	if err != nil {
+		return nil, failed("device", err, "reading %s", p)
+	}
+	name, err := blockdev.Name(d)
+	if err != nil {
+		return nil, failed("device", err, "finding the kernel name of %s", p)
+	}
+	return &rawDevice{path: p, real: real, name: name, dev: d}, nil
+}
+
+// checkPartitionTable: Block mode on a partition changes its GUID in the
+// disk's GPT, so that table must be a sound GPT that matches the kernel.
+func checkPartitionTable(s *spec.Spec, raw *rawDevice) error {
+	part, isPart, err := blockdev.Partition(raw.name)
+	if err != nil {
+		return failed("sysfs", err, "reading %s", raw.name)
+	}
+	if s.Mode != spec.ModeBlock || !isPart {
+		return nil
+	}
+	parentPath, err := blockdev.EnsureNode(part.Parent)
+	if err != nil {
+		return failed("node", err, "making /dev/%s", part.Parent)
+	}
+	pr, _, ss, err := openProbe(parentPath)
+	if err != nil {
+		return failed("probe", err, "reading %s", parentPath)
+	}
+	if pr.Kind != "gpt" || pr.GPT == nil {
+		return invalid("not_gpt", "%s: %s is a partition of %s, which has a %s, not a GPT: Block mode needs a GPT partition (or give the whole disk)", devicePathField, raw.path, parentPath, pr)
+	}
+	if pr.GPT.FromBackup {
+		return refused("gpt_damaged", "%s: the primary GPT of %s is damaged: repair it (sgdisk -e / gdisk) first", devicePathField, parentPath)
+	}
+	entry, ok := pr.GPT.Partition(part.Number)
+	if !ok || entry.Start(ss) != part.Start || entry.Size(ss) != part.Size {
+		return refused("table_mismatch", "%s: the GPT of %s does not match the kernel's view of partition %d (%s): re-read the partition table first", devicePathField, parentPath, part.Number, raw.name)
+	}
+	return nil
+}
+
+// describeRaw fills in the record what identifies the raw device before
+// anything is written to it.
+func describeRaw(rec *nodestate.Record, raw *rawDevice) error {
+	rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
+	size, err := blockdev.SizeOf(raw.name)
+	if err != nil {
+		return failed("sysfs", err, "reading the size of %s", raw.name)
+	}
+	rec.DeviceSize = size
+	part, isPart, err := blockdev.Partition(raw.name)
+	if err != nil || !isPart || rec.Spec.Mode != spec.ModeBlock {
+		return nil
+	}
+	rec.Parent, rec.PartNumber = part.Parent, part.Number
+	if d, err := blockdev.DevOf(part.Parent); err == nil {
+		rec.ParentNum = d.String()
+	}
+	if r, _, _, err := openProbe("/dev/" + part.Parent); err == nil && r.GPT != nil {
+		if ent, ok := r.GPT.Partition(part.Number); ok {
+			rec.OldGUID = ent.GUID
+		}
+	}
+	return nil
+}
+
+// recordMatches tells whether device name is the raw volume the record
+// describes: it carries the volume's signature, and what we recorded about
+// it (size, the disk GUID of a table we wrote, the partition's index)
+// still holds. A UUID alone proves nothing: a caller chooses it.
+func (e *Engine) recordMatches(rec *nodestate.Record, name string) bool {
+	s := rec.Spec
+	if rec.DeviceSize > 0 {
+		if size, err := blockdev.SizeOf(name); err != nil || size != rec.DeviceSize {
+			return false
+		}
+	}
+	part, isPart, _ := blockdev.Partition(name)
+	if s.Mode == spec.ModeBlock && isPart {
+		if rec.PartNumber != 0 && part.Number != rec.PartNumber {
+			return false
+		}
+		return carries(s, name, false) != ""
+	}
+	r, _, _, err := openProbe("/dev/" + name)
+	if err != nil || !ours(s, r) {
+		return false
+	}
+	if s.Mode == spec.ModeBlock && rec.DiskGUID != "" && r.GPT.DiskGUID != rec.DiskGUID {
+		return false
+	}
+	return true
+}
+
+// locateRaw finds the device that is the recorded raw volume (the partition
+// in Block mode): the recorded device first, then the spec's path, then,
+// for disks renamed across a reboot, any device that matches the record.
+func (e *Engine) locateRaw(rec *nodestate.Record, fix bool) string {
+	var candidates []string
+	if d, ok := parseDev(rec.DeviceNum); ok {
+		if n, err := blockdev.Name(d); err == nil {
+			candidates = append(candidates, n)
+		}
+	}
+	if raw, err := resolveRaw(rec.Spec.RawBlockDevice.DevicePath); err == nil {
+		candidates = append(candidates, raw.name)
+	}
+	for _, n := range candidates {
+		if e.recordMatches(rec, n) {
+			return carries(rec.Spec, n, fix)
+		}
+	}
+	for _, n := range scanDevices() {
+		if e.recordMatches(rec, n) {
+			if name := carries(rec.Spec, n, fix); name != "" {
+				return name
+			}
+		}
+	}
+	return ""
+}
+
+func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, res *Result) error {
+	s := o.s
+	part, isPart, err := blockdev.Partition(raw.name)
+	if err != nil {
+		return failed("sysfs", err, "reading %s", raw.name)
+	}
+	if s.Mode == spec.ModeBlock && isPart {
+		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
+	}
+	target := "/dev/" + raw.name
+	r, _, _, err := openProbe(target)
+	if err != nil {
+		return failed("probe", err, "reading %s", raw.path)
+	}
+	act, err := decideContent(s, contentFacts{Where: raw.path, Ours: ours(s, r), Found: r, Formatted: rec.Formatted()})
+	if err != nil {
+		return err
+	}
+	if act == writeContent {
+		if err := e.writeRaw(ctx, o, rec, raw); err != nil {
+			return err
+		}
+	}
+	if s.Mode == spec.ModeBlock && rec.DiskGUID == "" {
+		if r, _, _, err := openProbe(target); err == nil && r.GPT != nil {
+			rec.DiskGUID = r.GPT.DiskGUID
+		}
+	}
+	if err := e.markWritten(rec, written(s, false)); err != nil {
+		return err
+	}
+	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
+	}
+	return e.finishDevice(ctx, o, raw.name, res)
+}
+
+// writeRaw formats a blank raw device or writes our GPT on it. mkfs opens
+// the device exclusively itself; the GPT is written through our own
+// exclusive open, so a device claimed since the checks is not touched.
+func (e *Engine) writeRaw(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice) error {
+	s := o.s
+	target := "/dev/" + raw.name
+	if s.Mode == spec.ModeFilesystem {
+		if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, mkfs.Target{Path: target}, false); err != nil {
+			return failed("mkfs", err, "formatting %s", raw.path)
+		}
+		f, err := os.Open(target)
+		if err != nil {
+			return failed("mkfs_check", err, "reading back %s", raw.path)
+		}
+		defer f.Close()
+		size, ss, err := geometry(f)
+		if err != nil {
+			return failed("mkfs_check", err, "reading back %s", raw.path)
+		}
+		if err := verifyWritten(s, f, size, ss); err != nil {
+			return err
+		}
+		o.changed = true
+		o.step("formatted", "fsType", s.FSType, "device", target)
+		return nil
+	}
+	f, err := os.OpenFile(target, os.O_RDWR|os.O_EXCL|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return refused("in_use", "%s: opening %s exclusively: %v", devicePathField, raw.path, err)
+	}
+	defer f.Close()
+	sz, ss, err := geometry(f)
+	if err == nil {
+		_, _, err = gpt.Create(f, sz, ss, s.UUID, s.Name)
+	}
+	if err != nil {
+		return failed("gpt", err, "writing the GPT of %s", raw.path)
+	}
+	o.changed = true
+	o.step("partitioned", "device", target)
+	return nil
+}
+
+// rememberDevice records which device the volume is on, to notice a path
+// that later names another one.
+func (e *Engine) rememberDevice(rec *nodestate.Record, raw *rawDevice) error {
+	if rec.DeviceNum == raw.dev.String() && rec.Device == raw.name {
+		return nil
+	}
+	rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
+	if err := e.State.Save(rec); err != nil {
+		return failed("state", err, "saving state of %s", rec.Spec.Name)
+	}
+	return nil
+}
+
+// preparePartitionGUID stamps the volume UUID as the unique GUID of an
+// existing GPT partition, changing nothing else on the disk.
+func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, part blockdev.PartitionInfo, res *Result) error {
+	s := o.s
+	if carries(s, raw.name, false) == "" {
+		if rec.Formatted() {
+			_, err := decideContent(s, contentFacts{Where: raw.path, Formatted: true})
+			return err
+		}
+		parentPath := "/dev/" + part.Parent
+		// The disk is not opened exclusively: its other partitions may be
+		// mounted. The partition itself was checked exclusively in admit.
+		f, err := os.OpenFile(parentPath, os.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return failed("gpt", err, "opening %s", parentPath)
+		}
+		size, ss, err := geometry(f)
+		if err == nil {
+			err = gpt.SetPartitionGUID(f, size, ss, part.Number, s.UUID)
+		}
+		f.Close()
+		if err != nil {
+			return failed("gpt", err, "setting the GUID of partition %d of %s", part.Number, parentPath)
+		}
+		o.changed = true
+		o.step("guid-set", "device", raw.name)
+	}
+	if err := e.markWritten(rec, written(s, true)); err != nil {
+		return err
+	}
+	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
+	}
+	return e.linkDevice(ctx, o, raw.name, res)
+}

@@ -1,0 +1,160 @@
+package engine
+
+import (
+	"context"
+	"os"
+
+	"github.com/salt-volumes/salt-volumes/internal/gpt"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/mkfs"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
+	s := o.s
+	file := e.State.SparseFile(s.UUID)
+	res.BackingFile = file
+
+	f, created, err := e.openSparseFile(s)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if created {
+		o.changed = true
+		o.step("file-created", "path", file)
+	}
+
+	// Format (or partition) the file before attaching it, so that udev, where
+	// it runs, sees the final signature on the loop device's first event.
+	r, err := probe.Device(f, s.SizeBytes, 512)
+	if err != nil {
+		return failed("probe", err, "reading %s", file)
+	}
+	act, err := decideContent(s, contentFacts{Where: file, Ours: ours(s, r), Found: r, Formatted: rec.Formatted(), OurFile: true})
+	if err != nil {
+		return err
+	}
+	if act != keepContent {
+		if err := e.writeSparse(ctx, o, f, act == rewriteContent); err != nil {
+			return err
+		}
+	}
+	if err := e.markWritten(rec, written(s, false)); err != nil {
+		return err
+	}
+
+	devs, err := loopdev.Find(file)
+	if err != nil {
+		return failed("loop", err, "looking for the loop device of %s", file)
+	}
+	var dev loopdev.Device
+	if len(devs) > 0 {
+		dev = devs[0]
+	} else {
+		if dev, err = loopdev.Attach(ctx, file); err != nil {
+			return failed("attach", err, "attaching %s", file)
+		}
+		o.changed = true
+		o.step("attached", "device", dev.Path)
+	}
+	res.DeviceName, res.DevicePath = dev.Name, dev.Path
+	return e.finishDevice(ctx, o, dev.Name, res)
+}
+
+// writeSparse formats or partitions the open sparse file and checks that
+// it now carries the volume's signature.
+func (e *Engine) writeSparse(ctx context.Context, o *op, f *os.File, force bool) error {
+	s := o.s
+	if s.Mode == spec.ModeFilesystem {
+		if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, mkfs.Target{File: f}, force); err != nil {
+			return failed("mkfs", err, "formatting %s", f.Name())
+		}
+		if err := verifyWritten(s, f, s.SizeBytes, 512); err != nil {
+			return err
+		}
+		o.changed = true
+		o.step("formatted", "fsType", s.FSType)
+		return nil
+	}
+	if _, _, err := gpt.Create(f, s.SizeBytes, 512, s.UUID, s.Name); err != nil {
+		return failed("gpt", err, "writing the GPT of %s", f.Name())
+	}
+	o.changed = true
+	o.step("partitioned")
+	return nil
+}
+
+// verifyWritten fails unless what we just wrote really carries the volume:
+// mkfs can exit 0 without writing the filesystem we asked for.
+func verifyWritten(s *spec.Spec, f interface {
+	ReadAt([]byte, int64) (int, error)
+}, size int64, ss int) error {
+	r, err := probe.Device(f, size, ss)
+	if err != nil {
+		return failed("mkfs_check", err, "reading back %s", s.Name)
+	}
+	if !ours(s, r) {
+		return failed("mkfs_check", nil, "after mkfs, volume %s holds %s, not a %s filesystem with UUID %s", s.Name, r, s.FSType, s.UUID)
+	}
+	return nil
+}
+
+// openSparseFile opens (creating it at its exact size if needed) the
+// volume's sparse file. A zero-length file is what a crash between create
+// and truncate leaves behind.
+func (e *Engine) openSparseFile(s *spec.Spec) (*os.File, bool, error) {
+	file := e.State.SparseFile(s.UUID)
+	f, err := e.State.OpenSparse(s.UUID, os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		return nil, false, refused("sparse_file", "opening %s: %v", file, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, false, failed("file", err, "reading %s", file)
+	}
+	switch st.Size() {
+	case s.SizeBytes:
+		return f, false, nil
+	case 0:
+		if err := f.Truncate(s.SizeBytes); err != nil {
+			f.Close()
+			return nil, false, failed("file", err, "sizing %s", file)
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return nil, false, failed("file", err, "syncing %s", file)
+		}
+		return f, true, nil
+	}
+	f.Close()
+	return nil, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes; resizing is not supported", file, st.Size(), s.SizeBytes)
+}
+
+// written names what prepare writes for a spec: the filesystem type, a GPT
+// on a whole disk or file, or the GUID of an existing partition.
+func written(s *spec.Spec, partition bool) string {
+	switch {
+	case s.Mode == spec.ModeFilesystem:
+		return s.FSType
+	case partition:
+		return "guid"
+	}
+	return "gpt"
+}
+
+// markWritten records that the volume's signature is on its storage, so it
+// is never written again.
+func (e *Engine) markWritten(rec *nodestate.Record, what string) error {
+	if rec.Written == what {
+		return nil
+	}
+	rec.Written = what
+	if err := e.State.Save(rec); err != nil {
+		return failed("state", err, "saving state of %s", rec.Spec.Name)
+	}
+	return nil
+}
