@@ -23,7 +23,9 @@ type targetFacts struct {
 	// Busy is set when an exclusive open failed: a mount in another mount
 	// namespace, or a stacked device that sysfs does not show.
 	Busy error
-	// Own is our in-process probe; Signatures is libblkid's full list.
+	// Signatures is libblkid's full list, named first as it is the more
+	// precise; Own is our in-process probe, which also sees a backup GPT or
+	// an md superblock at the end of the device.
 	Own        probe.Result
 	Signatures []probe.Signature
 	Children   []string
@@ -41,14 +43,14 @@ func decideTarget(f targetFacts) error {
 		return refused("in_use", "%s: %s is %s: refusing to touch it", devicePathField, f.Path, f.Usage)
 	case f.Busy != nil:
 		return refused("in_use", "%s: %s is %v: refusing to touch it", devicePathField, f.Path, f.Busy)
-	case !f.Own.Empty():
-		return refused("foreign_data", "%s: %s holds a %s that is not this volume's: refusing to overwrite it (wipe it yourself if it is really unused, e.g. wipefs -a %s)", devicePathField, f.Path, f.Own, f.Path)
 	case len(f.Signatures) > 0:
 		names := make([]string, len(f.Signatures))
 		for i, s := range f.Signatures {
 			names[i] = s.String()
 		}
 		return refused("foreign_data", "%s: %s holds a %s that is not this volume's: refusing to overwrite it (wipe it yourself if it is really unused, e.g. wipefs -a %s)", devicePathField, f.Path, strings.Join(names, ", "), f.Path)
+	case !f.Own.Empty():
+		return refused("foreign_data", "%s: %s holds a %s that is not this volume's: refusing to overwrite it (wipe it yourself if it is really unused, e.g. wipefs -a %s)", devicePathField, f.Path, f.Own, f.Path)
 	case len(f.Children) > 0:
 		return refused("foreign_data", "%s: %s has partitions (%s): refusing to overwrite them", devicePathField, f.Path, strings.Join(f.Children, ", "))
 	}

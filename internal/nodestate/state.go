@@ -162,6 +162,8 @@ func (r *Record) check(u string) error {
 	if c.UUID != u || r.Spec.UUID != u {
 		return fmt.Errorf("it names uuid %q, not %q", r.Spec.UUID, u)
 	}
+	c.MkfsOptions = r.Spec.MkfsOptions
+	*r.Spec = c // with the defaults Validate fills in
 	switch r.Phase {
 	case PhasePreparing, PhasePrepared:
 	default:

@@ -148,8 +148,8 @@ func TestRefusalsWriteNothing(t *testing.T) {
 	})
 	t.Run("foreign partition table", func(t *testing.T) {
 		disk := fakeDisk(t, 32<<20, "-n", "1:0:0")
-		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, map[string]any{"mode": "Block"}), disk.Path, "foreign_data", "GPT")
-		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, nil), disk.Path, "foreign_data", "GPT")
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, map[string]any{"mode": "Block"}), disk.Path, "foreign_data", "gpt")
+		refuse(t, n, rawSpec("f", n.newUUID(), disk.Path, nil), disk.Path, "foreign_data", "gpt")
 	})
 	t.Run("dos partition table", func(t *testing.T) {
 		disk := fakeDisk(t, 32<<20)
