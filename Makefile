@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build e2e-bin demo test lint unit pytest bench install salt-files clean \
+.PHONY: all setup build e2e-bin demo test lint unit pytest bench fuzz install salt-files clean \
         vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -36,7 +36,21 @@ demo: setup build
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.
 test: setup lint pytest vagrant-validate
+	@rm -f test-results/adversarial.txt
 	$(GO) test -count=1 -timeout 15m ./...
+	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
+
+# Fuzz targets, FUZZTIME each (outside make test). New inputs the fuzzer
+# finds stay in Go's cache; crashers land in the package's testdata/fuzz.
+FUZZTIME ?= 10m
+FUZZ_TARGETS = ./internal/spec:FuzzParse ./internal/gpt:FuzzRead ./internal/probe:FuzzDevice ./internal/probe:FuzzParseWipefs
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz: $$fn ($$pkg) for $(FUZZTIME)"; \
+	  mkdir -p test-results; log=test-results/fuzz-$$fn.log; \
+	  if ! $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg > $$log 2>&1; then cat $$log; exit 1; fi; \
+	  tail -n 3 $$log; \
+	done
 
 # Unit tests of the Salt modules (the real-Salt tests are Go, in test/salt).
 pytest:

@@ -133,7 +133,10 @@ func readHeader(r io.ReaderAt, lba uint64, ss int) (*header, error) {
 		numEntries: binary.LittleEndian.Uint32(b[80:]),
 		entrySize:  binary.LittleEndian.Uint32(b[84:]),
 	}
-	if h.entrySize < 128 || h.entrySize%8 != 0 || h.numEntries == 0 || h.numEntries > 4096 {
+	// UEFI allows 128 * 2^n byte entries; anything past a sector each, or
+	// an array past 1 MiB, is not a table we could have written or read.
+	if h.entrySize < 128 || h.entrySize%8 != 0 || h.entrySize > 4096 || h.numEntries == 0 ||
+		h.numEntries > 4096 || uint64(h.numEntries)*uint64(h.entrySize) > 1<<20 {
 		return nil, fmt.Errorf("%w: odd entry geometry %dx%d", ErrNoGPT, h.numEntries, h.entrySize)
 	}
 	return h, nil
