@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
@@ -129,6 +130,9 @@ func scanDevices() []string {
 		if strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") {
 			continue
 		}
+		if size, err := blockdev.SizeOf(n); err != nil || size == 0 {
+			continue // an empty drive or a dead device: nothing to read, and opening it may stall
+		}
 		if strings.HasPrefix(n, "loop") {
 			disk := n
 			if p, isPart, _ := blockdev.Partition(n); isPart {
@@ -172,8 +176,13 @@ func carriersOf(s *spec.Spec) []carrier {
 			}
 		}
 	}
+	// Where udev runs, its links are current and come from libblkid, which
+	// knows more UUID kinds than our probe. A link we wrote ourselves may be
+	// stale after a reboot (loop numbers are reused), so without udev only
+	// a target that really carries the UUID counts.
+	udev := devlinks.UdevRunning()
 	for _, link := range []string{"/dev/disk/by-uuid/" + s.UUID, "/dev/disk/by-partuuid/" + s.UUID} {
-		if t := linkTarget(link); t != "" && deviceExists(t) {
+		if t := linkTarget(link); t != "" && deviceExists(t) && (udev || carriesUUID(s, t)) {
 			add(t, "named by "+link)
 		}
 	}
