@@ -94,7 +94,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/volumes", s.auth(s.list))
 	mux.Handle("GET /api/v1/volumes/{name}", s.auth(s.get))
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(s.delete))
-	mux.Handle("GET /api/v1/watch", s.auth(s.watch))
+	mux.Handle("GET /api/v1/watch", s.authQuery(s.watch))
 	mux.Handle("GET /api/v1/nodes", s.auth(s.nodes))
 	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, Error{Code: "not_found", Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
@@ -102,16 +102,45 @@ func (s *Server) Handler() http.Handler {
 	if s.UI != nil {
 		mux.Handle("/", s.UI)
 	}
-	return mux
+	return secureHeaders(mux)
 }
 
-// auth accepts "Authorization: Bearer <token>", or access_token in the query
-// for EventSource, which cannot set headers.
-func (s *Server) auth(h http.HandlerFunc) http.Handler {
+// MaxBody bounds a request body: a volume spec is a few hundred bytes.
+const MaxBody = 64 << 10
+
+// secureHeaders: API answers carry tokens' results and must not be cached
+// or framed; the UI must not be framed either (clickjacking a delete).
+func secureHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/metrics" {
+			w.Header().Set("Cache-Control", "no-store")
+			w.Header().Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+		}
+		if r.Body != nil {
+			r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// auth accepts "Authorization: Bearer <token>" only.
+func (s *Server) auth(h http.HandlerFunc) http.Handler { return s.checkToken(h, false) }
+
+// authQuery also accepts access_token in the query, for the watch stream
+// alone: EventSource cannot set headers, and a token in a URL is a token in
+// logs and browser history, so no other endpoint takes it.
+func (s *Server) authQuery(h http.HandlerFunc) http.Handler { return s.checkToken(h, true) }
+
+func (s *Server) checkToken(h http.HandlerFunc, query bool) http.Handler {
 	want := []byte(s.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if got == "" || got == r.Header.Get("Authorization") {
+		if got == r.Header.Get("Authorization") {
+			got = ""
+		}
+		if got == "" && query {
 			got = r.URL.Query().Get("access_token")
 		}
 		if len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
@@ -181,13 +210,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Message: err.Error()})
 		return
 	}
-	for _, other := range s.Store.List() {
-		if other.Spec.UUID == sp.UUID {
-			writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "uuid", Message: fmt.Sprintf("uuid: %s already belongs to volume %q: leave uuid out to get a new one", sp.UUID, other.Spec.Name)})
-			return
-		}
-	}
 	v, err := s.Reconciler.Create(sp)
+	var uerr *store.UUIDError
+	if errors.As(err, &uerr) {
+		writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "uuid", Message: fmt.Sprintf("uuid: %s already belongs to volume %q: leave uuid out to get a new one", sp.UUID, uerr.Owner)})
+		return
+	}
 	if errors.Is(err, store.ErrExists) {
 		writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "name", Message: fmt.Sprintf("name: volume %q already exists: pick another name or delete it first", sp.Name)})
 		return

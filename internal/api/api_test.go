@@ -80,7 +80,38 @@ func TestTokenIsRequired(t *testing.T) {
 	code, _ := do(t, ts, "GET", "/healthz", "", "")
 	assert.Equal(t, 200, code, "health needs no token")
 	code, _ = do(t, ts, "GET", "/api/v1/volumes?access_token="+token, "", "")
-	assert.Equal(t, 200, code, "EventSource clients pass the token in the query")
+	assert.Equal(t, 401, code, "a token in a URL is accepted by the watch stream only")
+	code, _ = do(t, ts, "GET", "/metrics?access_token="+token, "", "")
+	assert.Equal(t, 401, code)
+}
+
+func TestWatchTakesTheTokenInTheQuery(t *testing.T) {
+	ts, _ := newServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", ts.URL+"/api/v1/watch?access_token="+token, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode, "EventSource cannot send headers")
+	assert.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+}
+
+func TestAnswersAreNotCachedOrFramed(t *testing.T) {
+	ts, _ := newServer(t)
+	req, _ := http.NewRequest("GET", ts.URL+"/api/v1/volumes", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+	assert.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"))
+	assert.Contains(t, resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'")
+
+	big := `{"name":"a","node":"n","sparseLoopDevice":{"size":"1Gi"},"mkfsOptions":["` + strings.Repeat("x", MaxBody) + `"]}`
+	code, _ := do(t, ts, "POST", "/api/v1/volumes", token, big)
+	assert.Equal(t, 400, code, "a body past MaxBody is refused")
 }
 
 func TestCreateValidatesAndConflicts(t *testing.T) {

@@ -51,26 +51,56 @@ func rawExt(d *msgpack.Decoder, v reflect.Value, n int) error {
 // MaxFrame bounds one frame; Salt trims events to max_event_size (1 MiB).
 const MaxFrame = 16 << 20
 
+// ErrFrameTooLarge means one frame ran past MaxFrame: the stream is not
+// Salt's, or is broken, and must be reconnected.
+var ErrFrameTooLarge = fmt.Errorf("event frame larger than %d bytes", MaxFrame)
+
 // Decoder reads events from a stream. It survives bad events: a frame whose
 // body cannot be decoded is counted and skipped.
 type Decoder struct {
 	dec     *msgpack.Decoder
+	lim     *frameLimit
 	Skipped int // events that could not be decoded
+}
+
+// frameLimit fails a read once the current frame has used MaxFrame bytes.
+type frameLimit struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *frameLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, ErrFrameTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
 }
 
 // NewDecoder wraps a stream (the socket, or a recording of it).
 func NewDecoder(r io.Reader) *Decoder {
-	d := msgpack.NewDecoder(bufio.NewReaderSize(r, 64<<10))
+	lim := &frameLimit{r: bufio.NewReaderSize(r, 64<<10), left: MaxFrame}
+	d := msgpack.NewDecoder(lim)
 	d.SetMapDecoder(stringKeyMap)
 	d.UseLooseInterfaceDecoding(true)
-	return &Decoder{dec: d}
+	return &Decoder{dec: d, lim: lim}
 }
 
 // Next returns the next well-formed event. io.EOF means the bus closed; any
 // other error means the stream itself is broken (reconnect).
 func (d *Decoder) Next() (Event, error) {
 	for {
+		// The decoder reads ahead at most its own small buffer, so a frame
+		// gets MaxFrame bytes plus what was buffered for it.
+		d.lim.left = MaxFrame
 		v, err := d.dec.DecodeInterfaceLoose()
+		if errors.Is(err, ErrFrameTooLarge) {
+			return Event{}, err
+		}
 		if err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				return Event{}, io.EOF
@@ -137,7 +167,8 @@ func stringKeyMap(d *msgpack.Decoder) (any, error) {
 	if err != nil || n == -1 {
 		return nil, err
 	}
-	m := make(map[string]any, n)
+	// The length is the sender's claim: do not allocate by it.
+	m := make(map[string]any, min(n, 64))
 	for i := 0; i < n; i++ {
 		k, err := d.DecodeInterfaceLoose()
 		if err != nil {
@@ -224,27 +255,31 @@ type Progress struct {
 	Volume string
 	UUID   string
 	Step   string
-	Node   string
-	Data   map[string]any
+	// Node is the minion id of Salt's single-event envelope, which the
+	// master checked against the minion's key; Authenticated is false when
+	// there is no such envelope (Salt's batched form puts the sender's data
+	// on the bus bare). The "node" field inside the data is never trusted.
+	Node          string
+	Authenticated bool
+	Data          map[string]any
 }
 
 // AsProgress decodes a progress event, unwrapping the envelope Salt puts
-// around events a minion fires ({"cmd": "_minion_event", "id", "data"}).
+// around an event a minion fires ({"cmd": "_minion_event", "id", "data"}).
 func (e Event) AsProgress() (Progress, bool) {
 	if e.Kind() != KindProgress {
 		return Progress{}, false
 	}
 	d := e.Data
-	node, _ := d["id"].(string)
+	p := Progress{Volume: strings.Split(e.Tag, "/")[1]}
 	if inner, ok := d["data"].(map[string]any); ok && d["cmd"] == "_minion_event" {
+		id, _ := d["id"].(string)
+		p.Node, p.Authenticated = id, id != ""
 		d = inner
 	}
-	p := Progress{Volume: strings.Split(e.Tag, "/")[1], Data: d, Node: node}
+	p.Data = d
 	p.UUID, _ = d["uuid"].(string)
 	p.Step, _ = d["step"].(string)
-	if n, ok := d["node"].(string); ok && n != "" {
-		p.Node = n
-	}
 	return p, true
 }
 

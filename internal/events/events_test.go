@@ -155,3 +155,18 @@ func TestKindsAndTypedEvents(t *testing.T) {
 	assert.Equal(t, "u-1", p.UUID)
 	assert.Equal(t, "node-1", p.Node)
 }
+
+// A frame that claims or carries more than MaxFrame breaks the stream
+// instead of growing memory without bound.
+func TestFrameLargerThanMaxFrameIsRefused(t *testing.T) {
+	body := append([]byte("salt/job/1/ret/m\n\n"), make([]byte, MaxFrame+1)...)
+	frame, err := msgpack.Marshal(map[string]any{"head": map[string]any{}, "body": body})
+	require.NoError(t, err)
+	_, err = NewDecoder(bytes.NewReader(frame)).Next()
+	assert.ErrorIs(t, err, ErrFrameTooLarge)
+
+	// A map header claiming four billion entries allocates nothing first.
+	claim := []byte{0xdf, 0xff, 0xff, 0xff, 0xff}
+	_, err = NewDecoder(bytes.NewReader(claim)).Next()
+	assert.Error(t, err)
+}

@@ -1,13 +1,17 @@
 // Package reconciler drives volume objects through their phases: it starts
 // one Salt state run per create or delete through salt-api and settles the
-// volume when the job's return crosses the event bus. Jobs are looked up in
-// Salt's job cache only after the bus (re)connects, when a job outlives its
-// timeout, or in the optional polling mode.
+// volume when the job returns.
+//
+// The bus says when, the job cache says what: any accepted minion can put a
+// salt/job/<jid>/ret/<any minion> event with any payload on the master bus
+// (Salt's batched minion events), so a return seen on the bus only makes the
+// reconciler look the job up through salt-api. The job cache is written by
+// the master from authenticated minion returns; only the looked-up return
+// of the volume's own node settles, adopts, updates or removes a volume.
 package reconciler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +49,7 @@ const (
 	ReasonSaltRefused     = "SaltRefused"
 	ReasonRetrying        = "Retrying"
 	ReasonJobTimeout      = "JobTimeout"
+	ReasonInvalidReturn   = "InvalidReturn"
 )
 
 // Options tune the reconciler; zero values take the defaults.
@@ -77,6 +82,26 @@ type Metrics struct {
 	Adopted           metrics.Counter
 	Lookups           metrics.Counter
 	JobLatency        *metrics.Histogram
+	// Rejected counts events that changed nothing because they could not
+	// be trusted, by reason.
+	Rejected Rejections
+}
+
+// Rejections count untrusted events by reason.
+type Rejections struct {
+	// Unconfirmed: a job return on the bus that the job cache does not
+	// hold for the volume's node (forged, or a node that never ran it).
+	Unconfirmed metrics.Counter
+	// Progress: a progress event outside the single-event envelope, or
+	// whose authenticated minion id is not the volume's node.
+	Progress metrics.Counter
+	// Device: a return whose device info does not describe the volume.
+	Device metrics.Counter
+}
+
+// Values lists the counters by reason label.
+func (r *Rejections) Values() map[string]int64 {
+	return map[string]int64{"unconfirmed": r.Unconfirmed.Value(), "progress": r.Progress.Value(), "device": r.Device.Value()}
 }
 
 // Reconciler owns the volume objects in its store.
@@ -94,11 +119,14 @@ type Reconciler struct {
 	mu             sync.Mutex
 	inbox          map[string][]observation
 	jobs           map[string]string // our job id -> volume
-	unmatched      map[string]events.JobReturn
+	unmatched      map[string]struct{}
 	unmatchedOrder []string
 	notBefore      map[string]time.Time
 	backoff        map[string]time.Duration
 	lookupRetry    bool
+
+	cache    *jobCache
+	rejected *rateLog
 }
 
 // New builds a reconciler. source may be nil in polling mode.
@@ -118,24 +146,28 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{
+	r := &Reconciler{
 		store: st, salt: salt, source: source, opt: opt, log: log,
 		Hub:     NewHub(),
 		Metrics: &Metrics{JobLatency: metrics.NewHistogram(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)},
 		q:       newQueue(),
 		inbox:   map[string][]observation{}, jobs: map[string]string{},
-		unmatched: map[string]events.JobReturn{}, notBefore: map[string]time.Time{},
-		backoff: map[string]time.Duration{},
+		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
+		backoff:  map[string]time.Duration{},
+		rejected: newRateLog(log, time.Minute),
 	}
+	r.cache = newJobCache(salt, &r.Metrics.Lookups)
+	return r
 }
 
 type obsKind int
 
 const (
 	obsProgress obsKind = iota
-	obsReturn
-	obsLost   // the job cache does not know the job
-	obsDelete // a user asked for deletion
+	obsReturn           // a return read from the job cache
+	obsHint             // the bus says job jid returned: look it up
+	obsLost             // the job cache does not know the job
+	obsDelete           // a user asked for deletion
 )
 
 // observation is something learnt about a volume, applied by its worker so
@@ -151,6 +183,7 @@ type observation struct {
 	step    string
 	wipe    bool
 	forget  bool
+	tries   int // lookups of a hint so far
 }
 
 // Run reconciles until ctx ends.
@@ -246,30 +279,41 @@ func (r *Reconciler) Forget(name string) (*volume.Volume, error) {
 	return v, nil
 }
 
-// Handle takes one bus event. It never blocks on Salt or a volume.
+// Handle takes one bus event. It never blocks on Salt or a volume, and it
+// trusts nothing the event says: a job return is only a hint to look the
+// job up, and progress counts only from the volume's own node.
 func (r *Reconciler) Handle(ev events.Event) {
 	switch ev.Kind() {
 	case events.KindProgress:
 		p, _ := ev.AsProgress()
+		if !p.Authenticated {
+			r.Metrics.Rejected.Progress.Inc()
+			r.rejected.Warn("progress event outside Salt's single-event envelope ignored", "tag", ev.Tag)
+			return
+		}
 		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node})
 	case events.KindJobReturn:
 		jr, _ := ev.AsJobReturn()
-		out := volume.ParseStateReturn(jr.Retcode, jr.Return)
+		if !strings.HasPrefix(jr.Fun, "state.") {
+			return
+		}
 		r.mu.Lock()
 		name, ours := r.jobs[jr.JID]
 		r.mu.Unlock()
 		if ours {
-			r.push(name, observation{kind: obsReturn, jid: jr.JID, node: jr.Minion, how: "event", outcome: out})
+			r.push(name, observation{kind: obsHint, jid: jr.JID})
 			return
 		}
+		// Someone else's run (salt-call, orchestrate): the names in the
+		// event only say which volumes to look up.
 		results := volume.StateResults(jr.Return)
 		for i := range results {
-			r.push(results[i].Volume, observation{kind: obsReturn, jid: jr.JID, node: jr.Minion, how: "event", outcome: out, result: &results[i]})
+			r.push(results[i].Volume, observation{kind: obsHint, jid: jr.JID})
 		}
-		if len(results) == 0 && strings.HasPrefix(jr.Fun, "state.") {
+		if len(results) == 0 {
 			// Maybe ours, returned before local_async answered (a render
-			// error names no state): keep it for registerJob.
-			r.remember(jr)
+			// error names no state): keep the jid for registerJob.
+			r.remember(jr.JID)
 		}
 	}
 }
@@ -284,11 +328,11 @@ func (r *Reconciler) push(name string, o observation) {
 	r.q.add(name)
 }
 
-func (r *Reconciler) remember(jr events.JobReturn) {
+func (r *Reconciler) remember(jid string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.unmatched[jr.JID] = jr
-	r.unmatchedOrder = append(r.unmatchedOrder, jr.JID)
+	r.unmatched[jid] = struct{}{}
+	r.unmatchedOrder = append(r.unmatchedOrder, jid)
 	if len(r.unmatchedOrder) > 1024 {
 		delete(r.unmatched, r.unmatchedOrder[0])
 		r.unmatchedOrder = r.unmatchedOrder[1:]
@@ -298,11 +342,11 @@ func (r *Reconciler) remember(jr events.JobReturn) {
 func (r *Reconciler) registerJob(jid, name string) {
 	r.mu.Lock()
 	r.jobs[jid] = name
-	jr, early := r.unmatched[jid]
+	_, early := r.unmatched[jid]
 	delete(r.unmatched, jid)
 	r.mu.Unlock()
 	if early {
-		r.push(name, observation{kind: obsReturn, jid: jid, node: jr.Minion, how: "event", outcome: volume.ParseStateReturn(jr.Retcode, jr.Return)})
+		r.push(name, observation{kind: obsHint, jid: jid})
 	}
 }
 
@@ -328,12 +372,13 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 	r.mu.Unlock()
 
 	v, err := r.store.Get(name)
-	if errors.Is(err, store.ErrNotFound) {
-		r.adopt(name, obs)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		r.log.Error("reading volume", "volume", name, "error", err)
 		return
 	}
-	if err != nil {
-		r.log.Error("reading volume", "volume", name, "error", err)
+	obs = r.confirm(ctx, name, v, obs)
+	if v == nil {
+		r.adopt(name, obs)
 		return
 	}
 	dirty := false
@@ -382,8 +427,13 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 			continue
 		}
 		s, err := volume.AdoptedSpec(o.node, *o.result)
+		if err == nil {
+			if err = volume.CheckDevice(s, o.result.Device); err != nil {
+				r.Metrics.Rejected.Device.Inc()
+			}
+		}
 		if err != nil {
-			r.log.Warn("not adopting volume", "volume", name, "job", o.jid, "error", err)
+			r.log.Warn("not adopting volume", "volume", name, "job", o.jid, "node", o.node, "error", err)
 			continue
 		}
 		now := time.Now().UTC()
@@ -410,10 +460,12 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 	st := &v.Status
 	switch o.kind {
 	case obsProgress:
-		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step {
+		if o.node != v.Spec.Node {
+			r.Metrics.Rejected.Progress.Inc()
+			r.rejected.Warn("progress event from another minion ignored", "volume", v.Spec.Name, "node", v.Spec.Node, "from", o.node)
 			return unchanged
 		}
-		if o.node != "" && o.node != v.Spec.Node {
+		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step {
 			return unchanged
 		}
 		st.Step = o.step
@@ -481,6 +533,13 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		return changed
 	}
 	if out.OK {
+		if err := volume.CheckDevice(&v.Spec, out.Device); err != nil {
+			r.Metrics.Rejected.Device.Inc()
+			r.Metrics.JobsFailed.Inc()
+			st.Phase, st.Reason = volume.Failed, ReasonInvalidReturn
+			st.Message = fmt.Sprintf("%s returned device info that does not describe this volume: %v", v.Spec.Node, err)
+			return changed
+		}
 		r.Metrics.JobsSucceeded.Inc()
 		st.Phase, st.Reason, st.Message = volume.Available, "", ""
 		st.ApplyDevice(out.Device)
@@ -508,6 +567,11 @@ func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
 	switch res.Function {
 	case "prepared":
 		if res.Device == nil || v.DeleteRequested {
+			return unchanged
+		}
+		if err := volume.CheckDevice(&v.Spec, res.Device); err != nil {
+			r.Metrics.Rejected.Device.Inc()
+			r.rejected.Warn("state return with device info that does not describe the volume ignored", "volume", v.Spec.Name, "job", o.jid, "error", err)
 			return unchanged
 		}
 		before := v.Status
@@ -642,11 +706,7 @@ func (r *Reconciler) lookup(ctx context.Context, v *volume.Volume, how string) (
 		return observation{}, false, err
 	}
 	if ret, ok := info.Returns[v.Spec.Node]; ok {
-		var body any
-		if err := json.Unmarshal(ret.Return, &body); err != nil {
-			body = string(ret.Return)
-		}
-		return observation{kind: obsReturn, jid: jid, node: v.Spec.Node, how: how, outcome: volume.ParseStateReturn(ret.Retcode, body)}, true, nil
+		return returnObservation(jid, v.Spec.Node, v.Spec.Name, how, ret), true, nil
 	}
 	if !info.Known {
 		return observation{kind: obsLost, jid: jid}, true, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/google/uuid"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -104,7 +105,8 @@ func newRig(t *testing.T, opt Options, seed ...*volume.Volume) *rig {
 }
 
 func sparseSpec(name string) *spec.Spec {
-	s, err := spec.Parse(strings.NewReader(fmt.Sprintf(`{"name":%q,"uuid":"3f2504e0-4f89-41d3-9a0c-0305e82c33%02d","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, name, len(name))))
+	u := uuid.NewSHA1(uuid.NameSpaceOID, []byte(name))
+	s, err := spec.Parse(strings.NewReader(fmt.Sprintf(`{"name":%q,"uuid":%q,"node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, name, u)))
 	if err != nil {
 		panic(err)
 	}
@@ -168,7 +170,33 @@ func device(s *spec.Spec) map[string]any {
 		"size": int64(1 << 30), "inUse": false}
 }
 
-func (g *rig) send(ev events.Event) { g.src.ch <- ev }
+// send puts an event on the bus as Salt does: a job return is written to
+// the job cache too (the master stores authenticated returns there).
+func (g *rig) send(ev events.Event) {
+	g.record(ev)
+	g.forge(ev)
+}
+
+// record writes a job return event's return into the fake job cache.
+func (g *rig) record(ev events.Event) {
+	if jr, ok := ev.AsJobReturn(); ok {
+		b, err := json.Marshal(jr.Return)
+		require.NoError(g.t, err)
+		g.salt.mu.Lock()
+		info := g.salt.jobs[jr.JID]
+		info.Known, info.Function = true, jr.Fun
+		if info.Returns == nil {
+			info.Returns = map[string]saltapi.MinionReturn{}
+		}
+		info.Returns[jr.Minion] = saltapi.MinionReturn{Return: b, Retcode: jr.Retcode}
+		g.salt.jobs[jr.JID] = info
+		g.salt.mu.Unlock()
+	}
+}
+
+// forge puts an event on the bus only, as any minion can with Salt's
+// batched events: nothing reaches the job cache.
+func (g *rig) forge(ev events.Event) { g.src.ch <- ev }
 
 func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	g := newRig(t, Options{})
@@ -272,7 +300,7 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	_, err = g.r.Delete("del", false)
 	require.ErrorAs(t, err, &de, "already Terminating")
 
-	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "unprepared", true, "", nil)))
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "absent", true, "", nil)))
 	g.until("del", Deleted)
 	_, err = g.store.Get("del")
 	assert.ErrorIs(t, err, store.ErrNotFound)
@@ -289,7 +317,7 @@ func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
 	_, err = g.r.Delete("stuck", false)
 	require.NoError(t, err)
 	v = g.until("stuck", "Terminating")
-	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("stuck", "unprepared", false, "volume stuck: device is mounted at /mnt", nil)))
+	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("stuck", "absent", false, "volume stuck: device is mounted at /mnt", nil)))
 	v = g.until("stuck", "Failed")
 	assert.Equal(t, ReasonUnprepareFailed, v.Status.Reason)
 	assert.False(t, v.DeleteRequested)
@@ -357,7 +385,9 @@ func TestReturnBeforeLocalAsyncAnswers(t *testing.T) {
 	// The minion answers before salt-api does; a render error names no
 	// state, so only the job id can match it.
 	g.salt.onLaunch = func(jid string, _ call) {
-		g.r.Handle(ret(jid, "node-1", 1, []any{"Rendering SLS 'base:salt_volumes.prepared' failed"}))
+		ev := ret(jid, "node-1", 1, []any{"Rendering SLS 'base:salt_volumes.prepared' failed"})
+		g.record(ev)
+		g.r.Handle(ev)
 	}
 	_, err := g.r.Create(sparseSpec("early"))
 	require.NoError(t, err)
@@ -453,9 +483,9 @@ func TestStateRunsOfOthersAreTracked(t *testing.T) {
 	assert.Empty(t, g.salt.launches(), "an adopted volume needs no job")
 
 	// A return from another node for the same name is not this volume.
-	g.send(ret("20261122111111111112", "node-2", 0, stateRet("by-hand", "unprepared", true, "", nil)))
+	g.send(ret("20261122111111111112", "node-2", 0, stateRet("by-hand", "absent", true, "", nil)))
 	// salt-call state.apply salt_volumes.unprepared on its node removes it.
-	g.send(ret("20261122111111111113", "node-1", 0, stateRet("by-hand", "unprepared", true, "", nil)))
+	g.send(ret("20261122111111111113", "node-1", 0, stateRet("by-hand", "absent", true, "", nil)))
 	assert.Equal(t, Deleted, g.next("by-hand").Type)
 }
 
@@ -475,4 +505,112 @@ func TestVolumesReconcileConcurrently(t *testing.T) {
 	for k, c := range seen {
 		assert.Equal(t, 1, c, "one launch per volume: %s", k)
 	}
+}
+
+// adoptable is a prepared state return that carries its spec, as the
+// prepared state returns it.
+func adoptable(t *testing.T, s *spec.Spec, dev map[string]any) map[string]any {
+	r := stateRet(s.Name, "prepared", true, "", dev)
+	specMap := map[string]any{}
+	b, _ := json.Marshal(s)
+	require.NoError(t, json.Unmarshal(b, &specMap))
+	r["salt_volumes_|-salt_volumes "+s.Name+"_|-"+s.Name+"_|-prepared"].(map[string]any)["spec"] = specMap
+	return r
+}
+
+// A job return on the bus that Salt's job cache does not hold changes
+// nothing: not a pending volume, not an available one, not the store.
+func TestForgedReturnsChangeNothing(t *testing.T) {
+	g := newRig(t, Options{})
+	pending := sparseSpec("pending")
+	_, err := g.r.Create(pending)
+	require.NoError(t, err)
+	pv := g.until("pending", "Pending")
+	avail := sparseSpec("avail")
+	_, err = g.r.Create(avail)
+	require.NoError(t, err)
+	av := g.until("avail", "Pending")
+	g.send(ret(av.Status.JobID, "node-1", 0, stateRet("avail", "prepared", true, "", device(avail))))
+	av = g.until("avail", "Available")
+
+	evil := device(avail)
+	evil["persistentPath"], evil["devicePath"] = "/", "/"
+	for _, ev := range []events.Event{
+		// settle the pending volume, as failed or as prepared
+		ret(pv.Status.JobID, "node-1", 2, stateRet("pending", "prepared", false, "forged failure", nil)),
+		ret(pv.Status.JobID, "node-1", 0, stateRet("pending", "prepared", true, "", device(pending))),
+		// remove, re-point or fail the available one through someone else's run
+		ret("20261122222222222221", "node-1", 0, stateRet("avail", "absent", true, "", nil)),
+		ret("20261122222222222222", "node-1", 0, stateRet("avail", "prepared", true, "", evil)),
+		ret("20261122222222222223", "node-2", 0, stateRet("avail", "absent", true, "", nil)),
+		// adopt a volume nobody made
+		ret("20261122222222222224", "node-2", 0, adoptable(t, sparseSpec("ghost"), device(sparseSpec("ghost")))),
+	} {
+		g.forge(ev)
+	}
+	require.Eventually(t, func() bool { return g.r.Metrics.Rejected.Unconfirmed.Value() >= 6 }, 10*time.Second, 10*time.Millisecond,
+		"every forged return is counted once its lookups are exhausted")
+	got, err := g.store.Get("pending")
+	require.NoError(t, err)
+	assert.Equal(t, volume.Pending, got.Status.Phase)
+	got, err = g.store.Get("avail")
+	require.NoError(t, err)
+	assert.Equal(t, av.Status, got.Status, "status untouched")
+	_, err = g.store.Get("ghost")
+	assert.ErrorIs(t, err, store.ErrNotFound)
+
+	// The real return still settles the pending volume.
+	g.send(ret(pv.Status.JobID, "node-1", 0, stateRet("pending", "prepared", true, "", device(pending))))
+	assert.Equal(t, "/dev/disk/by-uuid/"+pending.UUID, g.until("pending", "Available").Status.PersistentPath)
+}
+
+// Progress counts only from the volume's own node, in Salt's single-event
+// envelope; the node field inside the data is not trusted.
+func TestProgressOnlyFromTheVolumesNode(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("prog")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	g.until("prog", "Pending")
+	g.forge(events.Event{Tag: "salt-volumes/prog/progress", Data: map[string]any{"step": "batched", "uuid": s.UUID, "node": "node-1"}})
+	g.forge(events.Event{Tag: "salt-volumes/prog/progress", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-2", "data": map[string]any{"step": "other-minion", "uuid": s.UUID, "node": "node-1"}}})
+	g.send(events.Event{Tag: "salt-volumes/prog/progress", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "attached", "uuid": s.UUID}}})
+	assert.Equal(t, "attached", g.next("prog").Volume.Status.Step, "the first change is the real one")
+	assert.EqualValues(t, 2, g.r.Metrics.Rejected.Progress.Value())
+}
+
+// The volume's own node, confirmed by the job cache, still cannot make the
+// control plane publish a path that is not the volume's.
+func TestDeviceInfoIsValidated(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("dev")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	v := g.until("dev", "Pending")
+	bad := device(s)
+	bad["persistentPath"] = "/"
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("dev", "prepared", true, "", bad)))
+	v = g.until("dev", "Failed")
+	assert.Equal(t, ReasonInvalidReturn, v.Status.Reason)
+	assert.Contains(t, v.Status.Message, `persistentPath "/"`)
+	assert.EqualValues(t, 1, g.r.Metrics.Rejected.Device.Value())
+	assert.Empty(t, v.Status.PersistentPath)
+}
+
+// One highstate returning several volumes costs one lookup.
+func TestOneLookupPerJob(t *testing.T) {
+	g := newRig(t, Options{})
+	r := map[string]any{}
+	for _, n := range []string{"h-1", "h-2", "h-3"} {
+		for k, v := range adoptable(t, sparseSpec(n), device(sparseSpec(n))) {
+			r[k] = v
+		}
+	}
+	g.send(ret("20261122333333333333", "node-1", 0, r))
+	for _, n := range []string{"h-1", "h-2", "h-3"} {
+		assert.Equal(t, Added, g.next(n).Type)
+	}
+	assert.EqualValues(t, 1, g.r.Metrics.Lookups.Value())
 }

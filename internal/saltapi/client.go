@@ -285,8 +285,11 @@ type Job struct {
 var ErrNoMinions = errors.New("no minion matched the target")
 
 // LocalAsync starts fun on tgt and returns the job id.
+//
+// tgt is one minion id, targeted as a list of one: never a glob, so a name
+// like "*" or "a,b" cannot fan a job out to other minions.
 func (c *Client) LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwarg map[string]any) (Job, error) {
-	low := Lowstate{"client": "local_async", "tgt": tgt, "fun": fun}
+	low := Lowstate{"client": "local_async", "tgt": []string{tgt}, "tgt_type": "list", "fun": fun}
 	if len(arg) > 0 {
 		low["arg"] = arg
 	}

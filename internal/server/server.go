@@ -78,7 +78,10 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// No WriteTimeout: the watch stream is long-lived and sends heartbeats;
+	// an idle keep-alive connection is closed after IdleTimeout.
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recDone := make(chan struct{})

@@ -87,6 +87,10 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
 var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
+// minionID is what a node may be: a host name or FQDN as Salt uses for
+// minion ids, and nothing Salt would read as a target expression.
+var minionID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
 // Parse decodes a spec strictly (unknown fields are errors, so typos such as
 // "fstype" do not silently fall back to defaults) and validates it.
 func Parse(r io.Reader) (*Spec, error) {
@@ -219,6 +223,10 @@ func (s *Spec) Validate() error {
 		return &FieldError{"uuid", fmt.Sprintf("%q is not an RFC 4122 UUID: use the 8-4-4-4-12 hex form, e.g. 3f2504e0-4f89-41d3-9a0c-0305e82c3301", s.UUID)}
 	}
 	s.UUID = u.String()
+
+	if s.Node != "" && !minionID.MatchString(s.Node) {
+		return &FieldError{"node", fmt.Sprintf("%q is not a Salt minion id: use the id salt-key -L shows (letters, digits, '.', '_' and '-'; no globs, commas or spaces)", s.Node)}
+	}
 
 	switch s.Mode {
 	case "":

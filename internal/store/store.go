@@ -26,6 +26,14 @@ var ErrNotFound = errors.New("volume not found")
 // ErrExists is returned when creating a volume whose name is taken.
 var ErrExists = errors.New("a volume with this name already exists")
 
+// UUIDError is returned when creating a volume whose UUID another volume
+// already has.
+type UUIDError struct{ UUID, Owner string }
+
+func (e *UUIDError) Error() string {
+	return fmt.Sprintf("uuid %s already belongs to volume %q", e.UUID, e.Owner)
+}
+
 // openTimeout bounds the wait for the file lock another process holds.
 var openTimeout = 5 * time.Second
 
@@ -113,11 +121,23 @@ func (s *Store) Len() int {
 func (s *Store) Create(v *volume.Volume) error {
 	s.createMu.Lock()
 	defer s.createMu.Unlock()
+	// Names and UUIDs are unique across the cluster; both are checked under
+	// the create lock so that concurrent creates cannot both pass.
 	s.mu.RLock()
 	_, exists := s.cache[v.Spec.Name]
+	owner := ""
+	for _, o := range s.cache {
+		if o.Spec.UUID == v.Spec.UUID {
+			owner = o.Spec.Name
+			break
+		}
+	}
 	s.mu.RUnlock()
 	if exists {
 		return fmt.Errorf("%w: %q", ErrExists, v.Spec.Name)
+	}
+	if owner != "" {
+		return &UUIDError{UUID: v.Spec.UUID, Owner: owner}
 	}
 	return s.Put(v)
 }

@@ -1,11 +1,14 @@
 package store
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -14,7 +17,7 @@ import (
 )
 
 func vol(name string) *volume.Volume {
-	return &volume.Volume{Spec: spec.Spec{Name: name, UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301", Node: "n",
+	return &volume.Volume{Spec: spec.Spec{Name: name, UUID: uuid.NewSHA1(uuid.NameSpaceOID, []byte(name)).String(), Node: "n",
 		MkfsOptions: []string{"-m", "0"}, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}, CreatedAt: time.Unix(1, 0).UTC()}
 }
 
@@ -86,4 +89,36 @@ func TestSecondServeIsRefused(t *testing.T) {
 	_, err = Open(path)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "another salt-volumes serve holds it")
+}
+
+func TestUUIDsAreUniqueEvenUnderConcurrentCreates(t *testing.T) {
+	st, err := Open(filepath.Join(t.TempDir(), "v.db"))
+	require.NoError(t, err)
+	defer st.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok, taken := 0, 0
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := vol(fmt.Sprintf("v-%d", i))
+			v.Spec.UUID = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+			err := st.Create(v)
+			var ue *UUIDError
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.As(err, &ue):
+				taken++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 1, ok, "one create wins")
+	assert.Equal(t, 19, taken, "the others are told the uuid is taken")
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 	"time"
@@ -182,6 +183,34 @@ func ParseStateReturn(retcode int, ret any) Outcome {
 	return Outcome{Message: "unexpected state return: " + string(b)}
 }
 
+// CheckDevice validates device info from a state return before anything
+// (the store, a PersistentVolume) uses it: the persistent path must be the
+// one the volume's own UUID names, the device a clean path under /dev, and
+// the size positive. A node that returns anything else is not describing
+// this volume.
+func CheckDevice(s *spec.Spec, d map[string]any) error {
+	str := func(k string) string { v, _ := d[k].(string); return v }
+	if want := s.PersistentPath(); str("persistentPath") != want {
+		return fmt.Errorf("persistentPath %q is not %s", str("persistentPath"), want)
+	}
+	if u := str("uuid"); u != "" && u != s.UUID {
+		return fmt.Errorf("uuid %q is not the volume's %s", u, s.UUID)
+	}
+	p := str("devicePath")
+	if !strings.HasPrefix(p, "/dev/") || path.Clean(p) != p || strings.ContainsAny(p, " \t\n\x00") {
+		return fmt.Errorf("devicePath %q is not a clean path under /dev", p)
+	}
+	if n := str("deviceName"); n == "" || strings.ContainsAny(n, "/ \t\n\x00") || n == "." || n == ".." {
+		return fmt.Errorf("deviceName %q is not a kernel device name", n)
+	}
+	var st Status
+	st.ApplyDevice(d)
+	if st.Size <= 0 {
+		return fmt.Errorf("size %d is not positive", st.Size)
+	}
+	return nil
+}
+
 // ApplyDevice copies device info from a state return into the status.
 func (s *Status) ApplyDevice(d map[string]any) {
 	str := func(k string) string { v, _ := d[k].(string); return v }
@@ -225,6 +254,9 @@ func StateResults(ret any) []StateResult {
 			continue
 		}
 		r := StateResult{Volume: parts[2], Function: parts[3], OK: st["result"] == true}
+		if r.Function == "absent" {
+			r.Function = "unprepared" // salt_volumes.unprepared is an alias of absent
+		}
 		r.Comment, _ = st["comment"].(string)
 		r.Device, _ = st["volume"].(map[string]any)
 		r.Spec, _ = st["spec"].(map[string]any)

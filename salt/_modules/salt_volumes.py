@@ -2,7 +2,9 @@
 Local persistent volumes, prepared on this minion by ``salt-volume-exec``.
 
 :depends: the ``salt-volume-exec`` binary (state ``salt_volumes.installed``)
-:configuration: minion config or pillar, both optional:
+:configuration: minion config only, both optional (never pillar: a
+    ``pillar=`` override must not choose the program run as root or where
+    sparse files go):
 
     .. code-block:: yaml
 
