@@ -395,6 +395,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	mw.Counter("salt_volumes_job_launch_errors_total", "Failed attempts to start a state run.", m.LaunchErrors.Value())
 	mw.Counter("salt_volumes_job_lookups_total", "Job cache lookups (reconnects, restarts, timeouts, polling mode).", m.Lookups.Value())
 	mw.Counter("salt_volumes_adopted_total", "Volumes first seen in someone else's state run.", m.Adopted.Value())
+	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device).", "reason", m.Rejected.Values())
 	mw.Histogram("salt_volumes_job_latency_seconds", "From starting a state run to its return settling the volume.", m.JobLatency)
 	phases := map[string]float64{}
 	for _, p := range []volume.Phase{volume.Unknown, volume.Pending, volume.Available, volume.Failed, volume.Terminating} {

@@ -230,6 +230,8 @@ func TestMetricsExposition(t *testing.T) {
 		`salt_volumes_job_latency_seconds_bucket{le="+Inf"} 0`,
 		`salt_volumes_volumes{phase="Unknown"} 1`,
 		`salt_volumes_volumes{phase="Available"} 0`,
+		`salt_volumes_events_rejected_total{reason="unconfirmed"} 0`,
+		`salt_volumes_events_rejected_total{reason="progress"} 0`,
 	} {
 		assert.Contains(t, text, want)
 	}

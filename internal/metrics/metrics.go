@@ -73,6 +73,19 @@ func (w *Writer) Counter(name, help string, v int64) {
 	w.printf("# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
 }
 
+// CounterVec writes a counter with one sample per label value.
+func (w *Writer) CounterVec(name, help, label string, values map[string]int64) {
+	w.printf("# HELP %s %s\n# TYPE %s counter\n", name, help, name)
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		w.printf("%s{%s=%q} %d\n", name, label, escape(k), values[k])
+	}
+}
+
 // Gauge writes a gauge, one sample per label value (label may be empty).
 func (w *Writer) Gauge(name, help, label string, values map[string]float64) {
 	w.printf("# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
