@@ -293,6 +293,13 @@ func (r *Reconciler) Handle(ev events.Event) {
 		}
 		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node})
 	case events.KindJobReturn:
+		if ev.Data["cmd"] == "_minion_event" {
+			// A minion fired an event under a job return's tag: the master
+			// writes real returns itself, never in this envelope.
+			r.Metrics.Rejected.Unconfirmed.Inc()
+			r.rejected.Warn("minion event under a job return tag ignored", "tag", ev.Tag, "from", ev.Data["id"])
+			return
+		}
 		jr, _ := ev.AsJobReturn()
 		if !strings.HasPrefix(jr.Fun, "state.") {
 			return

@@ -264,6 +264,10 @@ func (s *Stack) AddMinion(id string) string {
 	return stateDir
 }
 
+// StopMinion stops a minion started with AddMinion: jobs for it stay
+// without a return.
+func (s *Stack) StopMinion(id string) { s.kill("minion-" + id) }
+
 // APIURL is the salt-api base URL.
 func (s *Stack) APIURL() string { return fmt.Sprintf("http://127.0.0.1:%d", s.APIPort) }
 
