@@ -43,7 +43,8 @@ test: setup lint pytest vagrant-validate
 # Fuzz targets, FUZZTIME each (outside make test). New inputs the fuzzer
 # finds stay in Go's cache; crashers land in the package's testdata/fuzz.
 FUZZTIME ?= 10m
-FUZZ_TARGETS = ./internal/spec:FuzzParse ./internal/gpt:FuzzRead ./internal/probe:FuzzDevice ./internal/probe:FuzzParseWipefs
+FUZZ_TARGETS = ./internal/spec:FuzzParse ./internal/gpt:FuzzRead ./internal/probe:FuzzDevice ./internal/probe:FuzzParseWipefs \
+               ./internal/events:FuzzDecoder ./internal/saltapi:FuzzParseListJob
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz: $$fn ($$pkg) for $(FUZZTIME)"; \

@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Event is one event from the bus.
@@ -85,7 +86,6 @@ func (l *frameLimit) Read(p []byte) (int, error) {
 func NewDecoder(r io.Reader) *Decoder {
 	lim := &frameLimit{r: bufio.NewReaderSize(r, 64<<10), left: MaxFrame}
 	d := msgpack.NewDecoder(lim)
-	d.SetMapDecoder(stringKeyMap)
 	d.UseLooseInterfaceDecoding(true)
 	return &Decoder{dec: d, lim: lim}
 }
@@ -97,7 +97,7 @@ func (d *Decoder) Next() (Event, error) {
 		// The decoder reads ahead at most its own small buffer, so a frame
 		// gets MaxFrame bytes plus what was buffered for it.
 		d.lim.left = MaxFrame
-		v, err := d.dec.DecodeInterfaceLoose()
+		v, err := decodeValue(d.dec, 0)
 		if errors.Is(err, ErrFrameTooLarge) {
 			return Event{}, err
 		}
@@ -146,9 +146,8 @@ func Unpack(body []byte) (Event, error) {
 		return ev, nil
 	}
 	d := msgpack.NewDecoder(bytes.NewReader(raw))
-	d.SetMapDecoder(stringKeyMap)
 	d.UseLooseInterfaceDecoding(true)
-	v, err := d.DecodeInterfaceLoose()
+	v, err := decodeValue(d, 0)
 	if err != nil {
 		return Event{}, fmt.Errorf("event %s: %w", ev.Tag, err)
 	}
@@ -160,34 +159,66 @@ func Unpack(body []byte) (Event, error) {
 	return ev, nil
 }
 
-// stringKeyMap decodes every map with string keys, whatever the wire type
-// of the key (str, bin, int).
-func stringKeyMap(d *msgpack.Decoder) (any, error) {
-	n, err := d.DecodeMapLen()
-	if err != nil || n == -1 {
+// maxDepth bounds nesting: Salt's events are a few levels deep, and a
+// hostile stream must not exhaust the stack.
+const maxDepth = 64
+
+var errTooDeep = errors.New("event data nested too deep")
+
+// decodeValue decodes one msgpack value. Arrays and maps are decoded here
+// rather than by the library, which allocates by the length the sender
+// claims (a 5-byte header can ask for gigabytes); every map gets string
+// keys, whatever the wire type of the key (str, bin, int).
+func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
+	if depth > maxDepth {
+		return nil, errTooDeep
+	}
+	c, err := d.PeekCode()
+	if err != nil {
 		return nil, err
 	}
-	// The length is the sender's claim: do not allocate by it.
-	m := make(map[string]any, min(n, 64))
-	for i := 0; i < n; i++ {
-		k, err := d.DecodeInterfaceLoose()
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := d.DecodeArrayLen()
 		if err != nil {
 			return nil, err
 		}
-		v, err := d.DecodeInterfaceLoose()
+		s := make([]any, 0, min(n, 64))
+		for i := 0; i < n; i++ {
+			v, err := decodeValue(d, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			s = append(s, v)
+		}
+		return s, nil
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err := d.DecodeMapLen()
 		if err != nil {
 			return nil, err
 		}
-		switch kk := k.(type) {
-		case string:
-			m[kk] = v
-		case []byte:
-			m[string(kk)] = v
-		default:
-			m[fmt.Sprint(kk)] = v
+		m := make(map[string]any, min(n, 64))
+		for i := 0; i < n; i++ {
+			k, err := decodeValue(d, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			v, err := decodeValue(d, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			switch kk := k.(type) {
+			case string:
+				m[kk] = v
+			case []byte:
+				m[string(kk)] = v
+			default:
+				m[fmt.Sprint(kk)] = v
+			}
 		}
+		return m, nil
 	}
-	return m, nil
+	return d.DecodeInterfaceLoose()
 }
 
 // Kinds of events the control plane reacts to.

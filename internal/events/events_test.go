@@ -18,7 +18,7 @@ const golden = "82a468656164 80a4626f6479c431" +
 	"73616c742f746573740a0a" +
 	"82a17801a65f7374616d70ba323032362d30312d30325430333a30343a30352e303030303036"
 
-func goldenBytes(t *testing.T) []byte {
+func goldenBytes(t testing.TB) []byte {
 	b, err := hex.DecodeString(strings.ReplaceAll(golden, " ", ""))
 	require.NoError(t, err)
 	require.Len(t, b, 63)

@@ -28,6 +28,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		return err
 	}
 	defer st.Close()
+	for _, bad := range st.Skipped {
+		log.Error("store record skipped: it cannot be read; the volume is not managed until it is fixed or its node reports it again", "store", cfg.Store, "record", bad)
+	}
 	salt, err := saltapi.New(saltapi.Config{
 		URL: cfg.Salt.URL, Username: cfg.Salt.Username, Password: cfg.Salt.Password, Eauth: cfg.Salt.Eauth,
 		CAFile: cfg.Salt.CAFile, InsecureSkipVerify: cfg.Salt.InsecureSkipVerify, Log: log.With("component", "salt-api"),

@@ -43,13 +43,25 @@ type Store struct {
 	createMu sync.Mutex // makes "name free? then write" one step
 	mu       sync.RWMutex
 	cache    map[string]*volume.Volume
+	// Skipped lists records that could not be read at open: they are left
+	// in the file, reported, and do not stop the others from loading.
+	Skipped []string
 }
 
-// Open opens (or creates) the store file and loads every volume.
-func Open(path string) (*Store, error) {
+// Open opens (or creates) the store file and loads every volume. A file
+// whose pages are corrupt is an error that names it and says what to do,
+// never a panic (under systemd's Restart=on-failure a panic is a crash
+// loop).
+func Open(path string) (s *Store, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("store directory: %w", err)
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			s, err = nil, fmt.Errorf("store %s is corrupt (%v): stop salt-volumes serve, move the file aside "+
+				"(check it with bbolt check), and start again: volumes prepared by salt_volumes state runs are adopted again as their nodes report them", path, p)
+		}
+	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
@@ -61,7 +73,7 @@ func Open(path string) (*Store, error) {
 	// instead of bbolt's 10 keeps one API create snappy while a burst of
 	// reconciles still shares fsyncs.
 	db.MaxBatchDelay = 2 * time.Millisecond
-	s := &Store{db: db, cache: map[string]*volume.Volume{}}
+	s = &Store{db: db, cache: map[string]*volume.Volume{}}
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
@@ -69,8 +81,13 @@ func Open(path string) (*Store, error) {
 		}
 		return b.ForEach(func(k, v []byte) error {
 			var vol volume.Volume
-			if err := json.Unmarshal(v, &vol); err != nil {
-				return fmt.Errorf("volume %q: %w", k, err)
+			err := json.Unmarshal(v, &vol)
+			if err == nil && vol.Spec.Name != string(k) {
+				err = fmt.Errorf("it names volume %q", vol.Spec.Name)
+			}
+			if err != nil {
+				s.Skipped = append(s.Skipped, fmt.Sprintf("volume %q: %v", k, err))
+				return nil
 			}
 			s.cache[string(k)] = &vol
 			return nil

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -121,4 +123,48 @@ func TestUUIDsAreUniqueEvenUnderConcurrentCreates(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, 1, ok, "one create wins")
 	assert.Equal(t, 19, taken, "the others are told the uuid is taken")
+}
+
+// A bad record is skipped and reported; the others load.
+func TestBadRecordIsSkipped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.db")
+	s, err := Open(path)
+	require.NoError(t, err)
+	require.NoError(t, s.Create(vol("good")))
+	require.NoError(t, s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Put([]byte("bad"), []byte("{not json"))
+	}))
+	require.NoError(t, s.Close())
+	s, err = Open(path)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Get("good")
+	assert.NoError(t, err)
+	require.Len(t, s.Skipped, 1)
+	assert.Contains(t, s.Skipped[0], `volume "bad"`)
+}
+
+// A file whose pages are garbage is an error naming the file and the way
+// out, never a panic.
+func TestCorruptFileIsAClearError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.db")
+	s, err := Open(path)
+	require.NoError(t, err)
+	for i := range 50 {
+		require.NoError(t, s.Create(vol(fmt.Sprintf("v-%d", i))))
+	}
+	require.NoError(t, s.Close())
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	junk := make([]byte, 3*4096)
+	for i := range junk {
+		junk[i] = byte(i*7 + 3)
+	}
+	_, err = f.WriteAt(junk, 2*4096) // the freelist and the first data pages
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	_, err = Open(path)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), "move the file aside")
 }

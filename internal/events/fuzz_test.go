@@ -1,0 +1,35 @@
+package events
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// FuzzDecoder: any byte stream yields events, io.EOF or an error, never a
+// panic, and every event it yields classifies and converts without one.
+func FuzzDecoder(f *testing.F) {
+	f.Add(goldenBytes(f))
+	ret, _ := msgpack.Marshal(map[string]any{"fun": "state.apply", "retcode": 0, "return": map[string]any{"a": 1}})
+	frame, _ := msgpack.Marshal(map[string]any{"head": map[string]any{}, "body": append([]byte("salt/job/1/ret/m\n\n"), ret...)})
+	f.Add(frame)
+	prog, _ := msgpack.Marshal(map[string]any{"cmd": "_minion_event", "id": "n", "data": map[string]any{"step": "x", "uuid": "u"}})
+	frame2, _ := msgpack.Marshal(map[string]any{"head": map[string]any{}, "body": string(append([]byte("salt-volumes/v/progress\n\n"), prog...))})
+	f.Add(append(frame, frame2...))
+	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d := NewDecoder(bytes.NewReader(b))
+		for range 64 {
+			ev, err := d.Next()
+			if errors.Is(err, io.EOF) || err != nil {
+				return
+			}
+			ev.Kind()
+			ev.AsJobReturn()
+			ev.AsProgress()
+		}
+	})
+}
