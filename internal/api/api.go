@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -76,6 +78,37 @@ type Server struct {
 	Log *slog.Logger
 	// Heartbeat is the watch stream's keep-alive period (default 15s).
 	Heartbeat time.Duration
+	// Limits; zero means no limit.
+	MaxWatchers      int
+	MaxVolumes       int
+	CreatesPerSecond float64
+
+	watchers atomic.Int64
+	createMu sync.Mutex
+	tokens   float64
+	refilled time.Time
+}
+
+// allowCreate is a token bucket: CreatesPerSecond, bursts of twice that.
+func (s *Server) allowCreate() bool {
+	if s.CreatesPerSecond <= 0 {
+		return true
+	}
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	now := time.Now()
+	burst := 2 * s.CreatesPerSecond
+	if s.refilled.IsZero() {
+		s.tokens = burst
+	} else {
+		s.tokens = min(burst, s.tokens+now.Sub(s.refilled).Seconds()*s.CreatesPerSecond)
+	}
+	s.refilled = now
+	if s.tokens < 1 {
+		return false
+	}
+	s.tokens--
+	return true
 }
 
 // Handler returns the routed handler.
@@ -200,6 +233,15 @@ func ParseCreate(body io.Reader) (*spec.Spec, error) {
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	if !s.allowCreate() {
+		w.Header().Set("Retry-After", "1")
+		writeErr(w, http.StatusTooManyRequests, Error{Code: "limit", Message: fmt.Sprintf("more than %g creates per second: slow down and retry", s.CreatesPerSecond)})
+		return
+	}
+	if s.MaxVolumes > 0 && s.Store.Len() >= s.MaxVolumes {
+		writeErr(w, http.StatusTooManyRequests, Error{Code: "limit", Message: fmt.Sprintf("the control plane holds %d volumes, its limit (limits.volumes): delete some or raise the limit", s.MaxVolumes)})
+		return
+	}
 	sp, err := ParseCreate(r.Body)
 	if err != nil {
 		var fe *spec.FieldError
@@ -290,11 +332,20 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: "streaming unsupported"})
 		return
 	}
+	if n := s.watchers.Add(1); s.MaxWatchers > 0 && n > int64(s.MaxWatchers) {
+		s.watchers.Add(-1)
+		w.Header().Set("Retry-After", "5")
+		writeErr(w, http.StatusServiceUnavailable, Error{Code: "limit", Message: fmt.Sprintf("%d watch streams are open, the limit (limits.watchers): close some or raise the limit", s.MaxWatchers)})
+		return
+	}
+	defer s.watchers.Add(-1)
 	node, name := r.URL.Query().Get("node"), r.URL.Query().Get("name")
 	match := func(v *volume.Volume) bool {
 		return (node == "" || v.Spec.Node == node) && (name == "" || v.Spec.Name == name)
 	}
-	ch, stop := s.Reconciler.Hub.Subscribe(1024)
+	// A small buffer: an idle watcher costs its queue, and one that falls
+	// behind is dropped and reconnects for the full list.
+	ch, stop := s.Reconciler.Hub.Subscribe(256)
 	defer stop()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
@@ -308,11 +359,15 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
 		return err
 	}
-	for _, v := range s.Store.List() {
-		if match(v) {
-			if send(reconciler.Added, v) != nil {
-				return
-			}
+	// The initial list one volume at a time: a copy of the whole store
+	// per watcher would make watchers cost O(store) each.
+	for _, n := range s.Store.Names() {
+		v, err := s.Store.Get(n)
+		if err != nil || !match(v) {
+			continue
+		}
+		if send(reconciler.Added, v) != nil {
+			return
 		}
 	}
 	// Tells clients the initial list is complete (wait uses it).

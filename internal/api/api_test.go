@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -34,6 +35,10 @@ func (noSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) {
 const token = "0123456789abcdef0123"
 
 func newServer(t *testing.T) (*httptest.Server, *store.Store) {
+	return newServerWith(t, func(*Server) {})
+}
+
+func newServerWith(t *testing.T, tune func(*Server)) (*httptest.Server, *store.Store) {
 	st, err := store.Open(filepath.Join(t.TempDir(), "v.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
@@ -42,6 +47,7 @@ func newServer(t *testing.T) (*httptest.Server, *store.Store) {
 	go rec.Run(ctx)
 	srv := &Server{Reconciler: rec, Store: st, Token: token,
 		Nodes: func(context.Context) ([]string, error) { return []string{"node-1", "node-2"}, nil }}
+	tune(srv)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); cancel() })
 	return ts, st
@@ -235,4 +241,51 @@ func TestMetricsExposition(t *testing.T) {
 	} {
 		assert.Contains(t, text, want)
 	}
+}
+
+func TestLimits(t *testing.T) {
+	t.Run("create rate", func(t *testing.T) {
+		ts, _ := newServerWith(t, func(s *Server) { s.CreatesPerSecond = 2 })
+		codes := map[int]int{}
+		for i := range 8 {
+			code, m := do(t, ts, "POST", "/api/v1/volumes", token, fmt.Sprintf(`{"name":"r-%d","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, i))
+			codes[code]++
+			if code == 429 {
+				assert.Equal(t, "limit", errField(m, "code"))
+			}
+		}
+		assert.Equal(t, 4, codes[201], "a burst of twice the rate")
+		assert.Equal(t, 4, codes[429])
+	})
+	t.Run("volumes", func(t *testing.T) {
+		ts, st := newServerWith(t, func(s *Server) { s.MaxVolumes = 2 })
+		for i := range 3 {
+			code, m := do(t, ts, "POST", "/api/v1/volumes", token, fmt.Sprintf(`{"name":"v-%d","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, i))
+			if i < 2 {
+				assert.Equal(t, 201, code)
+			} else {
+				assert.Equal(t, 429, code)
+				assert.Contains(t, errField(m, "message"), "limits.volumes")
+			}
+		}
+		assert.Equal(t, 2, st.Len())
+	})
+	t.Run("watchers", func(t *testing.T) {
+		ts, _ := newServerWith(t, func(s *Server) { s.MaxWatchers = 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		open := func() *http.Response {
+			req, _ := http.NewRequestWithContext(ctx, "GET", ts.URL+"/api/v1/watch", nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			return resp
+		}
+		first := open()
+		defer first.Body.Close()
+		require.Equal(t, 200, first.StatusCode)
+		second := open()
+		defer second.Body.Close()
+		assert.Equal(t, 503, second.StatusCode)
+	})
 }

@@ -31,8 +31,20 @@ type Config struct {
 	PollInterval Duration `yaml:"pollInterval"`
 	Workers      int      `yaml:"workers"`
 	LogLevel     string   `yaml:"logLevel"`
+	Limits       Limits   `yaml:"limits"`
 
 	nonLoopback bool
+}
+
+// Limits bound what API clients can make serve hold.
+type Limits struct {
+	// Watchers is the most watch streams open at once (default 1000).
+	Watchers int `yaml:"watchers"`
+	// Volumes is the most volumes the store holds (default 100000).
+	Volumes int `yaml:"volumes"`
+	// CreatesPerSecond bounds the create rate, with a burst of twice as
+	// many (default 100).
+	CreatesPerSecond float64 `yaml:"createsPerSecond"`
 }
 
 // Salt is how to reach salt-api.
@@ -108,6 +120,15 @@ func Parse(data []byte) (*Config, error) {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	if c.Limits.Watchers == 0 {
+		c.Limits.Watchers = 1000
+	}
+	if c.Limits.Volumes == 0 {
+		c.Limits.Volumes = 100000
+	}
+	if c.Limits.CreatesPerSecond == 0 {
+		c.Limits.CreatesPerSecond = 100
+	}
 	if c.TokenFile != "" {
 		b, err := os.ReadFile(c.TokenFile)
 		if err != nil {
@@ -133,6 +154,8 @@ func Parse(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("events.source: %q: use bus (on the master host) or sse (salt-api /events)", c.Events.Source)
 	case c.Workers < 0:
 		return nil, errors.New("workers: must be positive")
+	case c.Limits.Watchers < 0 || c.Limits.Volumes < 0 || c.Limits.CreatesPerSecond < 0:
+		return nil, errors.New("limits: watchers, volumes and createsPerSecond must be positive")
 	}
 	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return nil, fmt.Errorf("listen: %q: use host:port, e.g. 127.0.0.1:8080", c.Listen)

@@ -646,7 +646,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		r.Metrics.LaunchErrors.Inc()
 		var apiErr *saltapi.Error
 		permanent := errors.Is(err, saltapi.ErrNoMinions) || (errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest)
-		r.log.Warn("could not start the state run", "volume", name, "sls", sls, "error", err, "permanent", permanent)
+		r.rejected.Warn("could not start the state run", "volume", name, "sls", sls, "error", err, "permanent", permanent)
 		if !permanent {
 			st.Phase, st.JobID = phase, ""
 			st.Reason, st.Message = ReasonSaltUnavailable, fmt.Sprintf("could not start %s on %s, retrying: %v", sls, v.Spec.Node, err)

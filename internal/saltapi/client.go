@@ -67,7 +67,12 @@ type Client struct {
 	transport *http.Transport
 
 	loginMu sync.Mutex
-	mu      sync.Mutex
+	// A failed login is shared for a second by every caller that waited
+	// for it: with salt-api down, sixteen workers do not take turns
+	// failing, one after the other.
+	loginErr    error
+	loginFailed time.Time
+	mu          sync.Mutex
 	token   string
 	expiry  time.Time
 	// Logins counts successful logins (for tests and metrics).
@@ -200,10 +205,15 @@ func (c *Client) ensureLogin(ctx context.Context) error {
 	c.mu.Lock()
 	need := c.token == "" || (!c.expiry.IsZero() && time.Until(c.expiry) < time.Minute)
 	c.mu.Unlock()
-	if need {
-		return c.Login(ctx)
+	if !need {
+		return nil
 	}
-	return nil
+	if c.loginErr != nil && time.Since(c.loginFailed) < time.Second {
+		return c.loginErr
+	}
+	err := c.Login(ctx)
+	c.loginErr, c.loginFailed = err, time.Now()
+	return err
 }
 
 // Token returns a valid session token, logging in if needed.

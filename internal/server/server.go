@@ -56,6 +56,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 
 	srv := &api.Server{
 		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
+		MaxWatchers: cfg.Limits.Watchers, MaxVolumes: cfg.Limits.Volumes, CreatesPerSecond: cfg.Limits.CreatesPerSecond,
 		Ready: func() error {
 			if source != nil && !stats.Connected.Load() {
 				return errors.New("event source not connected")

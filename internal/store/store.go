@@ -115,6 +115,18 @@ func (s *Store) Get(name string) (*volume.Volume, error) {
 	return c, nil
 }
 
+// Names lists the volume names, sorted.
+func (s *Store) Names() []string {
+	s.mu.RLock()
+	out := make([]string, 0, len(s.cache))
+	for n := range s.cache {
+		out = append(out, n)
+	}
+	s.mu.RUnlock()
+	sort.Strings(out)
+	return out
+}
+
 // List returns copies of all volumes, sorted by name.
 func (s *Store) List() []*volume.Volume {
 	s.mu.RLock()
