@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build e2e-bin demo test lint unit pytest bench fuzz install salt-files clean \
+.PHONY: all setup build e2e-bin demo test lint unit pytest bench load fuzz install salt-files clean \
         vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -60,8 +60,14 @@ pytest:
 unit:
 	$(GO) test -count=1 ./internal/...
 
-bench: setup
+bench: setup load
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 5x -timeout 20m ./test/bench/
+
+# serve under load against a fake salt-api and event bus: 5,000 volumes,
+# 500 idle watchers, 50 creates/s for 60 s (LOAD_VOLUMES, LOAD_WATCHERS,
+# LOAD_RATE, LOAD_SECONDS change it). Fails past 300 MB of RSS.
+load:
+	SALT_VOLUMES_LOAD=1 $(GO) test -count=1 -run TestLoad -v -timeout 10m ./test/load/ | grep -E '^(---|metric|\s+load_test)'
 
 install: build
 	install -D -m 0755 bin/salt-volume-exec $(DESTDIR)$(PREFIX)/bin/salt-volume-exec
