@@ -67,7 +67,10 @@ bench: setup load
 # 500 idle watchers, 50 creates/s for 60 s (LOAD_VOLUMES, LOAD_WATCHERS,
 # LOAD_RATE, LOAD_SECONDS change it). Fails past 300 MB of RSS.
 load:
-	SALT_VOLUMES_LOAD=1 $(GO) test -count=1 -run TestLoad -v -timeout 10m ./test/load/ | grep -E '^(---|metric|\s+load_test)'
+	@mkdir -p test-results; \
+	if ! SALT_VOLUMES_LOAD=1 $(GO) test -count=1 -run TestLoad -v -timeout 10m ./test/load/ > test-results/load.log 2>&1; then \
+	  cat test-results/load.log; exit 1; fi; \
+	grep -E '^(---|metric|\s+load_test)' test-results/load.log
 
 install: build
 	install -D -m 0755 bin/salt-volume-exec $(DESTDIR)$(PREFIX)/bin/salt-volume-exec
