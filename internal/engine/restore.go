@@ -59,6 +59,7 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 	res := e.inspect(s, rec)
 	switch res.State {
 	case StateDamaged:
+		e.dropStaleLink(o, res)
 		return res
 	case StateIncomplete:
 		// Finishing a half-done prepare is prepare's job, with its checks.
@@ -66,12 +67,14 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 		return res
 	case StateMissing:
 		if s.RawBlockDevice == nil {
+			e.dropStaleLink(o, res)
 			return res
 		}
 		// A Block volume whose table is there but whose partition the kernel
 		// never learned of (no GPT parser) is found and added here.
 		name := e.locateRaw(rec, true)
 		if name == "" {
+			e.dropStaleLink(o, res)
 			return res
 		}
 		res.Error = ""
@@ -118,4 +121,14 @@ func (e *Engine) restoreRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	// findRaw returned the device that is the volume (the partition in
 	// Block mode, added to the kernel if it was missing): link it.
 	return e.linkDevice(ctx, o, name, res)
+}
+
+// dropStaleLink removes the persistent link of a volume restore cannot
+// bring back, when it dangles or names a device that does not carry the
+// volume (a loop number reused after a reboot): a stale link would hand
+// someone else's device to whatever opens the path.
+func (e *Engine) dropStaleLink(o *op, res *Result) {
+	if err := e.removeLink(o, ""); err != nil {
+		res.Warnings = append(res.Warnings, err.Error())
+	}
 }

@@ -259,6 +259,13 @@ func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
 	if ok, why := volume.CanDelete(v); !ok {
 		return v, &DeleteError{Reason: why}
 	}
+	// Persisted before the caller hears "accepted": a crash right after
+	// still deletes. The observation covers a worker that was saving an
+	// older copy of the volume at the same moment.
+	v.DeleteRequested, v.Wipe = true, wipe
+	if err := r.store.Put(v); err != nil {
+		return nil, fmt.Errorf("recording the deletion of %s: %w", name, err)
+	}
 	r.push(name, observation{kind: obsDelete, wipe: wipe})
 	return v, nil
 }
@@ -486,6 +493,9 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 			r.forgetJob(st.JobID)
 			r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", st.Reason)
 			return removed
+		}
+		if v.DeleteRequested && v.Wipe == o.wipe {
+			return unchanged // recorded by Delete already
 		}
 		if ok, why := volume.CanDelete(v); !ok || v.DeleteRequested {
 			r.log.Info("deletion dropped", "volume", v.Spec.Name, "reason", why)

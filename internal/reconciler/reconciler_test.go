@@ -614,3 +614,22 @@ func TestOneLookupPerJob(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, g.r.Metrics.Lookups.Value())
 }
+
+// A deletion is on disk before Delete returns: the API's 202 is a promise
+// that survives a crash.
+func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
+	s := sparseSpec("keep")
+	v := &volume.Volume{Spec: *s, Status: volume.Status{Phase: volume.Available}}
+	g := newRigNoRun(t, v)
+	r := New(g.store, &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, g.src, Options{}, nil)
+	_, err := r.Delete("keep", true)
+	require.NoError(t, err)
+	got, err := g.store.Get("keep")
+	require.NoError(t, err)
+	assert.True(t, got.DeleteRequested)
+	assert.True(t, got.Wipe)
+
+	require.NoError(t, g.store.Close())
+	_, err = r.Delete("keep", false)
+	assert.Error(t, err, "a deletion that cannot be recorded is not accepted")
+}

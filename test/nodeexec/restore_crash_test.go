@@ -57,6 +57,11 @@ func TestRestoreAfterReboot(t *testing.T) {
 	lostFile := n.ok("prepare", lost).str("backingFile")
 	reboot(t, n, disk)
 	require.NoError(t, os.Remove(lostFile))
+	// The lost volume's link survived the "reboot" and names a loop number
+	// nobody holds now: restore removes it.
+	stale := "/dev/disk/by-uuid/" + lost["uuid"].(string)
+	require.NoError(t, os.MkdirAll("/dev/disk/by-uuid", 0o755))
+	require.NoError(t, os.Symlink("../../loop4242", stale))
 
 	assert.Equal(t, engine.StateDetached, n.ok("info", specs[0]).str("state"))
 	assert.Equal(t, engine.StateMissing, n.ok("info", lost).str("state"))
@@ -82,6 +87,8 @@ func TestRestoreAfterReboot(t *testing.T) {
 	assert.NoError(t, err, "orphans are not deleted")
 	_, err = os.Stat(lostFile)
 	assert.True(t, os.IsNotExist(err), "a missing file is not recreated")
+	_, err = os.Lstat(stale)
+	assert.True(t, os.IsNotExist(err), "the stale link of the lost volume is gone")
 
 	// The filesystems and GUIDs are what they were.
 	assert.Equal(t, specs[0]["uuid"], blkid(t, want[specs[0]["uuid"].(string)])["UUID"])
