@@ -73,8 +73,8 @@ type Client struct {
 	loginErr    error
 	loginFailed time.Time
 	mu          sync.Mutex
-	token   string
-	expiry  time.Time
+	token       string
+	expiry      time.Time
 	// Logins counts successful logins (for tests and metrics).
 	Logins int
 }
