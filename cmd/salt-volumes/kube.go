@@ -30,7 +30,7 @@ func (c *cli) pv(ctx context.Context, args []string) int {
 	if err != nil {
 		return c.apiErr(err)
 	}
-	obj, err := kube.NewPersistentVolume(v.Volume, kube.Options{
+	obj, err := kube.NewPersistentVolume(v, kube.Options{
 		StorageClass: *class, Hostname: *hostname, ReclaimPolicy: *reclaim, MountOptions: mountOpts,
 	})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"io"
 	"log/slog"
 	"os"
@@ -17,7 +18,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/server"
@@ -374,11 +374,11 @@ func (c *cli) wait(ctx context.Context, args []string) int {
 func (c *cli) waitFor(ctx context.Context, cl *client.Client, name, target string, timeout time.Duration) int {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var last *api.View
+	var last *saltvolumes.View
 	code := -1
 	seen := false
 	terminating := false // a Failed volume being deleted is not a failure until its deletion fails
-	err := cl.Watch(ctx, "", name, func(ev api.Event) bool {
+	err := cl.Watch(ctx, "", name, func(ev saltvolumes.Event) bool {
 		if ev.Type == client.Synced {
 			if !seen {
 				if target == "Deleted" {
@@ -438,7 +438,7 @@ func (c *cli) watch(ctx context.Context, args []string) int {
 		return c.fail(exitUsage, "%v", err)
 	}
 	enc := json.NewEncoder(c.out)
-	err = cl.Watch(ctx, *node, "", func(ev api.Event) bool {
+	err = cl.Watch(ctx, *node, "", func(ev saltvolumes.Event) bool {
 		if ev.Type == client.Synced {
 			return true
 		}
@@ -498,16 +498,16 @@ func (c *cli) json(v any) int {
 	return exitOK
 }
 
-func (c *cli) show(v api.View) int {
+func (c *cli) show(v saltvolumes.View) int {
 	if c.output == "json" {
 		return c.json(v)
 	}
-	c.table([]api.View{v})
+	c.table([]saltvolumes.View{v})
 	return exitOK
 }
 
 // detail is the one thing worth reading about a volume in its phase.
-func detail(v api.View) string {
+func detail(v saltvolumes.View) string {
 	st := v.Status
 	switch {
 	case st.Message != "":
@@ -520,14 +520,14 @@ func detail(v api.View) string {
 	return ""
 }
 
-func kind(v api.View) string {
+func kind(v saltvolumes.View) string {
 	if v.Spec.SparseLoopDevice != nil {
 		return "sparse"
 	}
 	return "raw:" + v.Spec.RawBlockDevice.DevicePath
 }
 
-func (c *cli) table(items []api.View) {
+func (c *cli) table(items []saltvolumes.View) {
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tNODE\tKIND\tMODE\tFS\tSIZE\tPHASE\tDEVICE\tAGE\tDETAIL")
 	for _, v := range items {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"io"
 	"log/slog"
 	"net/http"
@@ -26,41 +27,6 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
-
-// View is a volume as the API shows it: the object plus what the deletion
-// criteria say now, so clients never offer a deletion that will be refused.
-type View struct {
-	*volume.Volume
-	Deletable           bool   `json:"deletable"`
-	DeleteBlockedReason string `json:"deleteBlockedReason,omitempty"`
-}
-
-// NewView computes the view of v.
-func NewView(v *volume.Volume) View {
-	ok, why := volume.CanDelete(v)
-	return View{Volume: v, Deletable: ok, DeleteBlockedReason: why}
-}
-
-// Event is one watch stream record.
-type Event struct {
-	Type   string `json:"type"`
-	Volume View   `json:"volume"`
-}
-
-// Node is a Salt minion and its volumes.
-type Node struct {
-	Name    string         `json:"name"`
-	Up      bool           `json:"up"`
-	Volumes int            `json:"volumes"`
-	Phases  map[string]int `json:"phases"`
-}
-
-// Error is the body of every error answer.
-type Error struct {
-	Code    string `json:"code"`
-	Field   string `json:"field,omitempty"`
-	Message string `json:"message"`
-}
 
 // Server serves the API.
 type Server struct {
@@ -130,7 +96,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/watch", s.authQuery(s.watch))
 	mux.Handle("GET /api/v1/nodes", s.auth(s.nodes))
 	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
-		writeErr(w, http.StatusNotFound, Error{Code: "not_found", Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
+		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
 	}))
 	if s.UI != nil {
 		mux.Handle("/", s.UI)
@@ -178,7 +144,7 @@ func (s *Server) checkToken(h http.HandlerFunc, query bool) http.Handler {
 		}
 		if len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="salt-volumes"`)
-			writeErr(w, http.StatusUnauthorized, Error{Code: "unauthorized", Message: "missing or wrong API token: send Authorization: Bearer <token> (SALT_VOLUMES_TOKEN for the CLI)"})
+			writeErr(w, http.StatusUnauthorized, saltvolumes.Error{Code: saltvolumes.CodeUnauthorized, Message: "missing or wrong API token: send Authorization: Bearer <token> (SALT_VOLUMES_TOKEN for the CLI)"})
 			return
 		}
 		h(w, r)
@@ -193,8 +159,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, status int, e Error) {
-	writeJSON(w, status, map[string]Error{"error": e})
+func writeErr(w http.ResponseWriter, status int, e saltvolumes.Error) {
+	writeJSON(w, status, map[string]saltvolumes.Error{"error": e})
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
@@ -235,48 +201,48 @@ func ParseCreate(body io.Reader) (*spec.Spec, error) {
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if !s.allowCreate() {
 		w.Header().Set("Retry-After", "1")
-		writeErr(w, http.StatusTooManyRequests, Error{Code: "limit", Message: fmt.Sprintf("more than %g creates per second: slow down and retry", s.CreatesPerSecond)})
+		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: fmt.Sprintf("more than %g creates per second: slow down and retry", s.CreatesPerSecond)})
 		return
 	}
 	if s.MaxVolumes > 0 && s.Store.Len() >= s.MaxVolumes {
-		writeErr(w, http.StatusTooManyRequests, Error{Code: "limit", Message: fmt.Sprintf("the control plane holds %d volumes, its limit (limits.volumes): delete some or raise the limit", s.MaxVolumes)})
+		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: fmt.Sprintf("the control plane holds %d volumes, its limit (limits.volumes): delete some or raise the limit", s.MaxVolumes)})
 		return
 	}
 	sp, err := ParseCreate(r.Body)
 	if err != nil {
 		var fe *spec.FieldError
 		if errors.As(err, &fe) {
-			writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Field: fe.Field, Message: fe.Error()})
+			writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: fe.Field, Message: fe.Error()})
 			return
 		}
-		writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Message: err.Error()})
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Message: err.Error()})
 		return
 	}
 	v, err := s.Reconciler.Create(sp)
 	var uerr *store.UUIDError
 	if errors.As(err, &uerr) {
-		writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "uuid", Message: fmt.Sprintf("uuid: %s already belongs to volume %q: leave uuid out to get a new one", sp.UUID, uerr.Owner)})
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeExists, Field: "uuid", Message: fmt.Sprintf("uuid: %s already belongs to volume %q: leave uuid out to get a new one", sp.UUID, uerr.Owner)})
 		return
 	}
 	if errors.Is(err, store.ErrExists) {
-		writeErr(w, http.StatusConflict, Error{Code: "exists", Field: "name", Message: fmt.Sprintf("name: volume %q already exists: pick another name or delete it first", sp.Name)})
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeExists, Field: "name", Message: fmt.Sprintf("name: volume %q already exists: pick another name or delete it first", sp.Name)})
 		return
 	}
 	if err != nil {
-		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: err.Error()})
+		writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: err.Error()})
 		return
 	}
 	s.Log.Info("volume created", "volume", sp.Name, "node", sp.Node)
 	w.Header().Set("Location", "/api/v1/volumes/"+sp.Name)
-	writeJSON(w, http.StatusCreated, NewView(v))
+	writeJSON(w, http.StatusCreated, v.View())
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	node := r.URL.Query().Get("node")
-	items := []View{}
+	items := []saltvolumes.View{}
 	for _, v := range s.Store.List() {
 		if node == "" || v.Spec.Node == node {
-			items = append(items, NewView(v))
+			items = append(items, v.View())
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": items})
@@ -288,11 +254,11 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		notFound(w, r.PathValue("name"))
 		return
 	}
-	writeJSON(w, http.StatusOK, NewView(v))
+	writeJSON(w, http.StatusOK, v.View())
 }
 
 func notFound(w http.ResponseWriter, name string) {
-	writeErr(w, http.StatusNotFound, Error{Code: "not_found", Message: fmt.Sprintf("volume %q not found", name)})
+	writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: fmt.Sprintf("volume %q not found", name)})
 }
 
 func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
@@ -303,7 +269,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch {
 	case wipe && forget:
-		writeErr(w, http.StatusBadRequest, Error{Code: "invalid", Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
 		return
 	case forget:
 		v, err = s.Reconciler.Forget(name)
@@ -315,12 +281,12 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, store.ErrNotFound):
 		notFound(w, name)
 	case errors.As(err, &de):
-		writeErr(w, http.StatusConflict, Error{Code: "delete_forbidden", Message: fmt.Sprintf("volume %q: %s", name, de.Reason)})
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeDeleteForbidden, Message: fmt.Sprintf("volume %q: %s", name, de.Reason)})
 	case err != nil:
-		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: err.Error()})
+		writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: err.Error()})
 	default:
 		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe, "forget", forget)
-		writeJSON(w, http.StatusAccepted, NewView(v))
+		writeJSON(w, http.StatusAccepted, v.View())
 	}
 }
 
@@ -329,13 +295,13 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
-		writeErr(w, http.StatusInternalServerError, Error{Code: "internal", Message: "streaming unsupported"})
+		writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: "streaming unsupported"})
 		return
 	}
 	if n := s.watchers.Add(1); s.MaxWatchers > 0 && n > int64(s.MaxWatchers) {
 		s.watchers.Add(-1)
 		w.Header().Set("Retry-After", "5")
-		writeErr(w, http.StatusServiceUnavailable, Error{Code: "limit", Message: fmt.Sprintf("%d watch streams are open, the limit (limits.watchers): close some or raise the limit", s.MaxWatchers)})
+		writeErr(w, http.StatusServiceUnavailable, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: fmt.Sprintf("%d watch streams are open, the limit (limits.watchers): close some or raise the limit", s.MaxWatchers)})
 		return
 	}
 	defer s.watchers.Add(-1)
@@ -352,7 +318,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	send := func(typ string, v *volume.Volume) error {
-		b, err := json.Marshal(Event{Type: typ, Volume: NewView(v)})
+		b, err := json.Marshal(saltvolumes.Event{Type: typ, Volume: v.View()})
 		if err != nil {
 			return err
 		}
@@ -400,10 +366,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) nodes(w http.ResponseWriter, r *http.Request) {
-	byName := map[string]*Node{}
-	get := func(n string) *Node {
+	byName := map[string]*saltvolumes.Node{}
+	get := func(n string) *saltvolumes.Node {
 		if byName[n] == nil {
-			byName[n] = &Node{Name: n, Phases: map[string]int{}}
+			byName[n] = &saltvolumes.Node{Name: n, Phases: map[string]int{}}
 		}
 		return byName[n]
 	}
@@ -424,7 +390,7 @@ func (s *Server) nodes(w http.ResponseWriter, r *http.Request) {
 		n.Volumes++
 		n.Phases[v.Status.Phase.String()]++
 	}
-	items := make([]Node, 0, len(byName))
+	items := make([]saltvolumes.Node, 0, len(byName))
 	for _, n := range byName {
 		items = append(items, *n)
 	}

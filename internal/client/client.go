@@ -8,12 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
-
-	"github.com/salt-volumes/salt-volumes/internal/api"
 )
 
 // Client is an API client.
@@ -26,7 +25,7 @@ type Client struct {
 // Error is an error answer from the server.
 type Error struct {
 	Status int
-	Body   api.Error
+	Body   saltvolumes.Error
 }
 
 func (e *Error) Error() string { return e.Body.Message }
@@ -61,10 +60,10 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if resp.StatusCode >= 300 {
 		var e struct {
-			Error api.Error `json:"error"`
+			Error saltvolumes.Error `json:"error"`
 		}
 		if json.Unmarshal(raw, &e) != nil || e.Error.Message == "" {
-			e.Error = api.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))}
+			e.Error = saltvolumes.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))}
 		}
 		return &Error{Status: resp.StatusCode, Body: e.Error}
 	}
@@ -77,16 +76,16 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 }
 
 // Create creates a volume from a spec (the ARCHITECTURE.md contract).
-func (c *Client) Create(ctx context.Context, spec any) (api.View, error) {
-	var v api.View
+func (c *Client) Create(ctx context.Context, spec any) (saltvolumes.View, error) {
+	var v saltvolumes.View
 	err := c.do(ctx, http.MethodPost, "/api/v1/volumes", spec, &v)
 	return v, err
 }
 
 // List lists volumes, on one node when node is set.
-func (c *Client) List(ctx context.Context, node string) ([]api.View, error) {
+func (c *Client) List(ctx context.Context, node string) ([]saltvolumes.View, error) {
 	var out struct {
-		Items []api.View `json:"items"`
+		Items []saltvolumes.View `json:"items"`
 	}
 	path := "/api/v1/volumes"
 	if node != "" {
@@ -97,15 +96,15 @@ func (c *Client) List(ctx context.Context, node string) ([]api.View, error) {
 }
 
 // Get returns one volume.
-func (c *Client) Get(ctx context.Context, name string) (api.View, error) {
-	var v api.View
+func (c *Client) Get(ctx context.Context, name string) (saltvolumes.View, error) {
+	var v saltvolumes.View
 	err := c.do(ctx, http.MethodGet, "/api/v1/volumes/"+url.PathEscape(name), nil, &v)
 	return v, err
 }
 
 // Delete asks for a volume's deletion.
-func (c *Client) Delete(ctx context.Context, name string, wipe bool) (api.View, error) {
-	var v api.View
+func (c *Client) Delete(ctx context.Context, name string, wipe bool) (saltvolumes.View, error) {
+	var v saltvolumes.View
 	path := "/api/v1/volumes/" + url.PathEscape(name)
 	if wipe {
 		path += "?wipe=true"
@@ -115,17 +114,17 @@ func (c *Client) Delete(ctx context.Context, name string, wipe bool) (api.View, 
 }
 
 // Forget drops a Failed volume without running anything on its node.
-func (c *Client) Forget(ctx context.Context, name string) (api.View, error) {
-	var v api.View
+func (c *Client) Forget(ctx context.Context, name string) (saltvolumes.View, error) {
+	var v saltvolumes.View
 	err := c.do(ctx, http.MethodDelete, "/api/v1/volumes/"+url.PathEscape(name)+"?forget=true", nil, &v)
 	return v, err
 }
 
 // Nodes lists Salt's minions with their volumes.
-func (c *Client) Nodes(ctx context.Context) ([]api.Node, string, error) {
+func (c *Client) Nodes(ctx context.Context) ([]saltvolumes.Node, string, error) {
 	var out struct {
-		Items   []api.Node `json:"items"`
-		Warning string     `json:"warning"`
+		Items   []saltvolumes.Node `json:"items"`
+		Warning string             `json:"warning"`
 	}
 	err := c.do(ctx, http.MethodGet, "/api/v1/nodes", nil, &out)
 	return out.Items, out.Warning, err
@@ -136,7 +135,7 @@ const Synced = "SYNCED"
 
 // Watch streams changes (after the current volumes as ADDED and one SYNCED
 // event) until fn returns false, ctx ends, or the stream breaks.
-func (c *Client) Watch(ctx context.Context, node, name string, fn func(api.Event) bool) error {
+func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolumes.Event) bool) error {
 	q := url.Values{}
 	if node != "" {
 		q.Set("node", node)
@@ -162,7 +161,7 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(api.Event
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		var e struct {
-			Error api.Error `json:"error"`
+			Error saltvolumes.Error `json:"error"`
 		}
 		_ = json.Unmarshal(raw, &e)
 		if e.Error.Message == "" {
@@ -181,7 +180,7 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(api.Event
 		case strings.HasPrefix(line, "data: "):
 			data = strings.TrimPrefix(line, "data: ")
 		case line == "" && typ != "":
-			ev := api.Event{Type: typ}
+			ev := saltvolumes.Event{Type: typ}
 			if typ != Synced {
 				if err := json.Unmarshal([]byte(data), &ev); err != nil {
 					return fmt.Errorf("watch: bad event: %w", err)

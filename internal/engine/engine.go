@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
@@ -58,26 +59,9 @@ func New(stateDir string, log *slog.Logger) *Engine {
 	}
 }
 
-// Result is the JSON document printed for one volume.
-type Result struct {
-	Name           string   `json:"name"`
-	UUID           string   `json:"uuid"`
-	Type           string   `json:"type,omitempty"`
-	Mode           string   `json:"mode,omitempty"`
-	FSType         string   `json:"fsType,omitempty"`
-	Size           int64    `json:"size"`
-	DevicePath     string   `json:"devicePath,omitempty"`
-	DeviceName     string   `json:"deviceName,omitempty"`
-	PersistentPath string   `json:"persistentPath,omitempty"`
-	BackingFile    string   `json:"backingFile,omitempty"`
-	State          string   `json:"state"`
-	InUse          bool     `json:"inUse"`
-	Mountpoints    []string `json:"mountpoints,omitempty"`
-	Holders        []string `json:"holders,omitempty"`
-	Changed        bool     `json:"changed"`
-	Warnings       []string `json:"warnings,omitempty"`
-	Error          string   `json:"error,omitempty"`
-}
+// Result is the JSON document printed for one volume: the contract's
+// Device, which the prepared state hands on to the control plane.
+type Result = saltvolumes.Device
 
 // Error kinds map to the binary's exit codes.
 const (

@@ -8,12 +8,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"regexp"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
-	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 // DefaultStorageClass is the class name the guide and the CLI use.
@@ -91,9 +91,14 @@ var labelValue = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9
 // persistent one (by-uuid or by-partuuid), which survives reboots and device
 // renames; the node affinity uses matchExpressions on kubernetes.io/hostname
 // because the scheduler ignores matchFields there (kubernetes#81725).
-func NewPersistentVolume(v *volume.Volume, o Options) (*PersistentVolume, error) {
-	if v.Status.Phase != volume.Available || v.Status.PersistentPath == "" || v.Status.Size <= 0 {
+func NewPersistentVolume(v saltvolumes.View, o Options) (*PersistentVolume, error) {
+	if v.Status.Phase != saltvolumes.Available || v.Status.PersistentPath == "" || v.Status.Size <= 0 {
 		return nil, fmt.Errorf("volume %s is %s: a PersistentVolume needs an Available volume (its persistent path and size come from the node)", v.Spec.Name, v.Status.Phase)
+	}
+	// A PV hands its path to kubelet, which mounts it as root: it must be
+	// the path the volume's own UUID names, whatever a node claimed.
+	if want := v.Spec.PersistentPath(); v.Status.PersistentPath != want {
+		return nil, fmt.Errorf("volume %s: its persistent path %q is not %s: refusing to publish it", v.Spec.Name, v.Status.PersistentPath, want)
 	}
 	if o.StorageClass == "" {
 		o.StorageClass = DefaultStorageClass

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -8,12 +9,11 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
-	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
-func available(mode string) *volume.Volume {
-	v := &volume.Volume{Spec: spec.Spec{Name: "data-1", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301", Node: "node-1", Mode: mode}}
-	v.Status.Phase = volume.Available
+func available(mode string) saltvolumes.View {
+	v := saltvolumes.View{Spec: spec.Spec{Name: "data-1", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301", Node: "node-1", Mode: mode}}
+	v.Status.Phase = saltvolumes.Available
 	v.Status.Size = 10 << 30
 	v.Status.PersistentPath = "/dev/disk/by-uuid/" + v.Spec.UUID
 	if mode == spec.ModeFilesystem {
@@ -80,7 +80,7 @@ func TestPersistentVolumeBlock(t *testing.T) {
 
 func TestPersistentVolumeRefusals(t *testing.T) {
 	pending := available(spec.ModeFilesystem)
-	pending.Status.Phase = volume.Pending
+	pending.Status.Phase = saltvolumes.Pending
 	_, err := NewPersistentVolume(pending, Options{})
 	assert.ErrorContains(t, err, "volume data-1 is Pending: a PersistentVolume needs an Available volume")
 
@@ -92,6 +92,11 @@ func TestPersistentVolumeRefusals(t *testing.T) {
 
 	_, err = NewPersistentVolume(available(spec.ModeBlock), Options{MountOptions: []string{"discard"}})
 	assert.ErrorContains(t, err, "a Block volume is not mounted")
+
+	forged := available(spec.ModeFilesystem)
+	forged.Status.PersistentPath = "/"
+	_, err = NewPersistentVolume(forged, Options{})
+	assert.ErrorContains(t, err, `its persistent path "/" is not /dev/disk/by-uuid/`)
 }
 
 func TestStorageClass(t *testing.T) {

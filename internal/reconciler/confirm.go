@@ -2,7 +2,6 @@ package reconciler
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"sort"
 	"sync"
@@ -78,12 +77,8 @@ func (r *Reconciler) confirmHint(ctx context.Context, name string, v *volume.Vol
 
 // returnObservation reads one minion's return from the job cache.
 func returnObservation(jid, node, name, how string, ret saltapi.MinionReturn) observation {
-	var body any
-	if err := json.Unmarshal(ret.Return, &body); err != nil {
-		body = string(ret.Return)
-	}
-	o := observation{kind: obsReturn, jid: jid, node: node, how: how, outcome: volume.ParseStateReturn(ret.Retcode, body)}
-	for _, res := range volume.StateResults(body) {
+	o := observation{kind: obsReturn, jid: jid, node: node, how: how, outcome: volume.ParseStateReturn(ret.Retcode, ret.Return)}
+	for _, res := range volume.StateResults(ret.Return) {
 		if res.Volume == name {
 			o.result = &res
 			break

@@ -320,11 +320,11 @@ func (r *Reconciler) Handle(ev events.Event) {
 		}
 		// Someone else's run (salt-call, orchestrate): the names in the
 		// event only say which volumes to look up.
-		results := volume.StateResults(jr.Return)
-		for i := range results {
-			r.push(results[i].Volume, observation{kind: obsHint, jid: jr.JID})
+		names := volume.StateNames(jr.Return)
+		for _, n := range names {
+			r.push(n, observation{kind: obsHint, jid: jr.JID})
 		}
-		if len(results) == 0 {
+		if len(names) == 0 {
 			// Maybe ours, returned before local_async answered (a render
 			// error names no state): keep the jid for registerJob.
 			r.remember(jr.JID)
@@ -442,7 +442,7 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		}
 		s, err := volume.AdoptedSpec(o.node, *o.result)
 		if err == nil {
-			if err = volume.CheckDevice(s, o.result.Device); err != nil {
+			if err = o.result.Device.Check(s); err != nil {
 				r.Metrics.Rejected.Device.Inc()
 			}
 		}
@@ -550,7 +550,7 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		return changed
 	}
 	if out.OK {
-		if err := volume.CheckDevice(&v.Spec, out.Device); err != nil {
+		if err := out.Device.Check(&v.Spec); err != nil {
 			r.Metrics.Rejected.Device.Inc()
 			r.Metrics.JobsFailed.Inc()
 			st.Phase, st.Reason = volume.Failed, ReasonInvalidReturn
@@ -577,8 +577,8 @@ func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
 	if res == nil || waiting(v) || o.node != v.Spec.Node || !res.OK {
 		return unchanged
 	}
-	if u, _ := res.Device["uuid"].(string); res.Device != nil && u != v.Spec.UUID {
-		r.log.Warn("state return names this volume with another uuid; ignored", "volume", v.Spec.Name, "job", o.jid, "uuid", u)
+	if res.Device != nil && res.Device.UUID != v.Spec.UUID {
+		r.log.Warn("state return names this volume with another uuid; ignored", "volume", v.Spec.Name, "job", o.jid, "uuid", res.Device.UUID)
 		return unchanged
 	}
 	switch res.Function {
@@ -586,7 +586,7 @@ func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
 		if res.Device == nil || v.DeleteRequested {
 			return unchanged
 		}
-		if err := volume.CheckDevice(&v.Spec, res.Device); err != nil {
+		if err := res.Device.Check(&v.Spec); err != nil {
 			r.Metrics.Rejected.Device.Inc()
 			r.rejected.Warn("state return with device info that does not describe the volume ignored", "volume", v.Spec.Name, "job", o.jid, "error", err)
 			return unchanged

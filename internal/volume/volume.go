@@ -6,47 +6,24 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"path"
 	"sort"
 	"strings"
 	"time"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
-// Phase is where a volume is in its life.
-type Phase string
+// Phase is where a volume is in its life (the contract's Phase).
+type Phase = saltvolumes.Phase
 
 const (
-	// Unknown: created, not yet seen by the reconciler (no status).
-	Unknown     Phase = ""
-	Pending     Phase = "Pending"
-	Available   Phase = "Available"
-	Failed      Phase = "Failed"
-	Terminating Phase = "Terminating"
+	Unknown     = saltvolumes.Unknown
+	Pending     = saltvolumes.Pending
+	Available   = saltvolumes.Available
+	Failed      = saltvolumes.Failed
+	Terminating = saltvolumes.Terminating
 )
-
-func (p Phase) String() string {
-	if p == Unknown {
-		return "Unknown"
-	}
-	return string(p)
-}
-
-// MarshalJSON spells the empty phase "Unknown" for API users.
-func (p Phase) MarshalJSON() ([]byte, error) { return json.Marshal(p.String()) }
-
-func (p *Phase) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return err
-	}
-	if s == "Unknown" {
-		s = ""
-	}
-	*p = Phase(s)
-	return nil
-}
 
 // Status is what the control plane knows about a volume on its node.
 type Status struct {
@@ -94,6 +71,19 @@ func (v *Volume) Clone() *Volume {
 	return &c
 }
 
+// View is the volume as the API shows it.
+func (v *Volume) View() saltvolumes.View {
+	ok, why := CanDelete(v)
+	st := v.Status
+	return saltvolumes.View{
+		Spec: v.Spec, CreatedAt: v.CreatedAt, Origin: v.Origin, Deleting: v.DeleteRequested,
+		Deletable: ok, DeleteBlockedReason: why,
+		Status: saltvolumes.Status{Phase: st.Phase, Reason: st.Reason, Message: st.Message, JobID: st.JobID, Step: st.Step,
+			DeviceName: st.DeviceName, DevicePath: st.DevicePath, PersistentPath: st.PersistentPath, Size: st.Size,
+			InUse: st.InUse, UpdatedAt: st.UpdatedAt},
+	}
+}
+
 // CanDelete applies the deletion criteria: no decision without a status,
 // none while creation or deletion is running, none while the device is in
 // use. Available and Failed volumes can be deleted.
@@ -116,47 +106,75 @@ func CanDelete(v *Volume) (bool, string) {
 type Outcome struct {
 	OK      bool
 	Message string // the first failing state's comment, or Salt's error
-	Device  map[string]any
+	Device  *saltvolumes.Device
 	// Retryable marks a run that did not happen (another state run was in
 	// progress), as opposed to one that failed.
 	Retryable bool
 }
 
-// ParseStateReturn reads the return of state.apply salt_volumes.prepared or
-// .unprepared for one minion: retcode 0 with a dict of states is success; a
-// list is a render error; a dict with result false names the failing state.
-func ParseStateReturn(retcode int, ret any) Outcome {
-	switch r := ret.(type) {
-	case map[string]any:
-		type st struct {
-			order   float64
-			comment string
-			ok      bool
-			volume  map[string]any
+// stateEntry is one state's result in a state run's return.
+type stateEntry struct {
+	Result  *bool               `json:"result"`
+	Comment json.RawMessage     `json:"comment"`
+	RunNum  float64             `json:"__run_num__"`
+	Volume  *saltvolumes.Device `json:"volume"`
+	Spec    json.RawMessage     `json:"spec"`
+}
+
+func (e stateEntry) ok() bool { return e.Result != nil && *e.Result }
+
+// comment reads a state comment, which Salt gives as a string or a list.
+func (e stateEntry) comment() string {
+	var s string
+	if json.Unmarshal(e.Comment, &s) == nil {
+		return s
+	}
+	var l []string
+	if json.Unmarshal(e.Comment, &l) == nil {
+		return strings.Join(l, "; ")
+	}
+	return ""
+}
+
+// states decodes a state run's return: a map of state keys to results.
+// ok is false when the return is not such a map.
+func states(raw json.RawMessage) (map[string]stateEntry, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil, false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return nil, false
+	}
+	out := make(map[string]stateEntry, len(m))
+	for k, v := range m {
+		var e stateEntry
+		if json.Unmarshal(v, &e) == nil {
+			out[k] = e
 		}
-		var sts []st
-		for _, v := range r {
-			m, ok := v.(map[string]any)
-			if !ok {
-				continue
-			}
-			s := st{ok: m["result"] == true}
-			s.order, _ = m["__run_num__"].(float64)
-			if n, ok := m["__run_num__"].(int64); ok {
-				s.order = float64(n)
-			}
-			s.comment, _ = m["comment"].(string)
-			s.volume, _ = m["volume"].(map[string]any)
-			sts = append(sts, s)
+	}
+	return out, true
+}
+
+// ParseStateReturn reads one minion's return of state.apply
+// salt_volumes.prepared or .unprepared, as the job cache holds it (JSON):
+// retcode 0 with a map of states is success; a list is a render error; a
+// state with result false names the failure.
+func ParseStateReturn(retcode int, raw json.RawMessage) Outcome {
+	if sts, ok := states(raw); ok {
+		entries := make([]stateEntry, 0, len(sts))
+		for _, e := range sts {
+			entries = append(entries, e)
 		}
-		sort.Slice(sts, func(i, j int) bool { return sts[i].order < sts[j].order })
+		sort.Slice(entries, func(i, j int) bool { return entries[i].RunNum < entries[j].RunNum })
 		out := Outcome{OK: retcode == 0}
-		for _, s := range sts {
-			if s.volume != nil && out.Device == nil {
-				out.Device = s.volume
+		for _, e := range entries {
+			if e.Volume != nil && out.Device == nil {
+				out.Device = e.Volume
 			}
-			if !s.ok && out.Message == "" && !strings.HasPrefix(s.comment, "One or more requisite failed") {
-				out.Message = s.comment
+			if c := e.comment(); !e.ok() && out.Message == "" && !strings.HasPrefix(c, "One or more requisite failed") {
+				out.Message = c
 				out.OK = false
 			}
 		}
@@ -164,9 +182,14 @@ func ParseStateReturn(retcode int, ret any) Outcome {
 			out.Message = fmt.Sprintf("state run failed with retcode %d", retcode)
 		}
 		return out
-	case []any:
-		var msgs []string
-		for _, m := range r {
+	}
+	if t := bytes.TrimSpace(raw); len(t) == 0 || string(t) == "null" {
+		return Outcome{Message: fmt.Sprintf("the minion returned nothing (retcode %d)", retcode)}
+	}
+	var list []any
+	if json.Unmarshal(raw, &list) == nil {
+		msgs := make([]string, 0, len(list))
+		for _, m := range list {
 			msgs = append(msgs, fmt.Sprint(m))
 		}
 		msg := strings.Join(msgs, "; ")
@@ -174,56 +197,21 @@ func ParseStateReturn(retcode int, ret any) Outcome {
 			msg += " (the salt_volumes modules are not on the minion: run salt <node> saltutil.sync_all)"
 		}
 		return Outcome{Message: "the state did not render: " + msg, Retryable: strings.Contains(msg, "is running as PID")}
-	case string:
-		return Outcome{Message: r, Retryable: strings.Contains(r, "is running as PID")}
-	case nil:
-		return Outcome{Message: fmt.Sprintf("the minion returned nothing (retcode %d)", retcode)}
 	}
-	b, _ := json.Marshal(ret)
-	return Outcome{Message: "unexpected state return: " + string(b)}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		return Outcome{Message: str, Retryable: strings.Contains(str, "is running as PID")}
+	}
+	return Outcome{Message: "unexpected state return: " + string(raw)}
 }
 
-// CheckDevice validates device info from a state return before anything
-// (the store, a PersistentVolume) uses it: the persistent path must be the
-// one the volume's own UUID names, the device a clean path under /dev, and
-// the size positive. A node that returns anything else is not describing
-// this volume.
-func CheckDevice(s *spec.Spec, d map[string]any) error {
-	str := func(k string) string { v, _ := d[k].(string); return v }
-	if want := s.PersistentPath(); str("persistentPath") != want {
-		return fmt.Errorf("persistentPath %q is not %s", str("persistentPath"), want)
+// ApplyDevice copies device info from a node into the status.
+func (s *Status) ApplyDevice(d *saltvolumes.Device) {
+	if d == nil {
+		return
 	}
-	if u := str("uuid"); u != "" && u != s.UUID {
-		return fmt.Errorf("uuid %q is not the volume's %s", u, s.UUID)
-	}
-	p := str("devicePath")
-	if !strings.HasPrefix(p, "/dev/") || path.Clean(p) != p || strings.ContainsAny(p, " \t\n\x00") {
-		return fmt.Errorf("devicePath %q is not a clean path under /dev", p)
-	}
-	if n := str("deviceName"); n == "" || strings.ContainsAny(n, "/ \t\n\x00") || n == "." || n == ".." {
-		return fmt.Errorf("deviceName %q is not a kernel device name", n)
-	}
-	var st Status
-	st.ApplyDevice(d)
-	if st.Size <= 0 {
-		return fmt.Errorf("size %d is not positive", st.Size)
-	}
-	return nil
-}
-
-// ApplyDevice copies device info from a state return into the status.
-func (s *Status) ApplyDevice(d map[string]any) {
-	str := func(k string) string { v, _ := d[k].(string); return v }
-	s.DeviceName, s.DevicePath, s.PersistentPath = str("deviceName"), str("devicePath"), str("persistentPath")
-	switch n := d["size"].(type) {
-	case float64:
-		s.Size = int64(n)
-	case int64:
-		s.Size = n
-	case uint64:
-		s.Size = int64(n)
-	}
-	s.InUse, _ = d["inUse"].(bool)
+	s.DeviceName, s.DevicePath, s.PersistentPath = d.DeviceName, d.DevicePath, d.PersistentPath
+	s.Size, s.InUse = d.Size, d.InUse
 }
 
 // StateResult is what one salt_volumes state in a state run did.
@@ -232,51 +220,63 @@ type StateResult struct {
 	Function string // prepared, unprepared, restored
 	OK       bool
 	Comment  string
-	Device   map[string]any
-	Spec     map[string]any
+	Device   *saltvolumes.Device
+	Spec     json.RawMessage
+}
+
+// stateKey splits "salt_volumes_|-<id>_|-<name>_|-<fun>"; ok is false for
+// other modules' states.
+func stateKey(key string) (name, fun string, ok bool) {
+	parts := strings.Split(key, "_|-")
+	if len(parts) != 4 || parts[0] != "salt_volumes" {
+		return "", "", false
+	}
+	fun = parts[3]
+	if fun == "absent" {
+		fun = "unprepared" // salt_volumes.unprepared is an alias of absent
+	}
+	return parts[2], fun, true
 }
 
 // StateResults finds the salt_volumes states in any state run's return
-// (salt-call, orchestrate, ours), keyed "salt_volumes_|-<id>_|-<name>_|-<fun>".
-func StateResults(ret any) []StateResult {
-	m, ok := ret.(map[string]any)
-	if !ok {
-		return nil
-	}
+// (salt-call, orchestrate, ours), as the job cache holds it.
+func StateResults(raw json.RawMessage) []StateResult {
+	sts, _ := states(raw)
 	var out []StateResult
-	for key, v := range m {
-		parts := strings.Split(key, "_|-")
-		if len(parts) != 4 || parts[0] != "salt_volumes" {
-			continue
-		}
-		st, ok := v.(map[string]any)
+	for key, e := range sts {
+		name, fun, ok := stateKey(key)
 		if !ok {
 			continue
 		}
-		r := StateResult{Volume: parts[2], Function: parts[3], OK: st["result"] == true}
-		if r.Function == "absent" {
-			r.Function = "unprepared" // salt_volumes.unprepared is an alias of absent
-		}
-		r.Comment, _ = st["comment"].(string)
-		r.Device, _ = st["volume"].(map[string]any)
-		r.Spec, _ = st["spec"].(map[string]any)
-		out = append(out, r)
+		out = append(out, StateResult{Volume: name, Function: fun, OK: e.ok(), Comment: e.comment(), Device: e.Volume, Spec: e.Spec})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
 	return out
 }
 
+// StateNames lists the volumes a state run's return names, read from a
+// decoded bus event. The names only say which volumes to look up in the
+// job cache; nothing else of a bus event is used.
+func StateNames(ret any) []string {
+	m, _ := ret.(map[string]any)
+	var out []string
+	for key := range m {
+		if name, _, ok := stateKey(key); ok {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // AdoptedSpec is the spec of a volume prepared by someone else's state run:
-// the normalised spec the prepared state returns next to the device info.
+// the normalised spec the prepared state returns next to the device info,
+// read as strictly as a user's.
 func AdoptedSpec(node string, r StateResult) (*spec.Spec, error) {
-	if r.Spec == nil {
+	if len(r.Spec) == 0 || string(r.Spec) == "null" {
 		return nil, fmt.Errorf("volume %s: the state return carries no spec (salt_volumes older than the control plane?)", r.Volume)
 	}
-	b, err := json.Marshal(r.Spec)
-	if err != nil {
-		return nil, err
-	}
-	s, err := spec.Parse(bytes.NewReader(b))
+	s, err := spec.Parse(bytes.NewReader(r.Spec))
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w", r.Volume, err)
 	}

@@ -41,10 +41,10 @@ const realPrepared = `{"salt_volumes_|-salt_volumes v1_|-v1_|-prepared": {"name"
  "persistentPath": "/dev/disk/by-uuid/u", "state": "prepared", "inUse": false},
  "__sls__": "salt_volumes.prepared", "__run_num__": 0, "__id__": "salt_volumes v1"}}`
 
-func decode(t *testing.T, s string) any {
-	var v any
-	require.NoError(t, json.Unmarshal([]byte(s), &v))
-	return v
+// decode is the answer as the job cache gives it: JSON.
+func decode(t *testing.T, s string) json.RawMessage {
+	require.True(t, json.Valid([]byte(s)), s)
+	return json.RawMessage(s)
 }
 
 func TestParseStateReturn(t *testing.T) {
@@ -68,10 +68,14 @@ func TestParseStateReturn(t *testing.T) {
 	o = ParseStateReturn(1, decode(t, `["The function \"state.apply\" is running as PID 4242 and was started at 2026 with jid 1"]`))
 	assert.True(t, o.Retryable, "a concurrent state run is retried, not failed")
 
-	o = ParseStateReturn(1, "ERROR: salt_volumes.prepare failed")
+	o = ParseStateReturn(1, decode(t, `"ERROR: salt_volumes.prepare failed"`))
 	assert.Equal(t, "ERROR: salt_volumes.prepare failed", o.Message)
 	o = ParseStateReturn(0, nil)
 	assert.False(t, o.OK)
+	o = ParseStateReturn(0, decode(t, `null`))
+	assert.Contains(t, o.Message, "returned nothing")
+	o = ParseStateReturn(1, decode(t, `{"a": {"result": false, "comment": ["first", "second"], "__run_num__": 0}}`))
+	assert.Equal(t, "first; second", o.Message, "Salt gives some comments as lists")
 
 	o = ParseStateReturn(2, decode(t, `{"a": {"result": true, "__run_num__": 0}}`))
 	assert.False(t, o.OK, "a non-zero retcode is a failure even if every state looks fine")

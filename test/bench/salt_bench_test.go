@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"
@@ -72,7 +72,7 @@ func createAndWatch(b *testing.B, c *client.Client, node, name string) (time.Tim
 	defer cancel()
 	var start, seen time.Time
 	var jid string
-	err := c.Watch(ctx, "", name, func(ev api.Event) bool {
+	err := c.Watch(ctx, "", name, func(ev saltvolumes.Event) bool {
 		if ev.Type == client.Synced {
 			start = time.Now()
 			if _, err := c.Create(ctx, map[string]any{"name": name, "node": node, "sparseLoopDevice": map[string]any{"size": "16Mi"}}); err != nil {
@@ -103,7 +103,7 @@ func deleteAll(b *testing.B, c *client.Client, names []string) {
 			b.Errorf("delete %s: %v", n, err)
 			continue
 		}
-		_ = c.Watch(ctx, "", n, func(ev api.Event) bool { return ev.Type != "DELETED" })
+		_ = c.Watch(ctx, "", n, func(ev saltvolumes.Event) bool { return ev.Type != "DELETED" })
 	}
 }
 

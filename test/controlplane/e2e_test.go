@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
@@ -28,10 +28,10 @@ func blkid(t *testing.T, tag, dev string) string {
 	return strings.TrimSpace(string(out))
 }
 
-func getJSON(t *testing.T, p *plane, name string) api.View {
+func getJSON(t *testing.T, p *plane, name string) saltvolumes.View {
 	out, errs, code := p.CLI("get", name, "-o", "json")
 	require.Equal(t, 0, code, errs)
-	var v api.View
+	var v saltvolumes.View
 	require.NoError(t, json.Unmarshal([]byte(out), &v))
 	return v
 }
@@ -202,7 +202,7 @@ func TestEndToEnd(t *testing.T) {
 		w := p.Watch("crash-1")
 		_, err := c.Create(ctx, map[string]any{"name": "crash-1", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
 		require.NoError(t, err)
-		evs := w.Until(t, time.Minute, func(ev api.Event) bool { return ev.Volume.Status.JobID != "" })
+		evs := w.Until(t, time.Minute, func(ev saltvolumes.Event) bool { return ev.Volume.Status.JobID != "" })
 		uuids = append(uuids, evs[0].Volume.Spec.UUID)
 		w.cancel()
 		p.Kill() // the job is running or done; its return event goes unseen
@@ -238,7 +238,7 @@ func TestEndToEnd(t *testing.T) {
 		w := p.Watch("restart-1")
 		_, err := c.Create(ctx, map[string]any{"name": "restart-1", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
 		require.NoError(t, err)
-		evs := w.Until(t, time.Minute, func(ev api.Event) bool { return ev.Volume.Status.JobID != "" })
+		evs := w.Until(t, time.Minute, func(ev saltvolumes.Event) bool { return ev.Volume.Status.JobID != "" })
 		uuids = append(uuids, evs[0].Volume.Spec.UUID)
 		reconnects := p.Metric("salt_volumes_event_reconnects_total")
 		s.Restart("master")
@@ -265,7 +265,7 @@ func TestEndToEnd(t *testing.T) {
 }
 
 // waitPhase follows the CLI's wait (watch stream, no polling).
-func waitPhase(t *testing.T, p *plane, name, phase string) api.View {
+func waitPhase(t *testing.T, p *plane, name, phase string) saltvolumes.View {
 	t.Helper()
 	out, errs, code := p.CLI("wait", name, "--for", phase, "--timeout", "2m")
 	require.Equal(t, 0, code, out+errs)

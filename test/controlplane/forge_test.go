@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -45,7 +45,7 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 	s.StopMinion("node-2")
 	_, err := c.Create(ctx, map[string]any{"name": "waiting", "node": "node-2", "sparseLoopDevice": map[string]any{"size": "32Mi"}})
 	require.NoError(t, err)
-	var waiting api.View
+	var waiting saltvolumes.View
 	require.Eventually(t, func() bool {
 		waiting = getJSON(t, p, "waiting")
 		return waiting.Status.Phase == volume.Pending && waiting.Status.JobID != ""

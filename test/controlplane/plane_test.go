@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -196,16 +196,16 @@ func (p *plane) Metric(name string) float64 {
 
 // watcher records the watch stream of one volume.
 type watcher struct {
-	ch     chan api.Event
+	ch     chan saltvolumes.Event
 	cancel context.CancelFunc
 }
 
 func (p *plane) Watch(name string) *watcher {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{ch: make(chan api.Event, 1000), cancel: cancel}
+	w := &watcher{ch: make(chan saltvolumes.Event, 1000), cancel: cancel}
 	synced := make(chan struct{})
 	go func() {
-		_ = p.Client().Watch(ctx, "", name, func(ev api.Event) bool {
+		_ = p.Client().Watch(ctx, "", name, func(ev saltvolumes.Event) bool {
 			if ev.Type == client.Synced {
 				close(synced)
 				return true
@@ -225,9 +225,9 @@ func (p *plane) Watch(name string) *watcher {
 }
 
 // Until returns the events up to the first one ok accepts.
-func (w *watcher) Until(t *testing.T, limit time.Duration, ok func(api.Event) bool) []api.Event {
+func (w *watcher) Until(t *testing.T, limit time.Duration, ok func(saltvolumes.Event) bool) []saltvolumes.Event {
 	t.Helper()
-	var got []api.Event
+	var got []saltvolumes.Event
 	deadline := time.After(limit)
 	for {
 		select {
@@ -245,13 +245,15 @@ func (w *watcher) Until(t *testing.T, limit time.Duration, ok func(api.Event) bo
 	}
 }
 
-func phaseIs(phase string) func(api.Event) bool {
-	return func(ev api.Event) bool { return ev.Type != "DELETED" && ev.Volume.Status.Phase.String() == phase }
+func phaseIs(phase string) func(saltvolumes.Event) bool {
+	return func(ev saltvolumes.Event) bool {
+		return ev.Type != "DELETED" && ev.Volume.Status.Phase.String() == phase
+	}
 }
 
-func isDeleted(ev api.Event) bool { return ev.Type == "DELETED" }
+func isDeleted(ev saltvolumes.Event) bool { return ev.Type == "DELETED" }
 
-func summary(evs []api.Event) string {
+func summary(evs []saltvolumes.Event) string {
 	var parts []string
 	for _, ev := range evs {
 		s := ev.Type + ":" + ev.Volume.Status.Phase.String()

@@ -15,12 +15,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/salt-volumes/salt-volumes/internal/api"
 )
 
 // Exec runs one program with an argument list (never a shell) and returns
@@ -136,7 +135,7 @@ func (s *Scenario) Run(ctx context.Context) (err error) {
 		}
 		created[c.Name] = true
 	}
-	views := map[string]api.View{}
+	views := map[string]saltvolumes.View{}
 	for _, c := range cases {
 		if err := s.wait(ctx, c.Name, "Available"); err != nil {
 			return err
@@ -145,7 +144,7 @@ func (s *Scenario) Run(ctx context.Context) (err error) {
 	s.logf("%d volumes on %d nodes Available %.1fs after the first create", len(cases), len(s.Nodes), time.Since(start).Seconds())
 
 	var list struct {
-		Items []api.View `json:"items"`
+		Items []saltvolumes.View `json:"items"`
 	}
 	if err := s.cliJSON(ctx, &list, "ls", "-o", "json"); err != nil {
 		return err
@@ -250,14 +249,14 @@ func (s *Scenario) cliJSON(ctx context.Context, into any, args ...string) error 
 }
 
 // nodes is salt-volumes nodes, by node name.
-func (s *Scenario) nodes(ctx context.Context) (map[string]api.Node, error) {
+func (s *Scenario) nodes(ctx context.Context) (map[string]saltvolumes.Node, error) {
 	var out struct {
-		Items []api.Node `json:"items"`
+		Items []saltvolumes.Node `json:"items"`
 	}
 	if err := s.cliJSON(ctx, &out, "nodes", "-o", "json"); err != nil {
 		return nil, err
 	}
-	byName := map[string]api.Node{}
+	byName := map[string]saltvolumes.Node{}
 	for _, n := range out.Items {
 		byName[n.Name] = n
 	}
@@ -295,7 +294,7 @@ func (s *Scenario) checkNodeCounts(ctx context.Context, cases []Case) error {
 }
 
 // checkView is what the control plane says about the volume.
-func checkView(c Case, v api.View) error {
+func checkView(c Case, v saltvolumes.View) error {
 	if v.Status.Phase.String() != "Available" || v.Spec.Node != c.Node || string(v.Spec.Mode) != c.Mode {
 		return fmt.Errorf("%s: phase %s node %s mode %s, want Available on %s in %s", c.Name, v.Status.Phase, v.Spec.Node, v.Spec.Mode, c.Node, c.Mode)
 	}
@@ -318,7 +317,7 @@ func checkView(c Case, v api.View) error {
 // checkPV reads back the Kubernetes PersistentVolume the CLI prints for the
 // volume: it must point at the persistent path, in the volume's mode, on
 // the volume's node.
-func (s *Scenario) checkPV(ctx context.Context, c Case, v api.View) error {
+func (s *Scenario) checkPV(ctx context.Context, c Case, v saltvolumes.View) error {
 	out, errs, code, err := s.CLI(ctx, "pv", c.Name)
 	if err != nil {
 		return err
@@ -360,7 +359,7 @@ func (s *Scenario) checkPV(ctx context.Context, c Case, v api.View) error {
 // checkOnNode asks the node itself, through Salt, what is behind the
 // persistent path: low-level blkid (no cache) must find the volume UUID as
 // the filesystem UUID (Filesystem) or the GPT partition's unique GUID (Block).
-func (s *Scenario) checkOnNode(ctx context.Context, c Case, v api.View) error {
+func (s *Scenario) checkOnNode(ctx context.Context, c Case, v saltvolumes.View) error {
 	tags, code, err := s.blkid(ctx, c.Node, v.Status.PersistentPath)
 	if err != nil {
 		return err
@@ -380,7 +379,7 @@ func (s *Scenario) checkOnNode(ctx context.Context, c Case, v api.View) error {
 
 // checkGone proves a deleted volume left nothing on its node: no persistent
 // path, the sparse file removed, a wiped raw disk blank.
-func (s *Scenario) checkGone(ctx context.Context, c Case, v api.View, record map[string]any) error {
+func (s *Scenario) checkGone(ctx context.Context, c Case, v saltvolumes.View, record map[string]any) error {
 	exists, err := s.saltBool(ctx, c.Node, "file.access", v.Status.PersistentPath, "f")
 	if err != nil {
 		return err

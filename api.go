@@ -1,0 +1,101 @@
+package saltvolumes
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Phase is where a volume is in its life.
+type Phase string
+
+const (
+	// Unknown: created, not yet seen by the reconciler (no status).
+	Unknown     Phase = ""
+	Pending     Phase = "Pending"
+	Available   Phase = "Available"
+	Failed      Phase = "Failed"
+	Terminating Phase = "Terminating"
+)
+
+func (p Phase) String() string {
+	if p == Unknown {
+		return "Unknown"
+	}
+	return string(p)
+}
+
+// MarshalJSON spells the empty phase "Unknown" for API users.
+func (p Phase) MarshalJSON() ([]byte, error) { return json.Marshal(p.String()) }
+
+func (p *Phase) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	if s == "Unknown" {
+		s = ""
+	}
+	*p = Phase(s)
+	return nil
+}
+
+// Status is what the API shows of a volume's state on its node.
+type Status struct {
+	Phase          Phase     `json:"phase"`
+	Reason         string    `json:"reason,omitempty"`
+	Message        string    `json:"message,omitempty"`
+	JobID          string    `json:"jobId,omitempty"`
+	Step           string    `json:"step,omitempty"`
+	DeviceName     string    `json:"deviceName,omitempty"`
+	DevicePath     string    `json:"devicePath,omitempty"`
+	PersistentPath string    `json:"persistentPath,omitempty"`
+	Size           int64     `json:"size,omitempty"`
+	InUse          bool      `json:"inUse,omitempty"`
+	UpdatedAt      time.Time `json:"updatedAt,omitempty"`
+}
+
+// View is a volume as the API shows it: spec, status, and what the deletion
+// criteria say now, so that clients never offer a deletion that will be
+// refused. It is not the stored record (internal/volume), which also keeps
+// the reconciler's bookkeeping.
+type View struct {
+	Spec                Spec      `json:"spec"`
+	Status              Status    `json:"status"`
+	CreatedAt           time.Time `json:"createdAt"`
+	Origin              string    `json:"origin,omitempty"` // "salt": first seen in someone else's state run
+	Deleting            bool      `json:"deleting,omitempty"`
+	Deletable           bool      `json:"deletable"`
+	DeleteBlockedReason string    `json:"deleteBlockedReason,omitempty"`
+}
+
+// Watch event types.
+const (
+	Added    = "ADDED"
+	Modified = "MODIFIED"
+	Deleted  = "DELETED"
+)
+
+// Event is one record of the watch stream.
+type Event struct {
+	Type   string `json:"type"`
+	Volume View   `json:"volume"`
+}
+
+// Node is a Salt minion and its volumes.
+type Node struct {
+	Name    string         `json:"name"`
+	Up      bool           `json:"up"`
+	Volumes int            `json:"volumes"`
+	Phases  map[string]int `json:"phases"`
+}
+
+// Error is the body of every API error answer: a code from the Code*
+// constants, the field at fault when there is one, and a message that says
+// what to do.
+type Error struct {
+	Code    string `json:"code"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }

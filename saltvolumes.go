@@ -1,0 +1,78 @@
+// Package saltvolumes is the contract every part of salt-volumes speaks:
+// the volume spec, what a node reports about a volume (Device), the phases
+// of a volume, the API's views, events and errors, and the error codes.
+// It holds types and small rules only; the node engine, the reconciler, the
+// HTTP server, the client and the CLIs live in internal/ and cmd/ around it.
+package saltvolumes
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+// Spec is the volume spec (internal/spec parses and validates it).
+type Spec = spec.Spec
+
+// Device is what a node reports about one volume: salt-volume-exec's JSON
+// document, and the `volume` key of the prepared state's return, which is
+// how it reaches the control plane.
+type Device struct {
+	Name           string   `json:"name"`
+	UUID           string   `json:"uuid"`
+	Type           string   `json:"type,omitempty"`
+	Mode           string   `json:"mode,omitempty"`
+	FSType         string   `json:"fsType,omitempty"`
+	Size           int64    `json:"size"`
+	DevicePath     string   `json:"devicePath,omitempty"`
+	DeviceName     string   `json:"deviceName,omitempty"`
+	PersistentPath string   `json:"persistentPath,omitempty"`
+	BackingFile    string   `json:"backingFile,omitempty"`
+	State          string   `json:"state"`
+	InUse          bool     `json:"inUse"`
+	Mountpoints    []string `json:"mountpoints,omitempty"`
+	Holders        []string `json:"holders,omitempty"`
+	Changed        bool     `json:"changed"`
+	Warnings       []string `json:"warnings,omitempty"`
+	Error          string   `json:"error,omitempty"`
+}
+
+// Check validates device info that came from a node before anything (the
+// store, a PersistentVolume) uses it: the persistent path must be the one
+// the volume's own UUID names, the device a clean path under /dev, and the
+// size positive. A node that returns anything else is not describing s.
+func (d *Device) Check(s *Spec) error {
+	if d == nil {
+		return fmt.Errorf("no device info")
+	}
+	if want := s.PersistentPath(); d.PersistentPath != want {
+		return fmt.Errorf("persistentPath %q is not %s", d.PersistentPath, want)
+	}
+	if d.UUID != "" && d.UUID != s.UUID {
+		return fmt.Errorf("uuid %q is not the volume's %s", d.UUID, s.UUID)
+	}
+	p := d.DevicePath
+	if !strings.HasPrefix(p, "/dev/") || path.Clean(p) != p || strings.ContainsAny(p, " \t\n\x00") {
+		return fmt.Errorf("devicePath %q is not a clean path under /dev", p)
+	}
+	if n := d.DeviceName; n == "" || strings.ContainsAny(n, "/ \t\n\x00") || n == "." || n == ".." {
+		return fmt.Errorf("deviceName %q is not a kernel device name", n)
+	}
+	if d.Size <= 0 {
+		return fmt.Errorf("size %d is not positive", d.Size)
+	}
+	return nil
+}
+
+// Error codes of API answers (Error.Code).
+const (
+	CodeInvalid         = "invalid"          // 400: the field is named
+	CodeUnauthorized    = "unauthorized"     // 401
+	CodeNotFound        = "not_found"        // 404
+	CodeExists          = "exists"           // 409: name or uuid taken
+	CodeDeleteForbidden = "delete_forbidden" // 409: the deletion criteria say no, with the reason
+	CodeLimit           = "limit"            // 429/503: a limit of the control plane
+	CodeInternal        = "internal"         // 500
+)
