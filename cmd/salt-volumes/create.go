@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"time"
+)
+
+// create asks for a new volume, and with --wait follows it to Available.
+func (c *cli) create(ctx context.Context, in []string) error {
+	fs := c.flags("create")
+	node := fs.String("node", "", "Salt minion id that holds the volume (required)")
+	size := fs.String("size", "", "sparse file size: 10Gi, 500M, bytes")
+	device := fs.String("device", "", "raw block device or partition on the node, e.g. /dev/sdb")
+	mode := fs.String("mode", "Filesystem", "Filesystem or Block")
+	fsType := fs.String("fs", "", "ext4 (default) or xfs; Filesystem mode only")
+	id := fs.String("uuid", "", "volume UUID (default: a new random one)")
+	var mkfs multi
+	fs.Var(&mkfs, "mkfs-option", "option passed to mkfs (repeat for each)")
+	wait := fs.Bool("wait", false, "wait until the volume is Available (or Failed)")
+	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
+	pos, err := args(fs, in, 1, "give exactly one volume NAME")
+	if err != nil {
+		return err
+	}
+	if *node == "" {
+		return failf(exitUsage, "create: --node: missing: the Salt minion id that will hold the volume")
+	}
+	if (*size == "") == (*device == "") {
+		return failf(exitUsage, "create: give exactly one of --size (sparse file) and --device (raw device)")
+	}
+	sp := map[string]any{"name": pos[0], "node": *node, "mode": *mode}
+	if *id != "" {
+		sp["uuid"] = *id
+	}
+	if *fsType != "" {
+		sp["fsType"] = *fsType
+	}
+	if len(mkfs) > 0 {
+		sp["mkfsOptions"] = []string(mkfs)
+	}
+	if *size != "" {
+		sp["sparseLoopDevice"] = map[string]any{"size": *size}
+	} else {
+		sp["rawBlockDevice"] = map[string]any{"devicePath": *device}
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	v, err := cl.Create(ctx, sp)
+	if err != nil {
+		return err
+	}
+	if !*wait {
+		return c.show(v)
+	}
+	return c.waitFor(ctx, cl, v.Spec.Name, "Available", *timeout)
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+func (c *cli) json(v any) error {
+	enc := json.NewEncoder(c.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *cli) show(v saltvolumes.View) error {
+	if c.output == "json" {
+		return c.json(v)
+	}
+	c.table([]saltvolumes.View{v})
+	return nil
+}
+
+// detail is the one thing worth reading about a volume in its phase.
+func detail(v saltvolumes.View) string {
+	st := v.Status
+	switch {
+	case st.Message != "":
+		return st.Message
+	case st.Step != "":
+		return "step " + st.Step
+	case st.PersistentPath != "":
+		return st.PersistentPath
+	}
+	return ""
+}
+
+func kind(v saltvolumes.View) string {
+	if v.Spec.SparseLoopDevice != nil {
+		return "sparse"
+	}
+	return "raw:" + v.Spec.RawBlockDevice.DevicePath
+}
+
+func (c *cli) table(items []saltvolumes.View) {
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tNODE\tKIND\tMODE\tFS\tSIZE\tPHASE\tDEVICE\tAGE\tDETAIL")
+	for _, v := range items {
+		size := "-"
+		if v.Status.Size > 0 {
+			size = spec.FormatSize(v.Status.Size)
+		} else if v.Spec.SparseLoopDevice != nil {
+			size = string(v.Spec.SparseLoopDevice.Size)
+		}
+		fs := v.Spec.FSType
+		if fs == "" {
+			fs = "-"
+		}
+		dev := v.Status.DeviceName
+		if dev == "" {
+			dev = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Spec.Name, v.Spec.Node, kind(v), v.Spec.Mode, fs, size,
+			v.Status.Phase, dev, age(v.CreatedAt), detail(v))
+	}
+	tw.Flush()
+}
+
+func age(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// rm asks for a deletion (or, with --forget, drops a Failed volume).
+func (c *cli) rm(ctx context.Context, in []string) error {
+	fs := c.flags("rm")
+	wipe := fs.Bool("wipe", false, "raw devices: also erase the signatures the volume wrote")
+	forget := fs.Bool("forget", false, "a Failed volume whose node is gone: drop it without running anything on the node")
+	wait := fs.Bool("wait", false, "wait until the volume is gone")
+	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
+	pos, err := args(fs, in, 1, "give one volume NAME")
+	if err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	if *wipe && *forget {
+		return failf(exitUsage, "rm: --forget leaves the node untouched, so it cannot --wipe: use one or the other")
+	}
+	if *forget {
+		_, err = cl.Forget(ctx, pos[0])
+	} else {
+		_, err = cl.Delete(ctx, pos[0], *wipe)
+	}
+	if err != nil {
+		return err
+	}
+	if *wait {
+		return c.waitFor(ctx, cl, pos[0], "Deleted", *timeout)
+	}
+	fmt.Fprintf(c.out, "volume %s: deletion requested\n", pos[0])
+	return nil
+}

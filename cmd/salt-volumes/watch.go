@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/client"
+)
+
+// watch prints every change of every volume (or one node's) until Ctrl-C.
+func (c *cli) watch(ctx context.Context, in []string) error {
+	fs := c.flags("watch")
+	node := fs.String("node", "", "only this node's volumes")
+	if _, err := args(fs, in, 0, "takes no arguments (filter with --node)"); err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(c.out)
+	err = cl.Watch(ctx, *node, "", func(ev saltvolumes.Event) bool {
+		if ev.Type == client.Synced {
+			return true
+		}
+		if c.output == "json" {
+			_ = enc.Encode(ev)
+			return true
+		}
+		v := ev.Volume
+		fmt.Fprintf(c.out, "%s %-8s %-20s %-12s %-12s %s\n", time.Now().Format("15:04:05"), ev.Type, v.Spec.Name, v.Spec.Node,
+			v.Status.Phase, detail(v))
+		return true
+	})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// nodes prints Salt's minions with their volumes by phase.
+func (c *cli) nodes(ctx context.Context, in []string) error {
+	fs := c.flags("nodes")
+	if _, err := args(fs, in, 0, "takes no arguments"); err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	items, warn, err := cl.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	if warn != "" {
+		fmt.Fprintln(c.errw, "warning:", warn)
+	}
+	if c.output == "json" {
+		return c.json(map[string]any{"items": items})
+	}
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tUP\tVOLUMES\tPHASES")
+	for _, n := range items {
+		var ph []string
+		for _, p := range []string{"Unknown", "Pending", "Available", "Failed", "Terminating"} {
+			if n.Phases[p] > 0 {
+				ph = append(ph, fmt.Sprintf("%s=%d", p, n.Phases[p]))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%s\n", n.Name, n.Up, n.Volumes, strings.Join(ph, " "))
+	}
+	return tw.Flush()
+}
