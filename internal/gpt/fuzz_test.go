@@ -15,18 +15,17 @@ type sparseDev struct {
 }
 
 func (d sparseDev) ReadAt(p []byte, off int64) (int, error) {
-	for i := range p {
-		o := off + int64(i)
-		switch {
-		case o < 0 || o >= d.size:
-			return i, os.ErrInvalid
-		case o < int64(len(d.head)):
-			p[i] = d.head[o]
-		case o >= d.size-int64(len(d.tail)):
-			p[i] = d.tail[o-(d.size-int64(len(d.tail)))]
-		default:
-			p[i] = 0
-		}
+	if off < 0 || off+int64(len(p)) > d.size {
+		return 0, os.ErrInvalid
+	}
+	clear(p)
+	if off < int64(len(d.head)) {
+		copy(p, d.head[off:])
+	}
+	tailStart := d.size - int64(len(d.tail))
+	if end := off + int64(len(p)); end > tailStart {
+		from := max(off, tailStart)
+		copy(p[from-off:], d.tail[from-tailStart:])
 	}
 	return len(p), nil
 }

@@ -26,16 +26,14 @@ func (d headTail) ReadAt(p []byte, off int64) (int, error) {
 	if int64(n) > d.size-off {
 		n = int(d.size - off)
 	}
-	for i := 0; i < n; i++ {
-		o := off + int64(i)
-		switch {
-		case o < int64(len(d.head)):
-			p[i] = d.head[o]
-		case o >= d.size-int64(len(d.tail)):
-			p[i] = d.tail[o-(d.size-int64(len(d.tail)))]
-		default:
-			p[i] = 0
-		}
+	clear(p[:n])
+	if off < int64(len(d.head)) {
+		copy(p[:n], d.head[off:])
+	}
+	tailStart := d.size - int64(len(d.tail))
+	if end := off + int64(n); end > tailStart {
+		from := max(off, tailStart)
+		copy(p[from-off:n], d.tail[from-tailStart:])
 	}
 	if n < len(p) {
 		return n, io.EOF
