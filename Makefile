@@ -42,6 +42,7 @@ test: setup lint pytest vagrant-validate
 
 # Fuzz targets, FUZZTIME each (outside make test). New inputs the fuzzer
 # finds stay in Go's cache; crashers land in the package's testdata/fuzz.
+# FUZZFLAGS=-parallel=1 leaves a core free; FUZZ_TARGETS=pkg:Fuzz picks some.
 FUZZTIME ?= 10m
 FUZZ_TARGETS = ./internal/spec:FuzzParse ./internal/gpt:FuzzRead ./internal/probe:FuzzDevice ./internal/probe:FuzzParseWipefs \
                ./internal/events:FuzzDecoder ./internal/saltapi:FuzzParseListJob
@@ -49,7 +50,7 @@ fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz: $$fn ($$pkg) for $(FUZZTIME)"; \
 	  mkdir -p test-results; log=test-results/fuzz-$$fn.log; \
-	  if ! $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg > $$log 2>&1; then cat $$log; exit 1; fi; \
+	  if ! $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg > $$log 2>&1; then cat $$log; exit 1; fi; \
 	  tail -n 3 $$log; \
 	done
 
