@@ -18,7 +18,7 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	fs.Var(&mkfs, "mkfs-option", "option passed to mkfs (repeat for each)")
 	wait := fs.Bool("wait", false, "wait until the volume is Available (or Failed)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
-	pos, err := args(fs, in, 1, "give exactly one volume NAME")
+	pos, cl, err := c.open(fs, in, 1, "give exactly one volume NAME")
 	if err != nil {
 		return err
 	}
@@ -42,10 +42,6 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		sp["sparseLoopDevice"] = map[string]any{"size": *size}
 	} else {
 		sp["rawBlockDevice"] = map[string]any{"devicePath": *device}
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
 	}
 	v, err := cl.Create(ctx, sp)
 	if err != nil {

@@ -6,10 +6,7 @@ import "context"
 func (c *cli) list(ctx context.Context, in []string) error {
 	fs := c.flags("ls")
 	node := fs.String("node", "", "only this node's volumes")
-	if _, err := args(fs, in, 0, "takes no arguments (filter with --node)"); err != nil {
-		return err
-	}
-	cl, err := c.client()
+	_, cl, err := c.open(fs, in, 0, "takes no arguments (filter with --node)")
 	if err != nil {
 		return err
 	}
@@ -27,11 +24,7 @@ func (c *cli) list(ctx context.Context, in []string) error {
 // get prints one volume.
 func (c *cli) get(ctx context.Context, in []string) error {
 	fs := c.flags("get")
-	pos, err := args(fs, in, 1, "give one volume NAME")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
+	pos, cl, err := c.open(fs, in, 1, "give one volume NAME")
 	if err != nil {
 		return err
 	}

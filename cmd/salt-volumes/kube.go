@@ -15,11 +15,7 @@ func (c *cli) pv(ctx context.Context, in []string) error {
 	reclaim := fs.String("reclaim-policy", "Retain", "Retain or Delete")
 	var mountOpts multi
 	fs.Var(&mountOpts, "mount-option", "mount option for a Filesystem volume (repeat for each)")
-	pos, err := args(fs, in, 1, "give one volume NAME")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
+	pos, cl, err := c.open(fs, in, 1, "give one volume NAME")
 	if err != nil {
 		return err
 	}

@@ -180,6 +180,17 @@ func args(fs *flag.FlagSet, in []string, want int, what string) ([]string, error
 	return pos, nil
 }
 
+// open parses the command line and opens the client: the opening every
+// client command shares.
+func (c *cli) open(fs *flag.FlagSet, in []string, want int, what string) ([]string, *client.Client, error) {
+	pos, err := args(fs, in, want, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := c.client()
+	return pos, cl, err
+}
+
 // client opens the API client the flags and environment describe.
 func (c *cli) client() (*client.Client, error) {
 	if c.token == "" {

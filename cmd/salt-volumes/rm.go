@@ -13,11 +13,7 @@ func (c *cli) rm(ctx context.Context, in []string) error {
 	forget := fs.Bool("forget", false, "a Failed volume whose node is gone: drop it without running anything on the node")
 	wait := fs.Bool("wait", false, "wait until the volume is gone")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
-	pos, err := args(fs, in, 1, "give one volume NAME")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
+	pos, cl, err := c.open(fs, in, 1, "give one volume NAME")
 	if err != nil {
 		return err
 	}

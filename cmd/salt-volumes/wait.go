@@ -15,16 +15,12 @@ func (c *cli) wait(ctx context.Context, in []string) error {
 	fs := c.flags("wait")
 	target := fs.String("for", "Available", "Available or Deleted")
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait")
-	pos, err := args(fs, in, 1, "give one volume NAME")
+	pos, cl, err := c.open(fs, in, 1, "give one volume NAME")
 	if err != nil {
 		return err
 	}
 	if *target != "Available" && *target != "Deleted" {
 		return failf(exitUsage, "wait: --for %s: use Available or Deleted", *target)
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
 	}
 	return c.waitFor(ctx, cl, pos[0], *target, *timeout)
 }

@@ -17,10 +17,7 @@ import (
 func (c *cli) watch(ctx context.Context, in []string) error {
 	fs := c.flags("watch")
 	node := fs.String("node", "", "only this node's volumes")
-	if _, err := args(fs, in, 0, "takes no arguments (filter with --node)"); err != nil {
-		return err
-	}
-	cl, err := c.client()
+	_, cl, err := c.open(fs, in, 0, "takes no arguments (filter with --node)")
 	if err != nil {
 		return err
 	}
@@ -47,10 +44,7 @@ func (c *cli) watch(ctx context.Context, in []string) error {
 // nodes prints Salt's minions with their volumes by phase.
 func (c *cli) nodes(ctx context.Context, in []string) error {
 	fs := c.flags("nodes")
-	if _, err := args(fs, in, 0, "takes no arguments"); err != nil {
-		return err
-	}
-	cl, err := c.client()
+	_, cl, err := c.open(fs, in, 0, "takes no arguments")
 	if err != nil {
 		return err
 	}

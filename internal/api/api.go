@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/google/uuid"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/spec"

@@ -8,11 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
 // Client is an API client.

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 
-	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 )
 
@@ -95,20 +94,9 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 }
 
 func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
-	file := e.State.SparseFile(o.s.UUID)
-	devs, err := loopdev.Find(file)
+	dev, err := e.ensureLoop(ctx, o, e.State.SparseFile(o.s.UUID))
 	if err != nil {
-		return failed("loop", err, "looking for the loop device of %s", file)
-	}
-	var dev loopdev.Device
-	if len(devs) > 0 {
-		dev = devs[0]
-	} else {
-		if dev, err = loopdev.Attach(ctx, file); err != nil {
-			return failed("attach", err, "attaching %s", file)
-		}
-		o.changed = true
-		o.step("attached", "device", dev.Path)
+		return err
 	}
 	return e.finishDevice(ctx, o, dev.Name, res)
 }

@@ -46,22 +46,31 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 		return err
 	}
 
-	devs, err := loopdev.Find(file)
+	dev, err := e.ensureLoop(ctx, o, file)
 	if err != nil {
-		return failed("loop", err, "looking for the loop device of %s", file)
-	}
-	var dev loopdev.Device
-	if len(devs) > 0 {
-		dev = devs[0]
-	} else {
-		if dev, err = loopdev.Attach(ctx, file); err != nil {
-			return failed("attach", err, "attaching %s", file)
-		}
-		o.changed = true
-		o.step("attached", "device", dev.Path)
+		return err
 	}
 	res.DeviceName, res.DevicePath = dev.Name, dev.Path
 	return e.finishDevice(ctx, o, dev.Name, res)
+}
+
+// ensureLoop returns the loop device of the sparse file, attaching one if
+// there is none.
+func (e *Engine) ensureLoop(ctx context.Context, o *op, file string) (loopdev.Device, error) {
+	devs, err := loopdev.Find(file)
+	if err != nil {
+		return loopdev.Device{}, failed("loop", err, "looking for the loop device of %s", file)
+	}
+	if len(devs) > 0 {
+		return devs[0], nil
+	}
+	dev, err := loopdev.Attach(ctx, file)
+	if err != nil {
+		return dev, failed("attach", err, "attaching %s", file)
+	}
+	o.changed = true
+	o.step("attached", "device", dev.Path)
+	return dev, nil
 }
 
 // writeSparse formats or partitions the open sparse file and checks that

@@ -8,11 +8,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"regexp"
 
 	"go.yaml.in/yaml/v3"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -9,6 +8,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
 func available(mode string) saltvolumes.View {

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
@@ -235,7 +236,7 @@ func (r *Reconciler) Idle() bool { return r.q.idle() }
 // Create stores a new volume (phase Unknown) and queues it.
 func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
 	now := time.Now().UTC()
-	v := &volume.Volume{Spec: *s, CreatedAt: now, Status: volume.Status{UpdatedAt: now}}
+	v := &volume.Volume{Spec: *s, CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
 	if err := r.store.Create(v); err != nil {
 		return nil, err
 	}
@@ -452,7 +453,7 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		}
 		now := time.Now().UTC()
 		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
-			Status: volume.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}
+			Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}}
 		v.Status.ApplyDevice(o.result.Device)
 		if err := r.store.Create(v); err != nil {
 			r.log.Warn("not adopting volume", "volume", name, "error", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -401,9 +402,9 @@ func TestRestartLooksUpPendingJobsOnce(t *testing.T) {
 	lost := sparseSpec("lost")
 	running := sparseSpec("running")
 	seed := []*volume.Volume{
-		{Spec: *done, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-done", JobStartedAt: now}},
-		{Spec: *lost, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-lost", JobStartedAt: now}},
-		{Spec: *running, CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "j-running", JobStartedAt: now}},
+		{Spec: *done, CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "j-done"}, JobStartedAt: now}},
+		{Spec: *lost, CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "j-lost"}, JobStartedAt: now}},
+		{Spec: *running, CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "j-running"}, JobStartedAt: now}},
 	}
 	body, _ := json.Marshal(stateRet(done.Name, "prepared", true, "", device(done)))
 	g := &fakeSalt{jobs: map[string]saltapi.JobInfo{
@@ -619,7 +620,7 @@ func TestOneLookupPerJob(t *testing.T) {
 // that survives a crash.
 func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 	s := sparseSpec("keep")
-	v := &volume.Volume{Spec: *s, Status: volume.Status{Phase: volume.Available}}
+	v := &volume.Volume{Spec: *s, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available}}}
 	g := newRigNoRun(t, v)
 	r := New(g.store, &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, g.src, Options{}, nil)
 	_, err := r.Delete("keep", true)

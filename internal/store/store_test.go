@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -28,7 +29,7 @@ func TestSurvivesReopen(t *testing.T) {
 	s, err := Open(path)
 	require.NoError(t, err)
 	v := vol("a")
-	v.Status = volume.Status{Phase: volume.Pending, JobID: "j1", Step: "attached"}
+	v.Status = volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "j1", Step: "attached"}}
 	require.NoError(t, s.Create(v))
 	require.NoError(t, s.Create(vol("b")))
 	require.NoError(t, s.Delete("b"))

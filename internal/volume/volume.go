@@ -25,19 +25,10 @@ const (
 	Terminating = saltvolumes.Terminating
 )
 
-// Status is what the control plane knows about a volume on its node.
+// Status is what the control plane knows about a volume on its node: what
+// the API shows, plus the reconciler's own bookkeeping.
 type Status struct {
-	Phase          Phase     `json:"phase"`
-	Reason         string    `json:"reason,omitempty"`
-	Message        string    `json:"message,omitempty"`
-	JobID          string    `json:"jobId,omitempty"`
-	Step           string    `json:"step,omitempty"`
-	DeviceName     string    `json:"deviceName,omitempty"`
-	DevicePath     string    `json:"devicePath,omitempty"`
-	PersistentPath string    `json:"persistentPath,omitempty"`
-	Size           int64     `json:"size,omitempty"`
-	InUse          bool      `json:"inUse,omitempty"`
-	UpdatedAt      time.Time `json:"updatedAt,omitempty"`
+	saltvolumes.Status
 	// JobStartedAt is when JobID was launched (job latency, job timeout).
 	JobStartedAt time.Time `json:"jobStartedAt,omitempty"`
 }
@@ -74,13 +65,9 @@ func (v *Volume) Clone() *Volume {
 // View is the volume as the API shows it.
 func (v *Volume) View() saltvolumes.View {
 	ok, why := CanDelete(v)
-	st := v.Status
 	return saltvolumes.View{
-		Spec: v.Spec, CreatedAt: v.CreatedAt, Origin: v.Origin, Deleting: v.DeleteRequested,
-		Deletable: ok, DeleteBlockedReason: why,
-		Status: saltvolumes.Status{Phase: st.Phase, Reason: st.Reason, Message: st.Message, JobID: st.JobID, Step: st.Step,
-			DeviceName: st.DeviceName, DevicePath: st.DevicePath, PersistentPath: st.PersistentPath, Size: st.Size,
-			InUse: st.InUse, UpdatedAt: st.UpdatedAt},
+		Spec: v.Spec, Status: v.Status.Status, CreatedAt: v.CreatedAt, Origin: v.Origin,
+		Deleting: v.DeleteRequested, Deletable: ok, DeleteBlockedReason: why,
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
 func TestDeletionCriteria(t *testing.T) {
@@ -24,7 +26,7 @@ func TestDeletionCriteria(t *testing.T) {
 		{Failed, false, true, ""},
 	}
 	for _, c := range cases {
-		v := &Volume{Status: Status{Phase: c.phase, InUse: c.inUse}}
+		v := &Volume{Status: Status{Status: saltvolumes.Status{Phase: c.phase, InUse: c.inUse}}}
 		v.Spec.Node = "node-1"
 		can, why := CanDelete(v)
 		assert.Equal(t, c.can, can, "%s inUse=%v", c.phase, c.inUse)
@@ -52,7 +54,7 @@ func TestParseStateReturn(t *testing.T) {
 	require.True(t, o.OK)
 	var st Status
 	st.ApplyDevice(o.Device)
-	assert.Equal(t, Status{DeviceName: "loop0", DevicePath: "/dev/loop0", PersistentPath: "/dev/disk/by-uuid/u", Size: 33554432}, st)
+	assert.Equal(t, Status{Status: saltvolumes.Status{DeviceName: "loop0", DevicePath: "/dev/loop0", PersistentPath: "/dev/disk/by-uuid/u", Size: 33554432}}, st)
 
 	failed := `{"a": {"result": false, "comment": "volume v1: rawBlockDevice.devicePath: /dev/nope does not exist on this node", "__run_num__": 0},
 	            "b": {"result": false, "comment": "One or more requisite failed: a", "__run_num__": 1}}`

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"

@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
@@ -214,7 +214,7 @@ func TestEndToEnd(t *testing.T) {
 		st, err := store.Open(p.Store)
 		require.NoError(t, err)
 		now := time.Now().UTC()
-		lost := &volume.Volume{CreatedAt: now, Status: volume.Status{Phase: volume.Pending, JobID: "20200101000000000001", JobStartedAt: now}}
+		lost := &volume.Volume{CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "20200101000000000001"}, JobStartedAt: now}}
 		lost.Spec.Name, lost.Spec.UUID, lost.Spec.Node, lost.Spec.Mode, lost.Spec.FSType = "lost-job", "5d9e3f0a-8b7c-4e21-a3d4-6f1b2c3d4e5f", "node-1", "Filesystem", "ext4"
 		lost.Spec.SparseLoopDevice = &spec.SparseLoopDevice{Size: "16Mi"}
 		require.NoError(t, st.Put(lost))

@@ -29,6 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -157,8 +158,7 @@ func seedStore(t *testing.T, path string, n int) {
 			v := &volume.Volume{Spec: spec.Spec{Name: fmt.Sprintf("seed-%05d", i), UUID: u, Node: fmt.Sprintf("node-%d", i%100),
 				Mode: spec.ModeFilesystem, FSType: spec.FSExt4, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}},
 				CreatedAt: time.Now().UTC(), Origin: "salt"}
-			v.Status = volume.Status{Phase: volume.Available, DeviceName: "loop1", DevicePath: "/dev/loop1",
-				PersistentPath: "/dev/disk/by-uuid/" + u, Size: 1 << 30, UpdatedAt: time.Now().UTC()}
+			v.Status = volume.Status{Status: saltvolumes.Status{Phase: volume.Available, DeviceName: "loop1", DevicePath: "/dev/loop1", PersistentPath: "/dev/disk/by-uuid/" + u, Size: 1 << 30, UpdatedAt: time.Now().UTC()}}
 			require.NoError(t, st.Create(v))
 		}()
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -72,7 +73,7 @@ func newArena(t *testing.T) *arena {
 	}
 	a := &arena{node: n, tdir: t.TempDir()}
 	// A bystander: a host filesystem that no case names, checked at the end.
-	d := a.device(t, "bystander", 32<<20, func(img string) error {
+	d := a.device(t, 32<<20, func(img string) error {
 		a.bystanderUUID = uuid.NewString()
 		return runTool("mkfs.ext4", "-q", "-U", a.bystanderUUID, img)
 	})
@@ -95,27 +96,9 @@ func runTool(name string, args ...string) error {
 }
 
 // device makes an image, lets write put a signature on it, and attaches it.
-func (a *arena) device(t *testing.T, name string, size int64, write func(img string) error) loopdev.Device {
+func (a *arena) device(t *testing.T, size int64, write func(img string) error) loopdev.Device {
 	t.Helper()
-	img := filepath.Join(a.tdir, name+"-"+uuid.NewString()[:8]+".img")
-	require.NoError(t, os.WriteFile(img, nil, 0o600))
-	require.NoError(t, os.Truncate(img, size))
-	if write != nil {
-		require.NoError(t, write(img))
-		// Some tools (xorriso, mksquashfs) cut the image to their own size.
-		require.NoError(t, os.Truncate(img, size))
-	}
-	d, err := loopdev.Attach(context.Background(), img)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for i := 1; i <= 4; i++ {
-			_ = loopdev.RemovePartition(d.Name, i)
-		}
-		if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	return d
+	return testenv.FakeDiskWith(t, size, write)
 }
 
 // expect is what one case must end with.
@@ -342,7 +325,7 @@ func (a *arena) signatureCases(t *testing.T) {
 					t.Fatalf("needs %s (make setup installs it)", sig.tool)
 				}
 			}
-			d := a.device(t, sig.name, sig.size, sig.write)
+			d := a.device(t, sig.size, sig.write)
 			for _, mode := range []string{"Filesystem", "Block"} {
 				spec := rawSpec("victim", a.newUUID(), d.Path, map[string]any{"mode": mode})
 				a.try(t, expect{code: 3, errCode: "foreign_data", names: []string{"rawBlockDevice.devicePath", d.Path, sig.name},
@@ -355,7 +338,7 @@ func (a *arena) signatureCases(t *testing.T) {
 		if _, err := exec.LookPath("pvcreate"); err != nil {
 			t.Fatal("needs pvcreate (make setup installs lvm2)")
 		}
-		d := a.device(t, "lvm", 32<<20, nil)
+		d := a.device(t, 32<<20, nil)
 		require.NoError(t, runTool("pvcreate", "-q", "-f", d.Path))
 		for _, mode := range []string{"Filesystem", "Block"} {
 			spec := rawSpec("victim", a.newUUID(), d.Path, map[string]any{"mode": mode})
@@ -372,14 +355,14 @@ func (a *arena) uuidCases(t *testing.T) {
 		if kind == "xfs" {
 			size, args = 300<<20, []string{"mkfs.xfs", "-q", "-m", "uuid=" + u}
 		}
-		d := a.device(t, "victim-"+kind, size, func(img string) error { return runTool(args[0], append(args[1:], img)...) })
+		d := a.device(t, size, func(img string) error { return runTool(args[0], append(args[1:], img)...) })
 		a.uuids = append(a.uuids, u)
 		return d, u
 	}
 	for _, kind := range []string{"ext4", "xfs"} {
 		t.Run("unprepare --wipe without a record, uuid of a "+kind+" elsewhere", func(t *testing.T) {
 			victim, u := fsVictim(t, kind)
-			other := a.device(t, "other", 32<<20, nil)
+			other := a.device(t, 32<<20, nil)
 			spec := rawSpec("attack", u, other.Path, nil)
 			spec["fsType"] = kind
 			a.try(t, expect{code: 0, names: []string{"no record of volume " + u, "nothing was touched"}, victims: []string{victim.Path, other.Path}},
@@ -392,7 +375,7 @@ func (a *arena) uuidCases(t *testing.T) {
 		})
 		t.Run("raw prepare of a blank device with a "+kind+"'s uuid", func(t *testing.T) {
 			victim, u := fsVictim(t, kind)
-			blank := a.device(t, "blank", 32<<20, nil)
+			blank := a.device(t, 32<<20, nil)
 			spec := rawSpec("attack", u, blank.Path, nil)
 			a.try(t, expect{code: 3, errCode: "uuid_in_use", names: []string{"uuid: " + u, victim.Path}, victims: []string{victim.Path, blank.Path}}, "prepare", spec)
 		})
@@ -411,8 +394,8 @@ func (a *arena) uuidCases(t *testing.T) {
 	t.Run("Block volumes: a partition GUID of someone's disk", func(t *testing.T) {
 		u := uuid.NewString()
 		a.uuids = append(a.uuids, u)
-		disk := a.device(t, "gpt-victim", 32<<20, tool("sgdisk", "-n", "1:2048:+8M", "-u", "1:"+u))
-		blank := a.device(t, "blank", 32<<20, nil)
+		disk := a.device(t, 32<<20, tool("sgdisk", "-n", "1:2048:+8M", "-u", "1:"+u))
+		blank := a.device(t, 32<<20, nil)
 		for _, spec := range []map[string]any{
 			sparseSpec("attack", u, "32Mi", map[string]any{"mode": "Block"}),
 			rawSpec("attack", u, blank.Path, map[string]any{"mode": "Block"}),
@@ -468,7 +451,7 @@ func (a *arena) mkfsOptionCases(t *testing.T) {
 		})
 	}
 	t.Run("raw device with -d", func(t *testing.T) {
-		d := a.device(t, "blank", 32<<20, nil)
+		d := a.device(t, 32<<20, nil)
 		spec := rawSpec("opts", a.newUUID(), d.Path, map[string]any{"mkfsOptions": []string{"-d", "/etc"}})
 		a.try(t, expect{code: 2, errCode: "invalid_spec", names: []string{"mkfsOptions[0]"}, victims: []string{d.Path}}, "prepare", spec)
 	})
@@ -507,8 +490,8 @@ func (a *arena) damagedCases(t *testing.T) {
 		zeroAt(t, dev, 512, 512)
 		zeroAt(t, dev, size-512, 512)
 	}
-	raw := a.device(t, "raw-damaged", 32<<20, nil)
-	rawBlk := a.device(t, "raw-damaged-blk", 32<<20, nil)
+	raw := a.device(t, 32<<20, nil)
+	rawBlk := a.device(t, 32<<20, nil)
 	for _, d := range []damage{
 		{"sparse ext4", func() map[string]any { return sparseSpec("dmg", a.newUUID(), "32Mi", nil) }, superblock(1024, 1024), "e2fsck -b 32768"},
 		{"sparse xfs", func() map[string]any {
@@ -556,10 +539,10 @@ func (a *arena) claimCases(t *testing.T) {
 	sb := a.ok("prepare", sparseBlk)
 	sparseFS := sparseSpec("held-fs", a.newUUID(), "32Mi", nil)
 	sf := a.ok("prepare", sparseFS)
-	disk := a.device(t, "held-disk", 32<<20, nil)
+	disk := a.device(t, 32<<20, nil)
 	rawBlk := rawSpec("held-raw", a.newUUID(), disk.Path, map[string]any{"mode": "Block"})
 	rb := a.ok("prepare", rawBlk)
-	pdisk := a.device(t, "parted", 64<<20, tool("sgdisk", "-n", "1:2048:+16M", "-n", "2:0:+16M"))
+	pdisk := a.device(t, 64<<20, tool("sgdisk", "-n", "1:2048:+16M", "-n", "2:0:+16M"))
 	parts := addPartitions(t, pdisk, [2]int64{2048 * 512, 16 << 20}, [2]int64{2048*512 + 16<<20, 16 << 20})
 	rawPart := rawSpec("held-part", a.newUUID(), parts[0], nil)
 	a.ok("prepare", rawPart)
@@ -615,7 +598,7 @@ func holdOpen(t *testing.T, script string, args ...string) {
 // Finding 6: in use means in use anywhere.
 func (a *arena) inUseCases(t *testing.T) {
 	t.Run("a blank device that backs another loop device", func(t *testing.T) {
-		d := a.device(t, "backing", 32<<20, nil)
+		d := a.device(t, 32<<20, nil)
 		l, err := loopdev.Attach(context.Background(), d.Path)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = loopdev.Detach(context.Background(), l, 5*time.Second) })
@@ -625,7 +608,7 @@ func (a *arena) inUseCases(t *testing.T) {
 		}
 	})
 	t.Run("a blank device opened exclusively by another program", func(t *testing.T) {
-		d := a.device(t, "excl", 32<<20, nil)
+		d := a.device(t, 32<<20, nil)
 		holdOpen(t, `exec python3 -c 'import os,sys,time; os.open(sys.argv[1], os.O_RDONLY|os.O_EXCL); print("ready", flush=True); time.sleep(600)' "$1"`, d.Path)
 		spec := rawSpec("busy", a.newUUID(), d.Path, nil)
 		a.try(t, expect{code: 3, errCode: "in_use", names: []string{d.Path, "exclusively"}, victims: []string{d.Path}}, "prepare", spec)
@@ -640,7 +623,7 @@ func (a *arena) inUseCases(t *testing.T) {
 		assert.Equal(t, "prepared", a.ok("info", spec).str("state"), "still attached and linked")
 	})
 	t.Run("a raw volume mounted in another mount namespace", func(t *testing.T) {
-		d := a.device(t, "rawns", 32<<20, nil)
+		d := a.device(t, 32<<20, nil)
 		spec := rawSpec("nsraw", a.newUUID(), d.Path, nil)
 		a.ok("prepare", spec)
 		mp := t.TempDir()

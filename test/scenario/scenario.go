@@ -15,11 +15,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
 // Exec runs one program with an argument list (never a shell) and returns

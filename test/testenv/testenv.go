@@ -89,6 +89,21 @@ func Cleanup(stateDir string, uuids []string, logf func(string, ...any)) {
 // loop device and any partitions the test added are removed at cleanup.
 func FakeDisk(t testing.TB, size int64, sgdiskArgs ...string) loopdev.Device {
 	t.Helper()
+	if len(sgdiskArgs) == 0 {
+		return FakeDiskWith(t, size, nil)
+	}
+	return FakeDiskWith(t, size, func(img string) error {
+		if out, err := exec.Command("sgdisk", append(sgdiskArgs, img)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("sgdisk: %v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// FakeDiskWith is FakeDisk with write putting whatever it likes on the image
+// first (a filesystem, a signature); the image keeps its size.
+func FakeDiskWith(t testing.TB, size int64, write func(img string) error) loopdev.Device {
+	t.Helper()
 	img := filepath.Join(t.TempDir(), "disk.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -96,9 +111,13 @@ func FakeDisk(t testing.TB, size int64, sgdiskArgs ...string) loopdev.Device {
 	if err := os.Truncate(img, size); err != nil {
 		t.Fatal(err)
 	}
-	if len(sgdiskArgs) > 0 {
-		if out, err := exec.Command("sgdisk", append(sgdiskArgs, img)...).CombinedOutput(); err != nil {
-			t.Fatalf("sgdisk: %v: %s", err, out)
+	if write != nil {
+		if err := write(img); err != nil {
+			t.Fatal(err)
+		}
+		// Some tools (xorriso, mksquashfs) cut the image to their own size.
+		if err := os.Truncate(img, size); err != nil {
+			t.Fatal(err)
 		}
 	}
 	d, err := loopdev.Attach(context.Background(), img)
