@@ -49,11 +49,12 @@ func gatherTarget(ctx context.Context, raw *rawDevice, heldBy string) (targetFac
 // volume (the one being prepared).
 func (e *Engine) holdings(recs []*nodestate.Record, except string) map[string]string {
 	held := map[string]string{}
+	idx, _ := loopdev.NewIndex() // once: records times loop devices would be quadratic
 	for _, r := range recs {
 		if r.Spec.UUID == except {
 			continue
 		}
-		for _, n := range e.devicesOf(r) {
+		for _, n := range e.devicesIn(idx, r) {
 			held[n] = r.Spec.Name
 		}
 	}
@@ -64,10 +65,14 @@ func (e *Engine) holdings(recs []*nodestate.Record, except string) map[string]st
 // loop devices of its sparse file, or its raw device (and the disk of a
 // partition whose GUID we set), each with its partitions.
 func (e *Engine) devicesOf(r *nodestate.Record) []string {
+	idx, _ := loopdev.NewIndex()
+	return e.devicesIn(idx, r)
+}
+
+func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record) []string {
 	var names []string
 	if r.Spec.SparseLoopDevice != nil {
-		devs, _ := loopdev.Find(e.State.SparseFile(r.Spec.UUID))
-		for _, d := range devs {
+		for _, d := range idx.Find(e.State.SparseFile(r.Spec.UUID)) {
 			names = append(names, d.Name)
 		}
 	} else {

@@ -108,6 +108,23 @@ func (e *Engine) checkCapacity(s *spec.Spec) (string, error) {
 // makes the name, device and UUID checks atomic with the write.
 func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.Record, error) {
 	s := o.s
+	// The UUID check needs only this volume's lock, which the caller holds:
+	// no other volume writes this UUID. Scanning the devices outside the
+	// global lock keeps concurrent prepares of other volumes parallel.
+	own, err := e.State.Load(s.UUID)
+	if err != nil {
+		return nil, failed("state", err, "reading state of %s", s.Name)
+	}
+	mine := map[string]bool{}
+	if own != nil {
+		for _, n := range e.devicesOf(own) {
+			mine[n] = true
+		}
+	}
+	if err := decideUUID(s, carriersOf(s), mine); err != nil {
+		return nil, err
+	}
+
 	g, err := e.State.Lock("global")
 	if err != nil {
 		return nil, failed("lock", err, "taking the state lock")
@@ -133,18 +150,8 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 			return nil, refused("conflict", "volume %s is already on this node with a different spec (%s): delete it first, or use a new uuid", s.UUID, why)
 		}
 	}
-	mine := map[string]bool{}
-	if rec != nil {
-		for _, n := range e.devicesOf(rec) {
-			mine[n] = true
-		}
-	}
-	if err := decideUUID(s, carriersOf(s), mine); err != nil {
-		return nil, err
-	}
-	held := e.holdings(all, s.UUID)
 	if raw != nil {
-		if err := e.admitRaw(ctx, s, rec, raw, held); err != nil {
+		if err := e.admitRaw(ctx, s, rec, raw, e.holdings(all, s.UUID)); err != nil {
 			return nil, err
 		}
 	} else if rec == nil {

@@ -128,6 +128,37 @@ func Find(path string) ([]Device, error) {
 	return out, nil
 }
 
+// Index maps backing files (by device and inode) to the loop devices bound
+// to them, read once: for callers that look up many files.
+type Index map[[2]uint64][]Device
+
+// NewIndex reads every bound loop device's backing file.
+func NewIndex() (Index, error) {
+	bound, err := Bound()
+	if err != nil {
+		return nil, err
+	}
+	idx := Index{}
+	for _, d := range bound {
+		info, err := status(d.Path)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		k := [2]uint64{info.Device, info.Inode}
+		idx[k] = append(idx[k], d)
+	}
+	return idx, nil
+}
+
+// Find returns the loop devices bound to the file at path.
+func (idx Index) Find(path string) []Device {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil
+	}
+	return idx[[2]uint64{st.Dev, st.Ino}]
+}
+
 // Bound lists loop devices that have a backing file.
 func Bound() ([]Device, error) {
 	ents, err := os.ReadDir("/sys/block")
