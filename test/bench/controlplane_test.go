@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -107,15 +108,46 @@ func medianF(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// replaySalt answers local_async with the job ids the recorded stream uses.
-type replaySalt struct{}
+// replaySalt answers local_async with the job ids the recorded stream uses,
+// and jobs.list_job with the returns the stream carries, as Salt's job cache
+// would hold them (the reconciler confirms every bus return there).
+type replaySalt struct{ cache map[string]saltapi.JobInfo }
+
+func newReplaySalt(b *testing.B, data []byte) replaySalt {
+	r := replaySalt{cache: map[string]saltapi.JobInfo{}}
+	dec := events.NewDecoder(bytes.NewReader(data))
+	for {
+		ev, err := dec.Next()
+		if err != nil {
+			break
+		}
+		jr, ok := ev.AsJobReturn()
+		if !ok {
+			continue
+		}
+		body, err := json.Marshal(jr.Return)
+		if err != nil {
+			b.Fatal(err)
+		}
+		info := r.cache[jr.JID]
+		if info.Returns == nil {
+			info = saltapi.JobInfo{Known: true, Function: jr.Fun, Returns: map[string]saltapi.MinionReturn{}}
+		}
+		info.Returns[jr.Minion] = saltapi.MinionReturn{Return: body, Retcode: jr.Retcode}
+		r.cache[jr.JID] = info
+	}
+	return r
+}
 
 func (replaySalt) LocalAsync(_ context.Context, tgt, _ string, _ []any, kwarg map[string]any) (saltapi.Job, error) {
 	v := kwarg["pillar"].(map[string]any)["salt_volumes"].(map[string]any)["volume"].(spec.Spec)
 	i, _ := strconv.Atoi(strings.TrimPrefix(v.Name, "vol-"))
 	return saltapi.Job{JID: fmt.Sprintf("2026112200%010d", i), Minions: []string{tgt}}, nil
 }
-func (replaySalt) ListJob(context.Context, string) (saltapi.JobInfo, error) {
+func (r replaySalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo, error) {
+	if info, ok := r.cache[jid]; ok {
+		return info, nil
+	}
 	return saltapi.JobInfo{Known: true}, nil
 }
 
@@ -175,13 +207,15 @@ func replay(b *testing.B, n int) replayResult {
 		_, _ = c.Write(data)
 		<-finished
 	}()
-	// The live heap is measured with the stream loaded on both sides, so
-	// the difference is the store, reconciler and listener.
+	// The live heap is measured with the stream loaded on both sides (and
+	// the fake job cache built), so the difference is the store,
+	// reconciler and listener.
+	salt := newReplaySalt(b, data)
 	runtime.GC()
 	var m0 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	bus := &events.Bus{Network: "unix", Addr: sock}
-	rec := reconciler.New(st, replaySalt{}, bus, reconciler.Options{Workers: 64}, nil)
+	rec := reconciler.New(st, salt, bus, reconciler.Options{Workers: 64}, nil)
 	watch, stop := rec.Hub.Subscribe(n * 10)
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
