@@ -41,6 +41,10 @@ func init() {
 
 // rawExt keeps an ext payload as the bytes of a string-kind type.
 func rawExt(d *msgpack.Decoder, v reflect.Value, n int) error {
+	// n is the sender's claim: no ext of Salt's is near a frame's size.
+	if n < 0 || n > MaxFrame {
+		return ErrFrameTooLarge
+	}
 	b := make([]byte, n)
 	if err := d.ReadFull(b); err != nil {
 		return err

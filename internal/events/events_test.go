@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -169,4 +170,15 @@ func TestFrameLargerThanMaxFrameIsRefused(t *testing.T) {
 	claim := []byte{0xdf, 0xff, 0xff, 0xff, 0xff}
 	_, err = NewDecoder(bytes.NewReader(claim)).Next()
 	assert.Error(t, err)
+}
+
+// An ext header claiming gigabytes (found by FuzzDecoder) is refused
+// before anything is allocated for it.
+func TestHugeExtClaimIsRefused(t *testing.T) {
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	_, err := NewDecoder(bytes.NewReader([]byte("\xc9\xc9#\xf1\x7fNE"))).Next()
+	runtime.ReadMemStats(&m1)
+	assert.Error(t, err)
+	assert.Less(t, m1.TotalAlloc-m0.TotalAlloc, uint64(64<<20), "no allocation by the claimed length")
 }
