@@ -76,25 +76,24 @@ func (w *Writer) Counter(name, help string, v int64) {
 // CounterVec writes a counter with one sample per label value.
 func (w *Writer) CounterVec(name, help, label string, values map[string]int64) {
 	w.printf("# HELP %s %s\n# TYPE %s counter\n", name, help, name)
-	keys := make([]string, 0, len(values))
-	for k := range values {
+	for _, k := range sortedKeys(values) {
+		w.printf("%s{%s=%q} %d\n", name, label, escape(k), values[k])
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	for _, k := range keys {
-		w.printf("%s{%s=%q} %d\n", name, label, escape(k), values[k])
-	}
+	return keys
 }
 
 // Gauge writes a gauge, one sample per label value (label may be empty).
 func (w *Writer) Gauge(name, help, label string, values map[string]float64) {
 	w.printf("# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
-	keys := make([]string, 0, len(values))
-	for k := range values {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(values) {
 		if label == "" {
 			w.printf("%s %s\n", name, num(values[k]))
 		} else {
