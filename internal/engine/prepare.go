@@ -111,13 +111,15 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 	// The UUID check needs only this volume's lock, which the caller holds:
 	// no other volume writes this UUID. Scanning the devices outside the
 	// global lock keeps concurrent prepares of other volumes parallel.
-	own, err := e.State.Load(s.UUID)
+	// This volume's own record is read once, here: only holders of this
+	// lock write it.
+	rec, err := e.State.Load(s.UUID)
 	if err != nil {
 		return nil, failed("state", err, "reading state of %s", s.Name)
 	}
 	mine := map[string]bool{}
-	if own != nil {
-		for _, n := range e.devicesOf(own) {
+	if rec != nil {
+		for _, n := range e.devicesOf(rec) {
 			mine[n] = true
 		}
 	}
@@ -134,11 +136,9 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 	if len(errs) > 0 {
 		return nil, failed("state", errors.Join(errs...), "reading node state")
 	}
-	var rec *nodestate.Record
 	for _, r := range all {
 		switch {
 		case r.Spec.UUID == s.UUID:
-			rec = r
 		case r.Spec.Name == s.Name:
 			return nil, refused("name_conflict", "name: volume %q already exists on this node with uuid %s: choose another name or delete that volume first", s.Name, r.Spec.UUID)
 		case raw != nil && r.Spec.RawBlockDevice != nil && r.DeviceNum == raw.dev.String():

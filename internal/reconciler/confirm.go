@@ -44,7 +44,7 @@ func (r *Reconciler) confirm(ctx context.Context, name string, v *volume.Volume,
 func (r *Reconciler) confirmHint(ctx context.Context, name string, v *volume.Volume, o observation) ([]observation, bool) {
 	info, err := r.cache.get(ctx, o.jid, o.tries > 0)
 	if err != nil {
-		r.rejected.Warn("job lookup failed", "job", o.jid, "error", err)
+		r.warn.Warn("job lookup failed", "job", o.jid, "error", err)
 		return nil, o.tries+1 < maxHintTries
 	}
 	var nodes []string
@@ -71,7 +71,7 @@ func (r *Reconciler) confirmHint(ctx context.Context, name string, v *volume.Vol
 		return nil, true
 	}
 	r.Metrics.Rejected.Unconfirmed.Inc()
-	r.rejected.Warn("job return on the event bus not confirmed by Salt's job cache; ignored", "volume", name, "job", o.jid)
+	r.warn.Warn("job return on the event bus not confirmed by Salt's job cache; ignored", "volume", name, "job", o.jid)
 	return nil, false
 }
 

@@ -126,8 +126,10 @@ type Reconciler struct {
 	backoff        map[string]time.Duration
 	lookupRetry    bool
 
-	cache    *jobCache
-	rejected *rateLog
+	cache *jobCache
+	// warn logs what could repeat without end (forged events, salt-api
+	// down) at most once a minute per message.
+	warn *rateLog
 }
 
 // New builds a reconciler. source may be nil in polling mode.
@@ -154,8 +156,8 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 		q:       newQueue(),
 		inbox:   map[string][]observation{}, jobs: map[string]string{},
 		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
-		backoff:  map[string]time.Duration{},
-		rejected: newRateLog(log, time.Minute),
+		backoff: map[string]time.Duration{},
+		warn:    newRateLog(log, time.Minute),
 	}
 	r.cache = newJobCache(salt, &r.Metrics.Lookups)
 	return r
@@ -296,7 +298,7 @@ func (r *Reconciler) Handle(ev events.Event) {
 		p, _ := ev.AsProgress()
 		if !p.Authenticated {
 			r.Metrics.Rejected.Progress.Inc()
-			r.rejected.Warn("progress event outside Salt's single-event envelope ignored", "tag", ev.Tag)
+			r.warn.Warn("progress event outside Salt's single-event envelope ignored", "tag", ev.Tag)
 			return
 		}
 		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node})
@@ -305,7 +307,7 @@ func (r *Reconciler) Handle(ev events.Event) {
 			// A minion fired an event under a job return's tag: the master
 			// writes real returns itself, never in this envelope.
 			r.Metrics.Rejected.Unconfirmed.Inc()
-			r.rejected.Warn("minion event under a job return tag ignored", "tag", ev.Tag, "from", ev.Data["id"])
+			r.warn.Warn("minion event under a job return tag ignored", "tag", ev.Tag, "from", ev.Data["id"])
 			return
 		}
 		jr, _ := ev.AsJobReturn()
@@ -477,7 +479,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 	case obsProgress:
 		if o.node != v.Spec.Node {
 			r.Metrics.Rejected.Progress.Inc()
-			r.rejected.Warn("progress event from another minion ignored", "volume", v.Spec.Name, "node", v.Spec.Node, "from", o.node)
+			r.warn.Warn("progress event from another minion ignored", "volume", v.Spec.Name, "node", v.Spec.Node, "from", o.node)
 			return unchanged
 		}
 		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step {
@@ -589,7 +591,7 @@ func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
 		}
 		if err := res.Device.Check(&v.Spec); err != nil {
 			r.Metrics.Rejected.Device.Inc()
-			r.rejected.Warn("state return with device info that does not describe the volume ignored", "volume", v.Spec.Name, "job", o.jid, "error", err)
+			r.warn.Warn("state return with device info that does not describe the volume ignored", "volume", v.Spec.Name, "job", o.jid, "error", err)
 			return unchanged
 		}
 		before := v.Status
@@ -657,7 +659,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		r.Metrics.LaunchErrors.Inc()
 		var apiErr *saltapi.Error
 		permanent := errors.Is(err, saltapi.ErrNoMinions) || (errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest)
-		r.rejected.Warn("could not start the state run", "volume", name, "sls", sls, "error", err, "permanent", permanent)
+		r.warn.Warn("could not start the state run", "volume", name, "sls", sls, "error", err, "permanent", permanent)
 		if !permanent {
 			st.Phase, st.JobID = phase, ""
 			st.Reason, st.Message = ReasonSaltUnavailable, fmt.Sprintf("could not start %s on %s, retrying: %v", sls, v.Spec.Node, err)
