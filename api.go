@@ -52,6 +52,33 @@ type Status struct {
 	Size           int64     `json:"size,omitempty"`
 	InUse          bool      `json:"inUse,omitempty"`
 	UpdatedAt      time.Time `json:"updatedAt,omitempty"`
+	// PersistentVolume is the volume's PV, in Kubernetes mode once it has
+	// been created.
+	PersistentVolume *PersistentVolume `json:"persistentVolume,omitempty"`
+}
+
+// PersistentVolume is what the API shows of a volume's Kubernetes
+// PersistentVolume, read from the API server's watch.
+type PersistentVolume struct {
+	Name string `json:"name"`
+	// Phase is the PV's: Pending, Available, Bound, Released or Failed.
+	Phase string `json:"phase"`
+	// Claim is namespace/name of the claim it is bound to (or was, when
+	// Released).
+	Claim string `json:"claim,omitempty"`
+	// Terminating is set once the PV is being deleted.
+	Terminating bool `json:"terminating,omitempty"`
+}
+
+// Claim is the PersistentVolumeClaim a volume was provisioned for.
+type Claim struct {
+	Namespace    string `json:"namespace"`
+	Name         string `json:"name"`
+	UID          string `json:"uid"`
+	StorageClass string `json:"storageClass"`
+	// ReclaimPolicy is the class's: Delete removes the volume with its
+	// claim, Retain keeps it.
+	ReclaimPolicy string `json:"reclaimPolicy"`
 }
 
 // View is a volume as the API shows it: spec, status, and what the deletion
@@ -59,13 +86,15 @@ type Status struct {
 // refused. It is not the stored record (internal/volume), which also keeps
 // the reconciler's bookkeeping.
 type View struct {
-	Spec                Spec      `json:"spec"`
-	Status              Status    `json:"status"`
-	CreatedAt           time.Time `json:"createdAt"`
-	Origin              string    `json:"origin,omitempty"` // "salt": first seen in someone else's state run
-	Deleting            bool      `json:"deleting,omitempty"`
-	Deletable           bool      `json:"deletable"`
-	DeleteBlockedReason string    `json:"deleteBlockedReason,omitempty"`
+	Spec      Spec      `json:"spec"`
+	Status    Status    `json:"status"`
+	CreatedAt time.Time `json:"createdAt"`
+	Origin    string    `json:"origin,omitempty"` // "salt": first seen in someone else's state run
+	// Claim is set on volumes provisioned for a PersistentVolumeClaim.
+	Claim               *Claim `json:"claim,omitempty"`
+	Deleting            bool   `json:"deleting,omitempty"`
+	Deletable           bool   `json:"deletable"`
+	DeleteBlockedReason string `json:"deleteBlockedReason,omitempty"`
 }
 
 // Watch event types.

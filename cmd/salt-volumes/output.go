@@ -45,10 +45,37 @@ func kind(v saltvolumes.View) string {
 	return "raw:" + v.Spec.RawBlockDevice.DevicePath
 }
 
+// pvColumn is the PV's phase and claim (Kubernetes mode).
+func pvColumn(v saltvolumes.View) string {
+	pv := v.Status.PersistentVolume
+	switch {
+	case pv == nil:
+		return "-"
+	case pv.Terminating:
+		return "Terminating"
+	case pv.Claim != "":
+		return pv.Phase + ":" + pv.Claim
+	}
+	return pv.Phase
+}
+
 func (c *cli) table(items []saltvolumes.View) {
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tNODE\tKIND\tMODE\tFS\tSIZE\tPHASE\tDEVICE\tAGE\tDETAIL")
+	// The PV column only where there are PVs (Kubernetes mode).
+	withPV := false
 	for _, v := range items {
+		withPV = withPV || v.Status.PersistentVolume != nil
+	}
+	pvHead := ""
+	if withPV {
+		pvHead = "\tPV"
+	}
+	fmt.Fprintln(tw, "NAME\tNODE\tKIND\tMODE\tFS\tSIZE\tPHASE"+pvHead+"\tDEVICE\tAGE\tDETAIL")
+	for _, v := range items {
+		phase := v.Status.Phase.String()
+		if withPV {
+			phase += "\t" + pvColumn(v)
+		}
 		size := "-"
 		if v.Status.Size > 0 {
 			size = spec.FormatSize(v.Status.Size)
@@ -64,7 +91,7 @@ func (c *cli) table(items []saltvolumes.View) {
 			dev = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Spec.Name, v.Spec.Node, kind(v), v.Spec.Mode, fs, size,
-			v.Status.Phase, dev, age(v.CreatedAt), detail(v))
+			phase, dev, age(v.CreatedAt), detail(v))
 	}
 	tw.Flush()
 }

@@ -32,8 +32,30 @@ type Config struct {
 	Workers      int      `yaml:"workers"`
 	LogLevel     string   `yaml:"logLevel"`
 	Limits       Limits   `yaml:"limits"`
+	// Kubernetes turns on Kubernetes mode: PVs for volumes, provisioning
+	// from claims. Absent: no Kubernetes at all.
+	Kubernetes *Kubernetes `yaml:"kubernetes"`
 
 	nonLoopback bool
+}
+
+// Kubernetes is how to reach the API server and what to serve there.
+type Kubernetes struct {
+	// Kubeconfig is a kubeconfig file; empty: the in-cluster service
+	// account (serve running in a pod).
+	Kubeconfig string `yaml:"kubeconfig"`
+	// NodeNameGrain names a grain holding each minion's Kubernetes node
+	// name; empty: node names are the minion ids.
+	NodeNameGrain string `yaml:"nodeNameGrain"`
+	// StorageClass is the class of the PVs of volumes created through the
+	// API or CLI (default salt-volumes).
+	StorageClass string `yaml:"storageClass"`
+	// Provisioner is the name StorageClasses give to have their claims
+	// provisioned by salt-volumes (default salt-volumes.io/sparse).
+	Provisioner string `yaml:"provisioner"`
+	// SyncTimeout bounds the first read of the API server's objects at
+	// start (default 60s).
+	SyncTimeout Duration `yaml:"syncTimeout"`
 }
 
 // Limits bound what API clients can make serve hold.
@@ -128,6 +150,25 @@ func Parse(data []byte) (*Config, error) {
 	}
 	if c.Limits.CreatesPerSecond == 0 {
 		c.Limits.CreatesPerSecond = 100
+	}
+	if k := c.Kubernetes; k != nil {
+		if k.StorageClass == "" {
+			k.StorageClass = "salt-volumes"
+		}
+		if k.Provisioner == "" {
+			k.Provisioner = "salt-volumes.io/sparse"
+		}
+		if k.SyncTimeout == 0 {
+			k.SyncTimeout = Duration(time.Minute)
+		}
+		if !strings.Contains(k.Provisioner, "/") {
+			return nil, fmt.Errorf("kubernetes.provisioner: %q: use the <vendor>/<name> form Kubernetes expects, e.g. salt-volumes.io/sparse", k.Provisioner)
+		}
+		if k.Kubeconfig != "" {
+			if _, err := os.Stat(k.Kubeconfig); err != nil {
+				return nil, fmt.Errorf("kubernetes.kubeconfig: %w", err)
+			}
+		}
 	}
 	if c.TokenFile != "" {
 		b, err := os.ReadFile(c.TokenFile)

@@ -51,7 +51,42 @@ const (
 	ReasonRetrying        = "Retrying"
 	ReasonJobTimeout      = "JobTimeout"
 	ReasonInvalidReturn   = "InvalidReturn"
+	// Kubernetes mode.
+	ReasonPublishFailed = "PublishFailed"
+	ReasonPVDeleted     = "PersistentVolumeDeleted"
+	ReasonKubeError     = "KubernetesUnavailable"
 )
+
+// Kubernetes is the Kubernetes side of a volume's life: its
+// PersistentVolume. Without a kubernetes: section it is nil and volumes
+// become Available as soon as their storage is ready.
+type Kubernetes interface {
+	// Observe copies the volume's PV (phase, claim) into its status from
+	// the API server's watch, and says what the volume needs.
+	Observe(ctx context.Context, v *volume.Volume) KubeVerdict
+	// Publish creates the volume's PV unless it exists (idempotent) and
+	// records it in the status.
+	Publish(ctx context.Context, v *volume.Volume) error
+	// Withdraw deletes the volume's PV; done once no claim holds it any
+	// more (or it is gone). blocked says why it may not be deleted now.
+	Withdraw(ctx context.Context, v *volume.Volume) (done bool, blocked string, err error)
+	// Release drops our finalizer from the PV once the storage is gone.
+	Release(ctx context.Context, v *volume.Volume) error
+}
+
+// KubeVerdict is what Observe found.
+type KubeVerdict struct {
+	Changed bool // the PV status in v changed
+	// Republish: an Available volume has no PV, and never had a claim: it
+	// is (re)created.
+	Republish bool
+	// Lost: the PV was deleted outside salt-volumes; the volume fails with
+	// this message.
+	Lost string
+	// Reclaim: a provisioned volume whose claim is gone and whose reclaim
+	// policy is Delete: delete it.
+	Reclaim bool
+}
 
 // Options tune the reconciler; zero values take the defaults.
 type Options struct {
@@ -68,6 +103,8 @@ type Options struct {
 	RetryDelay time.Duration
 	// LookupParallel bounds concurrent job lookups after a reconnect (8).
 	LookupParallel int
+	// Kube publishes PersistentVolumes (Kubernetes mode); nil without.
+	Kube Kubernetes
 }
 
 // Metrics are the reconciler's counters.
@@ -237,14 +274,30 @@ func (r *Reconciler) Idle() bool { return r.q.idle() }
 
 // Create stores a new volume (phase Unknown) and queues it.
 func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
+	return r.Provision(s, nil)
+}
+
+// Provision is Create for a volume made for a PersistentVolumeClaim.
+func (r *Reconciler) Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
 	now := time.Now().UTC()
-	v := &volume.Volume{Spec: *s, CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
+	v := &volume.Volume{Spec: *s, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
 	if err := r.store.Create(v); err != nil {
 		return nil, err
 	}
 	r.Hub.Publish(Added, v.Clone())
 	r.q.add(s.Name)
 	return v, nil
+}
+
+// Get reads one volume from the store.
+func (r *Reconciler) Get(name string) (*volume.Volume, error) { return r.store.Get(name) }
+
+// Touch reconciles a volume again: something it depends on outside Salt
+// (its PersistentVolume, its claim) changed.
+func (r *Reconciler) Touch(name string) {
+	if _, err := r.store.Get(name); err == nil {
+		r.q.add(name)
+	}
 }
 
 // DeleteError is a deletion the criteria forbid.
@@ -404,9 +457,12 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 		case changed:
 			dirty = true
 		case removed:
-			r.remove(v)
+			r.remove(ctx, v)
 			return
 		}
+	}
+	if r.opt.Kube != nil && r.observeKube(ctx, v) {
+		dirty = true
 	}
 	if r.act(ctx, v) {
 		dirty = true
@@ -422,8 +478,15 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 	}
 }
 
-func (r *Reconciler) remove(v *volume.Volume) {
+func (r *Reconciler) remove(ctx context.Context, v *volume.Volume) {
 	name := v.Spec.Name
+	if r.opt.Kube != nil {
+		// The storage is gone: the PV may go too. If this fails the
+		// Kubernetes side drops the finalizer of a PV whose volume is gone.
+		if err := r.opt.Kube.Release(ctx, v); err != nil {
+			r.warn.Warn("could not release the PersistentVolume", "volume", name, "error", err)
+		}
+	}
 	if err := r.store.Delete(name); err != nil {
 		r.log.Error("removing volume", "volume", name, "error", err)
 		r.q.addAfter(name, r.opt.RetryDelay)
@@ -457,6 +520,9 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
 			Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}}
 		v.Status.ApplyDevice(o.result.Device)
+		if r.opt.Kube != nil {
+			v.Status.Phase, v.Status.Publishing, v.Status.Step = volume.Pending, true, stepPublish
+		}
 		if err := r.store.Create(v); err != nil {
 			r.log.Warn("not adopting volume", "volume", name, "error", err)
 			r.q.add(name)
@@ -465,6 +531,9 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		r.Metrics.Adopted.Inc()
 		r.log.Info("volume prepared outside the control plane adopted", "volume", name, "node", o.node, "job", o.jid)
 		r.Hub.Publish(Added, v)
+		if v.Status.Publishing {
+			r.q.add(name)
+		}
 		return
 	}
 }
@@ -563,6 +632,10 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		r.Metrics.JobsSucceeded.Inc()
 		st.Phase, st.Reason, st.Message = volume.Available, "", ""
 		st.ApplyDevice(out.Device)
+		if r.opt.Kube != nil {
+			// Available means the storage is ready and its PV exists.
+			st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
+		}
 		r.mu.Lock()
 		delete(r.backoff, name)
 		r.mu.Unlock()
@@ -614,8 +687,15 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 	st := &v.Status
 	switch {
 	case v.DeleteRequested && (st.Phase != volume.Terminating || st.JobID == ""):
+		if r.opt.Kube != nil {
+			if done, changed := r.withdraw(ctx, v); !done {
+				return changed
+			}
+		}
 		return r.launch(ctx, v, SLSUnprepared, volume.Terminating)
-	case !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "")):
+	case !v.DeleteRequested && st.Phase == volume.Pending && st.Publishing && r.opt.Kube != nil:
+		return r.publish(ctx, v)
+	case !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "" && !st.Publishing)):
 		return r.launch(ctx, v, SLSPrepared, volume.Pending)
 	case waiting(v) && st.JobID != "":
 		return r.checkTimeout(ctx, v)

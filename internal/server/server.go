@@ -14,6 +14,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
@@ -50,9 +51,26 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	default:
 		source = &events.Bus{Network: "unix", Addr: cfg.Events.Socket, Log: log.With("component", "events"), Stats: stats}
 	}
-	rec := reconciler.New(st, salt, source, reconciler.Options{
-		Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval),
-	}, log.With("component", "reconciler"))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var kc *kube.Controller
+	if cfg.Kubernetes != nil {
+		if kc, err = newKube(cfg.Kubernetes, salt, log.With("component", "kubernetes")); err != nil {
+			return err
+		}
+	}
+	opt := reconciler.Options{Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval)}
+	if kc != nil {
+		opt.Kube = kc
+	}
+	rec := reconciler.New(st, salt, source, opt, log.With("component", "reconciler"))
+	if kc != nil {
+		kc.SetVolumes(rec)
+		if err := kc.Start(ctx, time.Duration(cfg.Kubernetes.SyncTimeout)); err != nil {
+			return err
+		}
+		log.Info("kubernetes mode: publishing PersistentVolumes", "storageClass", cfg.Kubernetes.StorageClass, "provisioner", cfg.Kubernetes.Provisioner)
+	}
 
 	srv := &api.Server{
 		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
@@ -73,6 +91,14 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			}
 			w.Gauge("salt_volumes_event_source_connected", "1 while the event source is connected.", "", map[string]float64{"": conn})
 			w.Counter("salt_volumes_saltapi_logins_total", "Logins to salt-api.", int64(salt.LoginCount()))
+			if kc != nil {
+				m := kc.Metrics
+				w.Counter("salt_volumes_pvs_created_total", "PersistentVolumes created.", m.PVsCreated.Value())
+				w.Counter("salt_volumes_pvs_deleted_total", "PersistentVolumes deleted.", m.PVsDeleted.Value())
+				w.Counter("salt_volumes_pv_finalizers_released_total", "PersistentVolumes released after their storage was reclaimed.", m.FinalizersReleased.Value())
+				w.Counter("salt_volumes_claims_provisioned_total", "Volumes created for PersistentVolumeClaims.", m.ClaimsProvisioned.Value())
+				w.Counter("salt_volumes_claims_refused_total", "PersistentVolumeClaims of our classes that could not be provisioned (see the claim's events).", m.ClaimsRefused.Value())
+			}
 		},
 	}
 	if cfg.NonLoopback() {
@@ -86,8 +112,6 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	// an idle keep-alive connection is closed after IdleTimeout.
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	recDone := make(chan struct{})
 	go func() {
 		defer close(recDone)

@@ -31,6 +31,10 @@ type Status struct {
 	saltvolumes.Status
 	// JobStartedAt is when JobID was launched (job latency, job timeout).
 	JobStartedAt time.Time `json:"jobStartedAt,omitempty"`
+	// Publishing marks a Pending volume whose storage is ready on its node
+	// and whose PersistentVolume is still to be created (Kubernetes mode):
+	// it becomes Available once the PV exists.
+	Publishing bool `json:"publishing,omitempty"`
 }
 
 // Volume is one volume object.
@@ -45,6 +49,8 @@ type Volume struct {
 	// Origin is "salt" for a volume first seen in the return of a state
 	// run someone else started (salt-call, orchestrate); empty for ours.
 	Origin string `json:"origin,omitempty"`
+	// Claim is the PersistentVolumeClaim the volume was provisioned for.
+	Claim *saltvolumes.Claim `json:"claim,omitempty"`
 }
 
 // Clone returns a deep copy.
@@ -59,6 +65,14 @@ func (v *Volume) Clone() *Volume {
 		r := *v.Spec.RawBlockDevice
 		c.Spec.RawBlockDevice = &r
 	}
+	if v.Status.PersistentVolume != nil {
+		pv := *v.Status.PersistentVolume
+		c.Status.PersistentVolume = &pv
+	}
+	if v.Claim != nil {
+		cl := *v.Claim
+		c.Claim = &cl
+	}
 	return &c
 }
 
@@ -66,14 +80,16 @@ func (v *Volume) Clone() *Volume {
 func (v *Volume) View() saltvolumes.View {
 	ok, why := CanDelete(v)
 	return saltvolumes.View{
-		Spec: v.Spec, Status: v.Status.Status, CreatedAt: v.CreatedAt, Origin: v.Origin,
+		Spec: v.Spec, Status: v.Status.Status, CreatedAt: v.CreatedAt, Origin: v.Origin, Claim: v.Claim,
 		Deleting: v.DeleteRequested, Deletable: ok, DeleteBlockedReason: why,
 	}
 }
 
 // CanDelete applies the deletion criteria: no decision without a status,
 // none while creation or deletion is running, none while the device is in
-// use. Available and Failed volumes can be deleted.
+// use, none while its PersistentVolume is Bound or Pending (a claim holds
+// it, or Kubernetes has not settled it). Available and Failed volumes can
+// be deleted.
 func CanDelete(v *Volume) (bool, string) {
 	switch v.Status.Phase {
 	case Unknown:
@@ -85,6 +101,14 @@ func CanDelete(v *Volume) (bool, string) {
 	}
 	if v.Status.InUse {
 		return false, "the volume is in use on " + v.Spec.Node + " (mounted or held); release it first"
+	}
+	if pv := v.Status.PersistentVolume; pv != nil {
+		switch pv.Phase {
+		case "Bound":
+			return false, fmt.Sprintf("its PersistentVolume %s is Bound to %s: delete that claim (and the pods using it) first", pv.Name, pv.Claim)
+		case "Pending":
+			return false, fmt.Sprintf("its PersistentVolume %s is Pending: wait until Kubernetes makes it Available", pv.Name)
+		}
 	}
 	return true, ""
 }

@@ -59,6 +59,8 @@ type plane struct {
 	Store  string
 	logf   *os.File
 	events string
+	// Env is added to serve's environment at the next Start.
+	Env []string
 }
 
 func newPlane(t *testing.T, s *saltstack.Stack) *plane {
@@ -107,6 +109,7 @@ func (p *plane) Start(extra string) {
 	p.logf = f
 	p.cmd = exec.Command(bin("salt-volumes"), "serve", "--config", p.Config)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	p.cmd.Env = append(os.Environ(), p.Env...)
 	require.NoError(p.t, p.cmd.Start())
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -1,0 +1,49 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/salt-volumes/salt-volumes/internal/config"
+	"github.com/salt-volumes/salt-volumes/internal/kube"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+)
+
+// newKube connects to the API server of the kubernetes: section.
+func newKube(k *config.Kubernetes, salt *saltapi.Client, log *slog.Logger) (*kube.Controller, error) {
+	var rc *rest.Config
+	var err error
+	if k.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w (set kubernetes.kubeconfig outside a pod)", err)
+	}
+	rc.UserAgent = "salt-volumes"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	nodes := &kube.NodeMap{Grain: k.NodeNameGrain, Fetch: func(ctx context.Context, grain string) (map[string]json.RawMessage, error) {
+		ret, err := salt.Run(ctx, saltapi.Lowstate{"client": "local", "tgt": "*", "fun": "grains.get", "arg": []any{grain}})
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]json.RawMessage{}
+		if len(ret) > 0 {
+			if err := json.Unmarshal(ret[0], &out); err != nil {
+				return nil, fmt.Errorf("unexpected answer to grains.get: %w", err)
+			}
+		}
+		return out, nil
+	}}
+	return kube.New(cs, kube.Config{StorageClass: k.StorageClass, Provisioner: k.Provisioner, Nodes: nodes}, log), nil
+}

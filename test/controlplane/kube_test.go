@@ -1,0 +1,430 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/kube"
+	"github.com/salt-volumes/salt-volumes/test/kubecluster"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+)
+
+// kubeEnv is a real Salt stack, a real Kubernetes control plane and serve
+// in Kubernetes mode with the identity deploy/kubernetes/rbac.yaml grants.
+type kubeEnv struct {
+	s     *saltstack.Stack
+	k     *kubecluster.Cluster
+	p     *plane
+	uuids *[]string
+}
+
+func startKube(t *testing.T) *kubeEnv {
+	s := saltstack.Start(t, bin("salt-volume-exec"), true)
+	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	require.Equal(t, 0, code, out)
+	tools, err := kubecluster.Tools(s.Repo)
+	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	dir := filepath.Join(s.Root, "kube")
+	ctx := context.Background()
+	k, err := kubecluster.Start(ctx, dir, tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(k.Logs(3000))
+		}
+		k.Stop()
+	})
+	require.NoError(t, k.AddNode(ctx, s.MinionID))
+	var uuids []string
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
+	p := newPlane(t, s)
+	p.Start(kubeConfig(k))
+	return &kubeEnv{s: s, k: k, p: p, uuids: &uuids}
+}
+
+func kubeConfig(k *kubecluster.Cluster) string {
+	return fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n", k.ControlKubeconfig)
+}
+
+func (e *kubeEnv) pv(t *testing.T, name string) (*corev1.PersistentVolume, error) {
+	return e.k.Admin.CoreV1().PersistentVolumes().Get(context.Background(), name, metav1.GetOptions{})
+}
+
+// eventually polls the API server (the test's view, not the product's)
+// until ok or the limit.
+func eventually(t *testing.T, limit time.Duration, what string, ok func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	last := ""
+	for time.Now().Before(deadline) {
+		var done bool
+		if done, last = ok(); done {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s (last: %s)", what, limit, last)
+}
+
+func (e *kubeEnv) pvGone(t *testing.T, name string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "PV "+name+" deleted", func() (bool, string) {
+		pv, err := e.pv(t, name)
+		if apierrors.IsNotFound(err) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return false, fmt.Sprintf("phase %s finalizers %v deleting %v", pv.Status.Phase, pv.Finalizers, pv.DeletionTimestamp != nil)
+	})
+}
+
+func (e *kubeEnv) create(t *testing.T, name, size string, extra ...string) saltvolumes.View {
+	t.Helper()
+	out, errs, code := e.p.CLI(append([]string{"create", name, "--node", e.s.MinionID, "--size", size, "--wait", "--timeout", "2m"}, extra...)...)
+	require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+	v := getJSON(t, e.p, name)
+	*e.uuids = append(*e.uuids, v.Spec.UUID)
+	return v
+}
+
+func (e *kubeEnv) claim(t *testing.T, name, class, size string, mutate ...func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}}}}
+	for _, m := range mutate {
+		m(pvc)
+	}
+	got, err := e.k.Admin.CoreV1().PersistentVolumeClaims("default").Create(context.Background(), pvc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return got
+}
+
+// pod creates a pod using the claims; the scheduler places it (nothing
+// runs it: there is no kubelet).
+func (e *kubeEnv) pod(t *testing.T, name string, claims map[string]bool) {
+	t.Helper()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app"}}}}
+	i := 0
+	for claim, block := range claims {
+		vol := fmt.Sprintf("v%d", i)
+		i++
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
+		if block {
+			pod.Spec.Containers[0].VolumeDevices = append(pod.Spec.Containers[0].VolumeDevices, corev1.VolumeDevice{Name: vol, DevicePath: "/dev/" + vol})
+		} else {
+			pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: vol, MountPath: "/" + vol})
+		}
+	}
+	_, err := e.k.Admin.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+// deletePod removes a pod at once. A scheduled pod is normally deleted
+// once its kubelet confirms the containers stopped; with no kubelet the
+// test stands in for it with a zero grace period.
+func (e *kubeEnv) deletePod(t *testing.T, name string) {
+	zero := int64(0)
+	err := e.k.Admin.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, "pod "+name+" gone", func() (bool, string) {
+		_, err := e.k.Admin.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+}
+
+func (e *kubeEnv) claimEvents(t *testing.T, name string) []corev1.Event {
+	evs, err := e.k.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", name).String()})
+	require.NoError(t, err)
+	return evs.Items
+}
+
+func hasEvent(evs []corev1.Event, reason, contains string) bool {
+	return slices.ContainsFunc(evs, func(ev corev1.Event) bool {
+		return ev.Reason == reason && ev.Source.Component == "salt-volumes" && strings.Contains(ev.Message, contains)
+	})
+}
+
+func reasons(evs []corev1.Event) string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Source.Component+"/"+ev.Reason+": "+ev.Message)
+	}
+	return strings.Join(out, "\n")
+}
+
+func (e *kubeEnv) storageClass(t *testing.T, name string, params map[string]string) {
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	del := corev1.PersistentVolumeReclaimDelete
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: kube.DefaultProvisioner,
+		VolumeBindingMode: &wffc, ReclaimPolicy: &del, Parameters: params}
+	_, err := e.k.Admin.StorageV1().StorageClasses().Create(context.Background(), sc, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+// TestKubernetes runs the Kubernetes scenarios against a real
+// kube-apiserver, kube-controller-manager and kube-scheduler.
+func TestKubernetes(t *testing.T) {
+	e := startKube(t)
+	ctx := context.Background()
+	e.storageClass(t, "salt-volumes", nil)
+
+	t.Run("publish and unpublish", func(t *testing.T) {
+		v := e.create(t, "kv-pub", "64Mi")
+		require.NotNil(t, v.Status.PersistentVolume, "an Available volume has its PV")
+		assert.Equal(t, "Available", v.Status.PersistentVolume.Phase)
+		pv, err := e.pv(t, "kv-pub")
+		require.NoError(t, err)
+		assert.Equal(t, "/dev/disk/by-uuid/"+v.Spec.UUID, pv.Spec.Local.Path)
+		assert.Equal(t, "ext4", *pv.Spec.Local.FSType)
+		assert.Equal(t, v.Status.Size, pv.Spec.Capacity.Storage().Value(), "capacity is the device's real size")
+		assert.Equal(t, corev1.PersistentVolumeFilesystem, *pv.Spec.VolumeMode)
+		assert.Equal(t, "salt-volumes", pv.Spec.StorageClassName)
+		assert.Equal(t, corev1.PersistentVolumeReclaimRetain, pv.Spec.PersistentVolumeReclaimPolicy)
+		assert.Contains(t, pv.Finalizers, kube.Finalizer)
+		assert.Equal(t, v.Spec.UUID, pv.Labels[kube.LabelUUID])
+		req := pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0]
+		assert.Equal(t, corev1.LabelHostname, req.Key)
+		assert.Equal(t, []string{"node-1"}, req.Values)
+		out, _, code := e.p.CLI("get", "kv-pub")
+		require.Equal(t, 0, code)
+		assert.Regexp(t, `(?m)^kv-pub\s.*\sAvailable\s+Available\s`, out, "the CLI shows the PV's phase")
+
+		out, errs, code := e.p.CLI("rm", "kv-pub", "--wait", "--timeout", "1m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		e.pvGone(t, "kv-pub")
+		_, err = os.Stat(filepath.Join(e.s.StateDir, "sparse", v.Spec.UUID))
+		assert.True(t, os.IsNotExist(err), "the sparse file is gone: %v", err)
+	})
+
+	t.Run("deletion refused while Bound, allowed once Released", func(t *testing.T) {
+		v := e.create(t, "kv-bound", "64Mi")
+		e.claim(t, "c-bound", "salt-volumes", "32Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "kv-bound" })
+		eventually(t, 30*time.Second, "claim bound and seen by salt-volumes", func() (bool, string) {
+			got := getJSON(t, e.p, "kv-bound")
+			pv := got.Status.PersistentVolume
+			return pv != nil && pv.Phase == "Bound" && !got.Deletable, fmt.Sprintf("%+v deletable=%v", pv, got.Deletable)
+		})
+		got := getJSON(t, e.p, "kv-bound")
+		assert.Equal(t, "default/c-bound", got.Status.PersistentVolume.Claim)
+		assert.Contains(t, got.DeleteBlockedReason, "Bound to default/c-bound", "the UI disables the button with this reason")
+		out, _, _ := e.p.CLI("get", "kv-bound")
+		assert.Contains(t, out, "Bound:default/c-bound", "the CLI shows the claim")
+		_, errs, code := e.p.CLI("rm", "kv-bound")
+		assert.Equal(t, 3, code, "rm of a volume whose PV is Bound is refused (exit 3): %s", errs)
+		assert.Contains(t, errs, "Bound to default/c-bound")
+		_, err := os.Stat(filepath.Join(e.s.StateDir, "sparse", v.Spec.UUID))
+		require.NoError(t, err, "refused: the data is still there")
+		_, err = e.pv(t, "kv-bound")
+		require.NoError(t, err, "refused: the PV is still there")
+
+		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "c-bound", metav1.DeleteOptions{}))
+		eventually(t, 30*time.Second, "PV Released", func() (bool, string) {
+			got := getJSON(t, e.p, "kv-bound")
+			pv := got.Status.PersistentVolume
+			return pv != nil && pv.Phase == "Released" && got.Deletable, fmt.Sprintf("%+v", pv)
+		})
+		out, errs, code = e.p.CLI("rm", "kv-bound", "--wait", "--timeout", "1m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		e.pvGone(t, "kv-bound")
+		_, err = os.Stat(filepath.Join(e.s.StateDir, "sparse", v.Spec.UUID))
+		assert.True(t, os.IsNotExist(err), "the sparse file is gone")
+	})
+
+	t.Run("PV deleted out of band", func(t *testing.T) {
+		e.create(t, "kv-oob", "64Mi")
+		out, err := e.k.Kubectl("delete", "pv", "kv-oob", "--wait=false")
+		require.NoError(t, err, out)
+		eventually(t, 30*time.Second, "volume Failed", func() (bool, string) {
+			got := getJSON(t, e.p, "kv-oob")
+			return got.Status.Phase == saltvolumes.Failed && got.Status.Reason == "PersistentVolumeDeleted", got.Status.Phase.String() + " " + got.Status.Reason
+		})
+		got := getJSON(t, e.p, "kv-oob")
+		assert.Contains(t, got.Status.Message, "salt-volumes rm kv-oob")
+		assert.True(t, got.Deletable)
+		out, errs, code := e.p.CLI("rm", "kv-oob", "--wait", "--timeout", "1m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		e.pvGone(t, "kv-oob")
+	})
+
+	t.Run("a PV removed for good is recreated", func(t *testing.T) {
+		v := e.create(t, "kv-gone", "64Mi")
+		pv, err := e.pv(t, "kv-gone")
+		require.NoError(t, err)
+		// Someone strips the finalizer and deletes the PV: it is gone at
+		// once, never claimed, so salt-volumes publishes it again.
+		pv.Finalizers = nil
+		_, err = e.k.Admin.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumes().Delete(ctx, "kv-gone", metav1.DeleteOptions{}))
+		eventually(t, 30*time.Second, "PV recreated", func() (bool, string) {
+			again, err := e.pv(t, "kv-gone")
+			if err != nil {
+				return false, err.Error()
+			}
+			return again.UID != pv.UID && again.Labels[kube.LabelUUID] == v.Spec.UUID, string(again.UID)
+		})
+		assert.Equal(t, saltvolumes.Available, getJSON(t, e.p, "kv-gone").Status.Phase)
+		out, errs, code := e.p.CLI("rm", "kv-gone", "--wait", "--timeout", "1m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		e.pvGone(t, "kv-gone")
+	})
+
+	t.Run("killed between PV create and Available converges", func(t *testing.T) {
+		e.p.Stop()
+		e.p.Env = []string{kube.CrashEnv + "=pv-created"}
+		e.p.Start(kubeConfig(e.k))
+		out, errs, code := e.p.CLI("create", "kv-crash", "--node", "node-1", "--size", "64Mi")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		done := make(chan error, 1)
+		go func() { done <- e.p.cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("serve did not crash after creating the PV")
+		}
+		e.p.cmd = nil
+		e.p.logf.Close()
+		pv, err := e.pv(t, "kv-crash")
+		require.NoError(t, err, "the PV was created before the crash")
+		e.p.Env = nil
+		e.p.Start(kubeConfig(e.k))
+		v := e.p.Watch("kv-crash").Until(t, time.Minute, phaseIs("Available"))
+		last := v[len(v)-1].Volume
+		*e.uuids = append(*e.uuids, last.Spec.UUID)
+		require.NotNil(t, last.Status.PersistentVolume)
+		again, err := e.pv(t, "kv-crash")
+		require.NoError(t, err)
+		assert.Equal(t, pv.UID, again.UID, "the PV made before the crash is the volume's: not duplicated, not replaced")
+		out, errs, code = e.p.CLI("rm", "kv-crash", "--wait", "--timeout", "1m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		e.pvGone(t, "kv-crash")
+	})
+
+	t.Run("dynamic provisioning to Bound, and deletion with the claim", func(t *testing.T) {
+		start := time.Now()
+		fsClaim := e.claim(t, "c-dyn-fs", "salt-volumes", "100Mi")
+		blockClaim := e.claim(t, "c-dyn-block", "salt-volumes", "10Mi", func(c *corev1.PersistentVolumeClaim) {
+			m := corev1.PersistentVolumeBlock
+			c.Spec.VolumeMode = &m
+		})
+		e.pod(t, "app", map[string]bool{"c-dyn-fs": false, "c-dyn-block": true})
+		bound := map[string]time.Duration{}
+		eventually(t, 2*time.Minute, "both claims Bound", func() (bool, string) {
+			var states []string
+			for _, n := range []string{"c-dyn-fs", "c-dyn-block"} {
+				c, err := e.k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, n, metav1.GetOptions{})
+				if err != nil {
+					return false, err.Error()
+				}
+				if _, seen := bound[n]; !seen && c.Status.Phase == corev1.ClaimBound {
+					bound[n] = time.Since(start)
+				}
+				states = append(states, n+"="+string(c.Status.Phase))
+			}
+			return len(bound) == 2, strings.Join(states, " ")
+		})
+		pod, err := e.k.Admin.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{})
+		require.NoError(t, err)
+		eventually(t, 30*time.Second, "pod scheduled", func() (bool, string) {
+			pod, err = e.k.Admin.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{})
+			return err == nil && pod.Spec.NodeName != "", fmt.Sprint(err)
+		})
+		assert.Equal(t, "node-1", pod.Spec.NodeName, "the scheduler bound the pod to the node of its volumes")
+
+		for claim, want := range map[*corev1.PersistentVolumeClaim]int64{fsClaim: 100 << 20, blockClaim: 10 << 20} {
+			name := "pvc-" + string(claim.UID)
+			v := getJSON(t, e.p, name)
+			*e.uuids = append(*e.uuids, v.Spec.UUID)
+			assert.Equal(t, saltvolumes.Available, v.Status.Phase)
+			require.NotNil(t, v.Claim)
+			assert.Equal(t, claim.Name, v.Claim.Name)
+			assert.GreaterOrEqual(t, v.Status.Size, want, "%s: the usable size is at least the request", claim.Name)
+			pv, err := e.pv(t, name)
+			require.NoError(t, err)
+			assert.Equal(t, kube.DefaultProvisioner, pv.Annotations["pv.kubernetes.io/provisioned-by"])
+			assert.Equal(t, corev1.PersistentVolumeReclaimDelete, pv.Spec.PersistentVolumeReclaimPolicy)
+			assert.Equal(t, claim.Name, pv.Spec.ClaimRef.Name)
+			assert.GreaterOrEqual(t, pv.Spec.Capacity.Storage().Value(), want)
+			evs := e.claimEvents(t, claim.Name)
+			assert.True(t, hasEvent(evs, "Provisioning", name), "events:\n%s", reasons(evs))
+			assert.True(t, hasEvent(evs, "ProvisioningSucceeded", name), "events:\n%s", reasons(evs))
+			if claim == fsClaim {
+				jobSecs := v.Status.UpdatedAt.Sub(v.CreatedAt)
+				t.Logf("metric pvc_created_to_bound_ms %d (claim %s; the volume's own create -> Available %d ms, includes the Salt job)",
+					bound[claim.Name].Milliseconds(), claim.Name, jobSecs.Milliseconds())
+			}
+		}
+
+		// Deleting the claim (pod first) reclaims the volume on the node:
+		// the class says Delete.
+		e.deletePod(t, "app")
+		fsName := "pvc-" + string(fsClaim.UID)
+		fsUUID := getJSON(t, e.p, fsName).Spec.UUID
+		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "c-dyn-fs", metav1.DeleteOptions{}))
+		e.pvGone(t, fsName)
+		eventually(t, time.Minute, "volume gone from the control plane", func() (bool, string) {
+			_, errs, code := e.p.CLI("get", fsName)
+			return code != 0, errs
+		})
+		_, err = os.Stat(filepath.Join(e.s.StateDir, "sparse", fsUUID))
+		assert.True(t, os.IsNotExist(err), "the sparse file is deleted on the node")
+		_, err = os.Stat(filepath.Join(e.s.StateDir, "volumes", fsUUID+".json"))
+		assert.True(t, os.IsNotExist(err), "the node's record is gone")
+		// The Block one stays while its claim does.
+		assert.Equal(t, saltvolumes.Available, getJSON(t, e.p, "pvc-"+string(blockClaim.UID)).Status.Phase)
+	})
+
+	t.Run("provisioning failures show as Events on the claim", func(t *testing.T) {
+		e.storageClass(t, "sv-typo", map[string]string{"fstype": "xfs"})
+		// -I 100 passes the option allow-list (a number) but mkfs.ext4
+		// refuses it on the node: a failure only the Salt job can report.
+		e.storageClass(t, "sv-badmkfs", map[string]string{"mkfsOptions": "-I 100"})
+		typo := e.claim(t, "c-typo", "sv-typo", "64Mi")
+		bad := e.claim(t, "c-badmkfs", "sv-badmkfs", "64Mi")
+		e.pod(t, "app2", map[string]bool{"c-typo": false})
+		e.pod(t, "app3", map[string]bool{"c-badmkfs": false})
+		eventually(t, time.Minute, "Warning on the claim with a typo", func() (bool, string) {
+			evs := e.claimEvents(t, "c-typo")
+			return hasEvent(evs, "ProvisioningFailed", "unknown parameter(s) fstype"), reasons(evs)
+		})
+		_, _, code := e.p.CLI("get", "pvc-"+string(typo.UID))
+		assert.NotEqual(t, 0, code, "nothing was created for a claim refused up front")
+		eventually(t, 2*time.Minute, "Warning on the claim whose mkfs failed on the node", func() (bool, string) {
+			evs := e.claimEvents(t, "c-badmkfs")
+			return hasEvent(evs, "ProvisioningFailed", "PrepareFailed"), reasons(evs)
+		})
+		v := getJSON(t, e.p, "pvc-"+string(bad.UID))
+		*e.uuids = append(*e.uuids, v.Spec.UUID)
+		assert.Equal(t, saltvolumes.Failed, v.Status.Phase)
+		// The claim goes: its failed volume is cleaned up (class: Delete).
+		e.deletePod(t, "app3")
+		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "c-badmkfs", metav1.DeleteOptions{}))
+		eventually(t, time.Minute, "failed volume deleted with its claim", func() (bool, string) {
+			_, errs, code := e.p.CLI("get", "pvc-"+string(bad.UID))
+			return code != 0, errs
+		})
+	})
+}
