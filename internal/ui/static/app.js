@@ -145,6 +145,13 @@ function renderNodes() {
   }
 }
 
+// pvText is the PV's phase and claim, "-" without one.
+function pvText(pv) {
+  if (!pv) return "-";
+  if (pv.terminating) return "Terminating";
+  return pv.claim ? pv.phase + " to " + pv.claim : pv.phase;
+}
+
 function row(v) {
   const s = v.status, sp = v.spec;
   return {
@@ -155,6 +162,7 @@ function row(v) {
     size: s.size || parseSize(sp.sparseLoopDevice ? String(sp.sparseLoopDevice.size) : "") || 0,
     sizeText: s.size ? formatSize(s.size) : (sp.sparseLoopDevice ? String(sp.sparseLoopDevice.size) : "-"),
     phase: s.phase,
+    pv: pvText(s.persistentVolume),
     step: s.step || "",
     device: s.deviceName || "",
     path: s.persistentPath || "",
@@ -170,7 +178,7 @@ function renderVolumes() {
   const rows = [...state.volumes.values()]
     .filter((v) => v.spec.node === state.node)
     .map(row)
-    .filter((r) => !f || [r.name, r.kind, r.mode, r.fs, r.phase, r.step, r.device, r.path, r.v.status.message || ""]
+    .filter((r) => !f || [r.name, r.kind, r.mode, r.fs, r.phase, r.pv, r.step, r.device, r.path, r.v.status.message || ""]
       .some((x) => String(x).toLowerCase().includes(f)));
   const { key, dir } = state.sort;
   rows.sort((a, b) => (a[key] < b[key] ? -dir : a[key] > b[key] ? dir : 0));
@@ -188,7 +196,7 @@ function renderVolumes() {
     if (!r.v.deletable) actions.append(el("span", { class: "reason", id: "why-" + r.name, text: r.v.deleteBlockedReason }));
     tbody.append(el("tr", { "data-volume": r.name, "data-phase": r.phase },
       el("td", { text: r.name }), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
-      el("td", { text: r.sizeText }), phase, el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
+      el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
       el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt) }),
       actions));
   }
