@@ -32,17 +32,27 @@ func (c *cli) pv(ctx context.Context, in []string) error {
 	return c.yaml(obj)
 }
 
-// storageClass prints the StorageClass salt-volumes PVs belong to; it needs
-// no server.
+// storageClass prints a StorageClass of salt-volumes; it needs no server.
 func (c *cli) storageClass(_ context.Context, in []string) error {
 	fs := c.flags("storageclass")
-	name := fs.String("name", kube.DefaultStorageClass, "StorageClass name")
+	var o kube.ClassOptions
+	fs.StringVar(&o.Name, "name", kube.DefaultStorageClass, "StorageClass name")
+	fs.BoolVar(&o.Static, "static", false, "no provisioner: PVs made with salt-volumes pv (without Kubernetes mode)")
+	fs.StringVar(&o.Provisioner, "provisioner", kube.DefaultProvisioner, "provisioner name (serve's kubernetes.provisioner)")
+	fs.StringVar(&o.ReclaimPolicy, "reclaim-policy", "Delete", "Delete (the claim's deletion deletes the volume) or Retain")
+	fs.StringVar(&o.FSType, "fs-type", "", "fsType parameter: ext4 (default) or xfs")
+	fs.StringVar(&o.MkfsOptions, "mkfs-options", "", "mkfsOptions parameter, space-separated (the spec's allow-list applies)")
 	var mountOpts multi
 	fs.Var(&mountOpts, "mount-option", "mount option for Filesystem volumes (repeat for each)")
 	if _, err := args(fs, in, 0, "takes no arguments"); err != nil {
 		return err
 	}
-	return c.yaml(kube.NewStorageClass(*name, mountOpts))
+	o.MountOptions = mountOpts
+	sc, err := kube.NewStorageClass(o)
+	if err != nil {
+		return failf(exitUsage, "%v", err)
+	}
+	return c.yaml(sc)
 }
 
 func (c *cli) yaml(obj any) error {

@@ -46,7 +46,8 @@ SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
   salt-volumes nodes [-o table|json]
   salt-volumes pv NAME [--storage-class S] [--hostname H] [--reclaim-policy Retain|Delete]
                   [--mount-option O]...      a local PersistentVolume (YAML) for kubectl
-  salt-volumes storageclass [--name S] [--mount-option O]...   its StorageClass (YAML)
+  salt-volumes storageclass [--name S] [--reclaim-policy Delete|Retain] [--fs-type T] [--mkfs-options O]
+                            [--static] [--mount-option O]...   a StorageClass (YAML)
   salt-volumes version
 
 Exit codes: 0 ok, 1 failed, 2 invalid input, 3 refused (conflict or deletion

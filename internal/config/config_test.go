@@ -71,3 +71,28 @@ func TestShippedExample(t *testing.T) {
 	assert.Equal(t, "bus", c.Events.Source)
 	assert.False(t, c.NonLoopback())
 }
+
+func TestKubernetes(t *testing.T) {
+	c, err := Parse([]byte(base))
+	require.NoError(t, err)
+	assert.Nil(t, c.Kubernetes, "no section: no Kubernetes mode")
+
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kc, []byte("apiVersion: v1\n"), 0o600))
+	c, err = Parse([]byte(base + "kubernetes:\n  kubeconfig: " + kc + "\n"))
+	require.NoError(t, err)
+	require.NotNil(t, c.Kubernetes)
+	assert.Equal(t, "salt-volumes", c.Kubernetes.StorageClass)
+	assert.Equal(t, "salt-volumes.io/sparse", c.Kubernetes.Provisioner)
+	assert.Equal(t, Duration(time.Minute), c.Kubernetes.SyncTimeout)
+
+	for text, want := range map[string]string{
+		"kubernetes:\n  kubeconfig: /nonexistent/kubeconfig\n": "kubernetes.kubeconfig",
+		"kubernetes:\n  provisioner: sparse\n":                  "kubernetes.provisioner",
+		"kubernetes:\n  storageclass: x\n":                      "field storageclass not found",
+	} {
+		_, err := Parse([]byte(base + text))
+		require.Error(t, err, text)
+		assert.Contains(t, err.Error(), want)
+	}
+}

@@ -74,13 +74,27 @@ type PersistentVolume struct {
 
 // StorageClass is a storage.k8s.io/v1 StorageClass object.
 type StorageClass struct {
-	APIVersion        string   `yaml:"apiVersion"`
-	Kind              string   `yaml:"kind"`
-	Metadata          meta     `yaml:"metadata"`
-	Provisioner       string   `yaml:"provisioner"`
-	VolumeBindingMode string   `yaml:"volumeBindingMode"`
-	ReclaimPolicy     string   `yaml:"reclaimPolicy"`
-	MountOptions      []string `yaml:"mountOptions,omitempty"`
+	APIVersion        string            `yaml:"apiVersion"`
+	Kind              string            `yaml:"kind"`
+	Metadata          meta              `yaml:"metadata"`
+	Provisioner       string            `yaml:"provisioner"`
+	Parameters        map[string]string `yaml:"parameters,omitempty"`
+	VolumeBindingMode string            `yaml:"volumeBindingMode"`
+	ReclaimPolicy     string            `yaml:"reclaimPolicy"`
+	MountOptions      []string          `yaml:"mountOptions,omitempty"`
+}
+
+// ClassOptions shape a StorageClass.
+type ClassOptions struct {
+	Name string
+	// Static: no provisioner (PVs made with salt-volumes pv, no Kubernetes
+	// mode) and Retain.
+	Static        bool
+	Provisioner   string // default DefaultProvisioner
+	ReclaimPolicy string // Delete (default) or Retain
+	FSType        string
+	MkfsOptions   string
+	MountOptions  []string
 }
 
 // Kubernetes label values: at most 63 characters of [A-Za-z0-9._-],
@@ -140,21 +154,44 @@ func NewPersistentVolume(v saltvolumes.View, o Options) (*PersistentVolume, erro
 	return pv, nil
 }
 
-// NewStorageClass is the class for salt-volumes PVs: no provisioner (the PVs
-// are made by hand or by script from Available volumes) and binding delayed
-// until a pod is scheduled, so the scheduler picks a node that has a free
-// volume instead of binding a claim to a volume on a node the pod cannot use.
-func NewStorageClass(name string, mountOptions []string) *StorageClass {
-	if name == "" {
-		name = DefaultStorageClass
+// NewStorageClass is a class for salt-volumes PVs. Binding waits for the
+// first consumer: the scheduler then picks a node that has a free volume,
+// or the node salt-volumes provisions one on, instead of binding a claim
+// to a volume on a node the pod cannot use.
+func NewStorageClass(o ClassOptions) (*StorageClass, error) {
+	if o.Name == "" {
+		o.Name = DefaultStorageClass
 	}
-	return &StorageClass{
-		APIVersion: "storage.k8s.io/v1", Kind: "StorageClass", Metadata: meta{Name: name},
-		Provisioner:       "kubernetes.io/no-provisioner",
-		VolumeBindingMode: "WaitForFirstConsumer",
-		ReclaimPolicy:     "Retain",
-		MountOptions:      mountOptions,
+	sc := &StorageClass{APIVersion: "storage.k8s.io/v1", Kind: "StorageClass", Metadata: meta{Name: o.Name},
+		VolumeBindingMode: "WaitForFirstConsumer", MountOptions: o.MountOptions}
+	if o.Static {
+		if o.FSType != "" || o.MkfsOptions != "" {
+			return nil, errors.New("--fs-type and --mkfs-options apply to provisioned volumes: drop them with --static")
+		}
+		sc.Provisioner, sc.ReclaimPolicy = "kubernetes.io/no-provisioner", "Retain"
+		return sc, nil
 	}
+	sc.Provisioner, sc.ReclaimPolicy = o.Provisioner, o.ReclaimPolicy
+	if sc.Provisioner == "" {
+		sc.Provisioner = DefaultProvisioner
+	}
+	switch sc.ReclaimPolicy {
+	case "":
+		sc.ReclaimPolicy = "Delete"
+	case "Delete", "Retain":
+	default:
+		return nil, fmt.Errorf("reclaim policy %q: use Delete or Retain", o.ReclaimPolicy)
+	}
+	if o.FSType != "" || o.MkfsOptions != "" {
+		sc.Parameters = map[string]string{}
+		if o.FSType != "" {
+			sc.Parameters[paramFSType] = o.FSType
+		}
+		if o.MkfsOptions != "" {
+			sc.Parameters[paramMkfsOptions] = o.MkfsOptions
+		}
+	}
+	return sc, nil
 }
 
 // Marshal renders an object as a YAML document, indented the way kubectl

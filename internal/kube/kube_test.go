@@ -101,11 +101,32 @@ func TestPersistentVolumeRefusals(t *testing.T) {
 }
 
 func TestStorageClass(t *testing.T) {
-	m := decoded(t, NewStorageClass("", nil))
+	sc, err := NewStorageClass(ClassOptions{})
+	require.NoError(t, err)
+	m := decoded(t, sc)
 	assert.Equal(t, "storage.k8s.io/v1", m["apiVersion"])
 	assert.Equal(t, "StorageClass", m["kind"])
 	assert.Equal(t, "salt-volumes", dig(m, "metadata", "name"))
-	assert.Equal(t, "kubernetes.io/no-provisioner", m["provisioner"])
+	assert.Equal(t, DefaultProvisioner, m["provisioner"])
+	assert.Equal(t, "Delete", m["reclaimPolicy"])
 	assert.Equal(t, "WaitForFirstConsumer", m["volumeBindingMode"])
 	assert.Nil(t, m["mountOptions"])
+	assert.Nil(t, m["parameters"])
+
+	sc, err = NewStorageClass(ClassOptions{Name: "fast", FSType: "xfs", MkfsOptions: "-m crc=1", ReclaimPolicy: "Retain"})
+	require.NoError(t, err)
+	m = decoded(t, sc)
+	assert.Equal(t, map[string]any{"fsType": "xfs", "mkfsOptions": "-m crc=1"}, m["parameters"])
+	assert.Equal(t, "Retain", m["reclaimPolicy"])
+
+	sc, err = NewStorageClass(ClassOptions{Static: true})
+	require.NoError(t, err)
+	m = decoded(t, sc)
+	assert.Equal(t, "kubernetes.io/no-provisioner", m["provisioner"])
+	assert.Equal(t, "Retain", m["reclaimPolicy"])
+
+	_, err = NewStorageClass(ClassOptions{ReclaimPolicy: "Recycle"})
+	assert.ErrorContains(t, err, `reclaim policy "Recycle"`)
+	_, err = NewStorageClass(ClassOptions{Static: true, FSType: "xfs"})
+	assert.ErrorContains(t, err, "--static")
 }

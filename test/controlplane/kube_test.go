@@ -249,7 +249,13 @@ func (e *kubeEnv) checkUI(t *testing.T, name, pvText string) {
 func TestKubernetes(t *testing.T) {
 	e := startKube(t)
 	ctx := context.Background()
-	e.storageClass(t, "salt-volumes", nil)
+	// The class as the guide makes it: salt-volumes storageclass | kubectl apply -f -
+	sc, errs, code := e.p.CLI("storageclass")
+	require.Equal(t, 0, code, errs)
+	scFile := filepath.Join(e.s.Root, "storageclass.yaml")
+	require.NoError(t, os.WriteFile(scFile, []byte(sc), 0o600))
+	out, err := e.k.Kubectl("apply", "-f", scFile)
+	require.NoError(t, err, out)
 
 	t.Run("publish and unpublish", func(t *testing.T) {
 		v := e.create(t, "kv-pub", "64Mi")

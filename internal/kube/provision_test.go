@@ -1,0 +1,170 @@
+package kube
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/salt-volumes/salt-volumes/internal/gpt"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+const uid = "5b0c6a4e-8a7e-4c57-9a43-1b2f6f3c9d10"
+
+func testClaim(mut ...func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+	class := "sv"
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: "apps", UID: uid, Annotations: map[string]string{
+			annProvisioner: DefaultProvisioner, annSelectedNode: "node-1"}},
+		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &class,
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
+	}
+	for _, m := range mut {
+		m(pvc)
+	}
+	return pvc
+}
+
+func testClass(mut ...func(*storagev1.StorageClass)) *storagev1.StorageClass {
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sv"}, Provisioner: DefaultProvisioner, VolumeBindingMode: &wffc}
+	for _, m := range mut {
+		m(sc)
+	}
+	return sc
+}
+
+func TestDecideClaim(t *testing.T) {
+	block := corev1.PersistentVolumeBlock
+	immediate := storagev1.VolumeBindingImmediate
+	retain := corev1.PersistentVolumeReclaimRetain
+	cases := []struct {
+		name   string
+		pvc    *corev1.PersistentVolumeClaim
+		sc     *storagev1.StorageClass
+		minion string
+		wait   bool
+		refuse string // substring of the refusal
+		check  func(t *testing.T, d claimDecision)
+	}{
+		{name: "filesystem claim", pvc: testClaim(), sc: testClass(), minion: "node-1", check: func(t *testing.T, d claimDecision) {
+			assert.Equal(t, "pvc-"+uid, d.Spec.Name)
+			assert.Equal(t, uid, d.Spec.UUID, "the claim's UID is the volume UUID: a retry finds the first try")
+			assert.Equal(t, "node-1", d.Spec.Node)
+			assert.Equal(t, spec.ModeFilesystem, d.Spec.Mode)
+			assert.Equal(t, "ext4", d.Spec.FSType)
+			assert.EqualValues(t, 1<<30, d.Spec.SizeBytes)
+			assert.Equal(t, "Delete", d.Claim.ReclaimPolicy, "StorageClass default")
+			assert.Equal(t, "apps", d.Claim.Namespace)
+		}},
+		{name: "class parameters", pvc: testClaim(), minion: "node-1",
+			sc: testClass(func(sc *storagev1.StorageClass) {
+				sc.Parameters = map[string]string{"fsType": "xfs", "mkfsOptions": "-m crc=1 -L data", "mode": "Filesystem"}
+				sc.ReclaimPolicy = &retain
+			}),
+			check: func(t *testing.T, d claimDecision) {
+				assert.Equal(t, "xfs", d.Spec.FSType)
+				assert.Equal(t, []string{"-m", "crc=1", "-L", "data"}, d.Spec.MkfsOptions)
+				assert.Equal(t, "Retain", d.Claim.ReclaimPolicy)
+			}},
+		{name: "small xfs claim gets xfs's minimum", minion: "node-1",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
+				p.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("10Mi")
+			}),
+			sc:    testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"fsType": "xfs"} }),
+			check: func(t *testing.T, d claimDecision) { assert.EqualValues(t, spec.MinXFSSize, d.Spec.SizeBytes) }},
+		{name: "block claim", minion: "node-1", sc: testClass(),
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.VolumeMode = &block }),
+			check: func(t *testing.T, d claimDecision) {
+				assert.Equal(t, spec.ModeBlock, d.Spec.Mode)
+				assert.Empty(t, d.Spec.FSType)
+				assert.Greater(t, d.Spec.SizeBytes, int64(1<<30), "room for the GPT")
+			}},
+		{name: "not our provisioner", pvc: testClaim(), sc: testClass(func(sc *storagev1.StorageClass) { sc.Provisioner = "other.io/x" }), minion: "node-1", wait: true},
+		{name: "PV controller has not asked yet", minion: "node-1", sc: testClass(), wait: true,
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { delete(p.Annotations, annProvisioner) })},
+		{name: "beta annotation counts", minion: "node-1", sc: testClass(),
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
+				delete(p.Annotations, annProvisioner)
+				p.Annotations[annBetaProvisioner] = DefaultProvisioner
+			}),
+			check: func(t *testing.T, d claimDecision) { require.NotNil(t, d.Spec) }},
+		{name: "no node selected yet", sc: testClass(), wait: true,
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { delete(p.Annotations, annSelectedNode) })},
+		{name: "bound already", minion: "node-1", sc: testClass(), wait: true,
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.VolumeName = "pv-x" })},
+		{name: "being deleted", minion: "node-1", sc: testClass(), wait: true,
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { now := metav1.Now(); p.DeletionTimestamp = &now })},
+		{name: "selector", minion: "node-1", sc: testClass(), refuse: "selector",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
+				p.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "fast"}}
+			})},
+		{name: "data source", minion: "node-1", sc: testClass(), refuse: "data source",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
+				p.Spec.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"}
+			})},
+		{name: "immediate binding", minion: "node-1", pvc: testClaim(), refuse: "WaitForFirstConsumer",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.VolumeBindingMode = &immediate })},
+		{name: "node without a minion", pvc: testClaim(), sc: testClass(), refuse: "not a Salt minion"},
+		{name: "shared access", minion: "node-1", sc: testClass(), refuse: "ReadWriteMany",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
+				p.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+			})},
+		{name: "unknown parameter", minion: "node-1", pvc: testClaim(), refuse: "unknown parameter(s) fstype",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"fstype": "xfs"} })},
+		{name: "mode conflicts with the claim", minion: "node-1", pvc: testClaim(), refuse: "parameter mode=Block",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"mode": "Block"} })},
+		{name: "fsType on a block claim", minion: "node-1", refuse: "Filesystem claims only",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.VolumeMode = &block }),
+			sc:  testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"fsType": "ext4"} })},
+		{name: "mkfs option outside the allow-list", minion: "node-1", pvc: testClaim(), refuse: "parameter mkfsOptions",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"mkfsOptions": "-F"} })},
+		{name: "bad fsType", minion: "node-1", pvc: testClaim(), refuse: "fsType",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"fsType": "btrfs"} })},
+		{name: "no size", minion: "node-1", sc: testClass(), refuse: "requests.storage",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.Resources.Requests = nil })},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := decideClaim(c.pvc, c.sc, DefaultProvisioner, c.minion)
+			switch {
+			case c.wait:
+				assert.True(t, d.Wait, "%+v", d)
+				assert.Nil(t, d.Spec)
+			case c.refuse != "":
+				assert.Contains(t, d.Refuse, c.refuse)
+				assert.Nil(t, d.Spec, "nothing is provisioned for a refused claim")
+			default:
+				require.Empty(t, d.Refuse)
+				require.NotNil(t, d.Spec)
+				c.check(t, d)
+			}
+		})
+	}
+}
+
+// A Block volume's usable size (the partition) is at least the request,
+// whatever the loop device's sector size.
+func TestSparseSizeForBlockCoversTheRequest(t *testing.T) {
+	s := &spec.Spec{Mode: spec.ModeBlock}
+	for _, want := range []int64{1, 4 << 20, 10 << 20, 10<<20 + 1, 1 << 30, 3*(1<<30) + 12345} {
+		size, err := sparseSizeFor(s, want)
+		require.NoError(t, err)
+		assert.Zero(t, size%(1<<20), "whole MiB")
+		for _, ss := range []int{512, 4096} {
+			_, l, err := gpt.Extent(size, ss)
+			require.NoError(t, err)
+			assert.GreaterOrEqual(t, l, want, "request %d, file %d, sector %d", want, size, ss)
+		}
+		if size > spec.MinBlockSize {
+			_, l, _ := gpt.Extent(size-(1<<20), 512)
+			assert.Less(t, l, want, "one MiB less would be too small: the file is not oversized")
+		}
+	}
+}
