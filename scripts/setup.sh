@@ -36,3 +36,8 @@ if ! cmp -s salt/requirements.txt .venv/.requirements.installed; then
   .venv/bin/pip install -q --disable-pip-version-check -r salt/requirements.txt
   cp salt/requirements.txt .venv/.requirements.installed
 fi
+
+# The Kubernetes control plane the Kubernetes tests and `make demo
+# DEMO_ARGS=--kubernetes` run against: built from the Go module proxy once,
+# cached outside the repository (scripts/kube-tools.sh).
+scripts/kube-tools.sh >/dev/null

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"flag"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
@@ -47,6 +49,7 @@ func step(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
 func main() {
 	once := flag.Bool("once", false, "tear down right after showing the volumes (smoke test)")
 	listen := flag.String("listen", "127.0.0.1:8080", "control plane address (a free port is used if taken)")
+	withKube := flag.Bool("kubernetes", false, "also run etcd, kube-apiserver, kube-controller-manager and kube-scheduler; serve in Kubernetes mode")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "demo: needs root (loop devices); run it as root or with sudo")
@@ -69,6 +72,28 @@ func main() {
 		r.Fatalf("saltutil.sync_all failed: %s", out)
 	}
 	r.Cleanup(func() { testenv.Cleanup(s.StateDir, nil, r.Logf) })
+
+	var kc *kubecluster.Cluster
+	kubeSection := ""
+	if *withKube {
+		step("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback")
+		tools, err := kubecluster.Tools(repo)
+		if err != nil {
+			r.Fatal(err)
+		}
+		kc, err = kubecluster.Start(context.Background(), filepath.Join(s.Root, "kube"), tools, filepath.Join(repo, "deploy", "kubernetes", "rbac.yaml"))
+		if err != nil {
+			r.Fatal(err)
+		}
+		r.Cleanup(kc.Stop)
+		// No kubelet here: the node is registered and marked Ready by the
+		// demo, pods are scheduled but never run.
+		if err := kc.AddNode(context.Background(), s.MinionID); err != nil {
+			r.Fatal(err)
+		}
+		fmt.Printf("  API server %s, binaries %s, logs %s\n", kc.URL, tools, filepath.Join(kc.Dir, "log"))
+		kubeSection = "kubernetes:\n  kubeconfig: " + kc.ControlKubeconfig + "\n"
+	}
 
 	step("starting salt-volumes serve")
 	if l, err := net.Listen("tcp", *listen); err == nil {
@@ -96,7 +121,7 @@ salt:
 events:
   source: bus
   socket: %s
-`, *listen, token, s.Root, s.APIURL(), s.APIUser, s.APIPass, s.EventSocket())), 0o600)
+%s`, *listen, token, s.Root, s.APIURL(), s.APIUser, s.APIPass, s.EventSocket(), kubeSection)), 0o600)
 	if err != nil {
 		r.Fatal(err)
 	}
@@ -138,6 +163,28 @@ events:
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		return cmd.Run()
 	}
+	kubectl := func(args ...string) (string, error) {
+		fmt.Printf("  $ kubectl %s\n", join(args))
+		out, err := kc.Kubectl(args...)
+		fmt.Print(indent(out))
+		return out, err
+	}
+	if kc != nil {
+		step("a StorageClass of ours: WaitForFirstConsumer, provisioned by salt-volumes")
+		sc := filepath.Join(s.Root, "storageclass.yaml")
+		cmd := exec.Command(bin("salt-volumes"), "storageclass")
+		out, err := cmd.Output()
+		if err == nil {
+			err = os.WriteFile(sc, out, 0o600)
+		}
+		if err != nil {
+			r.Fatal(err)
+		}
+		fmt.Printf("  $ salt-volumes storageclass | kubectl apply -f -\n")
+		if _, err := kubectl("apply", "-f", sc); err != nil {
+			r.Fatal(err)
+		}
+	}
 	created := []string{}
 	r.Cleanup(func() {
 		step("deleting the demo volumes (loop devices detached, sparse files removed)")
@@ -160,15 +207,51 @@ events:
 			r.Fatalf("%s did not become Available: %v", n, err)
 		}
 	}
-	step("volumes")
-	_ = cli("ls")
-	step("the same volume as a Kubernetes local PersistentVolume (docs/kubernetes.md)")
-	_ = cli("pv", "demo-fs")
+	if kc == nil {
+		step("volumes")
+		_ = cli("ls")
+		step("the same volume as a Kubernetes local PersistentVolume (docs/kubernetes.md)")
+		_ = cli("pv", "demo-fs")
+	} else {
+		step("their PersistentVolumes, made by salt-volumes before it called them Available")
+		_, _ = kubectl("get", "pv", "-L", "salt-volumes.io/node")
+		step("a claim and a pod: the scheduler picks the node, salt-volumes provisions a volume there")
+		claim := filepath.Join(s.Root, "demo-claim.yaml")
+		if err := os.WriteFile(claim, []byte(demoClaim), 0o600); err != nil {
+			r.Fatal(err)
+		}
+		if _, err := kubectl("apply", "-f", claim); err != nil {
+			r.Fatal(err)
+		}
+		r.Cleanup(func() {
+			step("deleting the pod and the claim (reclaim policy Delete: the volume goes with it)")
+			uid, _ := kc.Kubectl("get", "pvc", "demo-claim", "-o", "jsonpath={.metadata.uid}")
+			// No kubelet to confirm the pod stopped: delete it at once.
+			_, _ = kubectl("delete", "pod", "demo-app", "--grace-period=0", "--force")
+			_, _ = kubectl("delete", "pvc", "demo-claim")
+			if uid != "" {
+				_ = cli("wait", "pvc-"+uid, "--for", "Deleted", "--timeout", "2m")
+			}
+		})
+		if _, err := kubectl("wait", "--for=jsonpath={.status.phase}=Bound", "pvc/demo-claim", "--timeout=180s"); err != nil {
+			r.Fatalf("the claim was not bound: %v (kubectl describe pvc demo-claim)", err)
+		}
+		_, _ = kubectl("get", "pvc,pv")
+		_, _ = kubectl("get", "pod", "demo-app", "-o", "wide")
+		_, _ = kubectl("get", "events", "--field-selector", "involvedObject.name=demo-claim")
+		step("volumes")
+		_ = cli("ls")
+	}
 
 	step("the stack is running; in another shell:")
 	fmt.Printf("export SALT_VOLUMES_URL=%s\n", url)
 	fmt.Printf("export SALT_VOLUMES_TOKEN=%s\n", token)
 	fmt.Printf("  %s/bin/salt-volumes ls\n", repo)
+	if kc != nil {
+		fmt.Printf("export KUBECONFIG=%s\n", kc.AdminKubeconfig)
+		fmt.Printf("export PATH=%s:$PATH\n", kc.BinDir)
+		fmt.Printf("  kubectl get pv,pvc\n")
+	}
 	fmt.Printf("  web UI: %s/ (paste the token when asked)\n", url)
 	if !*once {
 		fmt.Println("\nCtrl-C (or SIGTERM) stops everything and detaches what the demo attached.")
@@ -179,3 +262,42 @@ events:
 }
 
 func join(a []string) string { return strings.Join(a, " ") }
+
+func indent(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "    " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ") + "\n"
+}
+
+// demoClaim is a claim of our class and a pod using it; 2Gi, larger than
+// the demo volumes, so that it is provisioned rather than bound to one. The pod is
+// scheduled (that is what makes the scheduler pick a node for the claim)
+// but never runs: there is no kubelet.
+const demoClaim = `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: demo-claim
+spec:
+  storageClassName: salt-volumes
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 2Gi
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: demo-app
+spec:
+  containers:
+    - name: app
+      image: registry.invalid/demo-app
+      volumeMounts:
+        - name: data
+          mountPath: /data
+  volumes:
+    - name: data
+      persistentVolumeClaim:
+        claimName: demo-claim
+`
