@@ -88,8 +88,8 @@ func TestKubernetes(t *testing.T) {
 
 	for text, want := range map[string]string{
 		"kubernetes:\n  kubeconfig: /nonexistent/kubeconfig\n": "kubernetes.kubeconfig",
-		"kubernetes:\n  provisioner: sparse\n":                  "kubernetes.provisioner",
-		"kubernetes:\n  storageclass: x\n":                      "field storageclass not found",
+		"kubernetes:\n  provisioner: sparse\n":                 "kubernetes.provisioner",
+		"kubernetes:\n  storageclass: x\n":                     "field storageclass not found",
 	} {
 		_, err := Parse([]byte(base + text))
 		require.Error(t, err, text)
