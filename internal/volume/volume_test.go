@@ -83,3 +83,21 @@ func TestParseStateReturn(t *testing.T) {
 	assert.False(t, o.OK, "a non-zero retcode is a failure even if every state looks fine")
 	assert.Contains(t, o.Message, "retcode 2")
 }
+
+func TestCanDeleteFollowsThePersistentVolume(t *testing.T) {
+	for phase, want := range map[string]string{
+		"Available": "", "Released": "", "Failed": "",
+		"Bound":   "is Bound to apps/data: delete that claim",
+		"Pending": "is Pending: wait",
+	} {
+		v := &Volume{Status: Status{Status: saltvolumes.Status{Phase: Available,
+			PersistentVolume: &saltvolumes.PersistentVolume{Name: "pv-1", Phase: phase, Claim: "apps/data"}}}}
+		ok, why := CanDelete(v)
+		if want == "" {
+			assert.True(t, ok, phase)
+			continue
+		}
+		assert.False(t, ok, phase)
+		assert.Contains(t, why, want, phase)
+	}
+}

@@ -340,12 +340,25 @@ func TestKubernetes(t *testing.T) {
 		v := e.create(t, "kv-gone", "64Mi")
 		pv, err := e.pv(t, "kv-gone")
 		require.NoError(t, err)
-		// Someone strips the finalizer and deletes the PV: it is gone at
-		// once, never claimed, so salt-volumes publishes it again.
-		pv.Finalizers = nil
-		_, err = e.k.Admin.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{})
-		require.NoError(t, err)
+		// While serve is down, someone deletes the PV and strips its
+		// finalizers: it is gone for good. It never had a claim, so
+		// salt-volumes publishes it again when it comes back. (With serve
+		// up, the PV is seen Terminating first and the volume fails: the
+		// previous subtest.)
+		e.p.Stop()
 		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumes().Delete(ctx, "kv-gone", metav1.DeleteOptions{}))
+		eventually(t, 30*time.Second, "PV gone", func() (bool, string) {
+			cur, err := e.pv(t, "kv-gone")
+			if apierrors.IsNotFound(err) {
+				return true, ""
+			}
+			if err == nil && len(cur.Finalizers) > 0 {
+				cur.Finalizers = nil
+				_, err = e.k.Admin.CoreV1().PersistentVolumes().Update(ctx, cur, metav1.UpdateOptions{})
+			}
+			return false, fmt.Sprint(err)
+		})
+		e.p.Start(kubeConfig(e.k))
 		eventually(t, 30*time.Second, "PV recreated", func() (bool, string) {
 			again, err := e.pv(t, "kv-gone")
 			if err != nil {

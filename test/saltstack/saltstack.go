@@ -149,7 +149,10 @@ log_file: %s/log/minion
 
 // Start runs salt-master and salt-minion (and salt-api when api is true) on
 // loopback, and waits until the minion answers.
-func Start(t T, execPath string, api bool) *Stack {
+func Start(t T, execPath string, api bool) *Stack { return StartWith(t, execPath, api, "") }
+
+// StartWith is Start with more master configuration (YAML appended).
+func StartWith(t T, execPath string, api bool, masterExtra string) *Stack {
 	s := newStack(t, execPath)
 	s.pubPort, s.retPort = FreePort(t), FreePort(t)
 	pub, ret := s.pubPort, s.retPort
@@ -170,7 +173,7 @@ rest_cherrypy:
   host: 127.0.0.1
   port: %[5]d
   disable_ssl: True
-`, s.Root, pub, ret, s.SockDir, s.APIPort)+s.shippedAuth())
+`, s.Root, pub, ret, s.SockDir, s.APIPort)+s.shippedAuth()+masterExtra)
 	s.write("minion", s.minionConfig(s.Root, s.StateDir, s.MinionID))
 
 	s.spawn("master", "salt-master")
@@ -267,6 +270,10 @@ func (s *Stack) AddMinion(id string) string {
 // StopMinion stops a minion started with AddMinion: jobs for it stay
 // without a return.
 func (s *Stack) StopMinion(id string) { s.kill("minion-" + id) }
+
+// StopMaster stops salt-master (SIGTERM to its process group, as a service
+// manager would).
+func (s *Stack) StopMaster() { s.kill("master") }
 
 // APIURL is the salt-api base URL.
 func (s *Stack) APIURL() string { return fmt.Sprintf("http://127.0.0.1:%d", s.APIPort) }
