@@ -17,7 +17,6 @@ directory in ``engines_dirs``; then restart the master.
 """
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -33,6 +32,10 @@ _HEALTHY_AFTER = 60
 
 _PR_SET_PDEATHSIG = 1
 
+# Resolved here, not between fork and exec, where only async-signal-safe
+# work belongs: dlopen(NULL) gives the C library the interpreter uses.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
 
 def __virtual__():
     return __virtualname__
@@ -42,8 +45,7 @@ def _die_with_parent():
     # Runs in the child between fork and exec: if the engine process is
     # killed outright (SIGKILL, OOM), the kernel stops serve too, so a
     # master restart never leaves two control planes behind.
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def _stop(proc, grace=15):

@@ -250,3 +250,56 @@ def test_settings_never_come_from_pillar(mod, tmp_path):
     out = mod.prepare(spec=SPEC)
     assert out["argv"][:2] == ["--state-dir", str(tmp_path / "state")]
     assert not (tmp_path / "pwned").exists()
+
+
+# The master engine: its normal life (start, restart after a kill, stop with
+# the master) is TestMasterEngine on a real master; these are its error paths.
+
+class _Stop(Exception):
+    pass
+
+
+def test_engine_refuses_a_relative_binary(caplog):
+    eng = load("engines")
+    eng.start(binary="salt-volumes")
+    assert "absolute path" in caplog.text
+
+
+def test_engine_backs_off_while_the_binary_is_missing(monkeypatch, caplog, tmp_path):
+    eng = load("engines")
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        if len(sleeps) == 5:
+            raise _Stop()
+
+    monkeypatch.setattr(eng.time, "sleep", sleep)
+    with pytest.raises(_Stop):
+        eng.start(binary=str(tmp_path / "missing"), max_backoff=4)
+    assert sleeps == [1, 2, 4, 4, 4]
+    assert "cannot start" in caplog.text
+
+
+def test_engine_stops_serve_when_it_is_stopped(monkeypatch, tmp_path):
+    eng = load("engines")
+    serve = fake_binary(tmp_path, """
+        import time
+        time.sleep(60)
+    """)
+    procs = []
+
+    class Popen(eng.subprocess.Popen):
+        def wait(self, timeout=None):
+            if not procs:
+                procs.append(self)
+                # The master stops the engine while serve runs: Salt's
+                # process wrapper turns SIGTERM into SystemExit.
+                raise SystemExit(0)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(eng.subprocess, "Popen", Popen)
+    with pytest.raises(SystemExit):
+        eng.start(binary=serve)
+    assert procs[0].poll() is not None, "serve was stopped with the engine"
+    assert procs[0].returncode == -15, "by SIGTERM"

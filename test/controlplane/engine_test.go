@@ -60,6 +60,7 @@ engines:
   - salt_volumes:
       config: %s
       binary: %s
+      max_backoff: 2
 `, repo, config, bin("salt-volumes"))
 	s := saltstack.StartWith(t, bin("salt-volume-exec"), true, extra)
 	t.Cleanup(func() {
@@ -72,7 +73,8 @@ engines:
 	p.writeConfig("")
 
 	// The master started the engine before the config existed: serve
-	// failed and is retried with backoff until the file is there.
+	// failed and is retried with backoff (capped at 2 s here; a serve that
+	// ran a minute starts over from 1 s) until the file is there.
 	wait := func(what string, limit time.Duration, ok func() bool) time.Duration {
 		t.Helper()
 		start := time.Now()
