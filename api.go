@@ -91,7 +91,10 @@ type View struct {
 	CreatedAt time.Time `json:"createdAt"`
 	Origin    string    `json:"origin,omitempty"` // "salt": first seen in someone else's state run
 	// Claim is set on volumes provisioned for a PersistentVolumeClaim.
-	Claim               *Claim `json:"claim,omitempty"`
+	Claim *Claim `json:"claim,omitempty"`
+	// Usage is the volume's health and usage as its node last reported
+	// them (the salt_volumes beacon); absent until the node reports.
+	Usage               *Usage `json:"usage,omitempty"`
 	Deleting            bool   `json:"deleting,omitempty"`
 	Deletable           bool   `json:"deletable"`
 	DeleteBlockedReason string `json:"deleteBlockedReason,omitempty"`
@@ -116,6 +119,52 @@ type Node struct {
 	Up      bool           `json:"up"`
 	Volumes int            `json:"volumes"`
 	Phases  map[string]int `json:"phases"`
+	// Capacity is the node's sparse capacity as its beacon last reported
+	// it; Health says when that was.
+	Capacity *Capacity   `json:"capacity,omitempty"`
+	Health   *NodeHealth `json:"health,omitempty"`
+}
+
+// NodeHealth is what the control plane knows of a node's beacon.
+type NodeHealth struct {
+	LastReport time.Time `json:"lastReport"`
+	// Interval and Heartbeat are the beacon's, in seconds, as it reports
+	// them: a node with nothing to report still fires every Heartbeat.
+	Interval  float64 `json:"interval"`
+	Heartbeat float64 `json:"heartbeat"`
+	// Silent: no report for more than three heartbeats. Phases are not
+	// changed for it: a silent node may only have lost its master link.
+	Silent bool `json:"silent"`
+	// Error is set when the node could not list its volumes.
+	Error string `json:"error,omitempty"`
+	// Orphans are storage of ours that no record on the node claims. They
+	// are listed, never deleted automatically.
+	Orphans []Device `json:"orphans,omitempty"`
+	// Restores counts, since the control plane started, what restore runs
+	// on the node rebuilt and failed to rebuild.
+	Restored      int `json:"restored,omitempty"`
+	RestoreFailed int `json:"restoreFailed,omitempty"`
+}
+
+// Usage is a volume's health and usage as its node reports them.
+type Usage struct {
+	// State is the node's: prepared, detached, missing, damaged, ...
+	State       string    `json:"state"`
+	Size        int64     `json:"size,omitempty"`
+	Allocated   int64     `json:"allocated,omitempty"`
+	FSUsed      int64     `json:"fsUsed,omitempty"`
+	FSFree      int64     `json:"fsFree,omitempty"`
+	InUse       bool      `json:"inUse,omitempty"`
+	Mountpoints []string  `json:"mountpoints,omitempty"`
+	Error       string    `json:"error,omitempty"`
+	ReportedAt  time.Time `json:"reportedAt"`
+}
+
+// UsageSample is one point of a volume's usage history.
+type UsageSample struct {
+	At        time.Time `json:"at"`
+	Allocated int64     `json:"allocated"`
+	FSUsed    int64     `json:"fsUsed,omitempty"`
 }
 
 // Error is the body of every API error answer: a code from the Code*

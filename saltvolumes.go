@@ -34,9 +34,28 @@ type Device struct {
 	InUse          bool     `json:"inUse"`
 	Mountpoints    []string `json:"mountpoints,omitempty"`
 	Holders        []string `json:"holders,omitempty"`
-	Changed        bool     `json:"changed"`
-	Warnings       []string `json:"warnings,omitempty"`
-	Error          string   `json:"error,omitempty"`
+	// Allocated is what a sparse file really takes on the node's disk.
+	Allocated int64 `json:"allocated,omitempty"`
+	// FSUsed and FSFree are the volume's own filesystem, when it is
+	// mounted on the node.
+	FSUsed   int64    `json:"fsUsed,omitempty"`
+	FSFree   int64    `json:"fsFree,omitempty"`
+	Changed  bool     `json:"changed"`
+	Warnings []string `json:"warnings,omitempty"`
+	Error    string   `json:"error,omitempty"`
+}
+
+// Capacity is what a node's sparse volumes may use: the filesystem that
+// holds the sparse files (Size, Free) and the sum of the sizes of every
+// sparse file on it that is ours (Committed). OvercommitRatio is the node's
+// limit: a new sparse volume is refused when Committed would exceed
+// OvercommitRatio x Size.
+type Capacity struct {
+	Path            string  `json:"path"`
+	Size            int64   `json:"size"`
+	Free            int64   `json:"free"`
+	Committed       int64   `json:"committed"`
+	OvercommitRatio float64 `json:"overcommitRatio"`
 }
 
 // Check validates device info that came from a node before anything (the

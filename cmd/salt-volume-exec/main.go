@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/engine"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
@@ -25,6 +28,11 @@ const usage = `usage:
   salt-volume-exec validate --spec FILE|-     (check a spec, print it normalised)
   salt-volume-exec [--state-dir DIR] list
   salt-volume-exec [--state-dir DIR] restore
+  salt-volume-exec [--state-dir DIR] last-restore  (the report the last restore left)
+
+Global flags: --state-dir DIR, --log-level LEVEL, --overcommit-ratio R
+(default 1, or $SALT_VOLUMES_OVERCOMMIT_RATIO: prepare refuses a sparse
+volume that would commit more than R times the backing filesystem).
 
 Exit codes: 0 success, 1 failure, 2 invalid input, 3 refused to protect data.
 `
@@ -44,6 +52,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	global.SetOutput(io.Discard)
 	stateDir := global.String("state-dir", defaultDir, "node state directory")
 	logLevel := global.String("log-level", "info", "stderr log level: debug, info, warn, error")
+	defaultRatio := "1"
+	if r := os.Getenv("SALT_VOLUMES_OVERCOMMIT_RATIO"); r != "" {
+		defaultRatio = r
+	}
+	ratio := global.String("overcommit-ratio", defaultRatio, "prepare: refuse a sparse volume that would commit more than this times the backing filesystem")
 	if err := global.Parse(args); err != nil {
 		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: err.Error() + "\n" + usage})
 	}
@@ -58,6 +71,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	specFile := sub.String("spec", "", "volume spec JSON file, or - for stdin")
 	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
+	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
 	if err := sub.Parse(rest); err != nil {
 		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: err.Error() + "\n" + usage})
 	}
@@ -73,6 +87,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	e := engine.New(*stateDir, log)
+	r, perr := strconv.ParseFloat(*ratio, 64)
+	if perr != nil || r <= 0 || math.IsInf(r, 0) || math.IsNaN(r) {
+		return fail(stdout, &engine.Error{Kind: engine.KindInvalid, Code: "usage",
+			Message: fmt.Sprintf("--overcommit-ratio: %q is not a positive number: use e.g. 1 (no overcommit) or 1.5", *ratio)})
+	}
+	e.OvercommitRatio = r
 
 	readSpec := func() (*spec.Spec, error) {
 		switch *specFile {
@@ -110,7 +130,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "list":
 		var vols []*engine.Result
 		if vols, err = e.List(ctx); err == nil {
-			out = map[string]any{"volumes": vols}
+			var c *saltvolumes.Capacity
+			if c, err = e.Capacity(); err == nil {
+				out = map[string]any{"volumes": vols, "capacity": c}
+			}
+		}
+	case "last-restore":
+		var rep *engine.RestoreReport
+		if rep, err = e.LastRestore(); err == nil {
+			out = map[string]any{"restore": rep}
 		}
 	case "restore":
 		var rep *engine.RestoreReport

@@ -59,7 +59,7 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 		return c.json(map[string]any{"items": items})
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tUP\tVOLUMES\tPHASES")
+	fmt.Fprintln(tw, "NODE\tUP\tBEACON\tCOMMITTED\tSIZE\tFREE\tORPHANS\tVOLUMES\tPHASES")
 	for _, n := range items {
 		var ph []string
 		for _, p := range []string{"Unknown", "Pending", "Available", "Failed", "Terminating"} {
@@ -67,7 +67,37 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 				ph = append(ph, fmt.Sprintf("%s=%d", p, n.Phases[p]))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%d\t%s\n", n.Name, n.Up, n.Volumes, strings.Join(ph, " "))
+		committed, size, free := "-", "-", "-"
+		if c := n.Capacity; c != nil {
+			committed = fmt.Sprintf("%s (%.0f%%)", human(c.Committed), 100*float64(c.Committed)/float64(max(c.Size, 1)))
+			size, free = human(c.Size), human(c.Free)
+		}
+		beacon, orphans := "-", 0
+		if h := n.Health; h != nil && !h.LastReport.IsZero() {
+			beacon = "ok"
+			switch {
+			case h.Silent:
+				beacon = "silent " + time.Since(h.LastReport).Truncate(time.Second).String()
+			case h.Error != "":
+				beacon = "error"
+			}
+			orphans = len(h.Orphans)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.Up, beacon, committed, size, free, orphans, n.Volumes, strings.Join(ph, " "))
 	}
 	return tw.Flush()
+}
+
+// human rounds a byte count for tables.
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, i := float64(n), -1
+	for v >= unit && i < 5 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f%ciB", v, "KMGTPE"[i])
 }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -92,6 +94,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /api/v1/volumes", s.auth(s.create))
 	mux.Handle("GET /api/v1/volumes", s.auth(s.list))
 	mux.Handle("GET /api/v1/volumes/{name}", s.auth(s.get))
+	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(s.usage))
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(s.delete))
 	mux.Handle("GET /api/v1/watch", s.authQuery(s.watch))
 	mux.Handle("GET /api/v1/nodes", s.auth(s.nodes))
@@ -242,7 +245,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	items := []saltvolumes.View{}
 	for _, v := range s.Store.List() {
 		if node == "" || v.Spec.Node == node {
-			items = append(items, v.View())
+			items = append(items, s.view(v))
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": items})
@@ -254,7 +257,93 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		notFound(w, r.PathValue("name"))
 		return
 	}
-	writeJSON(w, http.StatusOK, v.View())
+	writeJSON(w, http.StatusOK, s.view(v))
+}
+
+// healthMetrics writes what nodes report: per volume and per node gauges,
+// restore counters.
+func (s *Server) healthMetrics(mw *metrics.Writer) {
+	g := s.Reconciler.Nodes
+	var size, alloc, used, healthy []metrics.Sample
+	for _, v := range s.Store.List() {
+		l := []string{"volume", v.Spec.Name, "node", v.Spec.Node}
+		size = append(size, metrics.Sample{Labels: l, Value: float64(v.Spec.SizeBytes)})
+		h := 0.0
+		if v.Status.Phase == volume.Available {
+			h = 1
+		}
+		healthy = append(healthy, metrics.Sample{Labels: l, Value: h})
+		if u := g.Usage(v.Spec.Node, v.Spec.UUID); u != nil && u.State != "absent" {
+			if v.Spec.SparseLoopDevice != nil {
+				alloc = append(alloc, metrics.Sample{Labels: l, Value: float64(u.Allocated)})
+			}
+			if len(u.Mountpoints) > 0 {
+				used = append(used, metrics.Sample{Labels: l, Value: float64(u.FSUsed)})
+			}
+		}
+	}
+	mw.GaugeVec("salt_volumes_volume_size_bytes", "Size of each volume, from its spec.", size)
+	mw.GaugeVec("salt_volumes_volume_allocated_bytes", "Bytes a sparse volume's file really takes on its node, as the node last reported.", alloc)
+	mw.GaugeVec("salt_volumes_volume_filesystem_used_bytes", "Used bytes of a volume's filesystem while it is mounted on its node, as the node last reported.", used)
+	mw.GaugeVec("salt_volumes_volume_healthy", "1 if the volume is Available, 0 otherwise (Failed, Pending, Terminating).", healthy)
+	var committed, fsSize, free, silent, ratio []metrics.Sample
+	names := g.Names()
+	sort.Strings(names)
+	for _, n := range names {
+		c, h := g.NodeView(n)
+		l := []string{"node", n}
+		if h != nil && !h.LastReport.IsZero() {
+			v := 0.0
+			if h.Silent {
+				v = 1
+			}
+			silent = append(silent, metrics.Sample{Labels: l, Value: v})
+		}
+		if c != nil {
+			committed = append(committed, metrics.Sample{Labels: l, Value: float64(c.Committed)})
+			fsSize = append(fsSize, metrics.Sample{Labels: l, Value: float64(c.Size)})
+			free = append(free, metrics.Sample{Labels: l, Value: float64(c.Free)})
+			ratio = append(ratio, metrics.Sample{Labels: l, Value: c.OvercommitRatio})
+		}
+	}
+	mw.GaugeVec("salt_volumes_node_committed_bytes", "Sum of the sizes of a node's sparse volumes (what they may grow to).", committed)
+	mw.GaugeVec("salt_volumes_node_size_bytes", "Size of the filesystem holding a node's sparse files.", fsSize)
+	mw.GaugeVec("salt_volumes_node_free_bytes", "Free bytes of the filesystem holding a node's sparse files.", free)
+	mw.GaugeVec("salt_volumes_node_overcommit_ratio", "The node's overcommit limit: committed may not exceed this times its size.", ratio)
+	mw.GaugeVec("salt_volumes_node_silent", "1 if a node's beacon has been silent for more than three heartbeats.", silent)
+	mw.Counter("salt_volumes_node_reports_total", "Health reports received from node beacons.", g.Reports.Value())
+	mw.CounterVec("salt_volumes_restores_total", "Volumes that restore runs on the nodes rebuilt (reconstructed) or could not rebuild (failed).", "result",
+		map[string]int64{"reconstructed": g.Reconstructed.Value(), "failed": g.RestoreFailed.Value()})
+}
+
+// view is the volume's API view with what its node last reported.
+func (s *Server) view(v *volume.Volume) saltvolumes.View {
+	out := v.View()
+	out.Usage = s.Reconciler.Nodes.Usage(v.Spec.Node, v.Spec.UUID)
+	return out
+}
+
+// usage is a volume's usage history: ?since=<duration> (default and at
+// most 24h).
+func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
+	v, err := s.Store.Get(r.PathValue("name"))
+	if err != nil {
+		notFound(w, r.PathValue("name"))
+		return
+	}
+	window := health.HistoryWindow
+	if q := r.URL.Query().Get("since"); q != "" {
+		d, err := time.ParseDuration(q)
+		if err != nil || d <= 0 {
+			writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "since", Message: "since: " + strconv.Quote(q) + " is not a positive duration: use e.g. 1h or 30m"})
+			return
+		}
+		window = min(d, window)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"volume": v.Spec.Name, "current": s.Reconciler.Nodes.Usage(v.Spec.Node, v.Spec.UUID),
+		"samples": s.Reconciler.Nodes.History(v.Spec.UUID, time.Now().Add(-window)),
+	})
 }
 
 func notFound(w http.ResponseWriter, name string) {
@@ -390,6 +479,12 @@ func (s *Server) nodes(w http.ResponseWriter, r *http.Request) {
 		n.Volumes++
 		n.Phases[v.Status.Phase.String()]++
 	}
+	for _, name := range s.Reconciler.Nodes.Names() {
+		get(name)
+	}
+	for name, n := range byName {
+		n.Capacity, n.Health = s.Reconciler.Nodes.NodeView(name)
+	}
 	items := make([]saltvolumes.Node, 0, len(byName))
 	for _, n := range byName {
 		items = append(items, *n)
@@ -416,7 +511,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	mw.Counter("salt_volumes_job_launch_errors_total", "Failed attempts to start a state run.", m.LaunchErrors.Value())
 	mw.Counter("salt_volumes_job_lookups_total", "Job cache lookups (reconnects, restarts, timeouts, polling mode).", m.Lookups.Value())
 	mw.Counter("salt_volumes_adopted_total", "Volumes first seen in someone else's state run.", m.Adopted.Value())
-	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device).", "reason", m.Rejected.Values())
+	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device), node reports not from the node they are about (health).", "reason", m.Rejected.Values())
 	mw.Histogram("salt_volumes_job_latency_seconds", "From starting a state run to its return settling the volume.", m.JobLatency)
 	phases := map[string]float64{}
 	for _, p := range []volume.Phase{volume.Unknown, volume.Pending, volume.Available, volume.Failed, volume.Terminating} {
@@ -426,6 +521,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		phases[v.Status.Phase.String()]++
 	}
 	mw.Gauge("salt_volumes_volumes", "Volumes by phase.", "phase", phases)
+	s.healthMetrics(mw)
 	mw.Gauge("salt_volumes_watchers", "Open watch streams.", "", map[string]float64{"": float64(s.Reconciler.Hub.Watchers())})
 	if s.ExtraMetrics != nil {
 		s.ExtraMetrics(mw)

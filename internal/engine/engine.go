@@ -42,7 +42,10 @@ type Engine struct {
 	Log        *slog.Logger
 	UdevWait   time.Duration
 	DetachWait time.Duration
-	crashAfter string
+	// OvercommitRatio bounds the sum of sparse sizes on the node against
+	// the size of the filesystem holding them (1 = no overcommit).
+	OvercommitRatio float64
+	crashAfter      string
 }
 
 // New returns an engine with the default waits.
@@ -51,11 +54,12 @@ func New(stateDir string, log *slog.Logger) *Engine {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &Engine{
-		State:      nodestate.Dir{Root: stateDir},
-		Log:        log,
-		UdevWait:   10 * time.Second,
-		DetachWait: 10 * time.Second,
-		crashAfter: os.Getenv(CrashEnv),
+		State:           nodestate.Dir{Root: stateDir},
+		Log:             log,
+		UdevWait:        10 * time.Second,
+		DetachWait:      10 * time.Second,
+		OvercommitRatio: 1,
+		crashAfter:      os.Getenv(CrashEnv),
 	}
 }
 
@@ -183,6 +187,13 @@ func (e *Engine) usage(name string, res *Result) (blockdev.Usage, error) {
 		return u, failed("usage", err, "checking whether %s is in use", name)
 	}
 	res.InUse, res.Mountpoints, res.Holders = u.InUse(), u.Mountpoints, u.Holders
+	if len(u.Mountpoints) > 0 {
+		var st unix.Statfs_t
+		if unix.Statfs(u.Mountpoints[0], &st) == nil {
+			res.FSUsed = int64(st.Blocks-st.Bfree) * st.Bsize
+			res.FSFree = int64(st.Bavail) * st.Bsize
+		}
+	}
 	return u, nil
 }
 

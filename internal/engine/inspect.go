@@ -58,7 +58,7 @@ func (e *Engine) orphans(known map[string]bool) []*Result {
 		file := filepath.Join(e.State.Sparse(), ent.Name())
 		res := &Result{UUID: u.String(), Type: spec.TypeSparse, BackingFile: file, State: StateOrphan}
 		if st, err := os.Stat(file); err == nil {
-			res.Size = st.Size()
+			res.Size, res.Allocated = st.Size(), allocated(st)
 		}
 		if devs, _ := loopdev.Find(file); len(devs) > 0 {
 			res.DeviceName, res.DevicePath = devs[0].Name, devs[0].Path
@@ -91,7 +91,7 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 	st, err := os.Lstat(file)
 	exists := err == nil
 	if exists {
-		res.Size = st.Size()
+		res.Size, res.Allocated = st.Size(), allocated(st)
 	}
 	damaged := false
 	if exists && rec != nil && rec.Formatted() {

@@ -14,7 +14,6 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
-	"golang.org/x/sys/unix"
 )
 
 // Prepare makes the volume exist on this node. Running it again, or after a
@@ -75,23 +74,10 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 // checkCapacity refuses sizes no file on this filesystem could ever have,
 // and warns about overcommitting free space (sparse files are thin).
 func (e *Engine) checkCapacity(s *spec.Spec) (string, error) {
-	dir := e.State.Root
-	for {
-		if _, err := os.Stat(dir); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
-		}
-		dir = parent
+	_, total, free, err := e.backingFS()
+	if err != nil {
+		return "", err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return "", failed("statfs", err, "reading the size of the filesystem holding %s", e.State.Root)
-	}
-	total := int64(st.Blocks) * st.Bsize
-	free := int64(st.Bavail) * st.Bsize
 	if s.SizeBytes > total {
 		return "", invalid("size_too_large", "sparseLoopDevice.size: %s is larger than the whole filesystem holding %s (%s): use a smaller size",
 			spec.FormatSize(s.SizeBytes), e.State.Root, spec.FormatSize(total))
@@ -158,6 +144,11 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		// A sparse file that no record claims is an orphan: not ours to reuse.
 		if _, err := os.Lstat(e.State.SparseFile(s.UUID)); err == nil {
 			return nil, refused("orphan", "uuid: %s already exists but no record claims it (an orphan, see salt-volume-exec list): move it away or use another uuid", e.State.SparseFile(s.UUID))
+		}
+		// Only a new volume commits more: a rerun of one we admitted
+		// before never fails here.
+		if err := e.checkOvercommit(s, all); err != nil {
+			return nil, err
 		}
 	}
 	if rec != nil {

@@ -2,12 +2,21 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 )
 
 // RestoreReport is restore's output.
 type RestoreReport struct {
+	// ID tells one run from another: the beacon reports each run once.
+	ID       string    `json:"id"`
+	At       time.Time `json:"at"`
 	Volumes  []*Result `json:"volumes"`
 	Orphans  []*Result `json:"orphans"`
 	Restored int       `json:"restored"`
@@ -18,7 +27,8 @@ type RestoreReport struct {
 // loop devices, partition nodes and persistent links. It needs neither the
 // network nor Salt, changes no volume content, and deletes nothing.
 func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
-	rep := &RestoreReport{Volumes: []*Result{}, Orphans: []*Result{}}
+	now := time.Now().UTC()
+	rep := &RestoreReport{ID: strconv.FormatInt(now.UnixNano(), 36), At: now, Volumes: []*Result{}, Orphans: []*Result{}}
 	recs, errs := e.State.All()
 	for _, err := range errs {
 		rep.Failed++
@@ -36,7 +46,30 @@ func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
 		rep.Volumes = append(rep.Volumes, res)
 	}
 	rep.Orphans = append(rep.Orphans, e.orphans(known)...)
+	// Kept for the beacon, which tells the control plane what the last
+	// restore (at boot, outside Salt) rebuilt and what it could not.
+	if b, err := json.Marshal(rep); err == nil && e.State.Init() == nil {
+		if err := nodestate.WriteFileAtomic(e.State.RestoreReport(), append(b, '\n'), 0o600); err != nil {
+			e.Log.Warn("restore report not saved", "error", err)
+		}
+	}
 	return rep, nil
+}
+
+// LastRestore reads the report of the last restore run (nil if none).
+func (e *Engine) LastRestore() (*RestoreReport, error) {
+	b, err := os.ReadFile(e.State.RestoreReport())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rep RestoreReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", e.State.RestoreReport(), err)
+	}
+	return &rep, nil
 }
 
 func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result {

@@ -234,6 +234,8 @@ const (
 	KindRunReturn   = "run-return"
 	KindMinionStart = "minion-start"
 	KindProgress    = "progress"
+	KindNodeHealth  = "node-health"
+	KindNodeRestore = "node-restore"
 )
 
 // Kind classifies an event by its tag.
@@ -252,6 +254,10 @@ func (e Event) Kind() string {
 		return KindMinionStart
 	case len(p) == 3 && p[0] == "salt-volumes" && p[2] == "progress":
 		return KindProgress
+	case len(p) == 4 && p[0] == "salt-volumes" && p[1] == "node" && p[3] == "health":
+		return KindNodeHealth
+	case len(p) == 4 && p[0] == "salt-volumes" && p[1] == "node" && p[3] == "restore":
+		return KindNodeRestore
 	}
 	return KindOther
 }
@@ -316,6 +322,35 @@ func (e Event) AsProgress() (Progress, bool) {
 	p.UUID, _ = d["uuid"].(string)
 	p.Step, _ = d["step"].(string)
 	return p, true
+}
+
+// NodeEvent is one of our salt-volumes/node/<minion>/{health,restore}
+// events, fired by the salt_volumes beacon or module on that minion.
+type NodeEvent struct {
+	// Minion is the id in the tag, which the sender chose.
+	Minion string
+	// Node is the id of Salt's single-event envelope, which the master
+	// checked against the minion's key; Authenticated is false without it.
+	// The event counts only when Node is Minion: a node reports on itself.
+	Node          string
+	Authenticated bool
+	Data          map[string]any
+}
+
+// AsNodeEvent decodes a node health or restore event.
+func (e Event) AsNodeEvent() (NodeEvent, bool) {
+	if k := e.Kind(); k != KindNodeHealth && k != KindNodeRestore {
+		return NodeEvent{}, false
+	}
+	n := NodeEvent{Minion: strings.Split(e.Tag, "/")[2]}
+	d := e.Data
+	if inner, ok := d["data"].(map[string]any); ok && d["cmd"] == "_minion_event" {
+		id, _ := d["id"].(string)
+		n.Node, n.Authenticated = id, id != ""
+		d = inner
+	}
+	n.Data = d
+	return n, true
 }
 
 func toInt(v any) int {

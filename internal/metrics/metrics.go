@@ -102,6 +102,28 @@ func (w *Writer) Gauge(name, help, label string, values map[string]float64) {
 	}
 }
 
+// Sample is one labelled value of a GaugeVec: Labels holds name, value
+// pairs.
+type Sample struct {
+	Labels []string
+	Value  float64
+}
+
+// GaugeVec writes a gauge whose samples carry several labels.
+func (w *Writer) GaugeVec(name, help string, samples []Sample) {
+	w.printf("# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+	for _, s := range samples {
+		var b strings.Builder
+		for i := 0; i+1 < len(s.Labels); i += 2 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%s=%q", s.Labels[i], escape(s.Labels[i+1]))
+		}
+		w.printf("%s{%s} %s\n", name, b.String(), num(s.Value))
+	}
+}
+
 // Histogram writes a histogram.
 func (w *Writer) Histogram(name, help string, h *Histogram) {
 	h.mu.Lock()

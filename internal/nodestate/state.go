@@ -67,6 +67,7 @@ type Dir struct{ Root string }
 func (d Dir) volumes() string            { return filepath.Join(d.Root, "volumes") }
 func (d Dir) locks() string              { return filepath.Join(d.Root, "locks") }
 func (d Dir) Sparse() string             { return filepath.Join(d.Root, "sparse") }
+func (d Dir) RestoreReport() string      { return filepath.Join(d.Root, "restore-report.json") }
 func (d Dir) SparseFile(u string) string { return filepath.Join(d.Sparse(), u) }
 func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+".json") }
 

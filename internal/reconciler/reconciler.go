@@ -22,6 +22,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -55,6 +56,10 @@ const (
 	ReasonPublishFailed = "PublishFailed"
 	ReasonPVDeleted     = "PersistentVolumeDeleted"
 	ReasonKubeError     = "KubernetesUnavailable"
+	// Reported by the volume's node (the salt_volumes beacon).
+	ReasonDetached    = "Detached"
+	ReasonStorageLost = "StorageLost"
+	ReasonDamaged     = "Damaged"
 )
 
 // Kubernetes is the Kubernetes side of a volume's life: its
@@ -135,11 +140,14 @@ type Rejections struct {
 	Progress metrics.Counter
 	// Device: a return whose device info does not describe the volume.
 	Device metrics.Counter
+	// Health: a node report outside the single-event envelope, or about
+	// another minion than its sender.
+	Health metrics.Counter
 }
 
 // Values lists the counters by reason label.
 func (r *Rejections) Values() map[string]int64 {
-	return map[string]int64{"unconfirmed": r.Unconfirmed.Value(), "progress": r.Progress.Value(), "device": r.Device.Value()}
+	return map[string]int64{"unconfirmed": r.Unconfirmed.Value(), "progress": r.Progress.Value(), "device": r.Device.Value(), "health": r.Health.Value()}
 }
 
 // Reconciler owns the volume objects in its store.
@@ -151,6 +159,8 @@ type Reconciler struct {
 	log     *slog.Logger
 	Hub     *Hub
 	Metrics *Metrics
+	// Nodes holds what nodes report about themselves.
+	Nodes *health.Registry
 
 	q *queue
 
@@ -189,6 +199,7 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 	r := &Reconciler{
 		store: st, salt: salt, source: source, opt: opt, log: log,
 		Hub:     NewHub(),
+		Nodes:   health.New(),
 		Metrics: &Metrics{JobLatency: metrics.NewHistogram(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)},
 		q:       newQueue(),
 		inbox:   map[string][]observation{}, jobs: map[string]string{},
@@ -208,6 +219,7 @@ const (
 	obsHint             // the bus says job jid returned: look it up
 	obsLost             // the job cache does not know the job
 	obsDelete           // a user asked for deletion
+	obsHealth           // the volume's node reported on its storage
 )
 
 // observation is something learnt about a volume, applied by its worker so
@@ -224,6 +236,10 @@ type observation struct {
 	wipe    bool
 	forget  bool
 	tries   int // lookups of a hint so far
+	// obsHealth: the node's entry for the volume (nil: the node has no
+	// record of it) and when the report arrived.
+	device *saltvolumes.Device
+	at     time.Time
 }
 
 // Run reconciles until ctx ends.
@@ -355,6 +371,8 @@ func (r *Reconciler) Handle(ev events.Event) {
 			return
 		}
 		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node})
+	case events.KindNodeHealth, events.KindNodeRestore:
+		r.handleNode(ev)
 	case events.KindJobReturn:
 		if ev.Data["cmd"] == "_minion_event" {
 			// A minion fired an event under a job return's tag: the master
@@ -496,6 +514,7 @@ func (r *Reconciler) remove(ctx context.Context, v *volume.Volume) {
 	delete(r.notBefore, name)
 	delete(r.backoff, name)
 	r.mu.Unlock()
+	r.Nodes.Forget(v.Spec.UUID)
 	r.log.Info("volume deleted", "volume", name, "node", v.Spec.Node)
 	r.Hub.Publish(Deleted, v)
 }
@@ -584,6 +603,8 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 		r.log.Warn("job unknown to Salt; launching it again", "volume", v.Spec.Name, "job", o.jid)
 		st.JobID, st.Message = "", "job "+o.jid+" was unknown to Salt; launched again"
 		return changed
+	case obsHealth:
+		return r.applyHealth(v, o)
 	case obsReturn:
 		if o.jid == st.JobID && o.node == v.Spec.Node && waiting(v) {
 			if o.how == "lookup" {

@@ -139,6 +139,19 @@ func (s *Store) List() []*volume.Volume {
 	return out
 }
 
+// OnNode returns copies of the volumes of one node (no copy of the others).
+func (s *Store) OnNode(node string) []*volume.Volume {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*volume.Volume
+	for _, v := range s.cache {
+		if v.Spec.Node == node {
+			out = append(out, v.Clone())
+		}
+	}
+	return out
+}
+
 // Len is the number of volumes.
 func (s *Store) Len() int {
 	s.mu.RLock()

@@ -11,6 +11,7 @@ Local persistent volumes, prepared on this minion by ``salt-volume-exec``.
         salt_volumes:
           exec_path: /usr/local/bin/salt-volume-exec   # default: found on PATH
           state_dir: /var/lib/salt-volumes             # default
+          overcommit_ratio: 1.0   # default: sparse sizes may not exceed the backing filesystem
 
 Volumes are declared in pillar under ``salt_volumes:volumes:<name>`` (with
 ``node`` set to the minion id); a run for one volume passes
@@ -103,7 +104,11 @@ def _run(command, spec=None, extra_args=()):
     Run the binary with an argument list (never a shell), stream its step
     lines as progress events, and return its parsed JSON document.
     """
-    argv = [_binary(), "--state-dir", _opt("state_dir", DEFAULT_STATE_DIR), command]
+    argv = [_binary(), "--state-dir", _opt("state_dir", DEFAULT_STATE_DIR)]
+    ratio = _opt("overcommit_ratio")
+    if ratio is not None:
+        argv += ["--overcommit-ratio", str(ratio)]
+    argv.append(command)
     if spec is not None:
         argv += ["--spec", "-"]
     argv += list(extra_args)
@@ -360,11 +365,68 @@ def list_():
     return _run("list").get("volumes", [])
 
 
+def status():
+    """
+    Every volume this minion knows, with its health and usage (allocated
+    bytes of sparse files, filesystem used/free when mounted), the node's
+    sparse capacity, and the report of the last restore. The beacon sends
+    this to the control plane.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' salt_volumes.status
+    """
+    doc = _run("list")
+    try:
+        doc["lastRestore"] = _run("last-restore").get("restore")
+    except CommandExecutionError as exc:
+        log.warning("salt_volumes: last restore report unreadable: %s", exc)
+        doc["lastRestore"] = None
+    return doc
+
+
+def restore_summary(report):
+    """
+    What the control plane needs of a restore report: per volume its name,
+    uuid, state and error, and the counts. Used by restore and the beacon.
+    """
+    vols = [
+        {k: v.get(k) for k in ("name", "uuid", "state", "deviceName", "error") if v.get(k) not in (None, "")}
+        for v in (report or {}).get("volumes") or []
+    ]
+    return {
+        "id": (report or {}).get("id"),
+        "at": (report or {}).get("at"),
+        "restored": (report or {}).get("restored", 0),
+        "failed": (report or {}).get("failed", 0),
+        "volumes": vols,
+        "orphans": [o.get("uuid") for o in (report or {}).get("orphans") or []],
+    }
+
+
+def fire_restore(report):
+    """
+    Tell the control plane what a restore rebuilt and what failed
+    (``salt-volumes/node/<id>/restore``). Salt's single-event envelope
+    carries the minion id the master authenticated.
+    """
+    if _masterless() or not report or not report.get("id"):
+        return False
+    try:
+        __salt__["event.send"]("salt-volumes/node/{}/restore".format(__grains__.get("id")), restore_summary(report))
+        return True
+    except Exception as exc:  # pylint: disable=broad-except
+        log.warning("salt_volumes: could not fire the restore event: %s", exc)
+        return False
+
+
 def restore():
     """
     Re-attach sparse volumes and recreate links after a boot, from the node
-    state alone. Returns the binary's report; raises if a volume could not be
-    restored.
+    state alone, and report the outcome to the control plane. Returns the
+    binary's report; raises if a volume could not be restored.
 
     CLI Example:
 
@@ -372,4 +434,10 @@ def restore():
 
         salt '*' salt_volumes.restore
     """
-    return _run("restore")
+    try:
+        report = _run("restore")
+    except CommandExecutionError as exc:
+        fire_restore(getattr(exc, "result", None))
+        raise
+    fire_restore(report)
+    return report

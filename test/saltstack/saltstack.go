@@ -35,22 +35,23 @@ type T interface {
 
 // Stack is one Salt installation for one test.
 type Stack struct {
-	t        T
-	Repo     string
-	Venv     string
-	Root     string // short: AF_UNIX paths must stay under 107 bytes
-	Conf     string // -c directory
-	MinionID string
-	StateDir string // salt-volume-exec state dir on the "node"
-	ExecPath string
-	APIPort  int
-	APIUser  string
-	APIPass  string
-	SockDir  string
-	pubPort  int
-	retPort  int
-	procs    map[string]*exec.Cmd
-	confs    map[string]string // daemon name -> its -c directory
+	t                        T
+	Repo                     string
+	Venv                     string
+	Root                     string // short: AF_UNIX paths must stay under 107 bytes
+	Conf                     string // -c directory
+	MinionID                 string
+	StateDir                 string // salt-volume-exec state dir on the "node"
+	ExecPath                 string
+	APIPort                  int
+	APIUser                  string
+	APIPass                  string
+	SockDir                  string
+	pubPort                  int
+	retPort                  int
+	procs                    map[string]*exec.Cmd
+	confs                    map[string]string // daemon name -> its -c directory
+	minionExtra, saltVolumes string
 }
 
 // RepoRoot finds the checkout (the directory holding go.mod).
@@ -153,7 +154,24 @@ func Start(t T, execPath string, api bool) *Stack { return StartWith(t, execPath
 
 // StartWith is Start with more master configuration (YAML appended).
 func StartWith(t T, execPath string, api bool, masterExtra string) *Stack {
+	return StartOpts(t, execPath, Options{API: api, MasterExtra: masterExtra})
+}
+
+// Options are what StartOpts adds to the stack's configuration.
+type Options struct {
+	API         bool
+	MasterExtra string // YAML appended to the master config
+	MinionExtra string // YAML appended to every minion config
+	// SaltVolumes is YAML added under the minions' salt_volumes: key
+	// (indented by two spaces), e.g. "overcommit_ratio: 0.5".
+	SaltVolumes string
+}
+
+// StartOpts is Start with Options.
+func StartOpts(t T, execPath string, o Options) *Stack {
+	api, masterExtra := o.API, o.MasterExtra
 	s := newStack(t, execPath)
+	s.minionExtra, s.saltVolumes = o.MinionExtra, o.SaltVolumes
 	s.pubPort, s.retPort = FreePort(t), FreePort(t)
 	pub, ret := s.pubPort, s.retPort
 	s.APIPort = FreePort(t)
@@ -232,7 +250,11 @@ func (s *Stack) shippedAuth() string {
 }
 
 func (s *Stack) minionConfig(root, stateDir, id string) string {
-	return s.commonFor(root, stateDir) + fmt.Sprintf(`id: %[2]s
+	common := s.commonFor(root, stateDir)
+	if s.saltVolumes != "" {
+		common = strings.Replace(common, "salt_volumes:\n", "salt_volumes:\n  "+strings.ReplaceAll(strings.TrimSpace(s.saltVolumes), "\n", "\n  ")+"\n", 1)
+	}
+	return common + s.minionExtra + fmt.Sprintf(`id: %[2]s
 master: 127.0.0.1
 master_port: %[3]d
 publish_port: %[4]d

@@ -1,0 +1,249 @@
+// Package health keeps what nodes push about themselves through the
+// salt_volumes beacon: per node its last report, capacity and orphans, per
+// volume its health and usage, and a day of usage history for the UI's
+// chart. It lives in memory: the beacon sends everything again at its next
+// heartbeat, so a restarted control plane knows it all within one.
+package health
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/metrics"
+)
+
+// Report is one health event of a node.
+type Report struct {
+	Node string
+	// Kind is start, change or heartbeat.
+	Kind      string
+	Interval  time.Duration
+	Heartbeat time.Duration
+	Volumes   []saltvolumes.Device
+	Capacity  *saltvolumes.Capacity
+	// Error: the node could not list its volumes; Volumes says nothing.
+	Error    string
+	Received time.Time
+}
+
+// Find returns the report's entry for a volume UUID (nil if none).
+func (r *Report) Find(uuid string) *saltvolumes.Device {
+	for i := range r.Volumes {
+		if r.Volumes[i].UUID == uuid && r.Volumes[i].State != "orphan" {
+			return &r.Volumes[i]
+		}
+	}
+	return nil
+}
+
+// wire is the beacon's payload.
+type wire struct {
+	Kind      string                `json:"kind"`
+	Interval  float64               `json:"interval"`
+	Heartbeat float64               `json:"heartbeat"`
+	Volumes   []saltvolumes.Device  `json:"volumes"`
+	Capacity  *saltvolumes.Capacity `json:"capacity"`
+	Error     string                `json:"error"`
+}
+
+// Parse reads a health event's data; node is the authenticated minion id.
+func Parse(node string, data map[string]any, received time.Time) (*Report, error) {
+	b, err := json.Marshal(data)
+	if err != nil {
+		return nil, err
+	}
+	var w wire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return nil, fmt.Errorf("health event of %s: %w", node, err)
+	}
+	if w.Interval <= 0 || w.Heartbeat <= 0 {
+		return nil, fmt.Errorf("health event of %s: interval and heartbeat must be positive", node)
+	}
+	return &Report{
+		Node: node, Kind: w.Kind, Volumes: w.Volumes, Capacity: w.Capacity, Error: w.Error, Received: received,
+		Interval:  time.Duration(w.Interval * float64(time.Second)),
+		Heartbeat: time.Duration(w.Heartbeat * float64(time.Second)),
+	}, nil
+}
+
+// Restore is what a node's restore event says.
+type Restore struct {
+	ID       string `json:"id"`
+	Restored int    `json:"restored"`
+	Failed   int    `json:"failed"`
+}
+
+// History keeps a day of samples per volume, at most one every SampleEvery
+// unless the value moved, and at most MaxSamples.
+const (
+	HistoryWindow = 24 * time.Hour
+	SampleEvery   = time.Minute
+	MaxSamples    = 1440
+)
+
+// SilentAfter is how many heartbeats a node may miss before it is shown
+// silent.
+const SilentAfter = 3
+
+// Registry is the control plane's memory of node reports.
+type Registry struct {
+	mu       sync.Mutex
+	nodes    map[string]*node
+	history  map[string][]saltvolumes.UsageSample // by volume uuid
+	restores map[string]string                    // node -> last restore id counted
+
+	Reports       metrics.Counter
+	Reconstructed metrics.Counter
+	RestoreFailed metrics.Counter
+	Now           func() time.Time
+}
+
+type node struct {
+	last          *Report
+	restored      int
+	restoreFailed int
+}
+
+// New returns an empty registry.
+func New() *Registry {
+	return &Registry{nodes: map[string]*node{}, history: map[string][]saltvolumes.UsageSample{}, restores: map[string]string{}, Now: time.Now}
+}
+
+// Record keeps a report and extends the usage history of its volumes.
+func (g *Registry) Record(rep *Report) {
+	g.Reports.Inc()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := g.nodes[rep.Node]
+	if n == nil {
+		n = &node{}
+		g.nodes[rep.Node] = n
+	}
+	n.last = rep
+	if rep.Error != "" {
+		return
+	}
+	cut := rep.Received.Add(-HistoryWindow)
+	for _, d := range rep.Volumes {
+		if d.UUID == "" || d.State == "orphan" {
+			continue
+		}
+		h := g.history[d.UUID]
+		s := saltvolumes.UsageSample{At: rep.Received, Allocated: d.Allocated, FSUsed: d.FSUsed}
+		if k := len(h); k > 0 && h[k-1].Allocated == s.Allocated && h[k-1].FSUsed == s.FSUsed && s.At.Sub(h[k-1].At) < SampleEvery {
+			continue
+		}
+		drop := 0
+		for drop < len(h) && (h[drop].At.Before(cut) || len(h)-drop >= MaxSamples) {
+			drop++
+		}
+		g.history[d.UUID] = append(h[drop:], s)
+	}
+}
+
+// CountRestore counts a restore report once (the module and the beacon may
+// both send it); it reports whether it was new.
+func (g *Registry) CountRestore(nodeName string, r Restore) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r.ID == "" || g.restores[nodeName] == r.ID {
+		return false
+	}
+	g.restores[nodeName] = r.ID
+	n := g.nodes[nodeName]
+	if n == nil {
+		n = &node{}
+		g.nodes[nodeName] = n
+	}
+	n.restored += r.Restored
+	n.restoreFailed += r.Failed
+	g.Reconstructed.Add(int64(r.Restored))
+	g.RestoreFailed.Add(int64(r.Failed))
+	return true
+}
+
+// Forget drops a volume's history (the volume was deleted).
+func (g *Registry) Forget(uuid string) {
+	g.mu.Lock()
+	delete(g.history, uuid)
+	g.mu.Unlock()
+}
+
+// NodeView is what the API shows of a node's reports.
+func (g *Registry) NodeView(name string) (*saltvolumes.Capacity, *saltvolumes.NodeHealth) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.nodeView(name)
+}
+
+func (g *Registry) nodeView(name string) (*saltvolumes.Capacity, *saltvolumes.NodeHealth) {
+	n := g.nodes[name]
+	if n == nil {
+		return nil, nil
+	}
+	h := &saltvolumes.NodeHealth{Restored: n.restored, RestoreFailed: n.restoreFailed}
+	if n.last == nil {
+		return nil, h
+	}
+	rep := n.last
+	h.LastReport, h.Error = rep.Received.UTC(), rep.Error
+	h.Interval, h.Heartbeat = rep.Interval.Seconds(), rep.Heartbeat.Seconds()
+	h.Silent = g.Now().Sub(rep.Received) > SilentAfter*rep.Heartbeat+rep.Interval
+	for _, d := range rep.Volumes {
+		if d.State == "orphan" {
+			h.Orphans = append(h.Orphans, d)
+		}
+	}
+	var c *saltvolumes.Capacity
+	if rep.Capacity != nil {
+		cc := *rep.Capacity
+		c = &cc
+	}
+	return c, h
+}
+
+// Names lists the nodes that reported.
+func (g *Registry) Names() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]string, 0, len(g.nodes))
+	for n := range g.nodes {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Usage is a volume's last reported health and usage (nil if its node
+// never reported it).
+func (g *Registry) Usage(nodeName, uuid string) *saltvolumes.Usage {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := g.nodes[nodeName]
+	if n == nil || n.last == nil || n.last.Error != "" {
+		return nil
+	}
+	d := n.last.Find(uuid)
+	if d == nil {
+		return &saltvolumes.Usage{State: "absent", ReportedAt: n.last.Received.UTC()}
+	}
+	return &saltvolumes.Usage{
+		State: d.State, Size: d.Size, Allocated: d.Allocated, FSUsed: d.FSUsed, FSFree: d.FSFree,
+		InUse: d.InUse, Mountpoints: d.Mountpoints, Error: d.Error, ReportedAt: n.last.Received.UTC(),
+	}
+}
+
+// History returns a volume's samples since a time.
+func (g *Registry) History(uuid string, since time.Time) []saltvolumes.UsageSample {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := []saltvolumes.UsageSample{}
+	for _, s := range g.history[uuid] {
+		if !s.At.Before(since) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

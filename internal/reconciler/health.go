@@ -1,0 +1,142 @@
+package reconciler
+
+import (
+	"fmt"
+	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/health"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// absentGrace: a volume the node's report does not list fails only if it
+// settled this long before the report arrived; a report taken before a
+// prepare finished may arrive after the volume settled.
+const absentGrace = 30 * time.Second
+
+// handleNode takes a node's health or restore event. A node reports only on
+// itself: the minion id Salt authenticated must be the one in the tag.
+func (r *Reconciler) handleNode(ev events.Event) {
+	n, _ := ev.AsNodeEvent()
+	if !n.Authenticated || n.Node != n.Minion {
+		r.Metrics.Rejected.Health.Inc()
+		r.warn.Warn("node report not from the node it is about ignored", "tag", ev.Tag, "from", n.Node)
+		return
+	}
+	now := time.Now()
+	if ev.Kind() == events.KindNodeRestore {
+		var rs health.Restore
+		rs.ID, _ = n.Data["id"].(string)
+		rs.Restored, rs.Failed = toInt(n.Data["restored"]), toInt(n.Data["failed"])
+		if r.Nodes.CountRestore(n.Node, rs) {
+			r.log.Info("node restored its volumes", "node", n.Node, "restored", rs.Restored, "failed", rs.Failed)
+		}
+		return
+	}
+	rep, err := health.Parse(n.Node, n.Data, now)
+	if err != nil {
+		r.warn.Warn("node report unreadable", "node", n.Node, "error", err)
+		return
+	}
+	r.Nodes.Record(rep)
+	if rep.Error != "" {
+		r.warn.Warn("node cannot list its volumes", "node", n.Node, "error", rep.Error)
+		return
+	}
+	for _, v := range r.store.OnNode(n.Node) {
+		d := rep.Find(v.Spec.UUID)
+		if healthNews(v, d) {
+			r.push(v.Spec.Name, observation{kind: obsHealth, node: n.Node, device: d, at: now})
+		}
+	}
+}
+
+func toInt(v any) int {
+	switch n := v.(type) {
+	case int64:
+		return int(n)
+	case uint64:
+		return int(n)
+	case int:
+		return n
+	case float64:
+		return int(n)
+	}
+	return 0
+}
+
+func healthReason(reason string) bool {
+	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged
+}
+
+// healthNews says whether a report may change the volume, so that steady
+// heartbeats queue nothing.
+func healthNews(v *volume.Volume, d *saltvolumes.Device) bool {
+	st := v.Status
+	switch {
+	case waiting(v) || v.DeleteRequested:
+		return false
+	case st.Phase == volume.Failed:
+		return healthReason(st.Reason)
+	case st.Phase != volume.Available:
+		return false
+	case d == nil || d.State != "prepared":
+		return true
+	}
+	return d.DeviceName != st.DeviceName || d.DevicePath != st.DevicePath || d.Size != st.Size || d.InUse != st.InUse
+}
+
+// applyHealth moves a volume by what its node reports: storage lost,
+// detached or damaged fails it with a reason; healthy again brings it back.
+// Only Available volumes and volumes failed for such a reason are touched:
+// a job in flight or a deletion owns the volume's phase.
+func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
+	st := &v.Status
+	if o.node != v.Spec.Node || !healthNews(v, o.device) {
+		return unchanged
+	}
+	fail := func(reason, msg string) effect {
+		if st.Phase == volume.Failed && st.Reason == reason && st.Message == msg {
+			return unchanged
+		}
+		r.log.Warn("node reports the volume unhealthy", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", reason, "message", msg)
+		st.Phase, st.Reason, st.Message, st.Step = volume.Failed, reason, msg, ""
+		return changed
+	}
+	d := o.device
+	if d == nil {
+		if o.at.Sub(st.UpdatedAt) < absentGrace {
+			return unchanged
+		}
+		return fail(ReasonStorageLost, fmt.Sprintf("%s has no record of this volume any more (its state dir lost it): check the node; delete or forget the volume", v.Spec.Node))
+	}
+	switch d.State {
+	case "detached":
+		return fail(ReasonDetached, fmt.Sprintf("the loop device of %s was detached on %s (a reboot without restore?): run `salt %s salt_volumes.restore`", orElse(d.BackingFile, v.Spec.Name), v.Spec.Node, v.Spec.Node))
+	case "missing":
+		return fail(ReasonStorageLost, fmt.Sprintf("%s reports: %s", v.Spec.Node, d.Error))
+	case "damaged":
+		return fail(ReasonDamaged, fmt.Sprintf("%s reports: %s", v.Spec.Node, d.Error))
+	case "prepared":
+		if err := d.Check(&v.Spec); err != nil {
+			r.Metrics.Rejected.Device.Inc()
+			r.warn.Warn("health report with device info that does not describe the volume ignored", "volume", v.Spec.Name, "error", err)
+			return unchanged
+		}
+		if st.Phase == volume.Failed {
+			r.log.Info("node reports the volume healthy again", "volume", v.Spec.Name, "node", v.Spec.Node, "was", st.Reason)
+			st.Phase, st.Reason, st.Message = volume.Available, "", ""
+		}
+		st.ApplyDevice(d)
+		return changed
+	}
+	return unchanged // incomplete, orphan: a run in progress or not ours to judge
+}
+
+func orElse(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

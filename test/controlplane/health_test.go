@@ -1,0 +1,211 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+)
+
+// Short beacon timings: the defaults (10 s, 5 min) scaled down so that the
+// test sees several heartbeats.
+const (
+	beaconInterval  = 1 * time.Second
+	beaconHeartbeat = 5 * time.Second
+	// The overcommit ratio of the test minion: small, so that a refusal
+	// needs no large file on any disk.
+	testRatio = 0.001
+)
+
+// TestNodeHealth runs the salt_volumes beacon on a real minion: the node
+// pushes health, usage and capacity, and the control plane moves volumes
+// by it without running any state.
+func TestNodeHealth(t *testing.T) {
+	saltstack.Need(t)
+	s := saltstack.StartOpts(t, bin("salt-volume-exec"), saltstack.Options{
+		API:         true,
+		SaltVolumes: fmt.Sprintf("overcommit_ratio: %g", testRatio),
+		// saltutil.sync_all below gives the minion the module and the
+		// beacon, as an operator's highstate would.
+		MinionExtra: fmt.Sprintf(`beacons:
+  salt_volumes:
+    - interval: %[1]d
+    - heartbeat: %[2]d
+`, int(beaconInterval.Seconds()), int(beaconHeartbeat.Seconds())),
+	})
+	out, code := s.Salt("node-1", "saltutil.sync_all", "--out=json")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "beacons.salt_volumes", "the beacon was synced")
+	p := newPlane(t, s)
+	p.Start("")
+	ctx := context.Background()
+	deadline := beaconInterval + 5*time.Second
+
+	var errs string
+	out, errs, code = p.CLI("create", "hv1", "--node", "node-1", "--size", "64Mi", "--wait", "--timeout", "2m")
+	require.Equal(t, 0, code, "create: %s %s", out, errs)
+	var vol saltvolumes.View
+	t.Cleanup(func() {
+		// Whatever state the test left it in, the volume goes.
+		_, _ = s.Salt("node-1", "salt_volumes.restore")
+		_, _, _ = p.CLI("rm", "hv1", "--wait", "--timeout", "1m")
+	})
+
+	t.Run("usage and capacity reach the API, CLI and metrics", func(t *testing.T) {
+		waitFor(t, deadline, "hv1's usage in the API", func() bool {
+			v, err := p.Client().Get(ctx, "hv1")
+			require.NoError(t, err)
+			vol = v
+			return v.Usage != nil && v.Usage.State == "prepared"
+		})
+		require.Greater(t, vol.Usage.Allocated, int64(0), "a formatted sparse file takes some room")
+		require.Less(t, vol.Usage.Allocated, int64(64<<20), "but far less than its size")
+
+		out, errs, code := p.CLI("nodes", "-o", "json")
+		require.Equal(t, 0, code, errs)
+		var nodes struct{ Items []saltvolumes.Node }
+		require.NoError(t, json.Unmarshal([]byte(out), &nodes))
+		require.Len(t, nodes.Items, 1)
+		n := nodes.Items[0]
+		require.NotNil(t, n.Capacity, out)
+		require.Equal(t, int64(64<<20), n.Capacity.Committed, "committed is the sum of sparse sizes")
+		require.Greater(t, n.Capacity.Free, int64(0))
+		require.Greater(t, n.Capacity.Size, n.Capacity.Free)
+		require.Equal(t, testRatio, n.Capacity.OvercommitRatio)
+		require.False(t, n.Health.Silent)
+
+		table, _, code := p.CLI("nodes")
+		require.Equal(t, 0, code)
+		require.Contains(t, table, "COMMITTED")
+		require.Contains(t, table, "64.0MiB")
+
+		require.Equal(t, float64(vol.Usage.Allocated),
+			p.Metric(`salt_volumes_volume_allocated_bytes{volume="hv1",node="node-1"}`))
+		require.Equal(t, float64(64<<20), p.Metric(`salt_volumes_node_committed_bytes{node="node-1"}`))
+		require.Equal(t, 1.0, p.Metric(`salt_volumes_volume_healthy{volume="hv1",node="node-1"}`))
+	})
+
+	t.Run("an idle node fires no more than its heartbeats", func(t *testing.T) {
+		// Ten minutes of idle at the default 5 min heartbeat is 2 events;
+		// scaled to a 5 s heartbeat, 30 s of idle is 6 (7 with the edge).
+		const idle = 30 * time.Second
+		l := s.Listen()
+		evs, _ := l.Collect(idle, func(saltstack.Event) bool { return false })
+		var health []string
+		for _, ev := range evs {
+			if ev.Tag == "salt-volumes/node/node-1/health" {
+				inner, _ := ev.Data["data"].(map[string]any)
+				health = append(health, fmt.Sprint(inner["kind"]))
+			}
+		}
+		t.Logf("health events in %s of idle (heartbeat %s, interval %s): %d %v", idle, beaconHeartbeat, beaconInterval, len(health), health)
+		require.LessOrEqual(t, len(health), int(idle/beaconHeartbeat)+1, "more events than heartbeats: %v", health)
+		// Each heartbeat waits for the next beacon run past it, so a few
+		// seconds drift per period: fewer than half means they stopped.
+		require.GreaterOrEqual(t, len(health), int(idle/beaconHeartbeat)/2, "heartbeats missing: %v", health)
+		for _, k := range health {
+			require.Equal(t, "heartbeat", k)
+		}
+	})
+
+	t.Run("loop device detached out of band fails the volume, restore brings it back", func(t *testing.T) {
+		w := p.Watch("hv1")
+		start := time.Now()
+		out, err := exec.Command("losetup", "-d", vol.Status.DevicePath).CombinedOutput()
+		require.NoError(t, err, string(out))
+		evs := w.Until(t, deadline, phaseIs("Failed"))
+		last := evs[len(evs)-1].Volume
+		t.Logf("detached -> Failed in %s", time.Since(start).Round(time.Millisecond))
+		require.Equal(t, "Detached", last.Status.Reason)
+		require.Contains(t, last.Status.Message, "salt node-1 salt_volumes.restore")
+
+		restoredBefore := p.Metric(`salt_volumes_restores_total{result="reconstructed"}`)
+		out2, code := s.Salt("node-1", "salt_volumes.restore", "--out=json")
+		require.Equal(t, 0, code, out2)
+		evs = w.Until(t, deadline, phaseIs("Available"))
+		last = evs[len(evs)-1].Volume
+		require.Empty(t, last.Status.Reason)
+		require.FileExists(t, last.Status.PersistentPath)
+		waitFor(t, deadline, "the restore counted", func() bool {
+			return p.Metric(`salt_volumes_restores_total{result="reconstructed"}`) >= restoredBefore+1
+		})
+		v, err := p.Client().Get(ctx, "hv1")
+		require.NoError(t, err)
+		vol = v
+	})
+
+	t.Run("orphans are listed per node, never deleted", func(t *testing.T) {
+		orphan := filepath.Join(s.StateDir, "sparse", uuid.NewString())
+		require.NoError(t, os.WriteFile(orphan, nil, 0o600))
+		require.NoError(t, os.Truncate(orphan, 1<<20))
+		t.Cleanup(func() { os.Remove(orphan) })
+		waitFor(t, deadline, "the orphan in nodes", func() bool {
+			items, _, err := p.Client().Nodes(ctx)
+			require.NoError(t, err)
+			return len(items) == 1 && items[0].Health != nil && len(items[0].Health.Orphans) == 1 &&
+				items[0].Health.Orphans[0].BackingFile == orphan
+		})
+		require.FileExists(t, orphan)
+	})
+
+	t.Run("overcommit refused on the node, nothing written", func(t *testing.T) {
+		items, _, err := p.Client().Nodes(ctx)
+		require.NoError(t, err)
+		c := items[0].Capacity
+		limit := int64(testRatio * float64(c.Size))
+		size := (limit-c.Committed)/(1<<20) + 16 // MiB: just past the limit
+		w := p.Watch("hv2")
+		out, errs, code := p.CLI("create", "hv2", "--node", "node-1", "--size", fmt.Sprintf("%dMi", size))
+		require.Equal(t, 0, code, out+errs)
+		evs := w.Until(t, 2*time.Minute, phaseIs("Failed"))
+		last := evs[len(evs)-1].Volume
+		require.Equal(t, "PrepareFailed", last.Status.Reason)
+		require.Contains(t, last.Status.Message, "overcommit ratio")
+		require.NoFileExists(t, filepath.Join(s.StateDir, "sparse", last.Spec.UUID))
+		require.NoFileExists(t, filepath.Join(s.StateDir, "volumes", last.Spec.UUID+".json"))
+		_, _, code = p.CLI("rm", "hv2", "--forget")
+		require.Equal(t, 0, code)
+	})
+
+	t.Run("sparse file deleted: StorageLost", func(t *testing.T) {
+		w := p.Watch("hv1")
+		file := filepath.Join(s.StateDir, "sparse", vol.Spec.UUID)
+		dev := vol.Status.DeviceName
+		t.Cleanup(func() {
+			// The loop device keeps the deleted file open: it is ours to
+			// detach, and nobody else's.
+			b, _ := os.ReadFile("/sys/block/" + dev + "/loop/backing_file")
+			if strings.Contains(string(b), vol.Spec.UUID) {
+				_ = exec.Command("losetup", "-d", "/dev/"+dev).Run()
+			}
+		})
+		require.NoError(t, os.Remove(file))
+		evs := w.Until(t, deadline, phaseIs("Failed"))
+		last := evs[len(evs)-1].Volume
+		require.Equal(t, "StorageLost", last.Status.Reason)
+		require.Contains(t, last.Status.Message, "is gone")
+		require.Equal(t, 0.0, p.Metric(`salt_volumes_volume_healthy{volume="hv1",node="node-1"}`))
+	})
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	end := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %s", what, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
