@@ -303,3 +303,119 @@ def test_engine_stops_serve_when_it_is_stopped(monkeypatch, tmp_path):
         eng.start(binary=serve)
     assert procs[0].poll() is not None, "serve was stopped with the engine"
     assert procs[0].returncode == -15, "by SIGTERM"
+
+
+def test_overcommit_ratio_from_minion_config_and_restore_event(mod, tmp_path):
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
+        print(json.dumps({"id": "r1", "at": "2026-01-01T00:00:00Z", "restored": 1, "failed": 1,
+                          "volumes": [{"name": "v1", "uuid": "u1", "state": "prepared"},
+                                      {"name": "v2", "uuid": "u2", "state": "missing", "error": "gone"}],
+                          "orphans": [], "argv": args}))
+        sys.exit(1)
+    """)
+    mod.opts["overcommit_ratio"] = 1.5
+    with pytest.raises(CommandExecutionError) as exc:
+        mod.restore()
+    assert exc.value.result["argv"][:4] == ["--state-dir", mod.opts["state_dir"], "--overcommit-ratio", "1.5"]
+    # Reported even though a volume failed: that is what the operator needs.
+    (tag, data), = [e for e in mod.events if e[0].endswith("/restore")]
+    assert tag == "salt-volumes/node/node-1/restore"
+    assert data["id"] == "r1" and data["restored"] == 1 and data["failed"] == 1
+    assert data["volumes"][1] == {"name": "v2", "uuid": "u2", "state": "missing", "error": "gone"}
+
+
+@pytest.fixture
+def beacon(monkeypatch):
+    b = load("beacons")
+    fired = []
+    doc = {"volumes": [{"name": "v1", "uuid": "u1", "state": "prepared", "size": 1 << 30,
+                        "allocated": 10 << 20, "deviceName": "loop3", "changed": False, "warnings": []}],
+           "capacity": {"path": "/var/lib/salt-volumes/sparse", "size": 100 << 30, "free": 50 << 30,
+                        "committed": 1 << 30, "overcommitRatio": 1.0},
+           "lastRestore": None}
+    b.__salt__ = {"salt_volumes.status": lambda: json.loads(json.dumps(doc)),
+                  "salt_volumes.restore_summary": load("modules").restore_summary,
+                  "event.send": lambda tag, data: fired.append((tag, data))}
+    b.__grains__ = {"id": "node-1"}
+    b.__context__ = {}
+    clock = [1000.0]
+    monkeypatch.setattr(b.time, "time", lambda: clock[0])
+    b.fired, b.doc, b.clock = fired, doc, clock
+    return b
+
+
+def test_beacon_validate_names_the_option():
+    b = load("beacons")
+    assert b.validate([{"interval": 10}, {"heartbeat": 300}])[0] is True
+    ok, msg = b.validate([{"heartbeat": -1}])
+    assert not ok and "heartbeat" in msg
+    ok, msg = b.validate([{"interval": 60}, {"heartbeat": 30}])
+    assert not ok and "at least the interval" in msg
+    assert b.validate({"heartbeat": 1})[0] is False
+
+
+def test_beacon_fires_on_change_and_heartbeat_only(beacon):
+    cfg = [{"interval": 10}, {"heartbeat": 300}]
+    assert beacon.beacon(cfg) == []
+    tags = lambda: [(t, d["kind"]) for t, d in beacon.fired]
+    assert tags() == [("salt-volumes/node/node-1/health", "start")]
+    assert beacon.fired[0][1]["volumes"][0] == {"name": "v1", "uuid": "u1", "state": "prepared", "size": 1 << 30,
+                                                "allocated": 10 << 20, "deviceName": "loop3"}
+    # Idle, and usage moving less than 1 % of the size: nothing.
+    beacon.clock[0] += 10
+    beacon.doc["volumes"][0]["allocated"] += 1 << 20
+    beacon.doc["capacity"]["free"] -= 100 << 20
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 1
+    # Health changes fire at once.
+    beacon.clock[0] += 10
+    beacon.doc["volumes"][0]["state"] = "detached"
+    beacon.beacon(cfg)
+    assert tags()[-1] == ("salt-volumes/node/node-1/health", "change")
+    # Usage moving past 1 % fires.
+    beacon.clock[0] += 10
+    beacon.doc["volumes"][0]["allocated"] += 20 << 20
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 3
+    # Quiet until the heartbeat is due.
+    beacon.clock[0] += 290
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 3
+    beacon.clock[0] += 10
+    beacon.beacon(cfg)
+    assert tags()[-1] == ("salt-volumes/node/node-1/health", "heartbeat")
+
+
+def test_beacon_retries_a_failed_send_and_reports_errors(beacon):
+    def broken(tag, data):
+        raise RuntimeError("master unreachable")
+    send = beacon.__salt__["event.send"]
+    beacon.__salt__["event.send"] = broken
+    beacon.beacon([{"interval": 10}])
+    beacon.__salt__["event.send"] = send
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    assert [d["kind"] for _, d in beacon.fired] == ["start"]
+
+    def failing():
+        raise CommandExecutionError("state dir unreadable")
+    beacon.__salt__["salt_volumes.status"] = failing
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    assert beacon.fired[-1][1]["error"] == "state dir unreadable"
+
+
+def test_beacon_reports_a_restore_of_this_boot_once(beacon, monkeypatch):
+    monkeypatch.setattr(beacon, "_boot_time", lambda: 1_700_000_000)
+    beacon.doc["lastRestore"] = {"id": "old", "at": "2023-01-01T00:00:00.5Z", "restored": 2, "failed": 0, "volumes": []}
+    beacon.beacon([{"interval": 10}])
+    assert not [t for t, _ in beacon.fired if t.endswith("/restore")], "a restore from an earlier boot was told then"
+    beacon.doc["lastRestore"] = {"id": "new", "at": "2026-11-23T07:10:36.552128438Z", "restored": 2, "failed": 0,
+                                 "volumes": [{"name": "v1", "uuid": "u1", "state": "prepared", "size": 5}]}
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    restores = [d for t, d in beacon.fired if t == "salt-volumes/node/node-1/restore"]
+    assert len(restores) == 1
+    assert restores[0]["id"] == "new" and restores[0]["volumes"] == [{"name": "v1", "uuid": "u1", "state": "prepared"}]

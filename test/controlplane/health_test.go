@@ -35,18 +35,16 @@ func TestNodeHealth(t *testing.T) {
 	saltstack.Need(t)
 	s := saltstack.StartOpts(t, bin("salt-volume-exec"), saltstack.Options{
 		API:         true,
-		SaltVolumes: fmt.Sprintf("overcommit_ratio: %g", testRatio),
-		// saltutil.sync_all below gives the minion the module and the
-		// beacon, as an operator's highstate would.
-		MinionExtra: fmt.Sprintf(`beacons:
-  salt_volumes:
-    - interval: %[1]d
-    - heartbeat: %[2]d
-`, int(beaconInterval.Seconds()), int(beaconHeartbeat.Seconds())),
+		SaltVolumes: fmt.Sprintf("overcommit_ratio: %g\nbeacon_interval: %d\nbeacon_heartbeat: %d",
+			testRatio, int(beaconInterval.Seconds()), int(beaconHeartbeat.Seconds())),
 	})
-	out, code := s.Salt("node-1", "saltutil.sync_all", "--out=json")
+	// The formula's own state turns the beacon on, as salt_volumes.installed
+	// does for operators.
+	out, code := s.Salt("node-1", "state.apply", "salt_volumes.beacon", "--out=json")
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, "beacons.salt_volumes", "the beacon was synced")
+	out, code = s.Salt("node-1", "beacons.list", "return_yaml=False", "--out=json")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"heartbeat": 5`, "the beacon is configured")
 	p := newPlane(t, s)
 	p.Start("")
 	ctx := context.Background()

@@ -1,6 +1,9 @@
 {#- Installs salt-volume-exec, the tools it runs, the state dir and the
     boot-time restore unit. Put the binary at salt://salt_volumes/files/
     (make salt-files does it). #}
+include:
+  - salt_volumes.beacon
+
 {#- From the minion config only, like the module: never from pillar. #}
 {%- set conf = opts.get('salt_volumes') or {} %}
 {%- set exec_path = conf.get('exec_path') or '/usr/local/bin/salt-volume-exec' %}

@@ -1,0 +1,61 @@
+package health
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+)
+
+func report(at time.Time, alloc int64, vols ...saltvolumes.Device) *Report {
+	v := append([]saltvolumes.Device{{UUID: "u1", State: "prepared", Size: 1 << 30, Allocated: alloc}}, vols...)
+	return &Report{Node: "n1", Kind: "change", Interval: 10 * time.Second, Heartbeat: 5 * time.Minute, Volumes: v, Received: at,
+		Capacity: &saltvolumes.Capacity{Size: 100, Free: 40, Committed: 50, OvercommitRatio: 1}}
+}
+
+func TestSilentAfterThreeHeartbeats(t *testing.T) {
+	g := New()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	g.Record(report(t0, 1, saltvolumes.Device{UUID: "o1", State: "orphan", BackingFile: "/x/o1"}))
+	g.Now = func() time.Time { return t0.Add(15 * time.Minute) }
+	c, h := g.NodeView("n1")
+	require.NotNil(t, c)
+	assert.EqualValues(t, 50, c.Committed)
+	assert.False(t, h.Silent, "three heartbeats plus an interval is not silent yet")
+	require.Len(t, h.Orphans, 1)
+	assert.Equal(t, "/x/o1", h.Orphans[0].BackingFile)
+	g.Now = func() time.Time { return t0.Add(15*time.Minute + 11*time.Second) }
+	_, h = g.NodeView("n1")
+	assert.True(t, h.Silent)
+	assert.Equal(t, "absent", g.Usage("n1", "o1").State, "an orphan is not the volume of that uuid")
+}
+
+func TestHistoryKeepsADay(t *testing.T) {
+	g := New()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 3000 {
+		g.Record(report(t0.Add(time.Duration(i)*time.Minute), int64(i)))
+	}
+	end := t0.Add(2999 * time.Minute)
+	h := g.History("u1", time.Time{})
+	require.LessOrEqual(t, len(h), MaxSamples)
+	assert.Equal(t, int64(2999), h[len(h)-1].Allocated)
+	assert.False(t, h[0].At.Before(end.Add(-HistoryWindow)), "nothing older than a day")
+	// Steady values within a minute are one sample.
+	g.Record(report(end.Add(time.Second), 2999))
+	assert.Len(t, g.History("u1", end), 1)
+	g.Forget("u1")
+	assert.Empty(t, g.History("u1", time.Time{}))
+}
+
+func TestParseNeedsTimings(t *testing.T) {
+	_, err := Parse("n1", map[string]any{"kind": "start", "volumes": []any{}}, time.Now())
+	require.ErrorContains(t, err, "interval and heartbeat")
+	r, err := Parse("n1", map[string]any{"kind": "start", "interval": 10, "heartbeat": 300.0, "volumes": []any{map[string]any{"uuid": "u1", "state": "detached"}}}, time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Minute, r.Heartbeat)
+	assert.Equal(t, "detached", r.Find("u1").State)
+}
