@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build e2e-bin demo test lint unit pytest bench load fuzz install salt-files clean \
+.PHONY: all setup build e2e-bin demo test lint unit pytest promtool bench load fuzz install salt-files clean \
         vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -35,10 +35,17 @@ demo: setup build
 
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.
-test: setup lint pytest vagrant-validate
+test: setup lint pytest vagrant-validate promtool
 	@rm -f test-results/adversarial.txt
 	$(GO) test -count=1 -timeout 15m ./...
 	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
+
+# The alert rules shipped in deploy/monitoring, checked by Prometheus's own
+# promtool (setup extracts it from Debian's package; skipped without it).
+PROMTOOL ?= $(shell command -v promtool || ls $${SALT_VOLUMES_CACHE:-/var/cache/salt-volumes}/prometheus/usr/bin/promtool 2>/dev/null)
+promtool:
+	@if [ -n "$(PROMTOOL)" ]; then $(PROMTOOL) check rules deploy/monitoring/alerts.yaml; \
+	else echo "promtool: not available, deploy/monitoring/alerts.yaml not checked"; fi
 
 # Fuzz targets, FUZZTIME each (outside make test). New inputs the fuzzer
 # finds stay in Go's cache; crashers land in the package's testdata/fuzz.

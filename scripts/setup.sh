@@ -41,3 +41,21 @@ fi
 # DEMO_ARGS=--kubernetes` run against: built from the Go module proxy once,
 # cached outside the repository (scripts/kube-tools.sh).
 scripts/kube-tools.sh >/dev/null
+
+# promtool checks the alert rules in deploy/monitoring (make test). Only the
+# tool is taken out of Debian's prometheus package: installing the package
+# would start a Prometheus server listening on every interface.
+promdir="${SALT_VOLUMES_CACHE:-/var/cache/salt-volumes}/prometheus"
+if ! command -v promtool >/dev/null && [ ! -x "$promdir/usr/bin/promtool" ]; then
+  if [ "$(id -u)" -eq 0 ] && apt-cache show prometheus >/dev/null 2>&1; then
+    echo "setup: extracting promtool from Debian's prometheus package into $promdir"
+    tmp=$(mktemp -d)
+    if (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1); then
+      mkdir -p "$promdir"
+      dpkg-deb -x "$tmp"/prometheus_*.deb "$promdir"
+    else
+      echo "setup: could not download the prometheus package; the alert rules will not be checked" >&2
+    fi
+    rm -rf "$tmp"
+  fi
+fi

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -288,4 +290,32 @@ func TestLimits(t *testing.T) {
 		defer second.Body.Close()
 		assert.Equal(t, 503, second.StatusCode)
 	})
+}
+
+// The dashboard and alert rules shipped in deploy/monitoring use only
+// metrics the server exports.
+func TestMonitoringUsesExportedMetrics(t *testing.T) {
+	ts, _ := newServer(t)
+	req, _ := http.NewRequest("GET", ts.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	exported := string(b)
+	name := regexp.MustCompile(`salt_volumes_[a-z_]+`)
+	for _, f := range []string{"alerts.yaml", "grafana-dashboard.json"} {
+		src, err := os.ReadFile(filepath.Join("..", "..", "deploy", "monitoring", f))
+		require.NoError(t, err)
+		used := name.FindAllString(string(src), -1)
+		require.NotEmpty(t, used, f)
+		for _, m := range used {
+			base := strings.TrimSuffix(m, "_bucket")
+			assert.Contains(t, exported, "# HELP "+base+" ", "%s uses %s", f, m)
+		}
+		if strings.HasSuffix(f, ".json") {
+			var dash map[string]any
+			require.NoError(t, json.Unmarshal(src, &dash), f)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package nodeexec
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -215,4 +216,46 @@ func TestOvercommitWarns(t *testing.T) {
 	require.NotEmpty(t, r.Out["warnings"])
 	assert.Contains(t, r.Out["warnings"].([]any)[0], "more than the free space")
 	n.ok("unprepare", spec)
+}
+
+// The node refuses a sparse volume that would commit more than its
+// overcommit ratio allows, changes nothing doing so, and never refuses a
+// rerun of a volume it already admitted.
+func TestOvercommitRatioRefuses(t *testing.T) {
+	n := newNode(t)
+	var st syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(filepath.Dir(n.dir), &st))
+	total := int64(st.Blocks) * st.Bsize
+	ratio := strconv.FormatFloat(float64(100<<20)/float64(total), 'g', -1, 64) // a 100 MiB limit
+	env := []string{"SALT_VOLUMES_OVERCOMMIT_RATIO=" + ratio}
+	prep := func(spec map[string]any) run {
+		b, _ := json.Marshal(spec)
+		return n.exec(env, string(b), "prepare", "--spec", "-")
+	}
+	first := sparseSpec("first", n.newUUID(), "64Mi", nil)
+	r := prep(first)
+	require.Equal(t, 0, r.Code, r.Stdout)
+
+	second := sparseSpec("second", n.newUUID(), "64Mi", nil)
+	r = prep(second)
+	assert.Equal(t, 3, r.Code, "refused to protect the node: %s", r.Stdout)
+	assert.Equal(t, "overcommit", r.errCode())
+	assert.Contains(t, r.errMsg(), "sparseLoopDevice.size")
+	assert.Contains(t, r.errMsg(), "salt_volumes:overcommit_ratio")
+	assert.NoFileExists(t, filepath.Join(n.dir, "sparse", second["uuid"].(string)))
+	assert.NoFileExists(t, filepath.Join(n.dir, "volumes", second["uuid"].(string)+".json"))
+
+	r = prep(first)
+	assert.Equal(t, 0, r.Code, "a rerun is not a new commitment: %s", r.Stdout)
+
+	r = n.exec(env, "", "list")
+	require.Equal(t, 0, r.Code)
+	c := r.Out["capacity"].(map[string]any)
+	assert.Equal(t, float64(64<<20), c["committed"])
+	assert.Equal(t, float64(total), c["size"])
+
+	r = n.exec([]string{"SALT_VOLUMES_OVERCOMMIT_RATIO=-1"}, "", "list")
+	assert.Equal(t, 2, r.Code)
+	assert.Contains(t, r.errMsg(), "--overcommit-ratio")
+	n.ok("unprepare", first)
 }
