@@ -177,3 +177,23 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Message }
+
+// Job is one state run the control plane started for a volume, with the
+// steps its node reported and when (kept in memory, the last few per
+// volume).
+type Job struct {
+	JID      string    `json:"jid"`
+	SLS      string    `json:"sls"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished,omitempty"`
+	// Result is running, succeeded, failed, retried or timed out.
+	Result  string    `json:"result"`
+	Message string    `json:"message,omitempty"`
+	Steps   []JobStep `json:"steps"`
+}
+
+// JobStep is one progress step of a job.
+type JobStep struct {
+	Name string    `json:"name"`
+	At   time.Time `json:"at"`
+}

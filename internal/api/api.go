@@ -95,6 +95,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/volumes", s.auth(s.list))
 	mux.Handle("GET /api/v1/volumes/{name}", s.auth(s.get))
 	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(s.usage))
+	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(s.jobs))
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(s.delete))
 	mux.Handle("GET /api/v1/watch", s.authQuery(s.watch))
 	mux.Handle("GET /api/v1/nodes", s.auth(s.nodes))
@@ -321,6 +322,16 @@ func (s *Server) view(v *volume.Volume) saltvolumes.View {
 	out := v.View()
 	out.Usage = s.Reconciler.Nodes.Usage(v.Spec.Node, v.Spec.UUID)
 	return out
+}
+
+// jobs lists the volume's last state runs with their step timings.
+func (s *Server) jobs(w http.ResponseWriter, r *http.Request) {
+	v, err := s.Store.Get(r.PathValue("name"))
+	if err != nil {
+		notFound(w, r.PathValue("name"))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": s.Reconciler.Jobs(v.Spec.Name)})
 }
 
 // usage is a volume's usage history: ?since=<duration> (default and at

@@ -173,7 +173,8 @@ type Reconciler struct {
 	backoff        map[string]time.Duration
 	lookupRetry    bool
 
-	cache *jobCache
+	cache  *jobCache
+	jobLog jobLog
 	// warn logs what could repeat without end (forged events, salt-api
 	// down) at most once a minute per message.
 	warn *rateLog
@@ -515,6 +516,7 @@ func (r *Reconciler) remove(ctx context.Context, v *volume.Volume) {
 	delete(r.backoff, name)
 	r.mu.Unlock()
 	r.Nodes.Forget(v.Spec.UUID)
+	r.jobLog.forget(name)
 	r.log.Info("volume deleted", "volume", name, "node", v.Spec.Node)
 	r.Hub.Publish(Deleted, v)
 }
@@ -574,6 +576,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 			return unchanged
 		}
 		st.Step = o.step
+		r.jobLog.step(v.Spec.Name, st.JobID, o.step, time.Now().UTC())
 		return changed
 	case obsDelete:
 		if o.forget {
@@ -625,6 +628,14 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 	if !st.JobStartedAt.IsZero() {
 		r.Metrics.JobLatency.Observe(time.Since(st.JobStartedAt).Seconds())
 	}
+	result := "succeeded"
+	switch {
+	case out.Retryable:
+		result = "retried"
+	case !out.OK:
+		result = "failed"
+	}
+	r.jobLog.ended(name, st.JobID, result, out.Message, time.Now().UTC())
 	if out.Retryable {
 		// The run did not happen: another state run held the minion.
 		st.JobID, st.Reason, st.Message = "", ReasonRetrying, out.Message
@@ -780,6 +791,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	r.log.Info("state run started", "volume", name, "node", v.Spec.Node, "sls", sls, "job", job.JID)
 	st.Phase, st.JobID, st.JobStartedAt = phase, job.JID, time.Now().UTC()
 	st.Reason, st.Message = "", ""
+	r.jobLog.started(name, job.JID, sls, st.JobStartedAt)
 	r.registerJob(job.JID, name)
 	r.q.addAfter(name, r.opt.JobTimeout)
 	return true
@@ -808,6 +820,7 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 	}
 	r.Metrics.JobsTimedOut.Inc()
 	r.forgetJob(st.JobID)
+	r.jobLog.ended(v.Spec.Name, st.JobID, "timed out", "", time.Now().UTC())
 	st.Reason = ReasonJobTimeout
 	st.Message = fmt.Sprintf("no return from %s for job %s within %s: is the minion up? (salt-run jobs.lookup_jid %s)", v.Spec.Node, st.JobID, r.opt.JobTimeout, st.JobID)
 	if st.Phase == volume.Terminating {

@@ -236,6 +236,14 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, volume.Available, got.Status.Phase, "the store holds what watchers saw")
 	assert.EqualValues(t, 1, g.r.Metrics.JobLatency.Count())
+	jobs := g.r.Jobs("data-1")
+	require.Len(t, jobs, 1, "the job log keeps the run with its steps")
+	assert.Equal(t, v.Status.JobID, jobs[0].JID)
+	assert.Equal(t, SLSPrepared, jobs[0].SLS)
+	assert.Equal(t, "succeeded", jobs[0].Result)
+	require.Len(t, jobs[0].Steps, 1)
+	assert.Equal(t, "attached", jobs[0].Steps[0].Name)
+	assert.False(t, jobs[0].Finished.Before(jobs[0].Steps[0].At))
 }
 
 func TestFailedReturnCarriesSaltsMessage(t *testing.T) {

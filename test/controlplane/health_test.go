@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
@@ -34,7 +36,7 @@ const (
 func TestNodeHealth(t *testing.T) {
 	saltstack.Need(t)
 	s := saltstack.StartOpts(t, bin("salt-volume-exec"), saltstack.Options{
-		API:         true,
+		API: true,
 		SaltVolumes: fmt.Sprintf("overcommit_ratio: %g\nbeacon_interval: %d\nbeacon_heartbeat: %d",
 			testRatio, int(beaconInterval.Seconds()), int(beaconHeartbeat.Seconds())),
 	})
@@ -143,6 +145,40 @@ func TestNodeHealth(t *testing.T) {
 		vol = v
 	})
 
+	t.Run("web UI: capacity bar, detail page with usage chart and job steps", func(t *testing.T) {
+		b := newBrowser(t, p)
+		b.login()
+		b.do(chromedp.WaitVisible(`#nodes tr[data-node="node-1"] svg.capbar`))
+		bar := b.attr(`#nodes tr[data-node="node-1"] svg.capbar`, "aria-label")
+		assert.Contains(t, bar, "committed 64Mi of ")
+		assert.Contains(t, b.text(`#nodes tr[data-node="node-1"] td.beacon`), "reported")
+		b.shot("nodes-capacity")
+
+		b.do(chromedp.Navigate(p.URL+"/#/volume/hv1"),
+			chromedp.WaitVisible(`#volume-view`),
+			chromedp.WaitVisible(`#vol-chart svg.usage-chart path.line-allocated`),
+			chromedp.WaitVisible(`#vol-jobs tbody tr`))
+		assert.Equal(t, "Available", b.text("#vol-phase"))
+		assert.Contains(t, b.text("#vol-spec"), vol.Spec.UUID)
+		assert.Contains(t, b.text("#vol-usage"), "prepared")
+		d := b.attr(`#vol-chart path.line-allocated`, "d")
+		assert.Regexp(t, `^M[\d.]+,[\d.]+`, d, "the chart draws the reported samples")
+		assert.Contains(t, b.attr(`#vol-chart svg`, "aria-label"), "reports")
+		// The create job, with the steps the node reported and their times.
+		assert.Contains(t, b.text(`#vol-jobs tbody tr:last-child .job-result`), "succeeded")
+		steps := b.text(`#vol-jobs tbody tr:last-child .job-steps`)
+		assert.Regexp(t, `formatted \+\d+\.\d\d`, steps)
+		assert.Regexp(t, `attached \+\d+\.\d\d`, steps)
+		disabled, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](`document.querySelector('#vol-delete').disabled`))
+		require.NoError(t, err)
+		assert.False(t, disabled, "an Available volume can be deleted")
+		hidden, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](`document.querySelector('#vol-forget').hidden`))
+		require.NoError(t, err)
+		assert.True(t, hidden, "forget is only for Failed volumes")
+		b.shot("volume-detail")
+		b.noConsoleErrors()
+	})
+
 	t.Run("orphans are listed per node, never deleted", func(t *testing.T) {
 		orphan := filepath.Join(s.StateDir, "sparse", uuid.NewString())
 		require.NoError(t, os.WriteFile(orphan, nil, 0o600))
@@ -194,6 +230,21 @@ func TestNodeHealth(t *testing.T) {
 		require.Equal(t, "StorageLost", last.Status.Reason)
 		require.Contains(t, last.Status.Message, "is gone")
 		require.Equal(t, 0.0, p.Metric(`salt_volumes_volume_healthy{volume="hv1",node="node-1"}`))
+
+		// The operator forgets it from the detail page, after confirming.
+		b := newBrowser(t, p)
+		b.login()
+		b.do(chromedp.Navigate(p.URL+"/#/volume/hv1"),
+			chromedp.WaitVisible(`#vol-forget`),
+			chromedp.Click(`#vol-forget`),
+			chromedp.WaitVisible(`#confirm`))
+		assert.Contains(t, b.text("#confirm-text"), "Nothing runs on node node-1")
+		assert.Equal(t, "Forget", b.text("#confirm-ok"))
+		b.do(chromedp.Click("#confirm-ok"))
+		isDeleted := func(ev saltvolumes.Event) bool { return ev.Type == "DELETED" }
+		w.Until(t, 10*time.Second, isDeleted)
+		b.do(chromedp.WaitVisible(`#vol-reason`))
+		b.noConsoleErrors()
 	})
 }
 

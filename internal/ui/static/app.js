@@ -63,7 +63,16 @@ function el(tag, attrs, ...children) {
 }
 
 function show(id) {
-  for (const s of ["#login", "#nodes-view", "#node-view"]) $(s).hidden = s !== id;
+  for (const s of ["#login", "#nodes-view", "#node-view", "#volume-view"]) $(s).hidden = s !== id;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) if (c !== null && c !== undefined) e.append(c);
+  return e;
 }
 
 // ---- watch stream ---------------------------------------------------------
@@ -80,6 +89,7 @@ function connect() {
     if (!synced) { fresh.set(v.spec.name, v); return; }
     if (type === "DELETED") state.volumes.delete(v.spec.name);
     else state.volumes.set(v.spec.name, v);
+    if (state.volume === v.spec.name) refreshDetail();
     render();
   };
   es.addEventListener("ADDED", apply("ADDED"));
@@ -105,9 +115,34 @@ function connect() {
 function route() {
   if (!state.token) { show("#login"); $("#token").focus(); return; }
   const m = /^#\/node\/(.+)$/.exec(location.hash);
-  if (m) { state.node = decodeURIComponent(m[1]); show("#node-view"); }
+  const mv = /^#\/volume\/(.+)$/.exec(location.hash);
+  state.volume = null;
+  if (mv) {
+    state.node = undefined;
+    state.volume = decodeURIComponent(mv[1]);
+    state.detail = { usage: null, samples: [], jobs: [] };
+    show("#volume-view");
+    refreshDetail();
+  } else if (m) { state.node = decodeURIComponent(m[1]); show("#node-view"); }
   else { state.node = null; show("#nodes-view"); loadNodes(); }
   render();
+}
+
+// refreshDetail reloads the detail page's usage history and jobs, at most
+// once per half second however many watch events arrive.
+function refreshDetail() {
+  if (state.detailTimer) return;
+  state.detailTimer = setTimeout(async () => {
+    state.detailTimer = null;
+    const name = state.volume;
+    if (!name) return;
+    const enc = encodeURIComponent(name);
+    const [u, j] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs")]);
+    if (u.status === 401) return logout("The token was refused.");
+    if (name !== state.volume) return;
+    state.detail = { usage: u.ok ? u.data.current : null, samples: u.ok ? u.data.samples : [], jobs: j.ok ? j.data.items : [] };
+    render();
+  }, 300);
 }
 
 async function loadNodes() {
@@ -121,12 +156,38 @@ async function loadNodes() {
 }
 
 function render() {
-  if (state.node === null) renderNodes(); else renderVolumes();
+  if (state.volume) renderDetail();
+  else if (state.node === null) renderNodes();
+  else if (state.node !== undefined) renderVolumes();
+}
+
+// capBar draws a node's sparse capacity: the filesystem's size, what is
+// used on it, and what the sparse volumes have committed (outlined; red
+// past the overcommit limit).
+function capBar(c) {
+  const W = 160, H = 14;
+  const full = Math.max(c.size, c.committed, 1);
+  const x = (n) => Math.max(0, Math.min(W, (n / full) * W));
+  const over = c.committed > c.overcommitRatio * c.size;
+  const label = `committed ${formatSize(c.committed) || "0"} of ${formatSize(c.size)}, ${formatSize(c.free)} free` +
+    (over ? ", past the overcommit limit" : "");
+  const bar = svg("svg", { class: "capbar", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label },
+    svg("rect", { class: "cap-size", x: 0, y: 0, width: x(c.size), height: H }),
+    svg("rect", { class: "cap-used", x: 0, y: 3, width: x(c.size - c.free), height: H - 6 }),
+    svg("rect", { class: over ? "cap-over" : "cap-committed", x: 1, y: 1, width: Math.max(0, x(c.committed) - 2), height: H - 2 }));
+  return el("span", {}, bar, el("span", { class: "caption", text: label }));
+}
+
+function beaconText(h) {
+  if (!h || !h.lastReport || h.lastReport.startsWith("0001")) return el("span", { text: "no reports" });
+  if (h.silent) return el("span", { class: "silent", text: "silent since " + age(h.lastReport) });
+  if (h.error) return el("span", { class: "silent", text: "error: " + h.error });
+  return el("span", { text: "reported " + age(h.lastReport) + " ago" });
 }
 
 function renderNodes() {
   const byNode = new Map();
-  for (const n of state.nodes) byNode.set(n.name, { name: n.name, up: n.up, phases: {} });
+  for (const n of state.nodes) byNode.set(n.name, { name: n.name, up: n.up, phases: {}, capacity: n.capacity, health: n.health });
   for (const v of state.volumes.values()) {
     const n = byNode.get(v.spec.node) || { name: v.spec.node, up: false, phases: {} };
     n.phases[v.status.phase] = (n.phases[v.status.phase] || 0) + 1;
@@ -140,6 +201,10 @@ function renderNodes() {
     tbody.append(el("tr", { "data-node": n.name },
       el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(n.name), text: n.name })),
       el("td", { text: n.up ? "up" : "not responding" }),
+      el("td", { class: "beacon" }, beaconText(n.health)),
+      el("td", { class: "capacity" }, n.capacity ? capBar(n.capacity) : "-"),
+      el("td", { class: "orphans", title: n.health && n.health.orphans ? n.health.orphans.map((o) => o.backingFile || o.uuid).join("\n") : "" },
+        String(n.health && n.health.orphans ? n.health.orphans.length : 0)),
       el("td", { text: String(count) }),
       el("td", { text: phases || "-" })));
   }
@@ -195,7 +260,7 @@ function renderVolumes() {
     const actions = el("td", {}, del);
     if (!r.v.deletable) actions.append(el("span", { class: "reason", id: "why-" + r.name, text: r.v.deleteBlockedReason }));
     tbody.append(el("tr", { "data-volume": r.name, "data-phase": r.phase },
-      el("td", { text: r.name }), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
+      el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
       el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
       el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt) }),
       actions));
@@ -207,25 +272,151 @@ function renderVolumes() {
   }
 }
 
+// ---- volume detail ----------------------------------------------------------
+
+function dl(target, rows) {
+  target.replaceChildren();
+  for (const [k, v] of rows) {
+    if (v === undefined || v === null || v === "") continue;
+    target.append(el("dt", { text: k }), el("dd", { text: String(v) }));
+  }
+}
+
+function renderDetail() {
+  const name = state.volume;
+  const v = state.volumes.get(name);
+  $("#vol-name").textContent = name;
+  const node = v ? v.spec.node : "";
+  $("#back-to-node").setAttribute("href", node ? "#/node/" + encodeURIComponent(node) : "#/");
+  $("#back-to-node").textContent = node ? "\u2190 node " + node : "\u2190 nodes";
+  if (!v) {
+    $("#vol-phase").textContent = "";
+    $("#vol-reason").textContent = state.volumes.size ? "This volume does not exist (any more)." : "";
+    for (const b of ["#vol-delete", "#vol-wipe", "#vol-forget"]) $(b).hidden = true;
+    return;
+  }
+  const s = v.status, sp = v.spec;
+  $("#vol-phase").textContent = s.phase;
+  $("#vol-phase").className = "phase phase-" + s.phase;
+  $("#vol-reason").textContent = s.message ? (s.reason ? s.reason + ": " : "") + s.message : "";
+  const del = $("#vol-delete");
+  del.hidden = false;
+  del.disabled = !v.deletable;
+  del.title = v.deletable ? "Delete " + name : v.deleteBlockedReason;
+  $("#vol-blocked").textContent = v.deletable ? "" : v.deleteBlockedReason;
+  $("#vol-wipe").hidden = !sp.rawBlockDevice;
+  $("#vol-wipe").disabled = !v.deletable;
+  $("#vol-forget").hidden = s.phase !== "Failed";
+  dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
+    ["Kind", sp.sparseLoopDevice ? "sparse file" : "raw device " + sp.rawBlockDevice.devicePath],
+    ["Size", sp.sparseLoopDevice ? String(sp.sparseLoopDevice.size) : ""], ["Mode", sp.mode], ["Filesystem", sp.fsType],
+    ["mkfs options", (sp.mkfsOptions || []).join(" ")], ["Created", v.createdAt], ["Origin", v.origin],
+    ["Claim", v.claim ? v.claim.namespace + "/" + v.claim.name + " (" + v.claim.storageClass + ", " + v.claim.reclaimPolicy + ")" : ""]]);
+  dl($("#vol-status"), [["Phase", s.phase], ["Reason", s.reason], ["Step", s.step], ["Device", s.devicePath],
+    ["Persistent path", s.persistentPath], ["Device size", s.size ? formatSize(s.size) : ""], ["In use", s.inUse ? "yes" : ""],
+    ["Job", s.jobId], ["Updated", s.updatedAt]]);
+  const u = state.detail.usage;
+  dl($("#vol-usage"), u ? [["State", u.state], ["Allocated", u.allocated ? formatSize(u.allocated) : ""],
+    ["Filesystem used", u.fsUsed ? formatSize(u.fsUsed) : ""], ["Filesystem free", u.fsFree ? formatSize(u.fsFree) : ""],
+    ["Mounted at", (u.mountpoints || []).join(", ")], ["Node says", u.error], ["Reported", u.reportedAt]]
+    : [["State", "not reported yet"]]);
+  $("#vol-pv-card").hidden = !s.persistentVolume;
+  if (s.persistentVolume) {
+    const pv = s.persistentVolume;
+    dl($("#vol-pv"), [["Name", pv.name], ["Phase", pv.phase], ["Claim", pv.claim], ["Terminating", pv.terminating ? "yes" : ""]]);
+  }
+  renderChart(v);
+  renderJobs();
+}
+
+function renderChart(v) {
+  const samples = state.detail.samples || [];
+  const box = $("#vol-chart");
+  $("#vol-chart-empty").hidden = samples.length > 0;
+  if (!samples.length) { box.replaceChildren(); return; }
+  const W = 640, H = 220, L = 64, R = 12, T = 12, B = 30;
+  // The last 24 hours, or less when the volume is younger: a new volume's
+  // first minutes would be a sliver at the right edge.
+  const now = Date.now();
+  const first = Date.parse(samples[0].at);
+  const span = Math.min(24 * 3600e3, Math.max(10 * 60e3, (now - first) * 1.1));
+  const from = now - span;
+  const ago = (ms) => ms >= 3600e3 ? "-" + +(ms / 3600e3).toFixed(1) + "h" : "-" + Math.round(ms / 60e3) + "m";
+  const size = v.status.size || parseSize(String(v.spec.sparseLoopDevice ? v.spec.sparseLoopDevice.size : "")) || 0;
+  const top = Math.max(size, ...samples.map((p) => Math.max(p.allocated, p.fsUsed || 0)), 1);
+  const x = (t) => L + ((t - from) / (now - from)) * (W - L - R);
+  const y = (b) => T + (1 - b / top) * (H - T - B);
+  const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", class: "usage-chart",
+    "aria-label": `Usage of ${v.spec.name} over the last ${ago(span).slice(1)}: ${samples.length} reports, allocated now ${formatSize(samples[samples.length - 1].allocated) || "0"} of ${formatSize(top)}` });
+  for (const f of [0, 0.25, 0.5, 0.75, 1]) {
+    g.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(top * f), y2: y(top * f) }),
+      svg("text", { x: L - 6, y: y(top * f) + 4, "text-anchor": "end" }, formatSize(Math.round(top * f)) || "0"));
+  }
+  for (const f of [1, 0.75, 0.5, 0.25, 0]) {
+    g.append(svg("text", { x: x(now - f * span), y: H - 10, "text-anchor": "middle" }, f ? ago(f * span) : "now"));
+  }
+  g.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+  // Step lines: a value holds until the next report.
+  const path = (key) => {
+    let d = "";
+    samples.forEach((p, i) => {
+      const px = x(Math.max(from, Date.parse(p.at))), py = y(p[key] || 0);
+      d += i === 0 ? `M${px},${py}` : `H${px}V${py}`;
+    });
+    return d + `H${x(now)}`;
+  };
+  g.append(svg("path", { class: "line-allocated", d: path("allocated") }));
+  if (samples.some((p) => p.fsUsed)) g.append(svg("path", { class: "line-fsused", d: path("fsUsed") }));
+  g.append(svg("text", { x: L + 8, y: T + 12 }, "allocated (solid)" + (samples.some((p) => p.fsUsed) ? ", filesystem used (dashed)" : "")));
+  box.replaceChildren(g);
+}
+
+function renderJobs() {
+  const tbody = $("#vol-jobs tbody");
+  tbody.replaceChildren();
+  const jobs = [...(state.detail.jobs || [])].reverse();
+  $("#vol-jobs-empty").hidden = jobs.length > 0;
+  for (const j of jobs) {
+    const t0 = Date.parse(j.started);
+    const secs = (iso) => ((Date.parse(iso) - t0) / 1000).toFixed(2);
+    const steps = j.steps.map((st) => `${st.name} +${secs(st.at)}`).join(", ");
+    const done = j.finished && !j.finished.startsWith("0001") ? ` (+${secs(j.finished)})` : "";
+    tbody.append(el("tr", { "data-jid": j.jid },
+      el("td", {}, el("code", { text: j.jid })), el("td", { text: j.sls }), el("td", { text: new Date(t0).toLocaleString() }),
+      el("td", { class: "job-result", text: j.result + done, title: j.message || "" }), el("td", { class: "job-steps", text: steps || "-" })));
+  }
+}
+
 // ---- delete ---------------------------------------------------------------
 
-function confirmDelete(v) {
+// confirmAction asks before a destructive action: delete, delete and wipe
+// (raw devices), or forget (Failed volumes whose node is gone).
+function confirmAction(v, how) {
   const dlg = $("#confirm");
-  $("#confirm-text").textContent = `Delete volume ${v.spec.name} on node ${v.spec.node}? ` +
-    (v.spec.sparseLoopDevice ? "Its sparse file and all data in it are removed." : "The device is released; its data stays unless wiped.");
+  const texts = {
+    delete: `Delete volume ${v.spec.name} on node ${v.spec.node}? ` +
+      (v.spec.sparseLoopDevice ? "Its sparse file and all data in it are removed." : "The device is released; its data stays unless wiped."),
+    wipe: `Delete volume ${v.spec.name} and wipe its signatures on ${v.spec.rawBlockDevice ? v.spec.rawBlockDevice.devicePath : "its device"} (node ${v.spec.node})? The data on it becomes unreachable.`,
+    forget: `Forget volume ${v.spec.name}? Nothing runs on node ${v.spec.node}: whatever is there stays, and a later salt_volumes run there adopts it again.`,
+  };
+  $("#confirm-text").textContent = texts[how];
+  $("#confirm-ok").textContent = { delete: "Delete", wipe: "Delete and wipe", forget: "Forget" }[how];
   dlg.returnValue = "";
   dlg.onclose = async () => {
     if (dlg.returnValue !== "ok") return;
-    const r = await api("DELETE", "/api/v1/volumes/" + encodeURIComponent(v.spec.name));
+    const q = how === "wipe" ? "?wipe=true" : how === "forget" ? "?forget=true" : "";
+    const r = await api("DELETE", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + q);
     if (!r.ok) alertError(r);
   };
   dlg.showModal();
   $("#confirm-cancel").focus();
 }
 
+function confirmDelete(v) { confirmAction(v, "delete"); }
+
 function alertError(r) {
   const msg = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status;
-  $("#create-error").textContent = msg;
+  $(state.volume ? "#vol-error" : "#create-error").textContent = msg;
 }
 
 // ---- create ---------------------------------------------------------------
@@ -336,9 +527,20 @@ function init() {
   $("#cancel-create").addEventListener("click", () => { $("#create-form").hidden = true; });
   $("#create-form").addEventListener("submit", submitCreate);
   $("#create-form").addEventListener("input", () => { syncForm(); validate(); });
+  for (const [id, how] of [["#vol-delete", "delete"], ["#vol-wipe", "wipe"], ["#vol-forget", "forget"]]) {
+    $(id).addEventListener("click", () => {
+      const v = state.volumes.get(state.volume);
+      if (v) confirmAction(v, how);
+    });
+  }
   window.addEventListener("hashchange", route);
-  // Ages move on even when nothing else does.
-  setInterval(() => { if (state.node !== null) renderVolumes(); }, 30000);
+  // Ages move on even when nothing else does; node reports and usage
+  // arrive from the beacons, not on the watch stream.
+  setInterval(() => {
+    if (state.volume) refreshDetail();
+    else if (state.node === null) loadNodes();
+    else render();
+  }, 30000);
   if (state.token) connect();
   route();
 }
