@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -21,6 +22,19 @@ func (c *cli) show(v saltvolumes.View) error {
 		return c.json(v)
 	}
 	c.table([]saltvolumes.View{v})
+	if u := v.Usage; u != nil {
+		line := "on the node: " + u.State
+		if u.Allocated > 0 {
+			line += ", allocated " + human(u.Allocated)
+		}
+		if len(u.Mountpoints) > 0 {
+			line += fmt.Sprintf(", filesystem used %s, free %s, mounted at %s", human(u.FSUsed), human(u.FSFree), strings.Join(u.Mountpoints, " "))
+		}
+		if u.Error != "" {
+			line += ": " + u.Error
+		}
+		fmt.Fprintf(c.out, "%s (reported %s ago)\n", line, time.Since(u.ReportedAt).Truncate(time.Second))
+	}
 	return nil
 }
 

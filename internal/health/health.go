@@ -69,6 +69,27 @@ func Parse(node string, data map[string]any, received time.Time) (*Report, error
 	}, nil
 }
 
+// Status is the return of salt_volumes.status on a node, read from Salt's
+// job cache: the same facts as a beacon report, from a source the master
+// authenticated.
+type Status struct {
+	Volumes     []saltvolumes.Device  `json:"volumes"`
+	Capacity    *saltvolumes.Capacity `json:"capacity"`
+	LastRestore *Restore              `json:"lastRestore"`
+}
+
+// Confirmed turns a status into a report, with the beacon's timings from
+// the last report of the node (if any).
+func (g *Registry) Confirmed(node string, st Status, received time.Time) *Report {
+	rep := &Report{Node: node, Kind: "confirmed", Volumes: st.Volumes, Capacity: st.Capacity, Received: received}
+	g.mu.Lock()
+	if n := g.nodes[node]; n != nil && n.last != nil {
+		rep.Interval, rep.Heartbeat = n.last.Interval, n.last.Heartbeat
+	}
+	g.mu.Unlock()
+	return rep
+}
+
 // Restore is what a node's restore event says.
 type Restore struct {
 	ID       string `json:"id"`

@@ -15,8 +15,9 @@ import (
 // prepare finished may arrive after the volume settled.
 const absentGrace = 30 * time.Second
 
-// handleNode takes a node's health or restore event. A node reports only on
-// itself: the minion id Salt authenticated must be the one in the tag.
+// handleNode takes a node's health or restore event: shown as it comes,
+// acted upon only once confirmed (nodeconfirm.go). A node reports only on
+// itself: the envelope's id must be the one in the tag.
 func (r *Reconciler) handleNode(ev events.Event) {
 	n, _ := ev.AsNodeEvent()
 	if !n.Authenticated || n.Node != n.Minion {
@@ -24,17 +25,13 @@ func (r *Reconciler) handleNode(ev events.Event) {
 		r.warn.Warn("node report not from the node it is about ignored", "tag", ev.Tag, "from", n.Node)
 		return
 	}
-	now := time.Now()
 	if ev.Kind() == events.KindNodeRestore {
-		var rs health.Restore
-		rs.ID, _ = n.Data["id"].(string)
-		rs.Restored, rs.Failed = toInt(n.Data["restored"]), toInt(n.Data["failed"])
-		if r.Nodes.CountRestore(n.Node, rs) {
-			r.log.Info("node restored its volumes", "node", n.Node, "restored", rs.Restored, "failed", rs.Failed)
-		}
+		// Counted from the node's confirmed status, which carries the
+		// report of its last restore.
+		r.confirmNode(n.Node)
 		return
 	}
-	rep, err := health.Parse(n.Node, n.Data, now)
+	rep, err := health.Parse(n.Node, n.Data, time.Now())
 	if err != nil {
 		r.warn.Warn("node report unreadable", "node", n.Node, "error", err)
 		return
@@ -45,25 +42,11 @@ func (r *Reconciler) handleNode(ev events.Event) {
 		return
 	}
 	for _, v := range r.store.OnNode(n.Node) {
-		d := rep.Find(v.Spec.UUID)
-		if healthNews(v, d) {
-			r.push(v.Spec.Name, observation{kind: obsHealth, node: n.Node, device: d, at: now})
+		if healthNews(v, rep.Find(v.Spec.UUID)) {
+			r.confirmNode(n.Node)
+			return
 		}
 	}
-}
-
-func toInt(v any) int {
-	switch n := v.(type) {
-	case int64:
-		return int(n)
-	case uint64:
-		return int(n)
-	case int:
-		return n
-	case float64:
-		return int(n)
-	}
-	return 0
 }
 
 func healthReason(reason string) bool {

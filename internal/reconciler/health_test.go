@@ -1,17 +1,22 @@
 package reconciler
 
 import (
+	"encoding/json"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 // healthEvent is the beacon's event as the master puts it on the bus: the
-// single-event envelope with the authenticated id.
+// single-event envelope with the sender's id. Any minion can put the same
+// bytes there with a batched event, so it is only a hint.
 func healthEvent(tagNode, sender string, vols ...map[string]any) events.Event {
 	list := make([]any, len(vols))
 	for i, v := range vols {
@@ -36,8 +41,52 @@ func withState(d map[string]any, state, errMsg string) map[string]any {
 	return out
 }
 
-func TestNodeReportsMoveVolumes(t *testing.T) {
-	g := newRig(t, Options{})
+// truth is what salt_volumes.status returns on node-1: the node's real
+// state, which only a job return written to the job cache carries.
+type truth struct {
+	mu      sync.Mutex
+	volumes []map[string]any
+	restore map[string]any
+	runs    int
+}
+
+func (tr *truth) set(restore map[string]any, vols ...map[string]any) {
+	tr.mu.Lock()
+	tr.volumes, tr.restore = vols, restore
+	tr.mu.Unlock()
+}
+
+// statusRig answers salt_volumes.status jobs from tr, as a node would:
+// the return goes to the job cache and its event on the bus.
+func statusRig(t *testing.T, tr *truth) *rig {
+	var g *rig
+	ready := make(chan struct{})
+	fs := &fakeSalt{jobs: map[string]saltapi.JobInfo{}}
+	fs.onLaunch = func(jid string, c call) {
+		if c.Fun != FunStatus {
+			return
+		}
+		<-ready
+		tr.mu.Lock()
+		tr.runs++
+		doc := map[string]any{"volumes": tr.volumes, "lastRestore": tr.restore,
+			"capacity": map[string]any{"path": "/x", "size": int64(100 << 30), "free": int64(50 << 30), "committed": int64(1 << 30), "overcommitRatio": 1.0}}
+		tr.mu.Unlock()
+		b, err := json.Marshal(doc)
+		require.NoError(t, err)
+		var ret any
+		require.NoError(t, json.Unmarshal(b, &ret))
+		go g.send(events.Event{Tag: "salt/job/" + jid + "/ret/" + c.Tgt, Data: map[string]any{
+			"fun": FunStatus, "retcode": int64(0), "return": ret, "jid": jid, "id": c.Tgt}})
+	}
+	g = newRigWith(t, fs, Options{})
+	close(ready)
+	return g
+}
+
+func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
+	tr := &truth{}
+	g := statusRig(t, tr)
 	s := sparseSpec("hv")
 	_, err := g.r.Create(s)
 	require.NoError(t, err)
@@ -45,64 +94,75 @@ func TestNodeReportsMoveVolumes(t *testing.T) {
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("hv", "prepared", true, "", device(s))))
 	g.until("hv", "Available")
 	d := device(s)
+	tr.set(nil, withState(d, "prepared", ""))
 
-	// Reports about node-1 from another minion, or batched (no
-	// authenticated id), change nothing.
+	// A report about node-1 from another minion is not even a hint.
 	g.forge(healthEvent("node-1", "node-2", withState(d, "detached", "")))
-	bare := healthEvent("node-1", "node-1", withState(d, "detached", ""))
-	bare.Data = bare.Data["data"].(map[string]any)
-	g.forge(bare)
+	// A report in node-1's envelope that the node's own status does not
+	// bear out (a forged batched event, or a stale one) changes nothing.
+	g.forge(healthEvent("node-1", "node-1", withState(d, "detached", "")))
+	require.Eventually(t, func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.runs == 1 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	got, err := g.store.Get("hv")
+	require.NoError(t, err)
+	assert.Equal(t, volume.Available, got.Status.Phase, "the node says prepared")
+	assert.EqualValues(t, 1, g.r.Metrics.Rejected.Health.Value())
+	assert.Equal(t, "prepared", g.r.Nodes.Usage("node-1", s.UUID).State, "the confirmed status is what is shown")
 
+	// Really detached: the report is confirmed.
+	tr.set(nil, withState(d, "detached", ""))
 	g.forge(healthEvent("node-1", "node-1", withState(d, "detached", "")))
 	v = g.until("hv", "Failed")
-	assert.Equal(t, ReasonDetached, v.Status.Reason, "the first change is the authenticated report")
+	assert.Equal(t, ReasonDetached, v.Status.Reason)
 	assert.Contains(t, v.Status.Message, "salt node-1 salt_volumes.restore")
-	assert.EqualValues(t, 2, g.r.Metrics.Rejected.Health.Value())
 
-	// Restored: Available again, with the device the node now has.
+	// Restored: Available again with the device the node now has; the
+	// restore is counted from the node's status, once.
 	back := withState(d, "prepared", "")
 	back["deviceName"], back["devicePath"], back["allocated"] = "loop7", "/dev/loop7", int64(5<<20)
-	g.forge(healthEvent("node-1", "node-1", back))
+	tr.set(map[string]any{"id": "r1", "restored": 3, "failed": 1}, back)
+	restore := events.Event{Tag: "salt-volumes/node/node-1/restore", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"id": "r1", "restored": int64(300), "failed": int64(0)}}}
+	g.forge(restore)
 	v = g.until("hv", "Available")
-	assert.Empty(t, v.Status.Reason)
 	assert.Equal(t, "/dev/loop7", v.Status.DevicePath)
-	u := g.r.Nodes.Usage("node-1", s.UUID)
-	require.NotNil(t, u)
-	assert.Equal(t, int64(5<<20), u.Allocated)
+	assert.Equal(t, int64(5<<20), g.r.Nodes.Usage("node-1", s.UUID).Allocated)
+	g.forge(restore)
+	require.Eventually(t, func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.runs >= 4 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	assert.EqualValues(t, 3, g.r.Nodes.Reconstructed.Value(), "the node's numbers, not the event's, once")
+	assert.EqualValues(t, 1, g.r.Nodes.RestoreFailed.Value())
 
-	// A report whose device info is not the volume's is not applied.
+	// Device info the node returns must still describe the volume.
 	bad := withState(back, "prepared", "")
 	bad["persistentPath"], bad["deviceName"] = "/etc/passwd", "loop9"
-	g.forge(healthEvent("node-1", "node-1", bad))
-	g.forge(healthEvent("node-1", "node-1", withState(d, "missing", "/var/lib/salt-volumes/sparse/x is gone")))
+	tr.set(nil, withState(d, "missing", "/var/lib/salt-volumes/sparse/x is gone"))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "missing", "")))
 	v = g.until("hv", "Failed")
 	assert.Equal(t, ReasonStorageLost, v.Status.Reason)
-	assert.Equal(t, "/dev/loop7", v.Status.DevicePath, "the forged device never applied")
-	assert.EqualValues(t, 1, g.r.Metrics.Rejected.Device.Value())
+	assert.Contains(t, v.Status.Message, "is gone")
+	tr.set(nil, bad)
+	g.forge(healthEvent("node-1", "node-1", bad))
+	require.Eventually(t, func() bool { return g.r.Metrics.Rejected.Device.Value() == 1 }, 5*time.Second, 10*time.Millisecond)
+	got, err = g.store.Get("hv")
+	require.NoError(t, err)
+	assert.Equal(t, ReasonStorageLost, got.Status.Reason, "a bad device never revives the volume")
 
-	g.forge(healthEvent("node-1", "node-1", withState(d, "damaged", "no longer carries the volume's ext4")))
-	v = g.until("hv", "Failed")
-	assert.Equal(t, ReasonDamaged, v.Status.Reason)
+	tr.set(nil, withState(d, "damaged", "no longer carries the volume's ext4"))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "damaged", "")))
+	assert.Equal(t, ReasonDamaged, g.until("hv", "Failed").Status.Reason)
 
-	// A volume failed by its job is not the beacon's to revive.
+	// A volume failed by its job is not a report's to revive.
 	_, err = g.r.Create(sparseSpec("job-failed"))
 	require.NoError(t, err)
 	jf := g.until("job-failed", "Pending")
 	g.send(ret(jf.Status.JobID, "node-1", 1, stateRet("job-failed", "prepared", false, "mkfs failed", nil)))
 	g.until("job-failed", "Failed")
 	jd := device(sparseSpec("job-failed"))
-	g.forge(healthEvent("node-1", "node-1", withState(d, "prepared", ""), withState(jd, "prepared", "")))
+	tr.set(nil, withState(d, "prepared", ""), withState(jd, "prepared", ""))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "prepared", "")))
 	assert.Equal(t, volume.Available, g.until("hv", "Available").Status.Phase)
-	got, err := g.store.Get("job-failed")
+	got, err = g.store.Get("job-failed")
 	require.NoError(t, err)
 	assert.Equal(t, ReasonPrepareFailed, got.Status.Reason)
-
-	// Restore reports count once each, whoever sends them twice.
-	restore := events.Event{Tag: "salt-volumes/node/node-1/restore", Data: map[string]any{
-		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"id": "r1", "restored": int64(3), "failed": int64(1)}}}
-	g.forge(restore)
-	g.forge(restore)
-	g.forge(healthEvent("node-1", "node-1", withState(d, "prepared", "")))
-	require.Eventually(t, func() bool { return g.r.Nodes.Reconstructed.Value() == 3 }, 5e9, 1e7)
-	assert.EqualValues(t, 1, g.r.Nodes.RestoreFailed.Value())
 }

@@ -173,8 +173,10 @@ type Reconciler struct {
 	backoff        map[string]time.Duration
 	lookupRetry    bool
 
-	cache  *jobCache
-	jobLog jobLog
+	cache       *jobCache
+	jobLog      jobLog
+	nodeConfirm nodeConfirm
+	ctx         context.Context // Run's, for work started from Handle
 	// warn logs what could repeat without end (forged events, salt-api
 	// down) at most once a minute per message.
 	warn *rateLog
@@ -245,6 +247,9 @@ type observation struct {
 
 // Run reconciles until ctx ends.
 func (r *Reconciler) Run(ctx context.Context) error {
+	r.mu.Lock()
+	r.ctx = ctx
+	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for range r.opt.Workers {
 		wg.Add(1)
@@ -383,6 +388,10 @@ func (r *Reconciler) Handle(ev events.Event) {
 			return
 		}
 		jr, _ := ev.AsJobReturn()
+		if jr.Fun == FunStatus {
+			r.statusReturned(jr.JID)
+			return
+		}
 		if !strings.HasPrefix(jr.Fun, "state.") {
 			return
 		}

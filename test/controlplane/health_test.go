@@ -85,6 +85,10 @@ func TestNodeHealth(t *testing.T) {
 		require.Equal(t, testRatio, n.Capacity.OvercommitRatio)
 		require.False(t, n.Health.Silent)
 
+		got, _, code := p.CLI("get", "hv1")
+		require.Equal(t, 0, code)
+		require.Contains(t, got, "on the node: prepared, allocated ")
+
 		table, _, code := p.CLI("nodes")
 		require.Equal(t, 0, code)
 		require.Contains(t, table, "COMMITTED")
@@ -94,6 +98,26 @@ func TestNodeHealth(t *testing.T) {
 			p.Metric(`salt_volumes_volume_allocated_bytes{volume="hv1",node="node-1"}`))
 		require.Equal(t, float64(64<<20), p.Metric(`salt_volumes_node_committed_bytes{node="node-1"}`))
 		require.Equal(t, 1.0, p.Metric(`salt_volumes_volume_healthy{volume="hv1",node="node-1"}`))
+	})
+
+	t.Run("a forged report changes nothing", func(t *testing.T) {
+		// Salt's batched form puts any data on the bus under any tag,
+		// envelope included: the report is only a hint, and the node's own
+		// salt_volumes.status, read from the job cache, says prepared.
+		forged := map[string]any{"cmd": "_minion_event", "id": "node-1", "data": map[string]any{
+			"kind": "change", "interval": 1, "heartbeat": 5,
+			"volumes": []any{map[string]any{"name": "hv1", "uuid": vol.Spec.UUID, "state": "detached", "size": 64 << 20}},
+			"capacity": map[string]any{"path": "/forged", "size": 1, "free": 1, "committed": 1, "overcommitRatio": 1}}}
+		pre, _ := json.Marshal(map[string]any{"events": []any{map[string]any{"tag": "salt-volumes/node/node-1/health", "data": forged}}})
+		before := p.Metric("salt_volumes_node_reports_total")
+		out, code := s.Salt("node-1", "event.fire_master", "{}", "salt-volumes/carrier", "preload="+string(pre), "--out=json")
+		require.Equal(t, 0, code, out)
+		// The forged hint, then the confirmed status.
+		waitFor(t, deadline, "the confirmation", func() bool { return p.Metric("salt_volumes_node_reports_total") >= before+2 })
+		v, err := p.Client().Get(ctx, "hv1")
+		require.NoError(t, err)
+		require.Equal(t, "Available", v.Status.Phase.String())
+		require.Equal(t, "prepared", v.Usage.State)
 	})
 
 	t.Run("an idle node fires no more than its heartbeats", func(t *testing.T) {
