@@ -106,7 +106,7 @@ func TestNodeHealth(t *testing.T) {
 		// salt_volumes.status, read from the job cache, says prepared.
 		forged := map[string]any{"cmd": "_minion_event", "id": "node-1", "data": map[string]any{
 			"kind": "change", "interval": 1, "heartbeat": 5,
-			"volumes": []any{map[string]any{"name": "hv1", "uuid": vol.Spec.UUID, "state": "detached", "size": 64 << 20}},
+			"volumes":  []any{map[string]any{"name": "hv1", "uuid": vol.Spec.UUID, "state": "detached", "size": 64 << 20}},
 			"capacity": map[string]any{"path": "/forged", "size": 1, "free": 1, "committed": 1, "overcommitRatio": 1}}}
 		pre, _ := json.Marshal(map[string]any{"events": []any{map[string]any{"tag": "salt-volumes/node/node-1/health", "data": forged}}})
 		before := p.Metric("salt_volumes_node_reports_total")
