@@ -66,10 +66,16 @@ func main() {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 
 	step("starting salt-master, salt-minion and salt-api on loopback")
-	s := saltstack.Start(r, bin("salt-volume-exec"), true)
+	// A 2 s beacon (default 10 s) so that the node's first report shows
+	// without waiting.
+	s := saltstack.StartOpts(r, bin("salt-volume-exec"), saltstack.Options{API: true, SaltVolumes: "beacon_interval: 2\nbeacon_heartbeat: 60"})
 	fmt.Printf("  salt root %s, salt-api %s, minion %s\n", s.Root, s.APIURL(), s.MinionID)
 	if out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json"); code != 0 {
 		r.Fatalf("saltutil.sync_all failed: %s", out)
+	}
+	step("turning on the salt_volumes beacon (state salt_volumes.beacon): the node pushes health, usage and capacity")
+	if out, code := s.Salt(s.MinionID, "state.apply", "salt_volumes.beacon", "--out=json"); code != 0 {
+		r.Fatalf("state.apply salt_volumes.beacon failed: %s", out)
 	}
 	r.Cleanup(func() { testenv.Cleanup(s.StateDir, nil, r.Logf) })
 
@@ -207,6 +213,10 @@ events:
 			r.Fatalf("%s did not become Available: %v", n, err)
 		}
 	}
+	// Two beacon intervals: the node reports its new volumes.
+	time.Sleep(4 * time.Second)
+	step("nodes: capacity and health as the node's beacon reported them")
+	_ = cli("nodes")
 	if kc == nil {
 		step("volumes")
 		_ = cli("ls")
