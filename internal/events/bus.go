@@ -18,8 +18,10 @@ type Source interface {
 
 // Stats are counters a caller can export as metrics.
 type Stats struct {
-	Decoded    atomic.Int64
-	Skipped    atomic.Int64
+	Decoded atomic.Int64
+	Skipped atomic.Int64
+	// Ignored counts events passed over undecoded: not ours (Relevant).
+	Ignored    atomic.Int64
 	Reconnects atomic.Int64
 	// Connected is true while the source is connected.
 	Connected atomic.Bool
@@ -34,6 +36,10 @@ type Bus struct {
 	Stats   *Stats
 	// MinBackoff and MaxBackoff bound the reconnect delay.
 	MinBackoff, MaxBackoff time.Duration
+	// Want and Lazy are the decoder's (serve: Relevant, true); zero values
+	// decode every event whole.
+	Want Want
+	Lazy bool
 }
 
 // Run connects, decodes, and reconnects with backoff until ctx is done. It
@@ -51,12 +57,17 @@ func (b *Bus) Run(ctx context.Context, onConnect func(), handle func(Event)) err
 
 func (b *Bus) read(r io.Reader, handle func(Event)) error {
 	dec := NewDecoder(r)
-	skipped := 0
+	dec.Want, dec.Lazy = b.Want, b.Lazy
+	skipped, ignored := 0, 0
 	for {
 		ev, err := dec.Next()
 		if n := dec.Skipped - skipped; n > 0 {
 			b.Stats.Skipped.Add(int64(n))
 			skipped = dec.Skipped
+		}
+		if n := dec.Ignored - ignored; n > 0 {
+			b.Stats.Ignored.Add(int64(n))
+			ignored = dec.Ignored
 		}
 		if err != nil {
 			return err

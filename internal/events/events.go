@@ -14,11 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 	"strings"
-
-	"github.com/vmihailenco/msgpack/v5"
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Event is one event from the bus.
@@ -30,28 +26,8 @@ type Event struct {
 // SaltTime is Salt's ext type 78: a datetime as "%Y%m%dT%H:%M:%S.%f".
 type SaltTime string
 
-// SaltConstant is Salt's ext type 79, kept as its raw msgpack payload (a
-// string type: msgpack/v5 cannot build byte-slice ext types as interfaces).
+// SaltConstant is Salt's ext type 79, kept as its raw msgpack payload.
 type SaltConstant string
-
-func init() {
-	msgpack.RegisterExtDecoder(78, SaltTime(""), rawExt)
-	msgpack.RegisterExtDecoder(79, SaltConstant(""), rawExt)
-}
-
-// rawExt keeps an ext payload as the bytes of a string-kind type.
-func rawExt(d *msgpack.Decoder, v reflect.Value, n int) error {
-	// n is the sender's claim: no ext of Salt's is near a frame's size.
-	if n < 0 || n > MaxFrame {
-		return ErrFrameTooLarge
-	}
-	b := make([]byte, n)
-	if err := d.ReadFull(b); err != nil {
-		return err
-	}
-	v.SetString(string(b))
-	return nil
-}
 
 // MaxFrame bounds one frame; Salt trims events to max_event_size (1 MiB).
 const MaxFrame = 16 << 20
@@ -63,79 +39,133 @@ var ErrFrameTooLarge = fmt.Errorf("event frame larger than %d bytes", MaxFrame)
 // Decoder reads events from a stream. It survives bad events: a frame whose
 // body cannot be decoded is counted and skipped.
 type Decoder struct {
-	dec     *msgpack.Decoder
-	lim     *frameLimit
+	s src
+	// Want, when set, passes over events it does not want without
+	// decoding them (see Relevant).
+	Want    Want
 	Skipped int // events that could not be decoded
+	Ignored int // events Want passed over
+	// Lazy leaves the bulk of job returns undecoded: each state result
+	// inside "return" and the whole of "fun_args" stay Raw (the control
+	// plane reads a return's content from Salt's job cache, never from
+	// the bus; it needs only the state keys).
+	Lazy bool
+	own  []byte
+	strs map[string]string
 }
 
-// frameLimit fails a read once the current frame has used MaxFrame bytes.
-type frameLimit struct {
-	r    io.Reader
-	left int64
-}
+// Raw is a msgpack value left undecoded (Decoder.Lazy); Decode decodes it.
+type Raw []byte
 
-func (l *frameLimit) Read(p []byte) (int, error) {
-	if l.left <= 0 {
-		return 0, ErrFrameTooLarge
-	}
-	if int64(len(p)) > l.left {
-		p = p[:l.left]
-	}
-	n, err := l.r.Read(p)
-	l.left -= int64(n)
-	return n, err
-}
+// Decode decodes the value.
+func (r Raw) Decode() (any, error) { return decodeData(&src{b: r}, 0) }
 
 // NewDecoder wraps a stream (the socket, or a recording of it).
 func NewDecoder(r io.Reader) *Decoder {
-	lim := &frameLimit{r: bufio.NewReaderSize(r, 64<<10), left: MaxFrame}
-	d := msgpack.NewDecoder(lim)
-	d.UseLooseInterfaceDecoding(true)
-	return &Decoder{dec: d, lim: lim}
+	return &Decoder{s: src{br: bufio.NewReaderSize(r, 64<<10)}}
 }
 
 // Next returns the next well-formed event. io.EOF means the bus closed; any
 // other error means the stream itself is broken (reconnect).
 func (d *Decoder) Next() (Event, error) {
 	for {
-		// The decoder reads ahead at most its own small buffer, so a frame
-		// gets MaxFrame bytes plus what was buffered for it.
-		d.lim.left = MaxFrame
-		v, err := decodeValue(d.dec, 0)
-		if errors.Is(err, ErrFrameTooLarge) {
-			return Event{}, err
+		d.s.used = 0
+		ev, ok, err := d.frame()
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return Event{}, io.EOF
 		}
 		if err != nil {
-			if errors.Is(err, io.ErrUnexpectedEOF) {
-				return Event{}, io.EOF
-			}
 			return Event{}, err
 		}
-		ev, err := FromFrame(v)
-		if err != nil {
-			d.Skipped++
-			continue
+		if ok {
+			return ev, nil
 		}
-		return ev, nil
 	}
 }
 
-// FromFrame turns one decoded frame into an event.
-func FromFrame(v any) (Event, error) {
-	frame, ok := v.(map[string]any)
-	if !ok {
-		return Event{}, fmt.Errorf("frame is %T, not a map", v)
+var keyBody = []byte("body")
+
+// frame reads one frame {"head": ..., "body": tag "\n\n" msgpack(data)};
+// ok is false for a frame that was skipped or ignored.
+func (d *Decoder) frame() (Event, bool, error) {
+	c, err := d.s.byte()
+	if err != nil {
+		return Event{}, false, err
+	}
+	n, isMap, err := mapLen(&d.s, c)
+	if err != nil {
+		return Event{}, false, err
+	}
+	if !isMap {
+		if err := skipAfter(&d.s, c, 0); err != nil {
+			return Event{}, false, err
+		}
+		d.Skipped++
+		return Event{}, false, nil
 	}
 	var body []byte
-	switch b := frame["body"].(type) {
-	case []byte:
-		body = b
-	case string:
-		body = []byte(b)
-	default:
-		return Event{}, fmt.Errorf("frame body is %T", frame["body"])
+	found := false
+	for i := 0; i < n; i++ {
+		k, err := strBytes(&d.s)
+		if err != nil {
+			return Event{}, false, err
+		}
+		if !bytes.Equal(k, keyBody) {
+			if err := skip(&d.s, 0); err != nil {
+				return Event{}, false, err
+			}
+			continue
+		}
+		c, err := d.s.byte()
+		if err != nil {
+			return Event{}, false, err
+		}
+		l, ok, err := strLen(&d.s, c)
+		if err != nil {
+			return Event{}, false, err
+		}
+		if !ok {
+			if err := skipAfter(&d.s, c, 0); err != nil {
+				return Event{}, false, err
+			}
+			found = false
+			continue
+		}
+		b, err := d.s.take(l)
+		if err != nil {
+			return Event{}, false, err
+		}
+		if i == n-1 {
+			body = b // Salt puts the body last: used before the next read
+		} else {
+			d.own = append(d.own[:0], b...)
+			body = d.own
+		}
+		found = true
 	}
-	return Unpack(body)
+	if !found {
+		d.Skipped++
+		return Event{}, false, nil
+	}
+	tag, raw, ok := bytes.Cut(body, []byte("\n\n"))
+	if !ok {
+		d.Skipped++
+		return Event{}, false, nil
+	}
+	if d.Want != nil && !d.Want(tag, raw) {
+		d.Ignored++
+		return Event{}, false, nil
+	}
+	if d.strs == nil {
+		d.strs = map[string]string{}
+	}
+	lazy := d.Lazy && kindOf(tag) == KindJobReturn
+	ev, err := unpack(tag, raw, d.strs, lazy)
+	if err != nil {
+		d.Skipped++
+		return Event{}, false, nil
+	}
+	return ev, true, nil
 }
 
 // Unpack splits a body at the first blank line into tag and data.
@@ -144,14 +174,29 @@ func Unpack(body []byte) (Event, error) {
 	if !ok {
 		return Event{}, errors.New("body has no tag separator")
 	}
+	return unpack(tag, raw, nil, false)
+}
+
+func unpack(tag, raw []byte, strs map[string]string, lazy bool) (Event, error) {
 	ev := Event{Tag: string(tag)}
 	if len(raw) == 0 {
 		ev.Data = map[string]any{}
 		return ev, nil
 	}
-	d := msgpack.NewDecoder(bytes.NewReader(raw))
-	d.UseLooseInterfaceDecoding(true)
-	v, err := decodeValue(d, 0)
+	s := &src{b: raw, strs: strs}
+	var v any
+	var err error
+	if lazy {
+		// Raw values point into the body, which the read buffer reuses:
+		// one copy of it for the event.
+		s.b = bytes.Clone(raw)
+		v, err = decodeReturn(s)
+	} else {
+		v, err = decodeData(s, 0)
+	}
+	if err == nil && s.off != len(raw) {
+		err = errors.New("trailing bytes after the data")
+	}
 	if err != nil {
 		return Event{}, fmt.Errorf("event %s: %w", ev.Tag, err)
 	}
@@ -169,62 +214,6 @@ const maxDepth = 64
 
 var errTooDeep = errors.New("event data nested too deep")
 
-// decodeValue decodes one msgpack value. Arrays and maps are decoded here
-// rather than by the library, which allocates by the length the sender
-// claims (a 5-byte header can ask for gigabytes); every map gets string
-// keys, whatever the wire type of the key (str, bin, int).
-func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
-	if depth > maxDepth {
-		return nil, errTooDeep
-	}
-	c, err := d.PeekCode()
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
-		n, err := d.DecodeArrayLen()
-		if err != nil {
-			return nil, err
-		}
-		s := make([]any, 0, min(n, 64))
-		for i := 0; i < n; i++ {
-			v, err := decodeValue(d, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			s = append(s, v)
-		}
-		return s, nil
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
-		n, err := d.DecodeMapLen()
-		if err != nil {
-			return nil, err
-		}
-		m := make(map[string]any, min(n, 64))
-		for i := 0; i < n; i++ {
-			k, err := decodeValue(d, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			v, err := decodeValue(d, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			switch kk := k.(type) {
-			case string:
-				m[kk] = v
-			case []byte:
-				m[string(kk)] = v
-			default:
-				m[fmt.Sprint(kk)] = v
-			}
-		}
-		return m, nil
-	}
-	return d.DecodeInterfaceLoose()
-}
-
 // Kinds of events the control plane reacts to.
 const (
 	KindOther       = ""
@@ -239,28 +228,7 @@ const (
 )
 
 // Kind classifies an event by its tag.
-func (e Event) Kind() string {
-	p := strings.Split(e.Tag, "/")
-	switch {
-	case len(p) == 4 && p[0] == "salt" && p[1] == "job" && p[3] == "new":
-		return KindJobNew
-	case len(p) == 5 && p[0] == "salt" && p[1] == "job" && p[3] == "ret":
-		return KindJobReturn
-	case len(p) == 4 && p[0] == "salt" && p[1] == "run" && p[3] == "new":
-		return KindRunNew
-	case len(p) == 4 && p[0] == "salt" && p[1] == "run" && p[3] == "ret":
-		return KindRunReturn
-	case len(p) == 4 && p[0] == "salt" && p[1] == "minion" && p[3] == "start":
-		return KindMinionStart
-	case len(p) == 3 && p[0] == "salt-volumes" && p[2] == "progress":
-		return KindProgress
-	case len(p) == 4 && p[0] == "salt-volumes" && p[1] == "node" && p[3] == "health":
-		return KindNodeHealth
-	case len(p) == 4 && p[0] == "salt-volumes" && p[1] == "node" && p[3] == "restore":
-		return KindNodeRestore
-	}
-	return KindOther
-}
+func (e Event) Kind() string { return kindOf(e.Tag) }
 
 // JobReturn is a salt/job/<jid>/ret/<minion> event.
 type JobReturn struct {

@@ -21,15 +21,37 @@ func FuzzDecoder(f *testing.F) {
 	f.Add(append(frame, frame2...))
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		d := NewDecoder(bytes.NewReader(b))
+		// Everything, and only what the control plane wants: the filtered
+		// decoder yields the unfiltered one's events that Relevant keeps.
+		all := NewDecoder(bytes.NewReader(b))
+		var kept []Event
 		for range 64 {
-			ev, err := d.Next()
+			ev, err := all.Next()
 			if errors.Is(err, io.EOF) || err != nil {
-				return
+				break
 			}
 			ev.Kind()
 			ev.AsJobReturn()
 			ev.AsProgress()
+			ev.AsNodeEvent()
+			if k := ev.Kind(); k == KindProgress || k == KindNodeHealth || k == KindNodeRestore {
+				kept = append(kept, ev)
+			}
+		}
+		some := NewDecoder(bytes.NewReader(b))
+		some.Want = Relevant
+		n := 0
+		for range 64 {
+			ev, err := some.Next()
+			if err != nil {
+				break
+			}
+			if k := ev.Kind(); k == KindProgress || k == KindNodeHealth || k == KindNodeRestore {
+				if n < len(kept) && kept[n].Tag != ev.Tag {
+					t.Fatalf("filtered decoder gave %q where the unfiltered one gave %q", ev.Tag, kept[n].Tag)
+				}
+				n++
+			}
 		}
 	})
 }

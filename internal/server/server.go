@@ -47,9 +47,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		source = &events.SSE{URL: salt.URL(), Client: salt.StreamClient(), Token: salt.Token, Relogin: salt.Login,
 			Log: log.With("component", "events"), Stats: stats}
 	case cfg.Events.TCP != "":
-		source = &events.Bus{Network: "tcp", Addr: cfg.Events.TCP, Log: log.With("component", "events"), Stats: stats}
+		source = &events.Bus{Network: "tcp", Addr: cfg.Events.TCP, Log: log.With("component", "events"), Stats: stats, Want: events.Relevant, Lazy: true}
 	default:
-		source = &events.Bus{Network: "unix", Addr: cfg.Events.Socket, Log: log.With("component", "events"), Stats: stats}
+		source = &events.Bus{Network: "unix", Addr: cfg.Events.Socket, Log: log.With("component", "events"), Stats: stats, Want: events.Relevant, Lazy: true}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -84,6 +84,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		ExtraMetrics: func(w *metrics.Writer) {
 			w.Counter("salt_volumes_events_decoded_total", "Events read from the Salt event bus.", stats.Decoded.Load())
 			w.Counter("salt_volumes_events_skipped_total", "Events that could not be decoded and were skipped.", stats.Skipped.Load())
+			w.Counter("salt_volumes_events_ignored_total", "Events of others (other tags, other functions' job returns) passed over without decoding.", stats.Ignored.Load())
 			w.Counter("salt_volumes_event_reconnects_total", "Reconnects of the event source.", stats.Reconnects.Load())
 			conn := 0.0
 			if stats.Connected.Load() {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -140,4 +142,26 @@ func BenchmarkPrepare50Concurrent(b *testing.B) {
 	b.ReportMetric(ratio, "x-floor")
 	fmt.Printf("prepare 50 x 1Gi concurrently: salt-volume-exec %v, shell floor %v, ratio %.2fx (median of %d)\n",
 		median(o).Round(time.Millisecond), median(f).Round(time.Millisecond), ratio, b.N)
+}
+
+// metric records one summary line, "metric <name> <value> <unit>", in
+// test-results/bench-metrics.txt; make bench prints them at the end so that
+// runs can be compared.
+func metric(b *testing.B, name string, value float64, unit string) {
+	b.Helper()
+	fmt.Printf("metric %s %s %s\n", name, strconv.FormatFloat(value, 'f', -1, 64), unit)
+	repo, err := saltstack.RepoRoot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := filepath.Join(repo, "test-results")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "bench-metrics.txt"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "metric %s %s %s\n", name, strconv.FormatFloat(value, 'f', 3, 64), unit)
 }

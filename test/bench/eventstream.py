@@ -1,8 +1,12 @@
 """Write and read a master event bus stream with Salt's own code.
 
-write N PATH: N events as the master publishes them (frame {head, body},
-body = SaltEvent.pack(tag, data)): per volume, five progress events then a
-state.apply job return carrying device info.
+write N PATH [MIX]: N events as the master publishes them (frame {head,
+body}, body = SaltEvent.pack(tag, data)). MIX "ours" (default): per volume,
+five progress events then a state.apply job return carrying device info.
+"returns": only state.apply job returns. "mixed": what a busy master
+carries, about 90 % of it not ours: auth, job publications, returns of
+test.ping, cmd.run and grains.items, other tools' beacons, minion pings,
+around the volumes' progress events and returns.
 read PATH: decode the stream the way Salt's PubClient and SaltEvent do and
 print the number of events and the seconds spent decoding.
 """
@@ -44,9 +48,69 @@ def events(n):
         i += 1
 
 
-def write(n, path):
+def returns_only(n):
+    for tag, data in events(n * 6):
+        if tag.startswith("salt/job/"):
+            yield tag, data
+
+
+def grains(i):
+    g = {"id": "node-%04d" % i, "os": "Debian", "osrelease": "12", "kernelrelease": "6.1.0-28-amd64",
+         "cpu_model": "Intel(R) Xeon(R) CPU", "num_cpus": 2, "mem_total": 24000, "fqdn": "node-%04d.example" % i,
+         "ipv4": ["127.0.0.1", "10.0.%d.%d" % (i // 250, i % 250)], "saltversion": "3008.3",
+         "pythonpath": ["/usr/lib/python3/dist-packages"] * 4}
+    for k in range(40):
+        g["custom_%02d" % k] = {"value": "x" * 20, "list": [k, k + 1, k + 2]}
+    return g
+
+
+def unrelated(i):
+    jid = "2026112300%010d" % i
+    minion = "node-%04d" % (i % 1000)
+    stamp = "2026-11-23T00:00:00.000000"
+    pub = "-----BEGIN PUBLIC KEY-----\n" + "A" * 392 + "\n-----END PUBLIC KEY-----"
+    k = i % 9
+    if k == 0:
+        return "salt/auth", {"result": True, "act": "accept", "id": minion, "pub": pub, "_stamp": stamp}
+    if k == 1:
+        return "salt/job/%s/new" % jid, {"jid": jid, "tgt": "*", "tgt_type": "glob", "fun": "test.ping", "arg": [],
+                                          "minions": [minion], "missing": [], "user": "root", "_stamp": stamp}
+    if k == 2:
+        return "salt/job/%s/ret/%s" % (jid, minion), {"cmd": "_return", "id": minion, "fun": "test.ping", "fun_args": [],
+                                                       "jid": jid, "return": True, "retcode": 0, "success": True, "_stamp": stamp}
+    if k == 3:
+        return "salt/job/%s/ret/%s" % (jid, minion), {"cmd": "_return", "id": minion, "fun": "cmd.run", "fun_args": ["uptime"],
+                                                       "jid": jid, "return": " 10:00:00 up 3 days,  1 user,  load average: 0.00", "retcode": 0, "success": True, "_stamp": stamp}
+    if k == 4:
+        return "salt/job/%s/ret/%s" % (jid, minion), {"cmd": "_return", "id": minion, "fun": "grains.items", "fun_args": [],
+                                                       "jid": jid, "return": grains(i), "retcode": 0, "success": True, "_stamp": stamp}
+    if k == 5:
+        return "salt/beacon/%s/diskusage/" % minion, {"id": minion, "/": "63%", "/var": "41%", "_stamp": stamp}
+    if k == 6:
+        return "minion_ping", {"minion": minion, "_stamp": stamp}
+    if k == 7:
+        return "salt/minion/%s/start" % minion, {"cmd": "_minion_event", "id": minion, "tag": "salt/minion/%s/start" % minion,
+                                                 "data": "Minion %s started at Mon Nov 23 10:00:00 2026" % minion, "_stamp": stamp}
+    return "salt/job/%s/ret/%s" % (jid, minion), {"cmd": "_return", "id": minion, "fun": "pkg.list_upgrades", "fun_args": [],
+                                                   "jid": jid, "return": {"pkg-%d" % p: "1.%d-1" % p for p in range(30)},
+                                                   "retcode": 0, "success": True, "_stamp": stamp}
+
+
+def mixed(n):
+    ours = events(n)
+    i = 0
+    while True:
+        # One of ours for every nine of others.
+        yield next(ours)
+        for _ in range(9):
+            yield unrelated(i)
+            i += 1
+
+
+def write(n, path, mix="ours"):
+    gen = {"ours": events, "returns": returns_only, "mixed": mixed}[mix](n)
     with open(path, "wb") as f:
-        for count, (tag, data) in enumerate(events(n)):
+        for count, (tag, data) in enumerate(gen):
             if count == n:
                 break
             f.write(salt.transport.frame.frame_msg(salt.utils.event.SaltEvent.pack(tag, data)))
@@ -69,6 +133,6 @@ def read(path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
-        write(int(sys.argv[2]), sys.argv[3])
+        write(int(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
     else:
         read(sys.argv[2])

@@ -80,4 +80,38 @@ func TestReadsTheRealMasterBusAndReconnects(t *testing.T) {
 	assert.GreaterOrEqual(t, c.conns, 2)
 	c.mu.Unlock()
 	assert.Equal(t, int64(0), bus.Stats.Skipped.Load(), "every real event decodes")
+
+	// As serve reads it: only our events decoded, the rest passed over.
+	served := &events.Bus{Network: "unix", Addr: s.EventSocket(), MinBackoff: 100 * time.Millisecond, Want: events.Relevant, Lazy: true}
+	var mu sync.Mutex
+	var kept []events.Event
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done2 := make(chan struct{})
+	go func() {
+		defer close(done2)
+		_ = served.Run(ctx2, func() {}, func(e events.Event) { mu.Lock(); kept = append(kept, e); mu.Unlock() })
+	}()
+	defer func() { cancel2(); <-done2 }()
+	time.Sleep(500 * time.Millisecond)
+	out, code = s.Salt(s.MinionID, "test.ping", "--out=json")
+	require.Equal(t, 0, code, out)
+	out, code = s.Salt(s.MinionID, "event.send", "salt-volumes/v-1/progress", `{"step": "x"}`, "--out=json")
+	require.Equal(t, 0, code, out)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range kept {
+			if p, ok := e.AsProgress(); ok && p.Step == "x" && p.Node == s.MinionID {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "our progress event is delivered")
+	mu.Lock()
+	for _, e := range kept {
+		assert.NotEqual(t, events.KindJobReturn, e.Kind(), "test.ping's return is not ours: %s", e.Tag)
+	}
+	mu.Unlock()
+	assert.Greater(t, served.Stats.Ignored.Load(), int64(2), "the job publication, its return, auth... passed over")
+	assert.Equal(t, int64(0), served.Stats.Skipped.Load())
 }
