@@ -68,8 +68,12 @@ pytest:
 unit:
 	$(GO) test -count=1 ./internal/...
 
+# Ends with one line per metric, "metric <name> <value> <unit>", to compare
+# runs (test-results/bench-metrics.txt).
 bench: setup load
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 5x -timeout 20m ./test/bench/
+	@mkdir -p test-results; rm -f test-results/bench-metrics.txt
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 5x -timeout 60m ./test/bench/
+	@echo "summary:"; sort -s -k1,1 test-results/bench-metrics.txt
 
 # serve under load against a fake salt-api and event bus: 5,000 volumes,
 # 500 idle watchers, 50 creates/s for 60 s (LOAD_VOLUMES, LOAD_WATCHERS,

@@ -78,6 +78,14 @@ type Salt struct {
 	Eauth              string `yaml:"eauth"`
 	CAFile             string `yaml:"caFile"`
 	InsecureSkipVerify bool   `yaml:"insecureSkipVerify"`
+	// JobCache is the master's local job cache (<cachedir>/jobs, by default
+	// /var/cache/salt/master/jobs). Set, job returns are confirmed by
+	// reading it (serve runs on the master as its user) instead of asking
+	// salt-api; jobs it cannot read still go to salt-api.
+	JobCache string `yaml:"jobCache"`
+	// HashType is the master's hash_type, which names the cache's
+	// directories (default sha256).
+	HashType string `yaml:"hashType"`
 }
 
 // Events selects the event source.
@@ -170,6 +178,11 @@ func Parse(data []byte) (*Config, error) {
 			}
 		}
 	}
+	if c.Salt.JobCache != "" {
+		if st, err := os.Stat(c.Salt.JobCache); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("salt.jobCache: %q is not a readable directory: give the master's <cachedir>/jobs (e.g. /var/cache/salt/master/jobs), or remove it to confirm jobs through salt-api", c.Salt.JobCache)
+		}
+	}
 	if c.TokenFile != "" {
 		b, err := os.ReadFile(c.TokenFile)
 		if err != nil {
@@ -195,6 +208,8 @@ func Parse(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("events.source: %q: use bus (on the master host) or sse (salt-api /events)", c.Events.Source)
 	case c.Workers < 0:
 		return nil, errors.New("workers: must be positive")
+	case c.Salt.HashType != "" && c.Salt.HashType != "sha256" && c.Salt.HashType != "sha1" && c.Salt.HashType != "sha512" && c.Salt.HashType != "md5":
+		return nil, fmt.Errorf("salt.hashType: %q: use the master's hash_type: sha256 (Salt's default), sha512, sha1 or md5", c.Salt.HashType)
 	case c.Limits.Watchers < 0 || c.Limits.Volumes < 0 || c.Limits.CreatesPerSecond < 0:
 		return nil, errors.New("limits: watchers, volumes and createsPerSecond must be positive")
 	}

@@ -96,3 +96,15 @@ func TestKubernetes(t *testing.T) {
 		assert.Contains(t, err.Error(), want)
 	}
 }
+
+func TestJobCache(t *testing.T) {
+	base := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\n"
+	_, err := Parse([]byte(base + "  jobCache: /nonexistent/jobs\n"))
+	require.ErrorContains(t, err, "salt.jobCache")
+	_, err = Parse([]byte(base + "  hashType: crc32\n"))
+	require.ErrorContains(t, err, "salt.hashType")
+	dir := t.TempDir()
+	c, err := Parse([]byte(base + "  jobCache: " + dir + "\n  hashType: sha512\n"))
+	require.NoError(t, err)
+	assert.Equal(t, dir, c.Salt.JobCache)
+}

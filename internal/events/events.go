@@ -54,6 +54,17 @@ type Decoder struct {
 	strs map[string]string
 }
 
+// DecodeMsgpack decodes one msgpack document the way event data is
+// decoded (string map keys, Salt's ext types); trailing bytes are an error.
+func DecodeMsgpack(b []byte) (any, error) {
+	s := &src{b: b}
+	v, err := decodeData(s, 0)
+	if err == nil && s.off != len(b) {
+		err = errors.New("trailing bytes after the value")
+	}
+	return v, err
+}
+
 // Raw is a msgpack value left undecoded (Decoder.Lazy); Decode decodes it.
 type Raw []byte
 

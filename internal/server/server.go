@@ -14,6 +14,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/jobcache"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
@@ -63,7 +64,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	if kc != nil {
 		opt.Kube = kc
 	}
-	rec := reconciler.New(st, salt, source, opt, log.With("component", "reconciler"))
+	var jobs reconciler.Salt = salt
+	if cfg.Salt.JobCache != "" {
+		jobs = &jobcache.Overlay{Salt: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
+	}
+	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
 	if kc != nil {
 		kc.SetVolumes(rec)
 		if err := kc.Start(ctx, time.Duration(cfg.Kubernetes.SyncTimeout)); err != nil {

@@ -1,6 +1,6 @@
 """Write and read a master event bus stream with Salt's own code.
 
-write N PATH [MIX]: N events as the master publishes them (frame {head,
+write N PATH [MIX [NODES]]: N events as the master publishes them (frame {head,
 body}, body = SaltEvent.pack(tag, data)). MIX "ours" (default): per volume,
 five progress events then a state.apply job return carrying device info.
 "returns": only state.apply job returns. "mixed": what a busy master
@@ -21,12 +21,15 @@ import salt.utils.msgpack
 STEPS = ["recorded", "file-created", "formatted", "attached", "linked"]
 
 
+NODES = 1000
+
+
 def events(n):
     i = 0
     while True:
-        name = "vol-%05d" % i
+        name = "vol-%06d" % i
         uuid = "3f2504e0-4f89-41d3-9a0c-%012d" % i
-        minion = "node-%04d" % (i % 1000)
+        minion = "node-%05d" % (i % NODES)
         jid = "2026112200%010d" % i
         for step in STEPS:
             yield "salt-volumes/%s/progress" % name, {
@@ -133,6 +136,8 @@ def read(path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
+        if len(sys.argv) > 5:
+            NODES = int(sys.argv[5])
         write(int(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
     else:
         read(sys.argv[2])

@@ -250,6 +250,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Run("salt-api event stream as the source", func(t *testing.T) {
 		p.Stop()
 		p.events = "events:\n  source: sse\n"
+		p.jobs = "" // and jobs confirmed through salt-api's jobs.list_job
 		p.Start("")
 		out, errs, code := p.CLI("create", "sse-1", "--node", "node-1", "--size", "16Mi", "--wait", "--timeout", "2m")
 		require.Equal(t, 0, code, out+errs)

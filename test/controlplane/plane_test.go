@@ -59,6 +59,9 @@ type plane struct {
 	Store  string
 	logf   *os.File
 	events string
+	// jobs is added to the salt: section: the master's job cache, read
+	// from disk (serve's recommended setting on the master).
+	jobs string
 	// Env is added to serve's environment at the next Start.
 	Env []string
 }
@@ -70,6 +73,7 @@ func newPlane(t *testing.T, s *saltstack.Stack) *plane {
 	p.URL = fmt.Sprintf("http://127.0.0.1:%d", saltstack.FreePort(t))
 	p.Config = filepath.Join(s.Root, "control.yaml")
 	p.events = fmt.Sprintf("events:\n  source: bus\n  socket: %s\n", s.EventSocket())
+	p.jobs = fmt.Sprintf("  jobCache: %s\n", filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs"))
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
@@ -96,7 +100,7 @@ salt:
   username: %s
   password: %s
   eauth: file
-%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, p.Store, p.stack.APIURL(), p.stack.APIUser, p.stack.APIPass, p.events, extra)
+%s%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, p.Store, p.stack.APIURL(), p.stack.APIUser, p.stack.APIPass, p.jobs, p.events, extra)
 	require.NoError(p.t, os.WriteFile(p.Config, []byte(cfg), 0o600))
 }
 

@@ -5,10 +5,13 @@ package saltapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/salt-volumes/salt-volumes/internal/jobcache"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -19,6 +22,17 @@ import (
 var binary string
 
 func TestMain(m *testing.M) { testenv.MainWithExec(m, &binary) }
+
+// failingSalt stands for salt-api where the job cache must answer alone.
+type failingSalt struct{}
+
+func (failingSalt) LocalAsync(context.Context, string, string, []any, map[string]any) (saltapi.Job, error) {
+	return saltapi.Job{}, errors.New("asked salt-api")
+}
+
+func (failingSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) {
+	return saltapi.JobInfo{}, errors.New("asked salt-api")
+}
 
 func TestRealSaltAPI(t *testing.T) {
 	s := saltstack.Start(t, binary, true)
@@ -57,6 +71,20 @@ func TestRealSaltAPI(t *testing.T) {
 		assert.Equal(t, true, st["result"])
 		assert.Equal(t, "/dev/disk/by-uuid/"+u, st["volume"].(map[string]any)["persistentPath"])
 	}
+
+	// The master's job cache read from disk answers as jobs.list_job does.
+	viaAPI, err := c.ListJob(ctx, job.JID)
+	require.NoError(t, err)
+	local := &jobcache.Overlay{Salt: failingSalt{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
+	viaDisk, err := local.ListJob(ctx, job.JID)
+	require.NoError(t, err, "read from disk, not passed on to salt-api")
+	assert.True(t, viaDisk.Known)
+	assert.Equal(t, viaAPI.Function, viaDisk.Function)
+	require.Contains(t, viaDisk.Returns, s.MinionID)
+	assert.Equal(t, viaAPI.Returns[s.MinionID].Retcode, viaDisk.Returns[s.MinionID].Retcode)
+	assert.JSONEq(t, string(viaAPI.Returns[s.MinionID].Return), string(viaDisk.Returns[s.MinionID].Return))
+	_, err = local.ListJob(ctx, "20000101000000000000")
+	assert.ErrorContains(t, err, "asked salt-api", "an unknown job goes to salt-api")
 
 	_, found, err := c.LookupJID(ctx, "20000101000000000000")
 	require.NoError(t, err)
