@@ -178,11 +178,6 @@ func Parse(data []byte) (*Config, error) {
 			}
 		}
 	}
-	if c.Salt.JobCache != "" {
-		if st, err := os.Stat(c.Salt.JobCache); err != nil || !st.IsDir() {
-			return nil, fmt.Errorf("salt.jobCache: %q is not a readable directory: give the master's <cachedir>/jobs (e.g. /var/cache/salt/master/jobs), or remove it to confirm jobs through salt-api", c.Salt.JobCache)
-		}
-	}
 	if c.TokenFile != "" {
 		b, err := os.ReadFile(c.TokenFile)
 		if err != nil {

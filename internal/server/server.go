@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/api"
@@ -66,6 +67,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	}
 	var jobs reconciler.Salt = salt
 	if cfg.Salt.JobCache != "" {
+		if st, err := os.Stat(cfg.Salt.JobCache); err != nil || !st.IsDir() {
+			log.Warn("salt.jobCache is not a readable directory (yet?): jobs are confirmed through salt-api until it is", "path", cfg.Salt.JobCache)
+		}
 		jobs = &jobcache.Overlay{Salt: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
 	}
 	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
