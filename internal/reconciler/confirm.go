@@ -14,9 +14,10 @@ import (
 
 // maxHintTries bounds the lookups of one bus hint. The master fires the
 // return event before it writes the job cache, so the first lookup can come
-// too early; retries at 10 ms, 20 ms, ... cover about 2.5 s, after which a
+// too early; retries at 1 ms, 2 ms, 4 ms, ... cover about 4 s (a read of
+// the job cache on disk takes well under a millisecond), after which a
 // job of ours is left to its timeout and any other hint is dropped.
-const maxHintTries = 8
+const maxHintTries = 12
 
 // confirm turns bus hints into returns read from the job cache; other
 // observations pass through. v is nil for a volume the store does not hold
@@ -32,7 +33,7 @@ func (r *Reconciler) confirm(ctx context.Context, name string, v *volume.Volume,
 		out = append(out, found...)
 		if retry {
 			o.tries++
-			time.AfterFunc(10*time.Millisecond<<(o.tries-1), func() { r.push(name, o) })
+			time.AfterFunc(time.Millisecond<<(o.tries-1), func() { r.push(name, o) })
 		}
 	}
 	return out

@@ -105,8 +105,8 @@ func (r *Reconciler) confirmOnce(ctx context.Context, node string) {
 	case <-deadline.C:
 	}
 	// The master fires the return just before it writes the job cache:
-	// retries at 10 ms, 20 ms, ... as for job hints.
-	for try, delay := 0, 10*time.Millisecond; try < maxHintTries; try, delay = try+1, delay*2 {
+	// retries at 1 ms, 2 ms, ... as for job hints.
+	for try, delay := 0, time.Millisecond; try < maxHintTries; try, delay = try+1, delay*2 {
 		info, err := r.cache.get(ctx, job.JID, try > 0)
 		if err == nil {
 			if ret, ok := info.Returns[node]; ok {
