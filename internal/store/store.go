@@ -39,10 +39,15 @@ var openTimeout = 5 * time.Second
 
 // Store is the volume store. It is safe for concurrent use.
 type Store struct {
-	db       *bolt.DB
-	createMu sync.Mutex // makes "name free? then write" one step
+	db *bolt.DB
+	// createMu makes "name and uuid free? then reserve them" one step;
+	// the write itself runs outside it, so concurrent creates share
+	// fsyncs.
+	createMu sync.Mutex
+	reserved map[string]bool // names and uuids ("uuid:" prefix) being created
 	mu       sync.RWMutex
 	cache    map[string]*volume.Volume
+	byUUID   map[string]string // uuid -> name, for the uniqueness check
 	// Skipped lists records that could not be read at open: they are left
 	// in the file, reported, and do not stop the others from loading.
 	Skipped []string
@@ -73,7 +78,7 @@ func Open(path string) (s *Store, err error) {
 	// instead of bbolt's 10 keeps one API create snappy while a burst of
 	// reconciles still shares fsyncs.
 	db.MaxBatchDelay = 2 * time.Millisecond
-	s = &Store{db: db, cache: map[string]*volume.Volume{}}
+	s = &Store{db: db, cache: map[string]*volume.Volume{}, byUUID: map[string]string{}, reserved: map[string]bool{}}
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
@@ -90,6 +95,7 @@ func Open(path string) (s *Store, err error) {
 				return nil
 			}
 			s.cache[string(k)] = &vol
+			s.byUUID[vol.Spec.UUID] = vol.Spec.Name
 			return nil
 		})
 	})
@@ -159,28 +165,35 @@ func (s *Store) Len() int {
 	return len(s.cache)
 }
 
-// Create adds a volume; it fails if the name is taken.
+// Create adds a volume; it fails if the name or the uuid is taken.
 func (s *Store) Create(v *volume.Volume) error {
+	name, uuidKey := v.Spec.Name, "uuid:"+v.Spec.UUID
+	// Names and UUIDs are unique across the cluster: checked and reserved
+	// under the create lock, so that concurrent creates cannot both pass.
 	s.createMu.Lock()
-	defer s.createMu.Unlock()
-	// Names and UUIDs are unique across the cluster; both are checked under
-	// the create lock so that concurrent creates cannot both pass.
 	s.mu.RLock()
-	_, exists := s.cache[v.Spec.Name]
-	owner := ""
-	for _, o := range s.cache {
-		if o.Spec.UUID == v.Spec.UUID {
-			owner = o.Spec.Name
-			break
-		}
-	}
+	_, exists := s.cache[name]
+	owner := s.byUUID[v.Spec.UUID]
 	s.mu.RUnlock()
-	if exists {
-		return fmt.Errorf("%w: %q", ErrExists, v.Spec.Name)
-	}
-	if owner != "" {
+	switch {
+	case exists || s.reserved[name]:
+		s.createMu.Unlock()
+		return fmt.Errorf("%w: %q", ErrExists, name)
+	case owner != "":
+		s.createMu.Unlock()
 		return &UUIDError{UUID: v.Spec.UUID, Owner: owner}
+	case s.reserved[uuidKey]:
+		s.createMu.Unlock()
+		return &UUIDError{UUID: v.Spec.UUID, Owner: "a volume being created"}
 	}
+	s.reserved[name], s.reserved[uuidKey] = true, true
+	s.createMu.Unlock()
+	defer func() {
+		s.createMu.Lock()
+		delete(s.reserved, name)
+		delete(s.reserved, uuidKey)
+		s.createMu.Unlock()
+	}()
 	return s.Put(v)
 }
 
@@ -197,7 +210,11 @@ func (s *Store) Put(v *volume.Volume) error {
 		return fmt.Errorf("saving volume %q: %w", name, err)
 	}
 	s.mu.Lock()
+	if old, ok := s.cache[name]; ok && old.Spec.UUID != v.Spec.UUID {
+		delete(s.byUUID, old.Spec.UUID)
+	}
 	s.cache[name] = v.Clone()
+	s.byUUID[v.Spec.UUID] = name
 	s.mu.Unlock()
 	return nil
 }
@@ -210,6 +227,9 @@ func (s *Store) Delete(name string) error {
 		return fmt.Errorf("deleting volume %q: %w", name, err)
 	}
 	s.mu.Lock()
+	if old, ok := s.cache[name]; ok && s.byUUID[old.Spec.UUID] == name {
+		delete(s.byUUID, old.Spec.UUID)
+	}
 	delete(s.cache, name)
 	s.mu.Unlock()
 	return nil
