@@ -95,7 +95,20 @@ type jobCache struct {
 	lookups *metrics.Counter
 	mu      sync.Mutex
 	m       map[string]*jobFetch
+	// done lists finished fetches in the order they finished, so that
+	// expiry looks only at the oldest ones.
+	done []doneFetch
+	head int // done[:head] are expired
 }
+
+type doneFetch struct {
+	jid string
+	f   *jobFetch
+}
+
+// jobCacheTTL is how long a finished lookup is kept for other volumes of
+// the same job.
+const jobCacheTTL = 5 * time.Second
 
 type jobFetch struct {
 	done chan struct{}
@@ -113,10 +126,15 @@ func newJobCache(salt Salt, lookups *metrics.Counter) *jobCache {
 func (c *jobCache) get(ctx context.Context, jid string, fresh bool) (saltapi.JobInfo, error) {
 	now := time.Now()
 	c.mu.Lock()
-	for k, f := range c.m {
-		if !f.at.IsZero() && now.Sub(f.at) > 5*time.Second {
-			delete(c.m, k)
+	for ; c.head < len(c.done) && now.Sub(c.done[c.head].f.at) > jobCacheTTL; c.head++ {
+		if d := c.done[c.head]; c.m[d.jid] == d.f {
+			delete(c.m, d.jid)
 		}
+		c.done[c.head] = doneFetch{}
+	}
+	if c.head > 1024 && c.head > len(c.done)/2 {
+		c.done = append(c.done[:0], c.done[c.head:]...)
+		c.head = 0
 	}
 	f, ok := c.m[jid]
 	reuse := ok && (f.at.IsZero() || (!fresh && now.Sub(f.at) < 200*time.Millisecond))
@@ -129,6 +147,7 @@ func (c *jobCache) get(ctx context.Context, jid string, fresh bool) (saltapi.Job
 		c.mu.Lock()
 		f.info, f.err, f.at = info, err, time.Now()
 		close(f.done)
+		c.done = append(c.done, doneFetch{jid, f})
 		c.mu.Unlock()
 		return info, err
 	}
