@@ -118,6 +118,10 @@ type op struct {
 	e       *Engine
 	s       *spec.Spec
 	changed bool
+	// attached: this run attached the volume's loop device, a moment ago.
+	attached bool
+	// unsaved: the record changed in memory, to be saved at the end.
+	unsaved bool
 }
 
 func (o *op) step(name string, attrs ...any) {

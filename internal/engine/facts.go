@@ -135,17 +135,16 @@ func scanDevices() []string {
 		if strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") {
 			continue
 		}
+		if strings.HasPrefix(n, "loop") {
+			// Unbound loop devices (most of them, on a busy node) have
+			// nothing to read: one stat each, before any open. (/sys/block
+			// lists whole devices only.)
+			if _, err := os.Stat(filepath.Join(blockdev.SysBlock, n, "loop")); err != nil {
+				continue
+			}
+		}
 		if size, err := blockdev.SizeOf(n); err != nil || size == 0 {
 			continue // an empty drive or a dead device: nothing to read, and opening it may stall
-		}
-		if strings.HasPrefix(n, "loop") {
-			disk := n
-			if p, isPart, _ := blockdev.Partition(n); isPart {
-				disk = p.Parent
-			}
-			if _, err := os.Stat(filepath.Join(blockdev.SysBlock, disk, "loop")); err != nil {
-				continue // unbound loop devices have nothing to read
-			}
 		}
 		out = append(out, n)
 	}

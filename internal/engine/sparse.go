@@ -42,8 +42,11 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 			return err
 		}
 	}
-	if err := e.markWritten(rec, written(s, false)); err != nil {
-		return err
+	// Saved with the prepared phase, below: the file is ours by its
+	// record either way, and a crash before that save finds our own
+	// signature in it and keeps it. One save (two fsyncs) fewer.
+	if w := written(s, false); rec.Written != w {
+		rec.Written, o.unsaved = w, true
 	}
 
 	dev, err := e.ensureLoop(ctx, o, file)
@@ -68,7 +71,7 @@ func (e *Engine) ensureLoop(ctx context.Context, o *op, file string) (loopdev.De
 	if err != nil {
 		return dev, failed("attach", err, "attaching %s", file)
 	}
-	o.changed = true
+	o.changed, o.attached = true, true
 	o.step("attached", "device", dev.Path)
 	return dev, nil
 }
