@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // mkfsOption is one option a user may pass to mkfs. Only options that tune
@@ -22,15 +23,17 @@ type mkfsOption struct {
 }
 
 var (
-	numberRE  = regexp.MustCompile(`^[0-9]+$`)
-	decimalRE = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+	// Compiled on first use: most specs have no mkfs options, and every
+	// salt-volume-exec run would pay for them at start.
+	numberRE  = lazyRE(`^[0-9]+$`)
+	decimalRE = lazyRE(`^[0-9]+(\.[0-9]+)?$`)
 	// A sub-option value: sizes, numbers, booleans, uid:gid, encodings.
-	subValueRE = regexp.MustCompile(`^[A-Za-z0-9_.:+-]*$`)
-	wordsRE    = regexp.MustCompile(`^[a-z0-9_^]+(,[a-z0-9_^]+)*$`)
+	subValueRE = lazyRE(`^[A-Za-z0-9_.:+-]*$`)
+	wordsRE    = lazyRE(`^[a-z0-9_^]+(,[a-z0-9_^]+)*$`)
 )
 
 func number(v string) error {
-	if !numberRE.MatchString(v) {
+	if !numberRE().MatchString(v) {
 		return fmt.Errorf("%q is not a whole number", v)
 	}
 	return nil
@@ -81,14 +84,14 @@ var ext4Options = map[string]mkfsOption{
 	"-J": {takesArg: true, subopts: set("size", "fast_commit_size")},
 	"-L": {takesArg: true, check: label(16)},
 	"-m": {takesArg: true, check: func(v string) error {
-		if !decimalRE.MatchString(v) {
+		if !decimalRE().MatchString(v) {
 			return fmt.Errorf("%q is not a percentage", v)
 		}
 		return nil
 	}},
 	"-N": {takesArg: true, check: number},
 	"-O": {takesArg: true, check: func(v string) error {
-		if !wordsRE.MatchString(v) {
+		if !wordsRE().MatchString(v) {
 			return fmt.Errorf("%q is not a comma-separated list of feature names", v)
 		}
 		for _, f := range strings.Split(v, ",") {
@@ -99,7 +102,7 @@ var ext4Options = map[string]mkfsOption{
 		return nil
 	}},
 	"-T": {takesArg: true, check: func(v string) error {
-		if !wordsRE.MatchString(v) || strings.Contains(v, "^") {
+		if !wordsRE().MatchString(v) || strings.Contains(v, "^") {
 			return fmt.Errorf("%q is not a usage type such as huge or largefile", v)
 		}
 		return nil
@@ -211,7 +214,7 @@ func (m mkfsOption) checkValue(v string) error {
 			sort.Strings(names)
 			return fmt.Errorf("sub-option %q is not allowed (allowed: %s)", k, strings.Join(names, ", "))
 		}
-		if !subValueRE.MatchString(val) {
+		if !subValueRE().MatchString(val) {
 			return fmt.Errorf("value %q of %s is not a plain number or word", val, k)
 		}
 	}
@@ -243,4 +246,8 @@ func whyRefused(fsType, name string) string {
 		}
 	}
 	return "only options that tune the filesystem are passed to mkfs"
+}
+
+func lazyRE(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/google/uuid"
@@ -85,11 +84,36 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+// dns1123Label checks ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ (length apart) without
+// a regexp compiled at every start of the node binary.
+func dns1123Label(s string) bool {
+	if s == "" || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // minionID is what a node may be: a host name or FQDN as Salt uses for
 // minion ids, and nothing Salt would read as a target expression.
-var minionID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+func minionID(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Parse decodes a spec strictly (unknown fields are errors, so typos such as
 // "fstype" do not silently fall back to defaults) and validates it.
@@ -212,7 +236,7 @@ func (s *Spec) Validate() error {
 	if s.Name == "" {
 		return &FieldError{"name", "missing: give the volume a name (lowercase letters, digits and '-')"}
 	}
-	if len(s.Name) > 63 || !dns1123Label.MatchString(s.Name) {
+	if len(s.Name) > 63 || !dns1123Label(s.Name) {
 		return &FieldError{"name", fmt.Sprintf("%q is not a DNS-1123 label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit", s.Name)}
 	}
 	if s.UUID == "" {
@@ -224,7 +248,7 @@ func (s *Spec) Validate() error {
 	}
 	s.UUID = u.String()
 
-	if s.Node != "" && !minionID.MatchString(s.Node) {
+	if s.Node != "" && !minionID(s.Node) {
 		return &FieldError{"node", fmt.Sprintf("%q is not a Salt minion id: use the id salt-key -L shows (letters, digits, '.', '_' and '-'; no globs, commas or spaces)", s.Node)}
 	}
 

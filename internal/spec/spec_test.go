@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -234,4 +235,20 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip changed the spec: %s", why)
 		}
 	})
+}
+
+// The hand-written name checks accept exactly what their regexps do.
+func TestNameChecksMatchTheirRegexps(t *testing.T) {
+	label := regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	minion := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+	cases := []string{"", "a", "-", "a-", "-a", "a-b", "A", "node-1", "node_1", "node.example.com", ".x", "_x", "x.", "é",
+		"a b", "0", "9z", strings.Repeat("a", 253), strings.Repeat("a", 254), "a--b", "x*"}
+	for _, c := range cases {
+		if got, want := dns1123Label(c), label.MatchString(c); got != want {
+			t.Errorf("dns1123Label(%q) = %v, want %v", c, got, want)
+		}
+		if got, want := minionID(c), minion.MatchString(c); got != want {
+			t.Errorf("minionID(%q) = %v, want %v", c, got, want)
+		}
+	}
 }
