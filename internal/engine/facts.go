@@ -122,9 +122,34 @@ func parseDev(s string) (blockdev.Dev, bool) {
 	return d, err == nil && s == d.String()
 }
 
-// scanDevices lists the block devices worth reading: bound loop devices,
-// disks and partitions, not RAM disks.
+// scanDevices lists the block devices worth reading: disks, partitions and
+// bound loop devices with a size, not RAM disks. /proc/partitions lists
+// exactly the devices that have a size, partitions included, in one read
+// (unbound loop devices are not there); sysfs is the fallback.
 func scanDevices() []string {
+	b, err := os.ReadFile("/proc/partitions")
+	if err != nil {
+		return scanSysBlock()
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[2] == "0" || f[2] == "#blocks" {
+			continue
+		}
+		n := f[3]
+		if strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") {
+			continue
+		}
+		if f[2] == "1" {
+			continue // an extended partition's placeholder: nothing to read
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func scanSysBlock() []string {
 	ents, err := os.ReadDir(blockdev.SysBlock)
 	if err != nil {
 		return nil
@@ -136,9 +161,7 @@ func scanDevices() []string {
 			continue
 		}
 		if strings.HasPrefix(n, "loop") {
-			// Unbound loop devices (most of them, on a busy node) have
-			// nothing to read: one stat each, before any open. (/sys/block
-			// lists whole devices only.)
+			// Unbound loop devices have nothing to read: a stat each.
 			if _, err := os.Stat(filepath.Join(blockdev.SysBlock, n, "loop")); err != nil {
 				continue
 			}
