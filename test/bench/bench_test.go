@@ -159,12 +159,20 @@ func metric(b *testing.B, name string, value float64, unit string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "bench-metrics.txt"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
+	// The framework may call a benchmark more than once: the last
+	// measurement of a metric replaces the earlier ones.
+	path := filepath.Join(dir, "bench-metrics.txt")
+	old, _ := os.ReadFile(path)
+	var keep []string
+	for _, line := range strings.Split(strings.TrimSpace(string(old)), "\n") {
+		if line != "" && !strings.HasPrefix(line, "metric "+name+" ") {
+			keep = append(keep, line)
+		}
+	}
+	keep = append(keep, fmt.Sprintf("metric %s %s %s", name, strconv.FormatFloat(value, 'f', 3, 64), unit))
+	if err := os.WriteFile(path, []byte(strings.Join(keep, "\n")+"\n"), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
-	fmt.Fprintf(f, "metric %s %s %s\n", name, strconv.FormatFloat(value, 'f', 3, 64), unit)
 }
 
 // floorBlock is the shell floor of a sparse Block volume: the file, a GPT
