@@ -171,6 +171,7 @@ type Reconciler struct {
 	unmatchedOrder []string
 	notBefore      map[string]time.Time
 	backoff        map[string]time.Duration
+	busyWaiters    map[string][]string // node -> volumes that found it busy, in order
 	lookupRetry    bool
 
 	cache       *jobCache
@@ -649,8 +650,12 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		// The run did not happen: another state run held the minion.
 		st.JobID, st.Reason, st.Message = "", ReasonRetrying, out.Message
 		r.delay(name)
+		r.waitForNode(v.Spec.Node, name)
 		return changed
 	}
+	// A run of ours ended on this node: the minion is free for the next
+	// volume that found it busy, now rather than at its backoff.
+	r.nodeFree(v.Spec.Node)
 	st.Step = ""
 	if st.Phase == volume.Terminating {
 		if out.OK {
@@ -742,6 +747,49 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 		return r.checkTimeout(ctx, v)
 	}
 	return false
+}
+
+// waitForNode queues a volume whose run found its minion busy.
+func (r *Reconciler) waitForNode(node, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.busyWaiters == nil {
+		r.busyWaiters = map[string][]string{}
+	}
+	for _, n := range r.busyWaiters[node] {
+		if n == name {
+			return
+		}
+	}
+	r.busyWaiters[node] = append(r.busyWaiters[node], name)
+}
+
+// nodeFree launches the first volume waiting for node at once (one: the
+// minion runs one state run at a time; the others keep their turn, and
+// their backoff timers stay as the fallback).
+func (r *Reconciler) nodeFree(node string) {
+	for {
+		r.mu.Lock()
+		w := r.busyWaiters[node]
+		if len(w) == 0 {
+			r.mu.Unlock()
+			return
+		}
+		name := w[0]
+		if len(w) == 1 {
+			delete(r.busyWaiters, node)
+		} else {
+			r.busyWaiters[node] = w[1:]
+		}
+		delete(r.notBefore, name)
+		delete(r.backoff, name)
+		r.mu.Unlock()
+		if _, err := r.store.Get(name); err == nil {
+			r.q.add(name)
+			return
+		}
+		// Gone meanwhile: the turn goes to the next one.
+	}
 }
 
 func (r *Reconciler) delay(name string) {

@@ -642,3 +642,26 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 	_, err = r.Delete("keep", false)
 	assert.Error(t, err, "a deletion that cannot be recorded is not accepted")
 }
+
+// A volume that found its minion busy is launched again as soon as a run
+// of ours on that minion ends, not at its backoff.
+func TestBusyMinionFreedLaunchesTheNextAtOnce(t *testing.T) {
+	g := newRig(t, Options{RetryDelay: time.Hour})
+	a, b := sparseSpec("first"), sparseSpec("second")
+	_, err := g.r.Create(a)
+	require.NoError(t, err)
+	va := g.until("first", "Pending")
+	_, err = g.r.Create(b)
+	require.NoError(t, err)
+	vb := g.until("second", "Pending")
+	g.send(ret(vb.Status.JobID, "node-1", 1, []any{"The function \"state.apply\" is running as PID 4242 and was started at 2026"}))
+	for vb.Status.Reason != ReasonRetrying {
+		vb = g.next("second").Volume
+	}
+	g.send(ret(va.Status.JobID, "node-1", 0, stateRet("first", "prepared", true, "", device(a))))
+	g.until("first", "Available")
+	for vb.Status.JobID == "" || vb.Status.Reason == ReasonRetrying {
+		vb = g.next("second").Volume
+	}
+	assert.Len(t, g.salt.launches(), 3, "relaunched within the test, long before its one-hour backoff")
+}

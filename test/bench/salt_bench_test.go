@@ -324,3 +324,118 @@ func measureWithSalt(b *testing.B) {
 	fmt.Printf("create -> Available through the API (median of %d): %s; salt %s state.apply salt_volumes.prepared by hand: %s; ratio %.2fx\n",
 		len(walls), ours.Round(time.Millisecond), s.MinionID, floor.Round(time.Millisecond), float64(ours)/float64(floor))
 }
+
+// BenchmarkManyMinions runs as many salt-minion processes as this machine
+// holds (10, each with its own id, keys and state dir, on loopback) and
+// creates 10 volumes on each at once through the API: the time until all
+// 100 are Available, against the slowest job's own duration (new -> ret).
+func BenchmarkManyMinions(b *testing.B) {
+	needRoot(b)
+	manyOnce.Do(func() { measureManyMinions(b) })
+}
+
+var manyOnce sync.Once
+
+func measureManyMinions(b *testing.B) {
+	const minions, perMinion = 10, 10
+	s := saltstack.Start(b, binary, true)
+	stateDirs := map[string]string{s.MinionID: s.StateDir}
+	nodes := []string{s.MinionID}
+	for i := 2; i <= minions; i++ {
+		id := fmt.Sprintf("node-%d", i)
+		stateDirs[id] = s.AddMinion(id)
+		nodes = append(nodes, id)
+	}
+	b.Cleanup(func() {
+		for _, d := range stateDirs {
+			testenv.Cleanup(d, nil, b.Logf)
+		}
+	})
+	if out, code := s.Salt("*", "saltutil.sync_all", "--out=json"); code != 0 {
+		b.Fatalf("sync_all: %s", out)
+	}
+	times := &busTimes{news: map[string]time.Time{}, at: map[string]time.Time{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bus := &events.Bus{Network: "unix", Addr: s.EventSocket()}
+	connected := make(chan struct{})
+	var once sync.Once
+	go bus.Run(ctx, func() { once.Do(func() { close(connected) }) }, func(ev events.Event) {
+		now := time.Now()
+		p := strings.Split(ev.Tag, "/")
+		times.mu.Lock()
+		switch ev.Kind() {
+		case events.KindJobReturn:
+			times.at[p[2]] = now
+		case events.KindJobNew:
+			times.news[p[2]] = now
+		}
+		times.mu.Unlock()
+	})
+	<-connected
+	c, stop := controlPlaneAt(b, s, s.APIURL(), 0, true)
+	defer stop()
+
+	var names []string
+	for _, n := range nodes {
+		for i := range perMinion {
+			names = append(names, fmt.Sprintf("%s-v%d", n, i))
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer wcancel()
+	available := map[string]string{} // name -> the job that made it Available
+	var mu sync.Mutex
+	done := make(chan struct{})
+	start := time.Now()
+	var end time.Time
+	go func() {
+		_ = c.Watch(wctx, "", "", func(ev saltvolumes.Event) bool {
+			if ev.Type == client.Synced {
+				for _, name := range names {
+					node := name[:strings.LastIndex(name, "-v")]
+					go func() {
+						if _, err := c.Create(wctx, map[string]any{"name": name, "node": node, "sparseLoopDevice": map[string]any{"size": "16Mi"}}); err != nil {
+							b.Error(err)
+						}
+					}()
+				}
+				return true
+			}
+			if ev.Volume.Status.Phase.String() == "Failed" {
+				b.Errorf("%s failed: %s", ev.Volume.Spec.Name, ev.Volume.Status.Message)
+			}
+			if ev.Volume.Status.Phase.String() == "Available" {
+				mu.Lock()
+				available[ev.Volume.Spec.Name] = ev.Volume.Status.JobID
+				if len(available) == len(names) {
+					end = time.Now()
+					mu.Unlock()
+					close(done)
+					return false
+				}
+				mu.Unlock()
+			}
+			return true
+		})
+	}()
+	select {
+	case <-done:
+	case <-wctx.Done():
+		b.Fatalf("only %d of %d volumes Available after 10 minutes", len(available), len(names))
+	}
+	settle := end.Sub(start)
+	var slowest time.Duration
+	for _, jid := range available {
+		newAt, retAt := times.get(jid)
+		if !newAt.IsZero() && !retAt.IsZero() && retAt.Sub(newAt) > slowest {
+			slowest = retAt.Sub(newAt)
+		}
+	}
+	fmt.Printf("real Salt: %d minions x %d volumes created at once: all %d Available in %s; the slowest job's own duration (new -> ret) %s; "+
+		"a minion runs one state run at a time, so each one's ten volumes go one after another\n",
+		minions, perMinion, len(names), settle.Round(time.Millisecond), slowest.Round(time.Millisecond))
+	metric(b, "real_salt_minions", minions, "minions")
+	metric(b, "real_salt_volumes_settle_s", settle.Seconds(), "s")
+	deleteAll(b, c, names)
+}
