@@ -450,9 +450,12 @@ func TestKubernetes(t *testing.T) {
 			assert.Equal(t, corev1.PersistentVolumeReclaimDelete, pv.Spec.PersistentVolumeReclaimPolicy)
 			assert.Equal(t, claim.Name, pv.Spec.ClaimRef.Name)
 			assert.GreaterOrEqual(t, pv.Spec.Capacity.Storage().Value(), want)
-			evs := e.claimEvents(t, claim.Name)
-			assert.True(t, hasEvent(evs, "Provisioning", name), "events:\n%s", reasons(evs))
-			assert.True(t, hasEvent(evs, "ProvisioningSucceeded", name), "events:\n%s", reasons(evs))
+			// Events are recorded asynchronously (client-go's broadcaster):
+			// the claim can be Bound a moment before its last one lands.
+			eventually(t, 10*time.Second, "the claim's provisioning events", func() (bool, string) {
+				evs := e.claimEvents(t, claim.Name)
+				return hasEvent(evs, "Provisioning", name) && hasEvent(evs, "ProvisioningSucceeded", name), reasons(evs)
+			})
 			if claim == fsClaim {
 				job := jobDuration(t, bus, v.Status.JobID)
 				t.Logf("metric pvc_created_to_bound_ms %d", bound[claim.Name].Milliseconds())
