@@ -105,11 +105,33 @@ func Children(name string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
+		// The kernel names a partition after its disk (sda1, loop3p1,
+		// nvme0n1p2): only those entries are worth a stat.
+		if !partitionName(name, e.Name()) {
+			continue
+		}
 		if _, err := os.Stat(filepath.Join(SysBlock, name, e.Name(), "partition")); err == nil {
 			out = append(out, e.Name())
 		}
 	}
 	return out, nil
+}
+
+func partitionName(disk, n string) bool {
+	rest, ok := strings.CutPrefix(n, disk)
+	if !ok {
+		return false
+	}
+	rest = strings.TrimPrefix(rest, "p")
+	if rest == "" {
+		return false
+	}
+	for _, c := range rest {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Holders lists devices stacked on name (device-mapper, md, bcache...).
@@ -260,14 +282,78 @@ func UsageOf(name string) (Usage, error) {
 // loopsBackedBy lists the loop devices whose backing file is the block
 // device d.
 func loopsBackedBy(d Dev) []string {
-	dirs, _ := filepath.Glob("/sys/block/loop*")
 	var out []string
-	for _, p := range dirs {
-		if bd, ok := LoopBacking(filepath.Base(p)); ok && bd == d {
-			out = append(out, filepath.Base(p))
+	for _, n := range BoundLoops() {
+		if bd, ok := LoopBacking(n); ok && bd == d {
+			out = append(out, n)
 		}
 	}
 	return out
+}
+
+// Sized lists the block devices the kernel gives a size, partitions
+// included, from /proc/partitions in one read, with their size in 1 KiB
+// blocks. Unbound loop devices are not there, nor is a loop device bound
+// with zero capacity: no byte of its backing file is reachable through it.
+func Sized() ([]SizedDevice, error) {
+	b, err := os.ReadFile("/proc/partitions")
+	if err != nil {
+		return nil, err
+	}
+	var out []SizedDevice
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[2] == "0" || f[2] == "#blocks" {
+			continue
+		}
+		blocks, err := strconv.ParseInt(f[2], 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, SizedDevice{Name: f[3], Blocks: blocks})
+	}
+	return out, nil
+}
+
+// SizedDevice is one line of /proc/partitions.
+type SizedDevice struct {
+	Name   string
+	Blocks int64
+}
+
+// BoundLoops lists the loop devices bound to something: from
+// /proc/partitions (one read), or where it cannot be read from a stat of
+// every /sys/block/loopN/loop (one per loop device node, bound or not).
+func BoundLoops() []string {
+	var out []string
+	if sized, err := Sized(); err == nil {
+		for _, d := range sized {
+			if isLoop(d.Name) {
+				out = append(out, d.Name)
+			}
+		}
+		return out
+	}
+	ents, _ := os.ReadDir(SysBlock)
+	for _, e := range ents {
+		if !isLoop(e.Name()) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(SysBlock, e.Name(), "loop")); err == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// isLoop: loopN, not a partition of one (loopNpM).
+func isLoop(n string) bool {
+	rest, ok := strings.CutPrefix(n, "loop")
+	if !ok || rest == "" {
+		return false
+	}
+	_, err := strconv.Atoi(rest)
+	return err == nil
 }
 
 // LoopBacking returns the block device a loop device is backed by, from the

@@ -118,8 +118,12 @@ type op struct {
 	e       *Engine
 	s       *spec.Spec
 	changed bool
-	// attached: this run attached the volume's loop device, a moment ago.
-	attached bool
+	// fresh: this run attached the volume's loop device, or wrote the raw
+	// device through an exclusive open, a moment ago.
+	fresh bool
+	// probed: what admission found on the raw device, read under the
+	// global lock a moment ago (nil if it did not read it).
+	probed *probe.Result
 	// unsaved: the record changed in memory, to be saved at the end.
 	unsaved bool
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/devlinks"
@@ -20,7 +21,7 @@ import (
 // to a device; the one exception, CheckExclusive, opens and closes.
 
 // gatherTarget reads everything decideTarget needs about a raw device.
-func gatherTarget(ctx context.Context, raw *rawDevice, heldBy string) (targetFacts, error) {
+func gatherTarget(ctx context.Context, raw *rawDevice, heldBy string, sigs *pendingSignatures) (targetFacts, error) {
 	f := targetFacts{Path: raw.path, HeldBy: heldBy}
 	if heldBy != "" {
 		return f, nil
@@ -37,11 +38,37 @@ func gatherTarget(ctx context.Context, raw *rawDevice, heldBy string) (targetFac
 	if f.Own, _, _, err = openProbe(dev); err != nil {
 		return f, failed("probe", err, "reading %s", raw.path)
 	}
-	if f.Signatures, err = probe.Signatures(ctx, dev); err != nil {
+	if sigs == nil {
+		sigs = startSignatures(ctx, dev)
+	}
+	if f.Signatures, err = sigs.wait(); err != nil {
 		return f, refused("probe", "%s: cannot prove %s is blank: %v", devicePathField, raw.path, err)
 	}
 	f.Children, _ = blockdev.Children(raw.name)
 	return f, nil
+}
+
+// pendingSignatures is libblkid's probe of a device, started before the
+// checks that come first so that it runs beside them: it spends its time
+// waiting on the device (and on starting wipefs), not on the CPU.
+type pendingSignatures struct {
+	done chan struct{}
+	sigs []probe.Signature
+	err  error
+}
+
+func startSignatures(ctx context.Context, dev string) *pendingSignatures {
+	p := &pendingSignatures{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.sigs, p.err = probe.Signatures(ctx, dev)
+	}()
+	return p
+}
+
+func (p *pendingSignatures) wait() ([]probe.Signature, error) {
+	<-p.done
+	return p.sigs, p.err
 }
 
 // holdings maps the kernel name of every device that is, or is part of, a
@@ -127,24 +154,19 @@ func parseDev(s string) (blockdev.Dev, bool) {
 // exactly the devices that have a size, partitions included, in one read
 // (unbound loop devices are not there); sysfs is the fallback.
 func scanDevices() []string {
-	b, err := os.ReadFile("/proc/partitions")
+	sized, err := blockdev.Sized()
 	if err != nil {
 		return scanSysBlock()
 	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 4 || f[2] == "0" || f[2] == "#blocks" {
+	for _, d := range sized {
+		if strings.HasPrefix(d.Name, "ram") || strings.HasPrefix(d.Name, "zram") {
 			continue
 		}
-		n := f[3]
-		if strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") {
-			continue
-		}
-		if f[2] == "1" {
+		if d.Blocks == 1 {
 			continue // an extended partition's placeholder: nothing to read
 		}
-		out = append(out, n)
+		out = append(out, d.Name)
 	}
 	return out
 }
@@ -187,11 +209,9 @@ func carriersOf(s *spec.Spec) []carrier {
 			out = append(out, carrier{name, what})
 		}
 	}
-	for _, n := range scanDevices() {
-		r, _, _, err := openProbe("/dev/" + n)
-		if err != nil {
-			continue
-		}
+	names := scanDevices()
+	for i, r := range probeAll(names) {
+		n := names[i]
 		if r.UUID == s.UUID {
 			add(n, r.Kind+" filesystem UUID")
 		}
@@ -213,6 +233,28 @@ func carriersOf(s *spec.Spec) []carrier {
 			add(t, "named by "+link)
 		}
 	}
+	return out
+}
+
+// probeAll probes the named devices at once: each probe waits on the
+// device (a loop device's reads go through a kernel worker), so a node with
+// many volumes would otherwise pay for them one after another. A device
+// that cannot be read (gone meanwhile) has an empty result.
+func probeAll(names []string) []probe.Result {
+	out := make([]probe.Result, len(names))
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if r, _, _, err := openProbe("/dev/" + n); err == nil {
+				out[i] = r
+			}
+		}()
+	}
+	wg.Wait()
 	return out
 }
 

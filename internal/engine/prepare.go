@@ -13,6 +13,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
@@ -65,11 +66,12 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 	o.step("prepared")
 	res.State = StatePrepared
 	res.Changed = o.changed
-	// A loop device this run attached a moment ago is neither mounted nor
-	// held (and every write above checked its target): reading mountinfo,
-	// holders and every loop device's backing file again would only say
-	// so. Any other device is reported as found.
-	if !o.attached {
+	// A loop device this run attached a moment ago, or a raw device it
+	// wrote through an exclusive open (after checking mounts and holders),
+	// is not in use: reading mountinfo, holders and every loop device's
+	// backing file again would only say so. Any other device is reported
+	// as found.
+	if !o.fresh {
 		if _, err := e.usage(res.DeviceName, res); err != nil {
 			return nil, err
 		}
@@ -109,6 +111,15 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 	if err != nil {
 		return nil, failed("state", err, "reading state of %s", s.Name)
 	}
+	// A raw device we may write gets libblkid's probe; it starts now and
+	// runs beside the checks below (the result is read under the global
+	// lock, after the records said the device is nobody else's).
+	var sigs *pendingSignatures
+	if raw != nil && (rec == nil || !rec.Formatted()) {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		sigs = startSignatures(pctx, "/dev/"+raw.name)
+	}
 	mine := map[string]bool{}
 	if rec != nil {
 		for _, n := range e.devicesOf(rec) {
@@ -143,7 +154,7 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		}
 	}
 	if raw != nil {
-		if err := e.admitRaw(ctx, s, rec, raw, e.holdings(all, s.UUID)); err != nil {
+		if err := e.admitRaw(ctx, s, rec, raw, e.holdings(all, s.UUID), sigs, &o.probed); err != nil {
 			return nil, err
 		}
 	} else if rec == nil {
@@ -177,7 +188,8 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 // admitRaw checks a raw device: a volume we wrote must still be on the
 // device the record names; a device we have not written yet must be
 // blank, unused, whole and nobody else's volume.
-func (e *Engine) admitRaw(ctx context.Context, s *spec.Spec, rec *nodestate.Record, raw *rawDevice, held map[string]string) error {
+// probed receives what the device was found to hold when admitRaw read it.
+func (e *Engine) admitRaw(ctx context.Context, s *spec.Spec, rec *nodestate.Record, raw *rawDevice, held map[string]string, sigs *pendingSignatures, probed **probe.Result) error {
 	size, err := blockdev.SizeOf(raw.name)
 	if err != nil {
 		return failed("sysfs", err, "reading the size of %s", raw.name)
@@ -206,11 +218,15 @@ func (e *Engine) admitRaw(ctx context.Context, s *spec.Spec, rec *nodestate.Reco
 	if err := checkPartitionTable(s, raw); err != nil {
 		return err
 	}
-	f, err := gatherTarget(ctx, raw, "")
+	f, err := gatherTarget(ctx, raw, "", sigs)
 	if err != nil {
 		return err
 	}
-	return decideTarget(f)
+	if err := decideTarget(f); err != nil {
+		return err
+	}
+	*probed = &f.Own
+	return nil
 }
 
 // finishDevice makes the partition node (Block mode) and the persistent link

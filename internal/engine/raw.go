@@ -11,6 +11,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/mkfs"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"golang.org/x/sys/unix"
 )
@@ -170,8 +171,10 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
 	}
 	target := "/dev/" + raw.name
-	r, _, _, err := openProbe(target)
-	if err != nil {
+	var r probe.Result
+	if o.probed != nil {
+		r = *o.probed
+	} else if r, _, _, err = openProbe(target); err != nil {
 		return failed("probe", err, "reading %s", raw.path)
 	}
 	act, err := decideContent(s, contentFacts{Where: raw.path, Ours: ours(s, r), Found: r, Formatted: rec.Formatted()})
@@ -185,12 +188,10 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	}
 	if s.Mode == spec.ModeBlock && rec.DiskGUID == "" {
 		if r, _, _, err := openProbe(target); err == nil && r.GPT != nil {
-			rec.DiskGUID = r.GPT.DiskGUID
+			rec.DiskGUID, o.unsaved = r.GPT.DiskGUID, true
 		}
 	}
-	if err := e.markWritten(rec, written(s, false)); err != nil {
-		return err
-	}
+	o.markWritten(rec, written(s, false))
 	if err := e.rememberDevice(rec, raw); err != nil {
 		return err
 	}
@@ -219,7 +220,7 @@ func (e *Engine) writeRaw(ctx context.Context, o *op, rec *nodestate.Record, raw
 		if err := verifyWritten(s, f, size, ss); err != nil {
 			return err
 		}
-		o.changed = true
+		o.changed, o.fresh = true, true
 		o.step("formatted", "fsType", s.FSType, "device", target)
 		return nil
 	}
@@ -235,7 +236,7 @@ func (e *Engine) writeRaw(ctx context.Context, o *op, rec *nodestate.Record, raw
 	if err != nil {
 		return failed("gpt", err, "writing the GPT of %s", raw.path)
 	}
-	o.changed = true
+	o.changed, o.fresh = true, true
 	o.step("partitioned", "device", target)
 	return nil
 }
@@ -280,9 +281,7 @@ func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate
 		o.changed = true
 		o.step("guid-set", "device", raw.name)
 	}
-	if err := e.markWritten(rec, written(s, true)); err != nil {
-		return err
-	}
+	o.markWritten(rec, written(s, true))
 	if err := e.rememberDevice(rec, raw); err != nil {
 		return err
 	}

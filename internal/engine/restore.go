@@ -127,7 +127,7 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 }
 
 func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
-	dev, err := e.ensureLoop(ctx, o, e.State.SparseFile(o.s.UUID))
+	dev, err := e.ensureLoop(ctx, o, e.State.SparseFile(o.s.UUID), false)
 	if err != nil {
 		return err
 	}

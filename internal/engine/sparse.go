@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"os"
 
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
@@ -17,7 +18,7 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	file := e.State.SparseFile(s.UUID)
 	res.BackingFile = file
 
-	f, created, err := e.openSparseFile(s)
+	f, created, fresh, err := e.openSparseFile(s)
 	if err != nil {
 		return err
 	}
@@ -29,9 +30,12 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 
 	// Format (or partition) the file before attaching it, so that udev, where
 	// it runs, sees the final signature on the loop device's first event.
-	r, err := probe.Device(f, s.SizeBytes, 512)
-	if err != nil {
-		return failed("probe", err, "reading %s", file)
+	// A file this run created holds nothing but zeros: no need to read it.
+	var r probe.Result
+	if !fresh {
+		if r, err = probe.Device(f, s.SizeBytes, 512); err != nil {
+			return failed("probe", err, "reading %s", file)
+		}
 	}
 	act, err := decideContent(s, contentFacts{Where: file, Ours: ours(s, r), Found: r, Formatted: rec.Formatted(), OurFile: true})
 	if err != nil {
@@ -42,14 +46,9 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 			return err
 		}
 	}
-	// Saved with the prepared phase, below: the file is ours by its
-	// record either way, and a crash before that save finds our own
-	// signature in it and keeps it. One save (two fsyncs) fewer.
-	if w := written(s, false); rec.Written != w {
-		rec.Written, o.unsaved = w, true
-	}
+	o.markWritten(rec, written(s, false))
 
-	dev, err := e.ensureLoop(ctx, o, file)
+	dev, err := e.ensureLoop(ctx, o, file, fresh)
 	if err != nil {
 		return err
 	}
@@ -58,20 +57,23 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 }
 
 // ensureLoop returns the loop device of the sparse file, attaching one if
-// there is none.
-func (e *Engine) ensureLoop(ctx context.Context, o *op, file string) (loopdev.Device, error) {
-	devs, err := loopdev.Find(file)
-	if err != nil {
-		return loopdev.Device{}, failed("loop", err, "looking for the loop device of %s", file)
-	}
-	if len(devs) > 0 {
-		return devs[0], nil
+// there is none. A fresh file has none: looking would read every bound
+// loop device's status.
+func (e *Engine) ensureLoop(ctx context.Context, o *op, file string, fresh bool) (loopdev.Device, error) {
+	if !fresh {
+		devs, err := loopdev.Find(file)
+		if err != nil {
+			return loopdev.Device{}, failed("loop", err, "looking for the loop device of %s", file)
+		}
+		if len(devs) > 0 {
+			return devs[0], nil
+		}
 	}
 	dev, err := loopdev.Attach(ctx, file)
 	if err != nil {
 		return dev, failed("attach", err, "attaching %s", file)
 	}
-	o.changed, o.attached = true, true
+	o.changed, o.fresh = true, true
 	o.step("attached", "device", dev.Path)
 	return dev, nil
 }
@@ -87,11 +89,16 @@ func (e *Engine) writeSparse(ctx context.Context, o *op, f *os.File, force bool)
 		if err := verifyWritten(s, f, s.SizeBytes, 512); err != nil {
 			return err
 		}
+		// mkfs syncs what it wrote; this covers the file's new size too,
+		// before any record says the volume is written.
+		if err := f.Sync(); err != nil {
+			return failed("file", err, "syncing %s", f.Name())
+		}
 		o.changed = true
 		o.step("formatted", "fsType", s.FSType)
 		return nil
 	}
-	if _, _, err := gpt.Create(f, s.SizeBytes, 512, s.UUID, s.Name); err != nil {
+	if _, _, err := gpt.CreateFresh(f, s.SizeBytes, 512, s.UUID, s.Name); err != nil {
 		return failed("gpt", err, "writing the GPT of %s", f.Name())
 	}
 	o.changed = true
@@ -116,34 +123,38 @@ func verifyWritten(s *spec.Spec, f interface {
 
 // openSparseFile opens (creating it at its exact size if needed) the
 // volume's sparse file. A zero-length file is what a crash between create
-// and truncate leaves behind.
-func (e *Engine) openSparseFile(s *spec.Spec) (*os.File, bool, error) {
+// and truncate leaves behind. fresh tells that this run created the file:
+// a new inode, which no loop device can be bound to yet.
+func (e *Engine) openSparseFile(s *spec.Spec) (f *os.File, created, fresh bool, err error) {
 	file := e.State.SparseFile(s.UUID)
-	f, err := e.State.OpenSparse(s.UUID, os.O_RDWR|os.O_CREATE)
+	f, err = e.State.OpenSparse(s.UUID, os.O_RDWR|os.O_CREATE|os.O_EXCL)
+	fresh = err == nil
+	if errors.Is(err, os.ErrExist) {
+		f, err = e.State.OpenSparse(s.UUID, os.O_RDWR)
+	}
 	if err != nil {
-		return nil, false, refused("sparse_file", "opening %s: %v", file, err)
+		return nil, false, false, refused("sparse_file", "opening %s: %v", file, err)
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, false, failed("file", err, "reading %s", file)
+		return nil, false, false, failed("file", err, "reading %s", file)
 	}
 	switch st.Size() {
 	case s.SizeBytes:
-		return f, false, nil
+		return f, false, false, nil
 	case 0:
+		// Not synced here: what is written into the file next is synced
+		// before the record says so, and a size lost to a crash is the
+		// zero-length case above.
 		if err := f.Truncate(s.SizeBytes); err != nil {
 			f.Close()
-			return nil, false, failed("file", err, "sizing %s", file)
+			return nil, false, false, failed("file", err, "sizing %s", file)
 		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return nil, false, failed("file", err, "syncing %s", file)
-		}
-		return f, true, nil
+		return f, true, fresh, nil
 	}
 	f.Close()
-	return nil, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes; resizing is not supported", file, st.Size(), s.SizeBytes)
+	return nil, false, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes; resizing is not supported", file, st.Size(), s.SizeBytes)
 }
 
 // written names what prepare writes for a spec: the filesystem type, a GPT
@@ -159,14 +170,10 @@ func written(s *spec.Spec, partition bool) string {
 }
 
 // markWritten records that the volume's signature is on its storage, so it
-// is never written again.
-func (e *Engine) markWritten(rec *nodestate.Record, what string) error {
-	if rec.Written == what {
-		return nil
+// is never written again. It is saved with the prepared phase: a crash
+// before that save finds our own signature there and keeps it.
+func (o *op) markWritten(rec *nodestate.Record, what string) {
+	if rec.Written != what {
+		rec.Written, o.unsaved = what, true
 	}
-	rec.Written = what
-	if err := e.State.Save(rec); err != nil {
-		return failed("state", err, "saving state of %s", rec.Spec.Name)
-	}
-	return nil
 }

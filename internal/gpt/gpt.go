@@ -13,11 +13,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"unicode/utf16"
 
-	"github.com/diskfs/go-diskfs/backend/file"
+	"github.com/diskfs/go-diskfs/backend"
 	dgpt "github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/google/uuid"
 )
@@ -226,8 +227,21 @@ func Extent(size int64, ss int) (start, length int64, err error) {
 
 // Create writes a protective MBR and a GPT with one Linux-data partition
 // aligned to 1 MiB whose unique GUID is guid. It writes through f and does
-// not ask the kernel to re-read anything: the caller owns that step.
+// not ask the kernel to re-read anything: the caller owns that step. Each
+// part is synced before the next (backup before primary), so a crash leaves
+// either the old primary table or the whole new one: what a disk needs.
 func Create(f *os.File, size int64, ss int, guid, name string) (start, length int64, err error) {
+	return create(f, f, size, ss, guid, name)
+}
+
+// CreateFresh is Create for a file only this volume uses, whose interrupted
+// write is simply written again: the parts need no order among themselves,
+// so one sync at the end replaces Create's five.
+func CreateFresh(f *os.File, size int64, ss int, guid, name string) (start, length int64, err error) {
+	return create(unsynced{f}, f, size, ss, guid, name)
+}
+
+func create(w backend.WritableFile, f *os.File, size int64, ss int, guid, name string) (start, length int64, err error) {
 	start, length, err = Extent(size, ss)
 	if err != nil {
 		return 0, 0, err
@@ -248,15 +262,22 @@ func Create(f *os.File, size int64, ss int, guid, name string) (start, length in
 			GUID:  strings.ToUpper(guid),
 		}},
 	}
-	w, err := file.New(f, false).Writable()
-	if err != nil {
-		return 0, 0, err
-	}
 	if err := t.Write(w, size); err != nil {
 		return 0, 0, fmt.Errorf("writing GPT: %w", err)
 	}
 	return start, length, f.Sync()
 }
+
+// unsynced hides the file's Sync from go-diskfs, which syncs after every
+// part it writes when it can.
+type unsynced struct{ f *os.File }
+
+func (u unsynced) Stat() (fs.FileInfo, error)                { return u.f.Stat() }
+func (u unsynced) Read(p []byte) (int, error)                { return u.f.Read(p) }
+func (u unsynced) Close() error                              { return nil }
+func (u unsynced) ReadAt(p []byte, off int64) (int, error)   { return u.f.ReadAt(p, off) }
+func (u unsynced) WriteAt(p []byte, off int64) (int, error)  { return u.f.WriteAt(p, off) }
+func (u unsynced) Seek(off int64, whence int) (int64, error) { return u.f.Seek(off, whence) }
 
 // ReadWriterAt is what in-place patching needs.
 type ReadWriterAt interface {

@@ -179,3 +179,38 @@ func TestHeaderCRCIsChecked(t *testing.T) {
 	assert.True(t, tbl.FromBackup)
 	assert.Equal(t, "x", tbl.Entries[0].Name, "the intact backup is what is read")
 }
+
+// CreateFresh skips the syncs between parts, nothing else: the table it
+// writes must be the one Create writes, byte for byte apart from the
+// random disk GUID and the header CRCs that cover it.
+func TestCreateFreshWritesWhatCreateWrites(t *testing.T) {
+	const size = 32 << 20
+	const guid = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+	a, b := newImage(t, size), newImage(t, size)
+	sa, la, err := Create(a, size, 512, guid, "vol")
+	require.NoError(t, err)
+	sb, lb, err := CreateFresh(b, size, 512, guid, "vol")
+	require.NoError(t, err)
+	assert.Equal(t, sa, sb)
+	assert.Equal(t, la, lb)
+
+	ta, err := Read(a, size, 512)
+	require.NoError(t, err)
+	tb, err := Read(b, size, 512)
+	require.NoError(t, err)
+	assert.False(t, tb.FromBackup, "the primary table is whole")
+	assert.Equal(t, ta.Entries, tb.Entries)
+
+	// The backup header too, read on its own.
+	_, err = b.WriteAt(make([]byte, 512), 512)
+	require.NoError(t, err)
+	tb, err = Read(b, size, 512)
+	require.NoError(t, err)
+	assert.True(t, tb.FromBackup)
+	assert.Equal(t, guid, tb.Entries[0].GUID)
+
+	// And the file is still open for the caller: the wrapper must not have
+	// closed it.
+	_, err = b.Stat()
+	assert.NoError(t, err)
+}

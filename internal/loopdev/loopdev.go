@@ -161,22 +161,10 @@ func (idx Index) Find(path string) []Device {
 
 // Bound lists loop devices that have a backing file.
 func Bound() ([]Device, error) {
-	ents, err := os.ReadDir("/sys/block")
-	if err != nil {
-		return nil, err
-	}
 	var out []Device
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), "loop") {
-			continue
-		}
-		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop"))
-		if err != nil {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join("/sys/block", e.Name(), "loop")); err == nil {
-			out = append(out, byNumber(n))
-		}
+	for _, n := range blockdev.BoundLoops() {
+		num, _ := strconv.Atoi(strings.TrimPrefix(n, "loop"))
+		out = append(out, byNumber(num))
 	}
 	return out, nil
 }

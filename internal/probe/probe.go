@@ -118,7 +118,7 @@ func Device(r io.ReaderAt, size int64, ss int) (Result, error) {
 	// a damaged table is still a partition table.
 	for _, s := range []int{ss, 512, 4096} {
 		if m := at(int64(s), 8); string(m) == "EFI PART" {
-			t, err := gpt.Read(r, size, s)
+			t, err := gpt.Read(headReader{b, r}, size, s)
 			if err != nil {
 				return Result{Kind: "gpt"}, nil
 			}
@@ -179,25 +179,53 @@ func zfsAt(b []byte) bool {
 		bytes.Contains(b[off:off+1024], []byte("pool_guid"))
 }
 
+// tail looks for the signatures kept near the end of a device, read in one
+// go: every read of a block device opened afresh goes to the device (the
+// kernel drops its cache on the last close), a loop device's through a
+// kernel worker, so three small reads cost three round trips.
 func tail(r io.ReaderAt, size int64, ss int) string {
-	last := make([]byte, ss)
-	if _, err := r.ReadAt(last, size/int64(ss)*int64(ss)-int64(ss)); err == nil && string(last[:8]) == "EFI PART" {
-		return "gpt"
-	}
-	md := make([]byte, 4)
+	lastSector := size/int64(ss)*int64(ss) - int64(ss)
 	// md 1.0: 8 KiB from the end, 4 KiB aligned.
 	off10 := ((size >> 9) - 16) &^ 7 * 512
-	if _, err := r.ReadAt(md, off10); err == nil && string(md) == "\xfc\x4e\x2b\xa9" {
-		return "linux_raid_member"
-	}
 	// md 0.90: 64 KiB from the end, 64 KiB aligned.
 	off090 := (size &^ (65536 - 1)) - 65536
+	from := min(lastSector, off10)
 	if off090 > 0 {
-		if _, err := r.ReadAt(md, off090); err == nil && string(md) == "\xfc\x4e\x2b\xa9" {
-			return "linux_raid_member"
+		from = min(from, off090)
+	}
+	from = max(from, 0)
+	b := make([]byte, size-from)
+	if _, err := r.ReadAt(b, from); err != nil && !errors.Is(err, io.EOF) {
+		return ""
+	}
+	at := func(off int64, l int) string {
+		if off < from || off+int64(l) > size {
+			return ""
 		}
+		return string(b[off-from : off-from+int64(l)])
+	}
+	if at(lastSector, 8) == "EFI PART" {
+		return "gpt"
+	}
+	const mdMagic = "\xfc\x4e\x2b\xa9"
+	if at(off10, 4) == mdMagic || off090 > 0 && at(off090, 4) == mdMagic {
+		return "linux_raid_member"
 	}
 	return ""
+}
+
+// headReader serves reads within the start of the device, already read,
+// from memory.
+type headReader struct {
+	head []byte
+	r    io.ReaderAt
+}
+
+func (h headReader) ReadAt(p []byte, off int64) (int, error) {
+	if off >= 0 && off+int64(len(p)) <= int64(len(h.head)) {
+		return copy(p, h.head[off:]), nil
+	}
+	return h.r.ReadAt(p, off)
 }
 
 func fsUUID(b []byte) string {

@@ -86,3 +86,62 @@ func TestGPTWithPartitionGUIDs(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", p.GUID)
 }
+
+// countingReader counts the reads a probe makes: each one on a block
+// device opened afresh goes to the device.
+type countingReader struct {
+	r     *bytes.Reader
+	reads int
+}
+
+func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	c.reads++
+	return c.r.ReadAt(p, off)
+}
+
+func TestTailSignaturesOnOddSizes(t *testing.T) {
+	// md metadata sits at offsets aligned down from the end: check them on
+	// sizes that are not multiples of the alignment.
+	for _, sz := range []int64{size, size + 3*512, size + 60<<10} {
+		img := func(off int64) *bytes.Reader {
+			b := make([]byte, sz)
+			copy(b[off:], []byte{0xfc, 0x4e, 0x2b, 0xa9})
+			return bytes.NewReader(b)
+		}
+		md10 := ((sz >> 9) - 16) &^ 7 * 512
+		md090 := (sz &^ (65536 - 1)) - 65536
+		for name, off := range map[string]int64{"md 1.0": md10, "md 0.90": md090} {
+			r, err := Device(img(off), sz, 512)
+			require.NoError(t, err)
+			assert.Equal(t, "linux_raid_member", r.Kind, "%s on a %d-byte device", name, sz)
+		}
+		b := make([]byte, sz)
+		copy(b[sz/512*512-512:], "EFI PART")
+		r, err := Device(bytes.NewReader(b), sz, 512)
+		require.NoError(t, err)
+		assert.Equal(t, "gpt", r.Kind, "backup GPT header on a %d-byte device", sz)
+	}
+}
+
+func TestProbeReadsTwiceAtMost(t *testing.T) {
+	c := &countingReader{r: image(t, nil)}
+	r, err := Device(c, size, 512)
+	require.NoError(t, err)
+	assert.True(t, r.Empty())
+	assert.Equal(t, 2, c.reads, "a blank device: its start and its end, once each")
+
+	f, err := os.Create(filepath.Join(t.TempDir(), "img"))
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Truncate(size))
+	_, _, err = gpt.Create(f, size, 512, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "v")
+	require.NoError(t, err)
+	b := make([]byte, size)
+	_, err = f.ReadAt(b, 0)
+	require.NoError(t, err)
+	c = &countingReader{r: bytes.NewReader(b)}
+	r, err = Device(c, size, 512)
+	require.NoError(t, err)
+	require.NotNil(t, r.GPT)
+	assert.Equal(t, 1, c.reads, "a sound GPT is parsed from the start already read")
+}
