@@ -25,10 +25,10 @@ func (c *cli) show(v saltvolumes.View) error {
 	if u := v.Usage; u != nil {
 		line := "on the node: " + u.State
 		if u.Allocated > 0 {
-			line += ", allocated " + human(u.Allocated)
+			line += ", allocated " + spec.Approx(u.Allocated)
 		}
 		if len(u.Mountpoints) > 0 {
-			line += fmt.Sprintf(", filesystem used %s, free %s, mounted at %s", human(u.FSUsed), human(u.FSFree), strings.Join(u.Mountpoints, " "))
+			line += fmt.Sprintf(", filesystem used %s, free %s, mounted at %s", spec.Approx(u.FSUsed), spec.Approx(u.FSFree), strings.Join(u.Mountpoints, " "))
 		}
 		if u.Error != "" {
 			line += ": " + u.Error

@@ -11,6 +11,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
 // watch prints every change of every volume (or one node's) until Ctrl-C.
@@ -69,8 +70,8 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 		}
 		committed, size, free := "-", "-", "-"
 		if c := n.Capacity; c != nil {
-			committed = fmt.Sprintf("%s (%.0f%%)", human(c.Committed), 100*float64(c.Committed)/float64(max(c.Size, 1)))
-			size, free = human(c.Size), human(c.Free)
+			committed = fmt.Sprintf("%s (%.0f%%)", spec.Approx(c.Committed), 100*float64(c.Committed)/float64(max(c.Size, 1)))
+			size, free = spec.Approx(c.Size), spec.Approx(c.Free)
 		}
 		beacon, orphans := "-", 0
 		if h := n.Health; h != nil && !h.LastReport.IsZero() {
@@ -86,18 +87,4 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.Up, beacon, committed, size, free, orphans, n.Volumes, strings.Join(ph, " "))
 	}
 	return tw.Flush()
-}
-
-// human rounds a byte count for tables.
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	v, i := float64(n), -1
-	for v >= unit && i < 5 {
-		v /= unit
-		i++
-	}
-	return fmt.Sprintf("%.1f%ciB", v, "KMGTPE"[i])
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -88,23 +87,9 @@ func (e *Engine) checkOvercommit(s *spec.Spec, recs []*nodestate.Record) error {
 	limit := int64(e.OvercommitRatio * float64(c.Size))
 	if after := c.Committed + s.SizeBytes; after > limit {
 		return refused("overcommit", "sparseLoopDevice.size: %s would commit %s of %s on %s, past the overcommit ratio %g (limit %s, already committed %s): use a smaller size, delete volumes, or raise salt_volumes:overcommit_ratio in the minion config",
-			human(s.SizeBytes), human(after), human(c.Size), c.Path, e.OvercommitRatio, human(limit), human(c.Committed))
+			spec.Approx(s.SizeBytes), spec.Approx(after), spec.Approx(c.Size), c.Path, e.OvercommitRatio, spec.Approx(limit), spec.Approx(c.Committed))
 	}
 	return nil
-}
-
-// human rounds a size for messages (specs keep exact quantities).
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, i := float64(n), -1
-	for v >= unit && i < 5 {
-		v /= unit
-		i++
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
 }
 
 // allocated is the room a file really takes (st_blocks counts 512-byte units).

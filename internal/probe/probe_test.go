@@ -71,13 +71,20 @@ func TestBackupGPTOnlyIsStillATable(t *testing.T) {
 	assert.Equal(t, "gpt", r.Kind)
 }
 
-func TestGPTWithPartitionGUIDs(t *testing.T) {
+// gptImage is an image file holding our one-partition GPT.
+func gptImage(t *testing.T) *os.File {
+	t.Helper()
 	f, err := os.Create(filepath.Join(t.TempDir(), "img"))
 	require.NoError(t, err)
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	require.NoError(t, f.Truncate(size))
 	_, _, err = gpt.Create(f, size, 512, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "v")
 	require.NoError(t, err)
+	return f
+}
+
+func TestGPTWithPartitionGUIDs(t *testing.T) {
+	f := gptImage(t)
 	r, err := Device(f, size, 512)
 	require.NoError(t, err)
 	require.Equal(t, "gpt", r.Kind)
@@ -130,14 +137,8 @@ func TestProbeReadsTwiceAtMost(t *testing.T) {
 	assert.True(t, r.Empty())
 	assert.Equal(t, 2, c.reads, "a blank device: its start and its end, once each")
 
-	f, err := os.Create(filepath.Join(t.TempDir(), "img"))
-	require.NoError(t, err)
-	defer f.Close()
-	require.NoError(t, f.Truncate(size))
-	_, _, err = gpt.Create(f, size, 512, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "v")
-	require.NoError(t, err)
 	b := make([]byte, size)
-	_, err = f.ReadAt(b, 0)
+	_, err = gptImage(t).ReadAt(b, 0)
 	require.NoError(t, err)
 	c = &countingReader{r: bytes.NewReader(b)}
 	r, err = Device(c, size, 512)

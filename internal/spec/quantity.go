@@ -97,3 +97,18 @@ func FormatSize(n int64) string {
 	}
 	return fmt.Sprintf("%d", n)
 }
+
+// Approx rounds a byte count for people: "1.5GiB", "640B". Specs keep exact
+// quantities (FormatSize); tables and messages about room use this.
+func Approx(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, i := float64(n), -1
+	for v >= unit && i < 5 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f%ciB", v, "KMGTPE"[i])
+}

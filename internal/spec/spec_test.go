@@ -252,3 +252,16 @@ func TestNameChecksMatchTheirRegexps(t *testing.T) {
 		}
 	}
 }
+
+func TestApprox(t *testing.T) {
+	for n, want := range map[int64]string{
+		640:            "640B",
+		64 << 20:       "64.0MiB",
+		3 << 29:        "1.5GiB",
+		10<<40 + 1<<39: "10.5TiB",
+	} {
+		if got := Approx(n); got != want {
+			t.Errorf("Approx(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -236,21 +236,10 @@ type busTimes struct {
 	news, at map[string]time.Time
 }
 
-func (r *busTimes) get(jid string) (time.Time, time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.news[jid], r.at[jid]
-}
-
-func measureWithSalt(b *testing.B) {
-	s := saltstack.Start(b, binary, true)
-	b.Cleanup(func() { testenv.Cleanup(s.StateDir, nil, b.Logf) })
-	if out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json"); code != 0 {
-		b.Fatalf("sync_all: %s", out)
-	}
+// watchJobTimes reads the master's bus until ctx ends and notes when each
+// job's new and ret events cross it; it returns once connected.
+func watchJobTimes(ctx context.Context, s *saltstack.Stack) *busTimes {
 	times := &busTimes{news: map[string]time.Time{}, at: map[string]time.Time{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	bus := &events.Bus{Network: "unix", Addr: s.EventSocket()}
 	connected := make(chan struct{})
 	var once sync.Once
@@ -267,6 +256,24 @@ func measureWithSalt(b *testing.B) {
 		times.mu.Unlock()
 	})
 	<-connected
+	return times
+}
+
+func (r *busTimes) get(jid string) (time.Time, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.news[jid], r.at[jid]
+}
+
+func measureWithSalt(b *testing.B) {
+	s := saltstack.Start(b, binary, true)
+	b.Cleanup(func() { testenv.Cleanup(s.StateDir, nil, b.Logf) })
+	if out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json"); code != 0 {
+		b.Fatalf("sync_all: %s", out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	times := watchJobTimes(ctx, s)
 	proxy := newCountingProxy(b, s.APIURL())
 
 	// Event mode, through the counting proxy: returns confirmed through
@@ -406,25 +413,9 @@ func measureManyMinions(b *testing.B) {
 	if out, code := s.Salt("*", "saltutil.sync_all", "--out=json"); code != 0 {
 		b.Fatalf("sync_all: %s", out)
 	}
-	times := &busTimes{news: map[string]time.Time{}, at: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bus := &events.Bus{Network: "unix", Addr: s.EventSocket()}
-	connected := make(chan struct{})
-	var once sync.Once
-	go bus.Run(ctx, func() { once.Do(func() { close(connected) }) }, func(ev events.Event) {
-		now := time.Now()
-		p := strings.Split(ev.Tag, "/")
-		times.mu.Lock()
-		switch ev.Kind() {
-		case events.KindJobReturn:
-			times.at[p[2]] = now
-		case events.KindJobNew:
-			times.news[p[2]] = now
-		}
-		times.mu.Unlock()
-	})
-	<-connected
+	times := watchJobTimes(ctx, s)
 	c, stop := controlPlaneAt(b, s, s.APIURL(), 0, true)
 	defer stop()
 
