@@ -172,7 +172,10 @@ type Reconciler struct {
 	notBefore      map[string]time.Time
 	backoff        map[string]time.Duration
 	busyWaiters    map[string][]string // node -> volumes that found it busy, in order
-	lookupRetry    bool
+	// running is the state run of ours in flight on each node: a minion
+	// runs one at a time, so a second one would only come back busy.
+	running     map[string]nodeRun
+	lookupRetry bool
 
 	cache       *jobCache
 	jobLog      jobLog
@@ -181,6 +184,13 @@ type Reconciler struct {
 	// warn logs what could repeat without end (forged events, salt-api
 	// down) at most once a minute per message.
 	warn *rateLog
+}
+
+// nodeRun is a state run of ours on a node.
+type nodeRun struct {
+	jid    string
+	volume string
+	at     time.Time
 }
 
 // New builds a reconciler. source may be nil in polling mode.
@@ -208,8 +218,8 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 		q:       newQueue(),
 		inbox:   map[string][]observation{}, jobs: map[string]string{},
 		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
-		backoff: map[string]time.Duration{},
-		warn:    newRateLog(log, time.Minute),
+		backoff: map[string]time.Duration{}, running: map[string]nodeRun{},
+		warn: newRateLog(log, time.Minute),
 	}
 	r.cache = newJobCache(salt, &r.Metrics.Lookups)
 	return r
@@ -438,9 +448,10 @@ func (r *Reconciler) remember(jid string) {
 	}
 }
 
-func (r *Reconciler) registerJob(jid, name string) {
+func (r *Reconciler) registerJob(jid, name, node string) {
 	r.mu.Lock()
 	r.jobs[jid] = name
+	r.running[node] = nodeRun{jid: jid, volume: name, at: time.Now()}
 	_, early := r.unmatched[jid]
 	delete(r.unmatched, jid)
 	r.mu.Unlock()
@@ -452,7 +463,37 @@ func (r *Reconciler) registerJob(jid, name string) {
 func (r *Reconciler) forgetJob(jid string) {
 	r.mu.Lock()
 	delete(r.jobs, jid)
+	for node, run := range r.running {
+		if run.jid == jid {
+			delete(r.running, node)
+			break
+		}
+	}
 	r.mu.Unlock()
+}
+
+// claimNode reserves node for the volume's next run, or returns the run of
+// another volume of ours in flight there. A run older than the job timeout
+// no longer counts: its volume may be gone, and a lost return must not
+// hold a node for good.
+func (r *Reconciler) claimNode(node, name string) (nodeRun, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	run, ok := r.running[node]
+	if ok && run.volume != name && time.Since(run.at) < r.opt.JobTimeout {
+		return run, true
+	}
+	r.running[node] = nodeRun{volume: name, at: time.Now()}
+	return nodeRun{}, false
+}
+
+// unclaimNode drops a claim whose run could not be started.
+func (r *Reconciler) unclaimNode(node, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if run := r.running[node]; run.volume == name && run.jid == "" {
+		delete(r.running, node)
+	}
 }
 
 type effect int
@@ -810,10 +851,26 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	wait := time.Until(r.notBefore[name])
 	r.mu.Unlock()
 	st := &v.Status
+	// Until it launches, the volume waits for no job: a JobID left from
+	// its last run (the prepare of a volume now being deleted) would be
+	// taken for this run's and its return applied as this run's result.
 	if wait > 0 {
 		r.q.addAfter(name, wait)
-		if st.Phase != phase {
-			st.Phase = phase
+		if st.Phase != phase || st.JobID != "" {
+			st.Phase, st.JobID = phase, ""
+			return true
+		}
+		return false
+	}
+	if run, busy := r.claimNode(v.Spec.Node, name); busy {
+		// Our own run holds the minion: wait for its return (nodeFree
+		// launches the first waiter). The timer is only a fallback: it
+		// starts no Salt job while that run lasts.
+		r.waitForNode(v.Spec.Node, name)
+		r.q.addAfter(name, r.opt.RetryDelay)
+		step := fmt.Sprintf("queued: %s is running a state run for volume %s", v.Spec.Node, run.volume)
+		if st.Phase != phase || st.Step != step || st.JobID != "" {
+			st.Phase, st.Step, st.JobID = phase, step, ""
 			return true
 		}
 		return false
@@ -825,6 +882,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, "state.apply", []any{sls}, map[string]any{"pillar": map[string]any{"salt_volumes": pillar}})
 	st.Step = ""
 	if err != nil {
+		r.unclaimNode(v.Spec.Node, name)
 		r.Metrics.LaunchErrors.Inc()
 		var apiErr *saltapi.Error
 		permanent := errors.Is(err, saltapi.ErrNoMinions) || (errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest)
@@ -849,7 +907,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	st.Phase, st.JobID, st.JobStartedAt = phase, job.JID, time.Now().UTC()
 	st.Reason, st.Message = "", ""
 	r.jobLog.started(name, job.JID, sls, st.JobStartedAt)
-	r.registerJob(job.JID, name)
+	r.registerJob(job.JID, name, v.Spec.Node)
 	r.q.addAfter(name, r.opt.JobTimeout)
 	return true
 }
@@ -877,6 +935,7 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 	}
 	r.Metrics.JobsTimedOut.Inc()
 	r.forgetJob(st.JobID)
+	r.nodeFree(v.Spec.Node)
 	r.jobLog.ended(v.Spec.Name, st.JobID, "timed out", "", time.Now().UTC())
 	st.Reason = ReasonJobTimeout
 	st.Message = fmt.Sprintf("no return from %s for job %s within %s: is the minion up? (salt-run jobs.lookup_jid %s)", v.Spec.Node, st.JobID, r.opt.JobTimeout, st.JobID)

@@ -502,7 +502,10 @@ func TestVolumesReconcileConcurrently(t *testing.T) {
 	g := newRig(t, Options{Workers: 8})
 	const n = 200
 	for i := range n {
-		_, err := g.r.Create(sparseSpec(fmt.Sprintf("v-%03d", i)))
+		// One node each: a node runs one state run of ours at a time.
+		s := sparseSpec(fmt.Sprintf("v-%03d", i))
+		s.Node = fmt.Sprintf("node-%03d", i)
+		_, err := g.r.Create(s)
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool { return len(g.salt.launches()) == n }, 10*time.Second, 10*time.Millisecond)
@@ -645,23 +648,77 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 
 // A volume that found its minion busy is launched again as soon as a run
 // of ours on that minion ends, not at its backoff.
-func TestBusyMinionFreedLaunchesTheNextAtOnce(t *testing.T) {
+func TestOneRunOfOursPerNode(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: time.Hour})
-	a, b := sparseSpec("first"), sparseSpec("second")
+	a, b, c := sparseSpec("first"), sparseSpec("second"), sparseSpec("third")
 	_, err := g.r.Create(a)
 	require.NoError(t, err)
 	va := g.until("first", "Pending")
-	_, err = g.r.Create(b)
-	require.NoError(t, err)
+	require.NotEmpty(t, va.Status.JobID)
+	for _, s := range []*spec.Spec{b, c} {
+		_, err = g.r.Create(s)
+		require.NoError(t, err)
+	}
 	vb := g.until("second", "Pending")
-	g.send(ret(vb.Status.JobID, "node-1", 1, []any{"The function \"state.apply\" is running as PID 4242 and was started at 2026"}))
-	for vb.Status.Reason != ReasonRetrying {
+	for vb.Status.Step == "" {
 		vb = g.next("second").Volume
 	}
+	assert.Empty(t, vb.Status.JobID, "no second run on a node while one of ours runs: it would only come back busy")
+	assert.Contains(t, vb.Status.Step, "for volume first", "the wait names the run it waits for")
+	assert.Len(t, g.salt.launches(), 1)
+
+	// The run ends: the next volume is launched at once, not after its
+	// one-hour fallback, and only that one.
 	g.send(ret(va.Status.JobID, "node-1", 0, stateRet("first", "prepared", true, "", device(a))))
 	g.until("first", "Available")
-	for vb.Status.JobID == "" || vb.Status.Reason == ReasonRetrying {
+	for vb.Status.JobID == "" {
 		vb = g.next("second").Volume
 	}
-	assert.Len(t, g.salt.launches(), 3, "relaunched within the test, long before its one-hour backoff")
+	assert.Empty(t, vb.Status.Step)
+	assert.Len(t, g.salt.launches(), 2)
+	g.send(ret(vb.Status.JobID, "node-1", 0, stateRet("second", "prepared", true, "", device(b))))
+	g.until("second", "Available")
+	vc := g.until("third", "Pending")
+	for vc.Status.JobID == "" {
+		vc = g.next("third").Volume
+	}
+	assert.Len(t, g.salt.launches(), 3)
+}
+
+func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
+	g := newRig(t, Options{})
+	names := []string{"d1", "d2", "d3"}
+	for _, n := range names {
+		s := sparseSpec(n)
+		_, err := g.r.Create(s)
+		require.NoError(t, err)
+		v := g.until(n, "Pending")
+		for v.Status.JobID == "" {
+			v = g.next(n).Volume
+		}
+		g.send(ret(v.Status.JobID, "node-1", 0, stateRet(n, "prepared", true, "", device(s))))
+		g.until(n, "Available")
+	}
+	for _, n := range names {
+		_, err := g.r.Delete(n, false)
+		require.NoError(t, err)
+	}
+	for _, n := range names {
+		v := g.until(n, "Terminating")
+		for v.Status.JobID == "" {
+			v = g.next(n).Volume
+		}
+		g.send(ret(v.Status.JobID, "node-1", 0, stateRet(n, "unprepared", true, "", nil)))
+		for g.next(n).Type != Deleted {
+		}
+	}
+	// Each deletion ran its own unprepare, one after another: none was
+	// settled by the return of its earlier prepare.
+	calls := g.salt.launches()
+	require.Len(t, calls, 6)
+	for i, c := range calls[3:] {
+		assert.Equal(t, []any{SLSUnprepared}, c.Arg)
+		b, _ := json.Marshal(c.Kwarg)
+		assert.Contains(t, string(b), `"name":"`+names[i]+`"`)
+	}
 }
