@@ -55,6 +55,21 @@ func newServerWith(t *testing.T, tune func(*Server)) (*httptest.Server, *store.S
 	return ts, st
 }
 
+// scrape reads /metrics as Prometheus would.
+func scrape(t *testing.T, ts *httptest.Server) string {
+	t.Helper()
+	req, err := http.NewRequest("GET", ts.URL+"/metrics", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
 func do(t *testing.T, ts *httptest.Server, method, path, tok, body string) (int, map[string]any) {
 	req, err := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
 	require.NoError(t, err)
@@ -224,13 +239,7 @@ func TestWatchStartsWithTheListThenStreams(t *testing.T) {
 func TestMetricsExposition(t *testing.T) {
 	ts, _ := newServer(t)
 	do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"a","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
-	req, _ := http.NewRequest("GET", ts.URL+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	text := string(b)
+	text := scrape(t, ts)
 	for _, want := range []string{
 		"# TYPE salt_volumes_reconciles_total counter",
 		"salt_volumes_jobs_reconstructed_total 0",
@@ -296,13 +305,7 @@ func TestLimits(t *testing.T) {
 // metrics the server exports.
 func TestMonitoringUsesExportedMetrics(t *testing.T) {
 	ts, _ := newServer(t)
-	req, _ := http.NewRequest("GET", ts.URL+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	exported := string(b)
+	exported := scrape(t, ts)
 	name := regexp.MustCompile(`salt_volumes_[a-z_]+`)
 	for _, f := range []string{"alerts.yaml", "grafana-dashboard.json"} {
 		src, err := os.ReadFile(filepath.Join("..", "..", "deploy", "monitoring", f))
