@@ -542,6 +542,12 @@ func decodeData(s *src, depth int) (any, error) {
 }
 
 func decodeMap(s *src, n, depth int) (any, error) {
+	return decodeEntries(s, n, depth, func(s *src, _ string) (any, error) { return decodeData(s, depth+1) })
+}
+
+// decodeEntries reads a map of n entries at depth: keys decoded (strings as
+// they are, anything else printed), each value by value.
+func decodeEntries(s *src, n, depth int, value func(s *src, key string) (any, error)) (any, error) {
 	// Every entry takes at least two bytes: a claim past that is a lie.
 	if n > s.left()/2 {
 		return nil, io.ErrUnexpectedEOF
@@ -570,7 +576,7 @@ func decodeMap(s *src, n, depth int) (any, error) {
 			}
 			key = fmt.Sprint(k)
 		}
-		v, err := decodeData(s, depth+1)
+		v, err := value(s, key)
 		if err != nil {
 			return nil, err
 		}
@@ -605,32 +611,15 @@ func decodeReturn(s *src) (any, error) {
 		s.off--
 		return decodeData(s, 0)
 	}
-	if n > s.left()/2 {
-		return nil, io.ErrUnexpectedEOF
-	}
-	m := make(map[string]any, n)
-	for i := 0; i < n; i++ {
-		kv, err := decodeData(s, 1)
-		if err != nil {
-			return nil, err
-		}
-		k, ok := kv.(string)
-		if !ok {
-			k = fmt.Sprint(kv)
-		}
-		switch k {
+	return decodeEntries(s, n, 0, func(s *src, key string) (any, error) {
+		switch key {
 		case "return":
-			m[k], err = shallowMap(s)
+			return shallowMap(s)
 		case "fun_args":
-			m[k], err = raw(s)
-		default:
-			m[k], err = decodeData(s, 1)
+			return raw(s)
 		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+		return decodeData(s, 1)
+	})
 }
 
 // raw copies the next value out undecoded.
@@ -646,11 +635,7 @@ func raw(s *src) (Raw, error) {
 // shallowMap decodes a map's keys and leaves its values Raw (anything but a
 // map is decoded whole).
 func shallowMap(s *src) (any, error) {
-	c, err := s.byte()
-	if err != nil {
-		return nil, err
-	}
-	n, ok, err := mapLen(s, c)
+	n, ok, err := mapHeader(s)
 	if err != nil {
 		return nil, err
 	}
@@ -658,22 +643,5 @@ func shallowMap(s *src) (any, error) {
 		s.off--
 		return decodeData(s, 1)
 	}
-	if n > s.left()/2 {
-		return nil, io.ErrUnexpectedEOF
-	}
-	m := make(map[string]any, n)
-	for i := 0; i < n; i++ {
-		kv, err := decodeData(s, 2)
-		if err != nil {
-			return nil, err
-		}
-		k, ok := kv.(string)
-		if !ok {
-			k = fmt.Sprint(kv)
-		}
-		if m[k], err = raw(s); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	return decodeEntries(s, n, 1, func(s *src, _ string) (any, error) { return raw(s) })
 }

@@ -25,16 +25,10 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 )
 
-// Salt is the part of salt-api the reconciler uses.
-type Salt interface {
-	LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwarg map[string]any) (saltapi.Job, error)
-	ListJob(ctx context.Context, jid string) (saltapi.JobInfo, error)
-}
-
 // Overlay answers ListJob from the files under Dir (<cachedir>/jobs), and
-// passes everything else, and any job it cannot read, to Salt.
+// passes everything else, and any job it cannot read, to salt-api.
 type Overlay struct {
-	Salt
+	saltapi.Jobs
 	Dir string
 	// HashType is the master's hash_type (default sha256).
 	HashType string
@@ -83,7 +77,7 @@ func (o *Overlay) ListJob(ctx context.Context, jid string) (saltapi.JobInfo, err
 	info, err := o.read(jid)
 	if err != nil {
 		// Not there (yet, or not a local cache): ask salt-api.
-		return o.Salt.ListJob(ctx, jid)
+		return o.Jobs.ListJob(ctx, jid)
 	}
 	return info, nil
 }

@@ -38,6 +38,13 @@ type Config struct {
 	Log                *slog.Logger
 }
 
+// Jobs is what starting and looking up jobs takes: the Client, or a
+// job-cache overlay in front of it.
+type Jobs interface {
+	LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwarg map[string]any) (Job, error)
+	ListJob(ctx context.Context, jid string) (JobInfo, error)
+}
+
 // Error is an answer salt-api gave that is not a success.
 type Error struct {
 	Status int

@@ -70,7 +70,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		if st, err := os.Stat(cfg.Salt.JobCache); err != nil || !st.IsDir() {
 			log.Warn("salt.jobCache is not a readable directory (yet?): jobs are confirmed through salt-api until it is", "path", cfg.Salt.JobCache)
 		}
-		jobs = &jobcache.Overlay{Salt: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
+		jobs = &jobcache.Overlay{Jobs: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
 	}
 	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
 	if kc != nil {

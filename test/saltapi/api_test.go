@@ -75,7 +75,7 @@ func TestRealSaltAPI(t *testing.T) {
 	// The master's job cache read from disk answers as jobs.list_job does.
 	viaAPI, err := c.ListJob(ctx, job.JID)
 	require.NoError(t, err)
-	local := &jobcache.Overlay{Salt: failingSalt{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
+	local := &jobcache.Overlay{Jobs: failingSalt{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
 	viaDisk, err := local.ListJob(ctx, job.JID)
 	require.NoError(t, err, "read from disk, not passed on to salt-api")
 	assert.True(t, viaDisk.Known)
