@@ -31,10 +31,7 @@ import (
 )
 
 // Salt is what the reconciler needs from salt-api.
-type Salt interface {
-	LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwarg map[string]any) (saltapi.Job, error)
-	ListJob(ctx context.Context, jid string) (saltapi.JobInfo, error)
-}
+type Salt = saltapi.Jobs
 
 // SLS names the reconciler applies.
 const (
@@ -110,6 +107,11 @@ type Options struct {
 	LookupParallel int
 	// Kube publishes PersistentVolumes (Kubernetes mode); nil without.
 	Kube Kubernetes
+	// ConcurrentRuns sends every volume's state run at once, not one per
+	// node at a time: for a Salt that runs them side by side (the replay
+	// benchmark's, whose recorded stream returns every job at once). A real
+	// minion runs one state run at a time; more only come back busy.
+	ConcurrentRuns bool
 }
 
 // Metrics are the reconciler's counters.
@@ -175,6 +177,7 @@ type Reconciler struct {
 	// running is the state run of ours in flight on each node: a minion
 	// runs one at a time, so a second one would only come back busy.
 	running     map[string]nodeRun
+	jobNode     map[string]string // our job id -> its node, for running
 	lookupRetry bool
 
 	cache       *jobCache
@@ -218,7 +221,7 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 		q:       newQueue(),
 		inbox:   map[string][]observation{}, jobs: map[string]string{},
 		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
-		backoff: map[string]time.Duration{}, running: map[string]nodeRun{},
+		backoff: map[string]time.Duration{}, running: map[string]nodeRun{}, jobNode: map[string]string{},
 		warn: newRateLog(log, time.Minute),
 	}
 	r.cache = newJobCache(salt, &r.Metrics.Lookups)
@@ -452,6 +455,7 @@ func (r *Reconciler) registerJob(jid, name, node string) {
 	r.mu.Lock()
 	r.jobs[jid] = name
 	r.running[node] = nodeRun{jid: jid, volume: name, at: time.Now()}
+	r.jobNode[jid] = node
 	_, early := r.unmatched[jid]
 	delete(r.unmatched, jid)
 	r.mu.Unlock()
@@ -463,11 +467,11 @@ func (r *Reconciler) registerJob(jid, name, node string) {
 func (r *Reconciler) forgetJob(jid string) {
 	r.mu.Lock()
 	delete(r.jobs, jid)
-	for node, run := range r.running {
-		if run.jid == jid {
+	if node, ok := r.jobNode[jid]; ok {
+		if r.running[node].jid == jid {
 			delete(r.running, node)
-			break
 		}
+		delete(r.jobNode, jid)
 	}
 	r.mu.Unlock()
 }
@@ -480,7 +484,7 @@ func (r *Reconciler) claimNode(node, name string) (nodeRun, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	run, ok := r.running[node]
-	if ok && run.volume != name && time.Since(run.at) < r.opt.JobTimeout {
+	if ok && run.volume != name && time.Since(run.at) < r.opt.JobTimeout && !r.opt.ConcurrentRuns {
 		return run, true
 	}
 	r.running[node] = nodeRun{volume: name, at: time.Now()}
