@@ -30,8 +30,11 @@ type Config struct {
 	// PollInterval > 0 replaces the event source with job polling.
 	PollInterval Duration `yaml:"pollInterval"`
 	Workers      int      `yaml:"workers"`
-	LogLevel     string   `yaml:"logLevel"`
-	Limits       Limits   `yaml:"limits"`
+	// BatchSize is the most volumes one state run prepares on a node
+	// (default 16; 1: each volume its own run).
+	BatchSize int    `yaml:"batchSize"`
+	LogLevel  string `yaml:"logLevel"`
+	Limits    Limits `yaml:"limits"`
 	// Kubernetes turns on Kubernetes mode: PVs for volumes, provisioning
 	// from claims. Absent: no Kubernetes at all.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
@@ -203,6 +206,8 @@ func Parse(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("events.source: %q: use bus (on the master host) or sse (salt-api /events)", c.Events.Source)
 	case c.Workers < 0:
 		return nil, errors.New("workers: must be positive")
+	case c.BatchSize < 0:
+		return nil, errors.New("batchSize: must be positive: the most volumes one state run prepares on a node (1: one each)")
 	case c.Salt.HashType != "" && c.Salt.HashType != "sha256" && c.Salt.HashType != "sha1" && c.Salt.HashType != "sha512" && c.Salt.HashType != "md5":
 		return nil, fmt.Errorf("salt.hashType: %q: use the master's hash_type: sha256 (Salt's default), sha512, sha1 or md5", c.Salt.HashType)
 	case c.Limits.Watchers < 0 || c.Limits.Volumes < 0 || c.Limits.CreatesPerSecond < 0:

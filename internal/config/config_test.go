@@ -38,6 +38,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		base + "salt:\n  url: x\n":        "mapping key \"salt\" already defined",
 		base + "listen: 8080\n":           "listen:",
 		base + "workers: -1\n":            "workers",
+		base + "batchSize: -2\n":          "batchSize: must be positive",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text))

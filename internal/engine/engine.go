@@ -126,6 +126,8 @@ type op struct {
 	probed *probe.Result
 	// unsaved: the record changed in memory, to be saved at the end.
 	unsaved bool
+	// sigs: libblkid's probe of the raw device, started before the locks.
+	sigs *pendingSignatures
 }
 
 func (o *op) step(name string, attrs ...any) {

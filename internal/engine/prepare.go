@@ -37,6 +37,17 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 		if raw, err = resolveRaw(s.RawBlockDevice.DevicePath); err != nil {
 			return nil, err
 		}
+		// libblkid's probe is the longest of admission's reads (a process
+		// start and dozens of reads): it starts before the locks, on a
+		// record read without them. That read is only a guess; admit
+		// reads the record again under the lock and starts the probe then
+		// if the guess was wrong. A volume already written needs no probe,
+		// so a rerun (every state run) starts no process for it.
+		if hint, _ := e.State.Load(s.UUID); hint == nil || !hint.Formatted() {
+			pctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			o.sigs = startSignatures(pctx, "/dev/"+raw.name)
+		}
 	}
 
 	lock, err := e.lockVolume(s.UUID)
@@ -111,11 +122,11 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 	if err != nil {
 		return nil, failed("state", err, "reading state of %s", s.Name)
 	}
-	// A raw device we may write gets libblkid's probe; it starts now and
-	// runs beside the checks below (the result is read under the global
-	// lock, after the records said the device is nobody else's).
-	var sigs *pendingSignatures
-	if raw != nil && (rec == nil || !rec.Formatted()) {
+	// A raw device we may write gets libblkid's probe, running beside the
+	// checks below (its result is read under the global lock, after the
+	// records said the device is nobody else's).
+	sigs := o.sigs
+	if raw != nil && (rec == nil || !rec.Formatted()) && sigs == nil {
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		sigs = startSignatures(pctx, "/dev/"+raw.name)

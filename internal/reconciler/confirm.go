@@ -78,7 +78,7 @@ func (r *Reconciler) confirmHint(ctx context.Context, name string, v *volume.Vol
 
 // returnObservation reads one minion's return from the job cache.
 func returnObservation(jid, node, name, how string, ret saltapi.MinionReturn) observation {
-	o := observation{kind: obsReturn, jid: jid, node: node, how: how, outcome: volume.ParseStateReturn(ret.Retcode, ret.Return)}
+	o := observation{kind: obsReturn, jid: jid, node: node, how: how, outcome: volume.OutcomeFor(name, ret.Retcode, ret.Return)}
 	for _, res := range volume.StateResults(ret.Return) {
 		if res.Volume == name {
 			o.result = &res

@@ -112,6 +112,11 @@ type Options struct {
 	// benchmark's, whose recorded stream returns every job at once). A real
 	// minion runs one state run at a time; more only come back busy.
 	ConcurrentRuns bool
+	// BatchSize is the most volumes one state run prepares on a node
+	// (default 16; 1 prepares each in its own run). Volumes that queued
+	// for a node while a run of ours held it are prepared together in the
+	// next run there.
+	BatchSize int
 }
 
 // Metrics are the reconciler's counters.
@@ -168,7 +173,7 @@ type Reconciler struct {
 
 	mu             sync.Mutex
 	inbox          map[string][]observation
-	jobs           map[string]string // our job id -> volume
+	jobs           map[string][]string // our job id -> its volumes
 	unmatched      map[string]struct{}
 	unmatchedOrder []string
 	notBefore      map[string]time.Time
@@ -210,6 +215,9 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 	if opt.LookupParallel <= 0 {
 		opt.LookupParallel = 8
 	}
+	if opt.BatchSize <= 0 {
+		opt.BatchSize = 16
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -219,7 +227,7 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 		Nodes:   health.New(),
 		Metrics: &Metrics{JobLatency: metrics.NewHistogram(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)},
 		q:       newQueue(),
-		inbox:   map[string][]observation{}, jobs: map[string]string{},
+		inbox:   map[string][]observation{}, jobs: map[string][]string{},
 		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
 		backoff: map[string]time.Duration{}, running: map[string]nodeRun{}, jobNode: map[string]string{},
 		warn: newRateLog(log, time.Minute),
@@ -237,6 +245,7 @@ const (
 	obsLost             // the job cache does not know the job
 	obsDelete           // a user asked for deletion
 	obsHealth           // the volume's node reported on its storage
+	obsLaunched         // another volume's run on this node prepares this one too
 )
 
 // observation is something learnt about a volume, applied by its worker so
@@ -410,10 +419,13 @@ func (r *Reconciler) Handle(ev events.Event) {
 			return
 		}
 		r.mu.Lock()
-		name, ours := r.jobs[jr.JID]
+		mine, ours := r.jobs[jr.JID]
+		mine = append([]string(nil), mine...)
 		r.mu.Unlock()
 		if ours {
-			r.push(name, observation{kind: obsHint, jid: jr.JID})
+			for _, name := range mine {
+				r.push(name, observation{kind: obsHint, jid: jr.JID})
+			}
 			return
 		}
 		// Someone else's run (salt-call, orchestrate): the names in the
@@ -451,29 +463,74 @@ func (r *Reconciler) remember(jid string) {
 	}
 }
 
-func (r *Reconciler) registerJob(jid, name, node string) {
+// registerJob indexes a run of ours on node; names[0] is the volume whose
+// worker started it.
+func (r *Reconciler) registerJob(jid string, names []string, node string) {
 	r.mu.Lock()
-	r.jobs[jid] = name
-	r.running[node] = nodeRun{jid: jid, volume: name, at: time.Now()}
+	r.jobs[jid] = names
+	r.running[node] = nodeRun{jid: jid, volume: names[0], at: time.Now()}
 	r.jobNode[jid] = node
 	_, early := r.unmatched[jid]
 	delete(r.unmatched, jid)
 	r.mu.Unlock()
 	if early {
-		r.push(name, observation{kind: obsHint, jid: jid})
+		for _, name := range names {
+			r.push(name, observation{kind: obsHint, jid: jid})
+		}
 	}
 }
 
-func (r *Reconciler) forgetJob(jid string) {
+// joinJob indexes name under jid (after a restart the index starts empty).
+func (r *Reconciler) joinJob(jid, name string) {
 	r.mu.Lock()
-	delete(r.jobs, jid)
+	defer r.mu.Unlock()
+	for _, n := range r.jobs[jid] {
+		if n == name {
+			return
+		}
+	}
+	r.jobs[jid] = append(r.jobs[jid], name)
+}
+
+// leaveJob drops name from jid's volumes: it waits for that run no more.
+func (r *Reconciler) leaveJob(jid, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.leaveJobLocked(jid, name)
+}
+
+func (r *Reconciler) leaveJobLocked(jid, name string) {
+	names := r.jobs[jid]
+	for i, n := range names {
+		if n == name {
+			names = append(names[:i:i], names[i+1:]...)
+			break
+		}
+	}
+	if len(names) == 0 {
+		delete(r.jobs, jid)
+		return
+	}
+	r.jobs[jid] = names
+}
+
+// forgetJob is called when jid is over for name (it returned, timed out,
+// or Salt does not know it): the run no longer holds its node. ended says
+// this call freed the node (the first volume of a run to settle frees it).
+func (r *Reconciler) forgetJob(jid, name string) (ended bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.leaveJobLocked(jid, name)
 	if node, ok := r.jobNode[jid]; ok {
 		if r.running[node].jid == jid {
 			delete(r.running, node)
+			ended = true
 		}
-		delete(r.jobNode, jid)
+		if len(r.jobs[jid]) == 0 {
+			delete(r.jobNode, jid)
+		}
 	}
-	r.mu.Unlock()
+	return ended
 }
 
 // claimNode reserves node for the volume's next run, or returns the run of
@@ -639,7 +696,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 				r.log.Info("forget dropped", "volume", v.Spec.Name, "phase", st.Phase)
 				return unchanged
 			}
-			r.forgetJob(st.JobID)
+			r.forgetJob(st.JobID, v.Spec.Name)
 			r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", st.Reason)
 			return removed
 		}
@@ -656,13 +713,15 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 		if o.jid != st.JobID || !waiting(v) {
 			return unchanged
 		}
-		r.forgetJob(o.jid)
+		r.forgetJob(o.jid, v.Spec.Name)
 		r.Metrics.JobsRelaunched.Inc()
 		r.log.Warn("job unknown to Salt; launching it again", "volume", v.Spec.Name, "job", o.jid)
 		st.JobID, st.Message = "", "job "+o.jid+" was unknown to Salt; launched again"
 		return changed
 	case obsHealth:
 		return r.applyHealth(v, o)
+	case obsLaunched:
+		return r.joined(v, o)
 	case obsReturn:
 		if o.jid == st.JobID && o.node == v.Spec.Node && waiting(v) {
 			if o.how == "lookup" {
@@ -679,7 +738,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 	st := &v.Status
 	name := v.Spec.Name
-	r.forgetJob(st.JobID)
+	ended := r.forgetJob(st.JobID, name)
 	if !st.JobStartedAt.IsZero() {
 		r.Metrics.JobLatency.Observe(time.Since(st.JobStartedAt).Seconds())
 	}
@@ -699,8 +758,11 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		return changed
 	}
 	// A run of ours ended on this node: the minion is free for the next
-	// volume that found it busy, now rather than at its backoff.
-	r.nodeFree(v.Spec.Node)
+	// volume that found it busy, now rather than at its backoff. (The
+	// other volumes of the same run find it freed already.)
+	if ended {
+		r.nodeFree(v.Spec.Node)
+	}
 	st.Step = ""
 	if st.Phase == volume.Terminating {
 		if out.OK {
@@ -829,11 +891,12 @@ func (r *Reconciler) nodeFree(node string) {
 		delete(r.notBefore, name)
 		delete(r.backoff, name)
 		r.mu.Unlock()
-		if _, err := r.store.Get(name); err == nil {
+		if v, err := r.store.Get(name); err == nil && needsRun(v) {
 			r.q.add(name)
 			return
 		}
-		// Gone meanwhile: the turn goes to the next one.
+		// Gone, or started by a run that prepared it with another volume,
+		// meanwhile: the turn goes to the next one.
 	}
 }
 
@@ -861,6 +924,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	if wait > 0 {
 		r.q.addAfter(name, wait)
 		if st.Phase != phase || st.JobID != "" {
+			r.leaveJob(st.JobID, name)
 			st.Phase, st.JobID = phase, ""
 			return true
 		}
@@ -874,18 +938,37 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		r.q.addAfter(name, r.opt.RetryDelay)
 		step := fmt.Sprintf("queued: %s is running a state run for volume %s", v.Spec.Node, run.volume)
 		if st.Phase != phase || st.Step != step || st.JobID != "" {
+			r.leaveJob(st.JobID, name)
 			st.Phase, st.Step, st.JobID = phase, step, ""
 			return true
 		}
 		return false
 	}
+	r.leaveJob(st.JobID, name)
 	pillar := map[string]any{"volume": v.Spec}
 	if sls == SLSUnprepared && v.Wipe {
 		pillar["wipe"] = true
 	}
+	// Volumes that queued for this node while it was busy are prepared by
+	// this run too: one state run (one Salt job, one return) for all.
+	// Removals stay one per run: each first withdraws its PV.
+	var batch []*volume.Volume
+	if sls == SLSPrepared {
+		batch = r.takeBatch(v.Spec.Node, name)
+	}
+	if len(batch) > 0 {
+		all := map[string]any{name: v.Spec}
+		for _, b := range batch {
+			all[b.Spec.Name] = b.Spec
+		}
+		pillar = map[string]any{"volumes": all}
+	}
 	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, "state.apply", []any{sls}, map[string]any{"pillar": map[string]any{"salt_volumes": pillar}})
 	st.Step = ""
 	if err != nil {
+		for _, b := range batch {
+			r.waitForNode(v.Spec.Node, b.Spec.Name)
+		}
 		r.unclaimNode(v.Spec.Node, name)
 		r.Metrics.LaunchErrors.Inc()
 		var apiErr *saltapi.Error
@@ -907,22 +990,104 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		return true
 	}
 	r.Metrics.JobsLaunched.Inc()
-	r.log.Info("state run started", "volume", name, "node", v.Spec.Node, "sls", sls, "job", job.JID)
+	names := []string{name}
+	for _, b := range batch {
+		names = append(names, b.Spec.Name)
+	}
+	r.log.Info("state run started", "volume", name, "node", v.Spec.Node, "sls", sls, "job", job.JID, "volumes", len(names))
 	st.Phase, st.JobID, st.JobStartedAt = phase, job.JID, time.Now().UTC()
 	st.Reason, st.Message = "", ""
 	r.jobLog.started(name, job.JID, sls, st.JobStartedAt)
-	r.registerJob(job.JID, name, v.Spec.Node)
+	// Each other volume takes the job id through its own worker (one
+	// worker changes a volume); told before the job is indexed, so that a
+	// return already seen reaches them after.
+	for _, n := range names[1:] {
+		r.push(n, observation{kind: obsLaunched, jid: job.JID, node: v.Spec.Node, at: st.JobStartedAt})
+	}
+	r.registerJob(job.JID, names, v.Spec.Node)
 	r.q.addAfter(name, r.opt.JobTimeout)
 	return true
+}
+
+// needsPrepareRun tells whether v waits for a state run to prepare it.
+func needsPrepareRun(v *volume.Volume) bool {
+	st := &v.Status
+	return !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "" && !st.Publishing))
+}
+
+// needsRun tells whether v waits for a state run of either kind.
+func needsRun(v *volume.Volume) bool {
+	return needsPrepareRun(v) || (v.DeleteRequested && (v.Status.Phase != volume.Terminating || v.Status.JobID == ""))
+}
+
+// takeBatch takes from node's queue the volumes the run being started by
+// first can prepare too, up to BatchSize in all. What the store says of
+// them is a snapshot: each volume's worker checks again when it is told
+// (joined), and one that no longer wants the run ignores it.
+func (r *Reconciler) takeBatch(node, first string) []*volume.Volume {
+	if r.opt.ConcurrentRuns || r.opt.BatchSize <= 1 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var batch []*volume.Volume
+	var keep []string
+	for _, n := range r.busyWaiters[node] {
+		if n == first || len(batch) >= r.opt.BatchSize-1 {
+			keep = append(keep, n)
+			continue
+		}
+		b, err := r.store.Get(n)
+		if err != nil || b.Spec.Node != node || !needsPrepareRun(b) {
+			keep = append(keep, n)
+			continue
+		}
+		batch = append(batch, b)
+		delete(r.notBefore, n)
+		delete(r.backoff, n)
+	}
+	if len(keep) == 0 {
+		delete(r.busyWaiters, node)
+	} else {
+		r.busyWaiters[node] = keep
+	}
+	return batch
+}
+
+// joined applies the start of a run of another volume that prepares this
+// one too.
+func (r *Reconciler) joined(v *volume.Volume, o observation) effect {
+	st := &v.Status
+	name := v.Spec.Name
+	if o.node != v.Spec.Node || !needsPrepareRun(v) {
+		// Deleted or forgotten meanwhile: the run prepares it anyway, and
+		// its removal waits for the node as usual.
+		r.leaveJob(o.jid, name)
+		return unchanged
+	}
+	r.mu.Lock()
+	w := r.busyWaiters[v.Spec.Node]
+	for i, n := range w {
+		if n == name {
+			r.busyWaiters[v.Spec.Node] = append(w[:i:i], w[i+1:]...)
+			break
+		}
+	}
+	delete(r.notBefore, name)
+	delete(r.backoff, name)
+	r.mu.Unlock()
+	st.Phase, st.JobID, st.JobStartedAt = volume.Pending, o.jid, o.at
+	st.Step, st.Reason, st.Message = "", "", ""
+	r.jobLog.started(name, o.jid, SLSPrepared, o.at)
+	r.q.addAfter(name, r.opt.JobTimeout)
+	return changed
 }
 
 // checkTimeout re-arms the job timer, or, past the timeout, asks the job
 // cache once and fails the volume if the node never answered.
 func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 	st := &v.Status
-	r.mu.Lock()
-	r.jobs[st.JobID] = v.Spec.Name // after a restart the index starts empty
-	r.mu.Unlock()
+	r.joinJob(st.JobID, v.Spec.Name)
 	left := r.opt.JobTimeout - time.Since(st.JobStartedAt)
 	if left > 0 {
 		r.q.addAfter(v.Spec.Name, left)
@@ -938,8 +1103,9 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 		return r.apply(v, o) != unchanged
 	}
 	r.Metrics.JobsTimedOut.Inc()
-	r.forgetJob(st.JobID)
-	r.nodeFree(v.Spec.Node)
+	if r.forgetJob(st.JobID, v.Spec.Name) {
+		r.nodeFree(v.Spec.Node)
+	}
 	r.jobLog.ended(v.Spec.Name, st.JobID, "timed out", "", time.Now().UTC())
 	st.Reason = ReasonJobTimeout
 	st.Message = fmt.Sprintf("no return from %s for job %s within %s: is the minion up? (salt-run jobs.lookup_jid %s)", v.Spec.Node, st.JobID, r.opt.JobTimeout, st.JobID)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/google/uuid"
+	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -63,6 +64,9 @@ func (f *fakeSalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo, erro
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if info, ok := f.jobs[jid]; ok {
+		// A copy, as salt-api's answer is: the test goes on recording
+		// returns into its own map.
+		info.Returns = maps.Clone(info.Returns)
 		return info, nil
 	}
 	return saltapi.JobInfo{Function: "unknown-function"}, nil
@@ -667,22 +671,70 @@ func TestOneRunOfOursPerNode(t *testing.T) {
 	assert.Contains(t, vb.Status.Step, "for volume first", "the wait names the run it waits for")
 	assert.Len(t, g.salt.launches(), 1)
 
-	// The run ends: the next volume is launched at once, not after its
-	// one-hour fallback, and only that one.
+	// The run ends: the volumes that queued are launched at once, not
+	// after their one-hour fallback, in one run that prepares both.
 	g.send(ret(va.Status.JobID, "node-1", 0, stateRet("first", "prepared", true, "", device(a))))
 	g.until("first", "Available")
 	for vb.Status.JobID == "" {
 		vb = g.next("second").Volume
 	}
 	assert.Empty(t, vb.Status.Step)
-	assert.Len(t, g.salt.launches(), 2)
-	g.send(ret(vb.Status.JobID, "node-1", 0, stateRet("second", "prepared", true, "", device(b))))
-	g.until("second", "Available")
 	vc := g.until("third", "Pending")
 	for vc.Status.JobID == "" {
 		vc = g.next("third").Volume
 	}
-	assert.Len(t, g.salt.launches(), 3)
+	assert.Equal(t, vb.Status.JobID, vc.Status.JobID, "one run prepares both queued volumes")
+	calls := g.salt.launches()
+	require.Len(t, calls, 2)
+	batch, _ := json.Marshal(calls[1].Kwarg)
+	assert.Contains(t, string(batch), `"volumes":{"second":{"name":"second"`)
+	assert.Contains(t, string(batch), `"third":{"name":"third"`)
+
+	// Each volume is settled by its own state in the shared return: one
+	// failing does not fail the other.
+	both := stateRet("second", "prepared", true, "", device(b))
+	maps.Copy(both, stateRet("third", "prepared", false, "third's disk is full", nil))
+	g.send(ret(vb.Status.JobID, "node-1", 2, both))
+	g.until("second", "Available")
+	vc = g.until("third", "Failed")
+	assert.Equal(t, "third's disk is full", vc.Status.Message)
+	assert.Len(t, g.salt.launches(), 2)
+}
+
+// A run that prepares several volumes comes back busy (someone's salt-call
+// held the minion): each waits again, and the next run takes them together.
+func TestBatchedRunBusyRetriesTogether(t *testing.T) {
+	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
+	a := sparseSpec("b1")
+	_, err := g.r.Create(a)
+	require.NoError(t, err)
+	va := g.until("b1", "Pending")
+	for _, n := range []string{"b2", "b3"} {
+		_, err = g.r.Create(sparseSpec(n))
+		require.NoError(t, err)
+		v := g.until(n, "Pending")
+		for v.Status.Step == "" {
+			v = g.next(n).Volume
+		}
+	}
+	g.send(ret(va.Status.JobID, "node-1", 0, stateRet("b1", "prepared", true, "", device(a))))
+	jobOf := func(n string, not string) string {
+		v := g.until(n, "Pending")
+		for v.Status.JobID == "" || v.Status.JobID == not {
+			v = g.next(n).Volume
+		}
+		return v.Status.JobID
+	}
+	jid := jobOf("b2", "")
+	require.Equal(t, jid, jobOf("b3", ""))
+	g.send(ret(jid, "node-1", 1, []any{"The function \"state.apply\" is running as PID 4242 and was started at 2026 with jid 1"}))
+	again := jobOf("b2", jid)
+	assert.Equal(t, again, jobOf("b3", jid), "the busy pair is retried in one run")
+	calls := g.salt.launches()
+	require.Len(t, calls, 3)
+	batch, _ := json.Marshal(calls[2].Kwarg)
+	assert.Contains(t, string(batch), `"b2":{`)
+	assert.Contains(t, string(batch), `"b3":{`)
 }
 
 func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {

@@ -61,7 +61,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			return err
 		}
 	}
-	opt := reconciler.Options{Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval)}
+	opt := reconciler.Options{Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval), BatchSize: cfg.BatchSize}
 	if kc != nil {
 		opt.Kube = kc
 	}

@@ -216,6 +216,28 @@ func ParseStateReturn(retcode int, raw json.RawMessage) Outcome {
 	return Outcome{Message: "unexpected state return: " + string(raw)}
 }
 
+// OutcomeFor reads what a state run did to the named volume. A run that
+// prepared several volumes of one node fails for each only by that
+// volume's own state; a run that never reached the states (a render
+// error, a busy minion) or has no state of this volume is read whole.
+func OutcomeFor(name string, retcode int, raw json.RawMessage) Outcome {
+	sts, ok := states(raw)
+	if ok {
+		for key, e := range sts {
+			if n, _, isOurs := stateKey(key); isOurs && n == name {
+				out := Outcome{OK: e.ok(), Device: e.Volume}
+				if !out.OK {
+					if out.Message = e.comment(); out.Message == "" {
+						out.Message = fmt.Sprintf("the state of volume %s failed (retcode %d)", name, retcode)
+					}
+				}
+				return out
+			}
+		}
+	}
+	return ParseStateReturn(retcode, raw)
+}
+
 // ApplyDevice copies device info from a node into the status.
 func (s *Status) ApplyDevice(d *saltvolumes.Device) {
 	if d == nil {

@@ -87,7 +87,8 @@ func median(ds []time.Duration) time.Duration {
 // alternating so both see the same machine state.
 func BenchmarkPrepare10GiB(b *testing.B) {
 	needRoot(b)
-	state, floorDir := b.TempDir(), b.TempDir()
+	dirs := testenv.TempDirs(b, 2)
+	state, floorDir := dirs[0], dirs[1]
 	var o, f []time.Duration
 	for range max(b.N, 20) {
 		d, undo := ours(b, state, "10Gi")
@@ -111,7 +112,8 @@ func BenchmarkPrepare10GiB(b *testing.B) {
 func BenchmarkPrepare50Concurrent(b *testing.B) {
 	needRoot(b)
 	const n = 50
-	state, floorDir := b.TempDir(), b.TempDir()
+	dirs := testenv.TempDirs(b, 2)
+	state, floorDir := dirs[0], dirs[1]
 	wave := func(fn func(*testing.B, string, string) (time.Duration, func()), dir string) time.Duration {
 		var wg sync.WaitGroup
 		undos := make([]func(), n)
@@ -206,7 +208,8 @@ func floorBlock(b *testing.B, dir, size string) (time.Duration, func()) {
 // BenchmarkPrepareBlock: one 10 GiB sparse Block volume, ours vs the floor.
 func BenchmarkPrepareBlock(b *testing.B) {
 	needRoot(b)
-	state, floorDir := b.TempDir(), b.TempDir()
+	dirs := testenv.TempDirs(b, 2)
+	state, floorDir := dirs[0], dirs[1]
 	var o, f []time.Duration
 	for range max(b.N, 20) {
 		u := uuid.NewString()
@@ -247,7 +250,8 @@ func runPrepare(b *testing.B, state, spec string) time.Duration {
 // nothing and formats over an existing filesystem; its ratio is printed too.
 func BenchmarkPrepareRaw(b *testing.B) {
 	needRoot(b)
-	state, dir := b.TempDir(), b.TempDir()
+	dirs := testenv.TempDirs(b, 2)
+	state, dir := dirs[0], dirs[1]
 	disk := func() (loopdev.Device, func()) {
 		file := filepath.Join(dir, uuid.NewString())
 		if err := os.WriteFile(file, nil, 0o600); err != nil {

@@ -92,6 +92,47 @@ func TestEndToEnd(t *testing.T) {
 		assert.Regexp(t, `^/dev/loop\d+p1$`, dev)
 	})
 
+	t.Run("volumes created at once on one node share its next state run", func(t *testing.T) {
+		// The minion runs one state run at a time: the first volume gets
+		// one of its own, the others queue and are prepared by one run,
+		// each settled by its own state in that run's return.
+		names := []string{"many-1", "many-2", "many-3", "many-big"}
+		w := p.Watch("")
+		for _, n := range names {
+			size := "16Mi"
+			if n == "many-big" {
+				size = "100Ti" // larger than the node's filesystem: its state fails
+			}
+			v, err := c.Create(ctx, map[string]any{"name": n, "node": "node-1", "sparseLoopDevice": map[string]any{"size": size}})
+			require.NoError(t, err)
+			uuids = append(uuids, v.Spec.UUID)
+		}
+		final := map[string]saltvolumes.View{}
+		w.Until(t, 2*time.Minute, func(ev saltvolumes.Event) bool {
+			if p := ev.Volume.Status.Phase; strings.HasPrefix(ev.Volume.Spec.Name, "many-") && (p == volume.Available || p == volume.Failed) {
+				final[ev.Volume.Spec.Name] = ev.Volume
+			}
+			return len(final) == len(names)
+		})
+		runs := map[string][]string{}
+		for _, n := range names {
+			v := final[n]
+			runs[v.Status.JobID] = append(runs[v.Status.JobID], n)
+			if n == "many-big" {
+				assert.Equal(t, volume.Failed, v.Status.Phase)
+				assert.Contains(t, v.Status.Message, "larger than the whole filesystem")
+				continue
+			}
+			assert.Equal(t, volume.Available, v.Status.Phase, "%s: %s", n, v.Status.Message)
+		}
+		assert.LessOrEqual(t, len(runs), 2, "four volumes, at most two state runs: %v", runs)
+		assert.Greater(t, len(runs[final["many-big"].Status.JobID]), 1, "the failing volume was prepared with others, which did not fail with it: %v", runs)
+		for _, n := range names {
+			_, errs, code := p.CLI("rm", n, "--wait", "--timeout", "2m")
+			require.Equal(t, 0, code, errs)
+		}
+	})
+
 	t.Run("deletion is refused while the criteria forbid it", func(t *testing.T) {
 		_, err := c.Create(ctx, map[string]any{"name": "too-soon", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
 		require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,6 +72,36 @@ func MainWithExec(m interface{ Run() int }, bin *string) {
 	code := m.Run()
 	cleanup()
 	os.Exit(code)
+}
+
+// TempDirs makes n temporary directories and, before they are removed,
+// detaches every loop device still backed by a file in them (its partition
+// first), so a benchmark or test that stops half way through a step (a
+// floor command failing after losetup) leaves no device bound.
+func TempDirs(t testing.TB, n int) []string {
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = t.TempDir()
+	}
+	t.Cleanup(func() {
+		devs, _ := loopdev.Bound()
+		for _, d := range devs {
+			back, err := loopdev.BackingFile(d.Name)
+			if err != nil {
+				continue
+			}
+			back = strings.TrimSuffix(back, " (deleted)")
+			for _, dir := range dirs {
+				if strings.HasPrefix(back, dir+"/") {
+					_ = loopdev.RemovePartition(d.Name, 1)
+					if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
+						t.Logf("cleanup: %v", err)
+					}
+				}
+			}
+		}
+	})
+	return dirs
 }
 
 // Cleanup detaches every loop device backed by a sparse file of stateDir and
