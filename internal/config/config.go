@@ -30,8 +30,8 @@ type Config struct {
 	// PollInterval > 0 replaces the event source with job polling.
 	PollInterval Duration `yaml:"pollInterval"`
 	Workers      int      `yaml:"workers"`
-	// BatchSize is the most volumes one state run prepares on a node
-	// (default 16; 1: each volume its own run).
+	// BatchSize is the most volumes one state run prepares, or removes,
+	// on a node (default 16; 1: each volume its own run).
 	BatchSize int    `yaml:"batchSize"`
 	LogLevel  string `yaml:"logLevel"`
 	Limits    Limits `yaml:"limits"`

@@ -1,6 +1,7 @@
 // Package reconciler drives volume objects through their phases: it starts
-// one Salt state run per create or delete through salt-api and settles the
-// volume when the job returns.
+// Salt state runs through salt-api (one per node at a time, doing every
+// create, or every delete, that queued for that node) and settles each
+// volume by its own state when the job returns.
 //
 // The bus says when, the job cache says what: any accepted minion can put a
 // salt/job/<jid>/ret/<any minion> event with any payload on the master bus
@@ -112,9 +113,9 @@ type Options struct {
 	// benchmark's, whose recorded stream returns every job at once). A real
 	// minion runs one state run at a time; more only come back busy.
 	ConcurrentRuns bool
-	// BatchSize is the most volumes one state run prepares on a node
-	// (default 16; 1 prepares each in its own run). Volumes that queued
-	// for a node while a run of ours held it are prepared together in the
+	// BatchSize is the most volumes one state run prepares, or removes,
+	// on a node (default 16; 1: each in its own run). Volumes that queued
+	// for a node while a run of ours held it are done together by the
 	// next run there.
 	BatchSize int
 }
@@ -260,6 +261,7 @@ type observation struct {
 	uuid    string
 	step    string
 	wipe    bool
+	sls     string // obsLaunched: the run's state
 	forget  bool
 	tries   int // lookups of a hint so far
 	// obsHealth: the node's entry for the volume (nil: the node has no
@@ -871,6 +873,25 @@ func (r *Reconciler) waitForNode(node, name string) {
 	r.busyWaiters[node] = append(r.busyWaiters[node], name)
 }
 
+// dropWaiter takes name out of node's queue: its run started (its own, or
+// another volume's that does it too).
+func (r *Reconciler) dropWaiter(node, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.busyWaiters[node]
+	for i, n := range w {
+		if n == name {
+			w = append(w[:i:i], w[i+1:]...)
+			break
+		}
+	}
+	if len(w) == 0 {
+		delete(r.busyWaiters, node)
+		return
+	}
+	r.busyWaiters[node] = w
+}
+
 // nodeFree launches the first volume waiting for node at once (one: the
 // minion runs one state run at a time; the others keep their turn, and
 // their backoff timers stay as the fallback).
@@ -945,23 +966,22 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		return false
 	}
 	r.leaveJob(st.JobID, name)
+	r.dropWaiter(v.Spec.Node, name)
 	pillar := map[string]any{"volume": v.Spec}
 	if sls == SLSUnprepared && v.Wipe {
 		pillar["wipe"] = true
 	}
-	// Volumes that queued for this node while it was busy are prepared by
-	// this run too: one state run (one Salt job, one return) for all.
-	// Removals stay one per run: each first withdraws its PV.
-	var batch []*volume.Volume
-	if sls == SLSPrepared {
-		batch = r.takeBatch(v.Spec.Node, name)
-	}
+	// Volumes that queued for this node while it was busy, for the same
+	// kind of run, are done by this run too: one state run (one Salt job,
+	// one return) for all.
+	batch := r.takeBatch(v.Spec.Node, name, sls, v.Wipe)
 	if len(batch) > 0 {
 		all := map[string]any{name: v.Spec}
 		for _, b := range batch {
 			all[b.Spec.Name] = b.Spec
 		}
-		pillar = map[string]any{"volumes": all}
+		pillar["volumes"] = all
+		delete(pillar, "volume")
 	}
 	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, "state.apply", []any{sls}, map[string]any{"pillar": map[string]any{"salt_volumes": pillar}})
 	st.Step = ""
@@ -1002,7 +1022,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	// worker changes a volume); told before the job is indexed, so that a
 	// return already seen reaches them after.
 	for _, n := range names[1:] {
-		r.push(n, observation{kind: obsLaunched, jid: job.JID, node: v.Spec.Node, at: st.JobStartedAt})
+		r.push(n, observation{kind: obsLaunched, jid: job.JID, node: v.Spec.Node, at: st.JobStartedAt, sls: sls, wipe: v.Wipe})
 	}
 	r.registerJob(job.JID, names, v.Spec.Node)
 	r.q.addAfter(name, r.opt.JobTimeout)
@@ -1020,11 +1040,27 @@ func needsRun(v *volume.Volume) bool {
 	return needsPrepareRun(v) || (v.DeleteRequested && (v.Status.Phase != volume.Terminating || v.Status.JobID == ""))
 }
 
-// takeBatch takes from node's queue the volumes the run being started by
-// first can prepare too, up to BatchSize in all. What the store says of
-// them is a snapshot: each volume's worker checks again when it is told
-// (joined), and one that no longer wants the run ignores it.
-func (r *Reconciler) takeBatch(node, first string) []*volume.Volume {
+// queuedForRemoval tells whether v waits for its node to run its removal:
+// Terminating without a job, which its worker sets only past the
+// withdrawal of its PersistentVolume (Kubernetes mode), so another
+// volume's run may remove it.
+func queuedForRemoval(v *volume.Volume, wipe bool) bool {
+	return v.DeleteRequested && v.Wipe == wipe && v.Status.Phase == volume.Terminating && v.Status.JobID == ""
+}
+
+// wantsRun tells whether v wants a run of sls (with wipe, for removals).
+func wantsRun(v *volume.Volume, sls string, wipe bool) bool {
+	if sls == SLSUnprepared {
+		return queuedForRemoval(v, wipe)
+	}
+	return needsPrepareRun(v)
+}
+
+// takeBatch takes from node's queue the volumes the run of sls being
+// started by first can do too, up to BatchSize in all. What the store
+// says of them is a snapshot: each volume's worker checks again when it is
+// told (joined), and one that no longer wants the run ignores it.
+func (r *Reconciler) takeBatch(node, first, sls string, wipe bool) []*volume.Volume {
 	if r.opt.ConcurrentRuns || r.opt.BatchSize <= 1 {
 		return nil
 	}
@@ -1038,7 +1074,7 @@ func (r *Reconciler) takeBatch(node, first string) []*volume.Volume {
 			continue
 		}
 		b, err := r.store.Get(n)
-		if err != nil || b.Spec.Node != node || !needsPrepareRun(b) {
+		if err != nil || b.Spec.Node != node || !wantsRun(b, sls, wipe) {
 			keep = append(keep, n)
 			continue
 		}
@@ -1054,31 +1090,29 @@ func (r *Reconciler) takeBatch(node, first string) []*volume.Volume {
 	return batch
 }
 
-// joined applies the start of a run of another volume that prepares this
-// one too.
+// joined applies the start of a run of another volume that does this one
+// too.
 func (r *Reconciler) joined(v *volume.Volume, o observation) effect {
 	st := &v.Status
 	name := v.Spec.Name
-	if o.node != v.Spec.Node || !needsPrepareRun(v) {
-		// Deleted or forgotten meanwhile: the run prepares it anyway, and
-		// its removal waits for the node as usual.
+	if o.node != v.Spec.Node || !wantsRun(v, o.sls, o.wipe) {
+		// Changed meanwhile: the run does it anyway; what the volume now
+		// wants waits for the node as usual.
 		r.leaveJob(o.jid, name)
 		return unchanged
 	}
+	r.dropWaiter(v.Spec.Node, name)
 	r.mu.Lock()
-	w := r.busyWaiters[v.Spec.Node]
-	for i, n := range w {
-		if n == name {
-			r.busyWaiters[v.Spec.Node] = append(w[:i:i], w[i+1:]...)
-			break
-		}
-	}
 	delete(r.notBefore, name)
 	delete(r.backoff, name)
 	r.mu.Unlock()
-	st.Phase, st.JobID, st.JobStartedAt = volume.Pending, o.jid, o.at
+	st.Phase = volume.Pending
+	if o.sls == SLSUnprepared {
+		st.Phase = volume.Terminating
+	}
+	st.JobID, st.JobStartedAt = o.jid, o.at
 	st.Step, st.Reason, st.Message = "", "", ""
-	r.jobLog.started(name, o.jid, SLSPrepared, o.at)
+	r.jobLog.started(name, o.jid, o.sls, o.at)
 	r.q.addAfter(name, r.opt.JobTimeout)
 	return changed
 }

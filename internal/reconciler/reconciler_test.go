@@ -751,26 +751,50 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 		g.send(ret(v.Status.JobID, "node-1", 0, stateRet(n, "prepared", true, "", device(s))))
 		g.until(n, "Available")
 	}
-	for _, n := range names {
+	_, err := g.r.Delete("d1", false)
+	require.NoError(t, err)
+	v1 := g.until("d1", "Terminating")
+	for v1.Status.JobID == "" {
+		v1 = g.next("d1").Volume
+	}
+	for _, n := range names[1:] {
 		_, err := g.r.Delete(n, false)
 		require.NoError(t, err)
 	}
-	for _, n := range names {
+	for _, n := range names[1:] {
+		v := g.until(n, "Terminating")
+		for v.Status.Step == "" {
+			v = g.next(n).Volume
+		}
+		assert.Empty(t, v.Status.JobID, "%s waits for d1's run", n)
+	}
+	g.send(ret(v1.Status.JobID, "node-1", 0, stateRet("d1", "unprepared", true, "", nil)))
+	for g.next("d1").Type != Deleted {
+	}
+	// The two that queued are removed by one run: each unprepare is its
+	// own state in it, and none was settled by its earlier prepare's return.
+	jobOf := func(n string) string {
 		v := g.until(n, "Terminating")
 		for v.Status.JobID == "" {
 			v = g.next(n).Volume
 		}
-		g.send(ret(v.Status.JobID, "node-1", 0, stateRet(n, "unprepared", true, "", nil)))
+		return v.Status.JobID
+	}
+	jid := jobOf("d2")
+	require.Equal(t, jid, jobOf("d3"))
+	both := stateRet("d2", "unprepared", true, "", nil)
+	maps.Copy(both, stateRet("d3", "unprepared", true, "", nil))
+	g.send(ret(jid, "node-1", 0, both))
+	for _, n := range names[1:] {
 		for g.next(n).Type != Deleted {
 		}
 	}
-	// Each deletion ran its own unprepare, one after another: none was
-	// settled by the return of its earlier prepare.
 	calls := g.salt.launches()
-	require.Len(t, calls, 6)
-	for i, c := range calls[3:] {
+	require.Len(t, calls, 5)
+	for _, c := range calls[3:] {
 		assert.Equal(t, []any{SLSUnprepared}, c.Arg)
-		b, _ := json.Marshal(c.Kwarg)
-		assert.Contains(t, string(b), `"name":"`+names[i]+`"`)
 	}
+	b, _ := json.Marshal(calls[4].Kwarg)
+	assert.Contains(t, string(b), `"volumes":{"d2":{"name":"d2"`)
+	assert.Contains(t, string(b), `"d3":{"name":"d3"`)
 }

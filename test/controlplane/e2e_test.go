@@ -127,9 +127,34 @@ func TestEndToEnd(t *testing.T) {
 		}
 		assert.LessOrEqual(t, len(runs), 2, "four volumes, at most two state runs: %v", runs)
 		assert.Greater(t, len(runs[final["many-big"].Status.JobID]), 1, "the failing volume was prepared with others, which did not fail with it: %v", runs)
+
+		// Removed at once: the first removal runs alone, the others that
+		// queued meanwhile go in one run; every file and link is gone.
 		for _, n := range names {
-			_, errs, code := p.CLI("rm", n, "--wait", "--timeout", "2m")
+			_, errs, code := p.CLI("rm", n)
 			require.Equal(t, 0, code, errs)
+		}
+		removals, gone := map[string]bool{}, map[string]bool{}
+		w.Until(t, 2*time.Minute, func(ev saltvolumes.Event) bool {
+			v := ev.Volume
+			if !strings.HasPrefix(v.Spec.Name, "many-") {
+				return false
+			}
+			if v.Status.Phase == volume.Terminating && v.Status.JobID != "" {
+				removals[v.Status.JobID] = true
+			}
+			if ev.Type == "DELETED" {
+				gone[v.Spec.Name] = true
+			}
+			return len(gone) == len(names)
+		})
+		assert.LessOrEqual(t, len(removals), 2, "four removals, at most two state runs")
+		for _, n := range names {
+			v := final[n]
+			_, err := os.Stat(filepath.Join(s.StateDir, "sparse", v.Spec.UUID))
+			assert.True(t, os.IsNotExist(err), "%s: sparse file removed", n)
+			_, err = os.Lstat("/dev/disk/by-uuid/" + v.Spec.UUID)
+			assert.True(t, os.IsNotExist(err), "%s: link removed", n)
 		}
 	})
 
