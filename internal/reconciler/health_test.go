@@ -58,7 +58,12 @@ func (tr *truth) set(restore map[string]any, vols ...map[string]any) {
 
 // statusRig answers salt_volumes.status jobs from tr, as a node would:
 // the return goes to the job cache and its event on the bus.
-func statusRig(t *testing.T, tr *truth) *rig {
+func statusRig(t *testing.T, tr *truth) *rig { return statusRigWith(t, tr, false) }
+
+// statusRigWith's early rig puts each status return on the bus, and lets
+// it be handled, before local_async answers: a fast node behind a slow
+// salt-api.
+func statusRigWith(t *testing.T, tr *truth, early bool) *rig {
 	var g *rig
 	ready := make(chan struct{})
 	fs := &fakeSalt{jobs: map[string]saltapi.JobInfo{}}
@@ -76,8 +81,14 @@ func statusRig(t *testing.T, tr *truth) *rig {
 		require.NoError(t, err)
 		var ret any
 		require.NoError(t, json.Unmarshal(b, &ret))
-		go g.send(events.Event{Tag: "salt/job/" + jid + "/ret/" + c.Tgt, Data: map[string]any{
-			"fun": FunStatus, "retcode": int64(0), "return": ret, "jid": jid, "id": c.Tgt}})
+		ev := events.Event{Tag: "salt/job/" + jid + "/ret/" + c.Tgt, Data: map[string]any{
+			"fun": FunStatus, "retcode": int64(0), "return": ret, "jid": jid, "id": c.Tgt}}
+		if !early {
+			go g.send(ev)
+			return
+		}
+		g.send(ev)
+		time.Sleep(100 * time.Millisecond)
 	}
 	g = newRigWith(t, fs, Options{})
 	close(ready)
@@ -165,4 +176,25 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	got, err = g.store.Get("job-failed")
 	require.NoError(t, err)
 	assert.Equal(t, ReasonPrepareFailed, got.Status.Reason)
+}
+
+// A status return seen on the bus before local_async answered with its jid
+// still confirms the report at once, not after statusWait (30 s).
+func TestStatusReturnBeforeLocalAsyncAnswers(t *testing.T) {
+	tr := &truth{}
+	g := statusRigWith(t, tr, true)
+	s := sparseSpec("early")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	v := g.until("early", "Pending")
+	for v.Status.JobID == "" {
+		v = g.next("early").Volume
+	}
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("early", "prepared", true, "", device(s))))
+	g.until("early", "Available")
+	d := device(s)
+	tr.set(nil, withState(d, "detached", ""))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "detached", "")))
+	v = g.until("early", "Failed")
+	assert.Equal(t, ReasonDetached, v.Status.Reason)
 }

@@ -30,7 +30,15 @@ type nodeConfirm struct {
 	inflight map[string]bool
 	again    map[string]bool
 	waiters  map[string]chan struct{} // jid -> closed when its return is seen on the bus
+	// early holds status returns seen on the bus before local_async
+	// answered with their jid (a fast node, a slow salt-api), oldest first.
+	early      map[string]struct{}
+	earlyOrder []string
 }
+
+// maxEarly bounds the status returns remembered for a jid not known yet:
+// a flood of forged ones only pushes the oldest out.
+const maxEarly = 256
 
 // confirmNode starts (or queues, if one runs) a status run on node.
 func (r *Reconciler) confirmNode(node string) {
@@ -69,11 +77,21 @@ func (r *Reconciler) confirmNode(node string) {
 func (r *Reconciler) statusReturned(jid string) {
 	c := &r.nodeConfirm
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if ch, ok := c.waiters[jid]; ok {
 		delete(c.waiters, jid)
 		close(ch)
+		return
 	}
-	c.mu.Unlock()
+	if c.early == nil {
+		c.early = map[string]struct{}{}
+	}
+	c.early[jid] = struct{}{}
+	c.earlyOrder = append(c.earlyOrder, jid)
+	if len(c.earlyOrder) > maxEarly {
+		delete(c.early, c.earlyOrder[0])
+		c.earlyOrder = c.earlyOrder[1:]
+	}
 }
 
 // statusWait bounds the wait for a status return: past it the job cache
@@ -89,7 +107,13 @@ func (r *Reconciler) confirmOnce(ctx context.Context, node string) {
 		return
 	}
 	c.mu.Lock()
-	c.waiters[job.JID] = ch
+	if _, seen := c.early[job.JID]; seen {
+		// Returned before local_async answered: the bus said so already.
+		delete(c.early, job.JID)
+		close(ch)
+	} else {
+		c.waiters[job.JID] = ch
+	}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
