@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build e2e-bin demo test lint unit pytest promtool bench load fuzz install salt-files clean \
+.PHONY: all setup build e2e-bin demo test lint unit race pytest promtool bench load fuzz install salt-files clean \
         vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -35,7 +35,7 @@ demo: setup build
 
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.
-test: setup lint pytest vagrant-validate promtool
+test: setup lint pytest vagrant-validate promtool race
 	@rm -f test-results/adversarial.txt
 	$(GO) test -count=1 -timeout 15m ./...
 	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
@@ -67,6 +67,12 @@ pytest:
 
 unit:
 	$(GO) test -count=1 ./internal/...
+
+# The control plane's concurrent packages under the race detector: the
+# reconciler's workers, the bus reader, the API's watchers.
+RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/
+race:
+	$(GO) test -race -count=1 $(RACE_PKGS)
 
 # Ends with one line per metric, "metric <name> <value> <unit>", to compare
 # runs (test-results/bench-metrics.txt).
