@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -486,34 +487,35 @@ func (r *Reconciler) registerJob(jid string, names []string, node string) {
 func (r *Reconciler) joinJob(jid, name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, n := range r.jobs[jid] {
-		if n == name {
-			return
-		}
+	addName(r.jobs, jid, name)
+}
+
+// addName appends name to m[key] unless it is there; removeName takes it
+// out, dropping an emptied key. The job index and the node queues are
+// both such lists.
+func addName(m map[string][]string, key, name string) {
+	if !slices.Contains(m[key], name) {
+		m[key] = append(m[key], name)
 	}
-	r.jobs[jid] = append(r.jobs[jid], name)
+}
+
+func removeName(m map[string][]string, key, name string) {
+	names := m[key]
+	if i := slices.Index(names, name); i >= 0 {
+		names = slices.Delete(slices.Clone(names), i, i+1)
+	}
+	if len(names) == 0 {
+		delete(m, key)
+		return
+	}
+	m[key] = names
 }
 
 // leaveJob drops name from jid's volumes: it waits for that run no more.
 func (r *Reconciler) leaveJob(jid, name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.leaveJobLocked(jid, name)
-}
-
-func (r *Reconciler) leaveJobLocked(jid, name string) {
-	names := r.jobs[jid]
-	for i, n := range names {
-		if n == name {
-			names = append(names[:i:i], names[i+1:]...)
-			break
-		}
-	}
-	if len(names) == 0 {
-		delete(r.jobs, jid)
-		return
-	}
-	r.jobs[jid] = names
+	removeName(r.jobs, jid, name)
 }
 
 // forgetJob is called when jid is over for name (it returned, timed out,
@@ -522,7 +524,7 @@ func (r *Reconciler) leaveJobLocked(jid, name string) {
 func (r *Reconciler) forgetJob(jid, name string) (ended bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.leaveJobLocked(jid, name)
+	removeName(r.jobs, jid, name)
 	if node, ok := r.jobNode[jid]; ok {
 		if r.running[node].jid == jid {
 			delete(r.running, node)
@@ -841,7 +843,7 @@ func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
 func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 	st := &v.Status
 	switch {
-	case v.DeleteRequested && (st.Phase != volume.Terminating || st.JobID == ""):
+	case needsRemovalRun(v):
 		if r.opt.Kube != nil {
 			if done, changed := r.withdraw(ctx, v); !done {
 				return changed
@@ -850,7 +852,7 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 		return r.launch(ctx, v, SLSUnprepared, volume.Terminating)
 	case !v.DeleteRequested && st.Phase == volume.Pending && st.Publishing && r.opt.Kube != nil:
 		return r.publish(ctx, v)
-	case !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "" && !st.Publishing)):
+	case needsPrepareRun(v):
 		return r.launch(ctx, v, SLSPrepared, volume.Pending)
 	case waiting(v) && st.JobID != "":
 		return r.checkTimeout(ctx, v)
@@ -865,12 +867,7 @@ func (r *Reconciler) waitForNode(node, name string) {
 	if r.busyWaiters == nil {
 		r.busyWaiters = map[string][]string{}
 	}
-	for _, n := range r.busyWaiters[node] {
-		if n == name {
-			return
-		}
-	}
-	r.busyWaiters[node] = append(r.busyWaiters[node], name)
+	addName(r.busyWaiters, node, name)
 }
 
 // dropWaiter takes name out of node's queue: its run started (its own, or
@@ -878,18 +875,7 @@ func (r *Reconciler) waitForNode(node, name string) {
 func (r *Reconciler) dropWaiter(node, name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	w := r.busyWaiters[node]
-	for i, n := range w {
-		if n == name {
-			w = append(w[:i:i], w[i+1:]...)
-			break
-		}
-	}
-	if len(w) == 0 {
-		delete(r.busyWaiters, node)
-		return
-	}
-	r.busyWaiters[node] = w
+	removeName(r.busyWaiters, node, name)
 }
 
 // nodeFree launches the first volume waiting for node at once (one: the
@@ -1035,10 +1021,13 @@ func needsPrepareRun(v *volume.Volume) bool {
 	return !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "" && !st.Publishing))
 }
 
-// needsRun tells whether v waits for a state run of either kind.
-func needsRun(v *volume.Volume) bool {
-	return needsPrepareRun(v) || (v.DeleteRequested && (v.Status.Phase != volume.Terminating || v.Status.JobID == ""))
+// needsRemovalRun tells whether v waits for a state run to remove it.
+func needsRemovalRun(v *volume.Volume) bool {
+	return v.DeleteRequested && (v.Status.Phase != volume.Terminating || v.Status.JobID == "")
 }
+
+// needsRun tells whether v waits for a state run of either kind.
+func needsRun(v *volume.Volume) bool { return needsPrepareRun(v) || needsRemovalRun(v) }
 
 // queuedForRemoval tells whether v waits for its node to run its removal:
 // Terminating without a job, which its worker sets only past the
@@ -1057,9 +1046,12 @@ func wantsRun(v *volume.Volume, sls string, wipe bool) bool {
 }
 
 // takeBatch takes from node's queue the volumes the run of sls being
-// started by first can do too, up to BatchSize in all. What the store
-// says of them is a snapshot: each volume's worker checks again when it is
-// told (joined), and one that no longer wants the run ignores it.
+// started by first can do too, up to BatchSize in all. The store's
+// snapshot decides what the run does on the node, so only volumes it shows
+// wanting that run are taken; one whose worker has not stored its wait
+// yet stays queued for the next run. What they want cannot change
+// meanwhile (a volume being prepared or removed cannot be deleted, nor its
+// wipe changed); each volume's worker takes the job id when told (joined).
 func (r *Reconciler) takeBatch(node, first, sls string, wipe bool) []*volume.Volume {
 	if r.opt.ConcurrentRuns || r.opt.BatchSize <= 1 {
 		return nil
