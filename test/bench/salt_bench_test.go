@@ -268,7 +268,7 @@ func (r *busTimes) get(jid string) (time.Time, time.Time) {
 func measureWithSalt(b *testing.B) {
 	s := saltstack.Start(b, binary, true)
 	b.Cleanup(func() { testenv.Cleanup(s.StateDir, nil, b.Logf) })
-	if out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json"); code != 0 {
+	if out, code := s.SyncAll(s.MinionID); code != 0 {
 		b.Fatalf("sync_all: %s", out)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -410,7 +410,7 @@ func measureManyMinions(b *testing.B) {
 			testenv.Cleanup(d, nil, b.Logf)
 		}
 	})
-	if out, code := s.Salt("*", "saltutil.sync_all", "--out=json"); code != 0 {
+	if out, code := s.SyncAll("*"); code != 0 {
 		b.Fatalf("sync_all: %s", out)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

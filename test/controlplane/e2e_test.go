@@ -39,7 +39,7 @@ func getJSON(t *testing.T, p *plane, name string) saltvolumes.View {
 // TestEndToEnd runs the user's scenarios in order on one real Salt stack.
 func TestEndToEnd(t *testing.T) {
 	s := saltstack.Start(t, bin("salt-volume-exec"), true)
-	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
 	var uuids []string
 	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })

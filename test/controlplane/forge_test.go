@@ -30,7 +30,7 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 		testenv.Cleanup(s.StateDir, uuids, t.Logf)
 		testenv.Cleanup(state2, nil, t.Logf)
 	})
-	out, code := s.Salt("*", "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll("*")
 	require.Equal(t, 0, code, out)
 	p := newPlane(t, s)
 	p.Start("")

@@ -38,7 +38,7 @@ type kubeEnv struct {
 
 func startKube(t *testing.T) *kubeEnv {
 	s := saltstack.Start(t, bin("salt-volume-exec"), true)
-	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
 	tools, err := kubecluster.Tools(s.Repo)
 	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")

@@ -26,7 +26,7 @@ func TestScenario(t *testing.T) {
 		testenv.Cleanup(s.StateDir, nil, t.Logf)
 		testenv.Cleanup(state2, nil, t.Logf)
 	})
-	out, code := s.Salt("*", "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll("*")
 	require.Equal(t, 0, code, out)
 
 	d1, d2 := testenv.FakeDisk(t, 320<<20).Path, testenv.FakeDisk(t, 64<<20).Path

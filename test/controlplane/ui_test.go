@@ -60,7 +60,7 @@ func TestWebUI(t *testing.T) {
 	s := saltstack.Start(t, bin("salt-volume-exec"), true)
 	var uuids []string
 	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
-	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
 	p := newPlane(t, s)
 	p.Start("")

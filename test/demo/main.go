@@ -70,7 +70,7 @@ func main() {
 	// without waiting.
 	s := saltstack.StartOpts(r, bin("salt-volume-exec"), saltstack.Options{API: true, SaltVolumes: "beacon_interval: 2\nbeacon_heartbeat: 60"})
 	fmt.Printf("  salt root %s, salt-api %s, minion %s\n", s.Root, s.APIURL(), s.MinionID)
-	if out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json"); code != 0 {
+	if out, code := s.SyncAll(s.MinionID); code != 0 {
 		r.Fatalf("saltutil.sync_all failed: %s", out)
 	}
 	step("turning on the salt_volumes beacon (state salt_volumes.beacon): the node pushes health, usage and capacity")

@@ -161,7 +161,7 @@ func TestMasterMinionJobReturnAndProgressEvents(t *testing.T) {
 	s := saltstack.Start(t, binary, false)
 	var uuids []string
 	cleanupNode(t, s, &uuids)
-	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
 	bus := s.Listen()
 

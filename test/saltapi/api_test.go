@@ -38,7 +38,7 @@ func TestRealSaltAPI(t *testing.T) {
 	s := saltstack.Start(t, binary, true)
 	u := uuid.NewString()
 	t.Cleanup(func() { testenv.Cleanup(s.StateDir, []string{u}, t.Logf) })
-	out, code := s.Salt(s.MinionID, "saltutil.sync_all", "--out=json")
+	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
 
 	c, err := saltapi.New(saltapi.Config{URL: s.APIURL(), Username: s.APIUser, Password: s.APIPass, Eauth: "file"})

@@ -436,6 +436,13 @@ func (s *Stack) SaltCall(args ...string) (string, int) {
 // Salt runs the salt CLI on the master.
 func (s *Stack) Salt(args ...string) (string, int) { return s.run("salt", args...) }
 
+// SyncAll pushes the salt_volumes modules to the minions tgt matches. The
+// timeout is generous: syncing right after a minion starts, on a loaded
+// two-core machine, can take longer than Salt's default 5 s.
+func (s *Stack) SyncAll(tgt string) (string, int) {
+	return s.run("salt", "--timeout=60", tgt, "saltutil.sync_all", "--out=json")
+}
+
 // SaltRun runs salt-run on the master.
 func (s *Stack) SaltRun(args ...string) (string, int) { return s.run("salt-run", args...) }
 
