@@ -3,6 +3,7 @@ package gpt
 import (
 	"bytes"
 	"encoding/hex"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -102,12 +103,7 @@ func TestSetPartitionGUIDTouchesOnlyGUIDAndCRCs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, newGUID, tbl.Entries[0].GUID)
 	// Backup must agree, or tools will "repair" one from the other.
-	_, err = f.WriteAt(make([]byte, 512), 512)
-	require.NoError(t, err)
-	tbl, err = Read(f, size, 512)
-	require.NoError(t, err)
-	assert.True(t, tbl.FromBackup)
-	assert.Equal(t, newGUID, tbl.Entries[0].GUID)
+	assert.Equal(t, newGUID, readBackup(t, f, size).Entries[0].GUID)
 
 	// Exactly: 16 GUID bytes + 4 array CRC bytes + 4 header CRC bytes, twice.
 	diff := 0
@@ -202,15 +198,25 @@ func TestCreateFreshWritesWhatCreateWrites(t *testing.T) {
 	assert.Equal(t, ta.Entries, tb.Entries)
 
 	// The backup header too, read on its own.
-	_, err = b.WriteAt(make([]byte, 512), 512)
-	require.NoError(t, err)
-	tb, err = Read(b, size, 512)
-	require.NoError(t, err)
-	assert.True(t, tb.FromBackup)
-	assert.Equal(t, guid, tb.Entries[0].GUID)
+	assert.Equal(t, guid, readBackup(t, b, size).Entries[0].GUID)
 
 	// And the file is still open for the caller: the wrapper must not have
 	// closed it.
 	_, err = b.Stat()
 	assert.NoError(t, err)
+}
+
+// readBackup wipes the primary GPT header (LBA 1, 512-byte sectors) and
+// reads the table again: it must come whole from the backup header.
+func readBackup(t *testing.T, f interface {
+	io.ReaderAt
+	io.WriterAt
+}, size int64) *Table {
+	t.Helper()
+	_, err := f.WriteAt(make([]byte, 512), 512)
+	require.NoError(t, err)
+	tbl, err := Read(f, size, 512)
+	require.NoError(t, err)
+	assert.True(t, tbl.FromBackup)
+	return tbl
 }
