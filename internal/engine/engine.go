@@ -154,7 +154,7 @@ func (e *Engine) lockVolume(u string) (*nodestate.Lock, error) {
 
 // openProbe reads what a device or file holds.
 func openProbe(path string) (probe.Result, int64, int, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	f, rd, err := blockdev.OpenDirect(path)
 	if err != nil {
 		return probe.Result{}, 0, 0, err
 	}
@@ -163,7 +163,7 @@ func openProbe(path string) (probe.Result, int64, int, error) {
 	if err != nil {
 		return probe.Result{}, 0, 0, err
 	}
-	r, err := probe.Device(f, size, ss)
+	r, err := probe.Device(rd, size, ss)
 	return r, size, ss, err
 }
 
