@@ -128,6 +128,8 @@ type op struct {
 	unsaved bool
 	// sigs: libblkid's probe of the raw device, started before the locks.
 	sigs *pendingSignatures
+	// final: the prepared record, staged while mkfs runs.
+	final *pendingStage
 }
 
 func (o *op) step(name string, attrs ...any) {

@@ -55,6 +55,7 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 		return nil, err
 	}
 	defer lock.Unlock()
+	defer func() { o.final.discard() }()
 	rec, err := e.admit(ctx, o, raw)
 	if err != nil {
 		return nil, err
@@ -70,7 +71,7 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 	if rec.Phase != nodestate.PhasePrepared || o.unsaved {
 		o.changed = o.changed || rec.Phase != nodestate.PhasePrepared
 		rec.Phase = nodestate.PhasePrepared
-		if err := e.State.Save(rec); err != nil {
+		if err := o.final.save(e, rec); err != nil {
 			return nil, failed("state", err, "saving state of %s", s.Name)
 		}
 	}
@@ -131,6 +132,14 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		defer cancel()
 		sigs = startSignatures(pctx, "/dev/"+raw.name)
 	}
+	// A new raw volume's record is written and synced while the checks
+	// below wait for that probe; it only becomes the record once they
+	// have all passed (see nodestate.Staged).
+	var first *pendingStage
+	if raw != nil && rec == nil {
+		first = e.stageNewRaw(s, raw)
+		defer first.discard()
+	}
 	mine := map[string]bool{}
 	if rec != nil {
 		for _, n := range e.devicesOf(rec) {
@@ -182,13 +191,14 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 	if rec != nil {
 		return rec, nil
 	}
-	rec = &nodestate.Record{Spec: s, Phase: nodestate.PhasePreparing}
-	if raw != nil {
-		if err := describeRaw(rec, raw); err != nil {
+	if first != nil {
+		if rec, err = first.record(); err != nil {
 			return nil, err
 		}
+	} else {
+		rec = &nodestate.Record{Spec: s, Phase: nodestate.PhasePreparing}
 	}
-	if err := e.State.Save(rec); err != nil {
+	if err := first.save(e, rec); err != nil {
 		return nil, failed("state", err, "saving state of %s", s.Name)
 	}
 	o.changed = true
@@ -325,4 +335,74 @@ func sectorSize(name string) int {
 		return 512
 	}
 	return n
+}
+
+// pendingStage is a record being staged (nodestate.Stage) beside other
+// work. A nil *pendingStage stages nothing: save is then a plain Save.
+type pendingStage struct {
+	done chan struct{}
+	rec  *nodestate.Record // the record staged, once done
+	st   *nodestate.Staged
+	err  error // describing the device: the record cannot be made
+}
+
+// stageNewRaw describes a raw device in a new record and stages it.
+func (e *Engine) stageNewRaw(s *spec.Spec, raw *rawDevice) *pendingStage {
+	p := &pendingStage{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		rec := &nodestate.Record{Spec: s, Phase: nodestate.PhasePreparing}
+		if p.err = describeRaw(rec, raw); p.err != nil {
+			return
+		}
+		p.rec = rec
+		// A failed stage is not an error: save falls back to Save.
+		p.st, _ = e.State.Stage(rec)
+	}()
+	return p
+}
+
+// stage stages r, a copy the caller no longer changes.
+func (e *Engine) stage(r nodestate.Record) *pendingStage {
+	p := &pendingStage{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.st, _ = e.State.Stage(&r)
+	}()
+	return p
+}
+
+// record waits for the staged record, which the caller then owns.
+func (p *pendingStage) record() (*nodestate.Record, error) {
+	<-p.done
+	return p.rec, p.err
+}
+
+// save saves r: by committing what was staged if that holds the same,
+// else with Save. It consumes the stage.
+func (p *pendingStage) save(e *Engine, r *nodestate.Record) error {
+	if p != nil {
+		<-p.done
+		st := p.st
+		p.st = nil
+		if st != nil {
+			if st.Holds(r) {
+				return st.Commit(r)
+			}
+			st.Discard()
+		}
+	}
+	return e.State.Save(r)
+}
+
+// discard removes a stage that was not saved.
+func (p *pendingStage) discard() {
+	if p == nil {
+		return
+	}
+	<-p.done
+	if p.st != nil {
+		p.st.Discard()
+		p.st = nil
+	}
 }

@@ -205,6 +205,11 @@ func (e *Engine) writeRaw(ctx context.Context, o *op, rec *nodestate.Record, raw
 	s := o.s
 	target := "/dev/" + raw.name
 	if s.Mode == spec.ModeFilesystem {
+		// The record this run ends with, if mkfs and the read-back
+		// succeed, is known now: stage it while mkfs runs.
+		next := *rec
+		next.Written, next.Phase = written(s, false), nodestate.PhasePrepared
+		o.final = e.stage(next)
 		if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, mkfs.Target{Path: target}, false); err != nil {
 			return failed("mkfs", err, "formatting %s", raw.path)
 		}

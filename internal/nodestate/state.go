@@ -175,24 +175,100 @@ func (r *Record) check(u string) error {
 
 // Save writes a record atomically: temp file, fsync, rename, fsync dir.
 func (d Dir) Save(r *Record) error {
-	r.Version = 1
-	r.SizeBytes = r.Spec.SizeBytes
-	r.UpdatedAt = time.Now().UTC()
-	if r.CreatedAt.IsZero() {
-		r.CreatedAt = r.UpdatedAt
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
+	b, err := encode(r, time.Now().UTC())
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(d.path(r.Spec.UUID), append(b, '\n'), 0o600)
+	return WriteFileAtomic(d.path(r.Spec.UUID), b, 0o600)
 }
 
-// Remove deletes a record (missing is fine).
+// encode stamps r as saved at t and returns the bytes of its file.
+func encode(r *Record, t time.Time) ([]byte, error) {
+	r.Version = 1
+	r.SizeBytes = r.Spec.SizeBytes
+	r.UpdatedAt = t
+	if r.CreatedAt.IsZero() {
+		r.CreatedAt = t
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// Staged is a record written and synced under a name that no reader looks
+// at (.<uuid>.json.next): not a record yet, so a crash leaves nothing that
+// speaks for the volume. Commit makes it the volume's record with a rename
+// and a sync of the directory. Staging while a device is still being
+// probed or written takes the write and the file's fsync off the critical
+// path. Only the holder of the volume's lock stages, which is why one fixed
+// name per volume suffices; the next stage or Remove replaces a leftover.
+type Staged struct {
+	d    Dir
+	r    Record
+	data []byte
+	at   time.Time
+}
+
+func (d Dir) staged(u string) string { return filepath.Join(d.volumes(), "."+u+".json.next") }
+
+// Stage writes what Save would write for r now, without making it the
+// record. r is copied: the caller may go on changing it.
+func (d Dir) Stage(r *Record) (*Staged, error) {
+	st := &Staged{d: d, r: *r, at: time.Now().UTC()}
+	b, err := encode(&st.r, st.at)
+	if err != nil {
+		return nil, err
+	}
+	st.data = b
+	p := d.staged(r.Spec.UUID)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(p)
+		return nil, err
+	}
+	return st, nil
+}
+
+// Holds tells whether committing st would write exactly what Save(r)
+// would, the time of saving aside.
+func (st *Staged) Holds(r *Record) bool {
+	c := *r
+	b, err := encode(&c, st.at)
+	return err == nil && string(b) == string(st.data)
+}
+
+// Commit makes the staged record the volume's record and stamps r, which
+// must hold the same (see Holds), as Save would have.
+func (st *Staged) Commit(r *Record) error {
+	u := st.r.Spec.UUID
+	if err := os.Rename(st.d.staged(u), st.d.path(u)); err != nil {
+		return err
+	}
+	r.Version, r.SizeBytes, r.CreatedAt, r.UpdatedAt = st.r.Version, st.r.SizeBytes, st.r.CreatedAt, st.r.UpdatedAt
+	return syncDir(st.d.volumes())
+}
+
+// Discard removes the staged file.
+func (st *Staged) Discard() { os.Remove(st.d.staged(st.r.Spec.UUID)) }
+
+// Remove deletes a record (missing is fine), and a staged one left over.
 func (d Dir) Remove(u string) error {
 	if err := os.Remove(d.path(u)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
+	os.Remove(d.staged(u))
 	return syncDir(d.volumes())
 }
 

@@ -64,3 +64,44 @@ func TestLockSerialises(t *testing.T) {
 		t.Fatal("the lock was not released")
 	}
 }
+
+func TestStagedRecordIsNoRecordUntilCommitted(t *testing.T) {
+	d := Dir{Root: t.TempDir()}
+	require.NoError(t, d.Init())
+	s, err := spec.Parse(strings.NewReader(`{"name":"a","uuid":"3f2504e0-4f89-41d3-9a0c-0305e82c3301","rawBlockDevice":{"devicePath":"/dev/sdz"}}`))
+	require.NoError(t, err)
+	rec := &Record{Spec: s, Phase: PhasePreparing, Device: "sdz"}
+	st, err := d.Stage(rec)
+	require.NoError(t, err)
+
+	// Staged, it speaks for nothing: a crash now leaves no record.
+	got, err := d.Load(s.UUID)
+	require.NoError(t, err)
+	assert.Nil(t, got, "a staged record is not the volume's record")
+	all, errs := d.All()
+	assert.Empty(t, all)
+	assert.Empty(t, errs, "the staged file is not read as a (corrupt) record")
+
+	assert.True(t, st.Holds(rec), "the record it was staged from")
+	changed := *rec
+	changed.Written = "ext4"
+	assert.False(t, st.Holds(&changed), "a record that changed since staging")
+	assert.True(t, rec.CreatedAt.IsZero(), "staging stamps its copy, not the caller's record")
+
+	require.NoError(t, st.Commit(rec))
+	got, err = d.Load(s.UUID)
+	require.NoError(t, err)
+	require.NotNil(t, got)
+	assert.Equal(t, "sdz", got.Device)
+	assert.Equal(t, rec.UpdatedAt, got.UpdatedAt, "the caller's record carries the times that were saved")
+	assert.False(t, rec.CreatedAt.IsZero())
+
+	// A stage that is never committed (a crash, a failed mkfs) is removed
+	// with the record.
+	_, err = d.Stage(&changed)
+	require.NoError(t, err)
+	require.NoError(t, d.Remove(s.UUID))
+	left, _ := filepath.Glob(filepath.Join(d.Root, "volumes", "*"))
+	hidden, _ := filepath.Glob(filepath.Join(d.Root, "volumes", ".*"))
+	assert.Empty(t, append(left, hidden...), "nothing left of the volume")
+}

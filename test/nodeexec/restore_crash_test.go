@@ -176,8 +176,63 @@ func TestKilledAtEveryStepConverges(t *testing.T) {
 			}
 			recs, _ := filepath.Glob(filepath.Join(n.dir, "volumes", "*.json"))
 			assert.Empty(t, recs)
+			staged, _ := filepath.Glob(filepath.Join(n.dir, "volumes", ".*"))
+			assert.Empty(t, staged, "no staged or temporary record left")
 			left, _ := os.ReadDir(filepath.Join(n.dir, "sparse"))
 			assert.Empty(t, left, "no sparse file leaked")
 		})
 	}
+}
+
+// An operator's Ctrl-C, or Salt's timeout, stops a prepare stuck in mkfs:
+// mkfs is stopped with it, the run fails with its JSON error, and the next
+// run converges.
+func TestTerminatedPrepareStopsMkfs(t *testing.T) {
+	n := newNode(t)
+	disk := fakeDisk(t, 32<<20)
+	spec := rawSpec("term", n.newUUID(), disk.Path, nil)
+
+	// An mkfs.ext4 that hangs, first on PATH.
+	bin := t.TempDir()
+	pidFile := filepath.Join(bin, "mkfs.pid")
+	script := "#!/bin/sh\necho $$ > " + pidFile + ".tmp && mv " + pidFile + ".tmp " + pidFile + "\nexec sleep 120\n"
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "mkfs.ext4"), []byte(script), 0o755))
+
+	cmd := exec.Command(binary, "--state-dir", n.dir, "prepare", "--spec", "-")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	cmd.Stdin = strings.NewReader(mustJSON(t, spec))
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	var pid int
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "prepare never ran mkfs")
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "prepare must fail, not succeed")
+		assert.Equal(t, 1, ee.ExitCode(), "a failure with its JSON error, not a death by the signal: %s", out.String())
+		assert.Contains(t, out.String(), `"code":"mkfs"`)
+	case <-time.After(20 * time.Second):
+		t.Fatal("prepare did not stop within 20 s of SIGTERM")
+	}
+	assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "mkfs was stopped with prepare")
+
+	r := n.ok("prepare", spec)
+	assert.Equal(t, "prepared", r.str("state"))
+	assert.Equal(t, spec["uuid"], blkid(t, disk.Path)["UUID"])
+	n.ok("unprepare", spec, "--wipe")
 }
