@@ -252,6 +252,11 @@ func (c *Controller) Observe(ctx context.Context, v *volume.Volume) reconciler.K
 			kv.Reclaim = true
 		}
 	}
+	if cl := v.Claim; cl != nil && !kv.Reclaim && cur == nil && v.Status.Phase == volume.Failed {
+		if pvc, err := c.pvcs.PersistentVolumeClaims(cl.Namespace).Get(cl.Name); err == nil {
+			kv.Reprovision = reprovision(v, pvc)
+		}
+	}
 	return kv
 }
 
@@ -395,7 +400,47 @@ func (c *Controller) Release(ctx context.Context, v *volume.Volume) error {
 	c.mu.Lock()
 	delete(c.reported, v.Spec.Name)
 	c.mu.Unlock()
-	return c.release(ctx, v.Spec.Name, v.Spec.UUID)
+	err := c.release(ctx, v.Spec.Name, v.Spec.UUID)
+	if v.Claim != nil && v.Status.PersistentVolume == nil {
+		err = errors.Join(err, c.unselect(ctx, v))
+	}
+	return err
+}
+
+// unselect gives the claim of a volume deleted before it was ever
+// published back to the scheduler, as Kubernetes' own provisioners do: it
+// removes the claim's selected-node annotation if it still names the
+// volume's node. The scheduler then places the claim's pod again, perhaps
+// on another node, and names that node on the claim, which provisions a
+// new volume there. Without it the pod would wait on a node that will not
+// get its volume.
+func (c *Controller) unselect(ctx context.Context, v *volume.Volume) error {
+	cl := v.Claim
+	node, err := c.cfg.Nodes.NodeName(v.Spec.Node)
+	if err != nil {
+		return nil
+	}
+	api := c.cs.CoreV1().PersistentVolumeClaims(cl.Namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pvc, err := api.Get(ctx, cl.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if string(pvc.UID) != cl.UID || pvc.Spec.VolumeName != "" || pvc.DeletionTimestamp != nil || pvc.Annotations[annSelectedNode] != node {
+			return nil
+		}
+		delete(pvc.Annotations, annSelectedNode)
+		if _, err := api.Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("giving claim %s/%s back to the scheduler: %w", cl.Namespace, cl.Name, err)
+		}
+		c.log.Info("claim given back to the scheduler", "claim", cl.Namespace+"/"+cl.Name, "volume", v.Spec.Name, "node", node)
+		c.event(cl, corev1.EventTypeNormal, "Rescheduling", fmt.Sprintf("volume %s was deleted before it was ready on node %s (see the ProvisioningFailed event): the claim goes back to the scheduler to pick a node again",
+			v.Spec.Name, node))
+		return nil
+	})
 }
 
 // release drops our finalizer from the PV name made for uuid, and deletes
@@ -485,7 +530,13 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		return false
 	}
 	defer c.claims.Done(key)
-	if err := c.syncClaim(ctx, key); err != nil {
+	err := c.syncClaim(ctx, key)
+	if errors.Is(err, errVolumeLeaving) {
+		c.claims.Forget(key)
+		c.claims.AddAfter(key, time.Second)
+		return true
+	}
+	if err != nil {
 		c.log.Warn("provisioning failed; retrying", "claim", key, "error", err)
 		c.claims.AddRateLimited(key)
 		return true
@@ -493,6 +544,9 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 	c.claims.Forget(key)
 	return true
 }
+
+// errVolumeLeaving: the claim's previous volume is still being deleted.
+var errVolumeLeaving = errors.New("the claim's previous volume is still being deleted")
 
 // syncClaim provisions a volume for a claim of one of our classes once the
 // scheduler has picked its node. Retries are safe: the volume's name and
@@ -519,7 +573,12 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	if sc == nil || sc.Provisioner != c.cfg.Provisioner {
 		return nil
 	}
-	if _, err := c.vols.Get("pvc-" + string(pvc.UID)); err == nil {
+	if v, err := c.vols.Get("pvc-" + string(pvc.UID)); err == nil {
+		if v.DeleteRequested {
+			// A failed volume on its way out: the claim is provisioned
+			// anew once it is gone.
+			return errVolumeLeaving
+		}
 		return nil // provisioning already
 	}
 	minion := ""

@@ -10,7 +10,9 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
+	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 // Annotations the PV controller and the scheduler set on claims.
@@ -152,3 +154,31 @@ func sparseSizeFor(s *spec.Spec, want int64) (int64, error) {
 		return max(size, spec.MinFilesystemSize), nil
 	}
 }
+
+// reprovision tells why a claim's volume should be deleted and the claim
+// given back to the scheduler, or "" if not. Only a refusal of the
+// volume's size by its node qualifies (larger than the node's filesystem,
+// or past its overcommit ratio): another node, or this one once space is
+// freed, may take it. Any other failure would fail on every node, and
+// stays for someone to read. A volume that was ever published, or whose
+// claim is bound, going away or no longer waiting on a node, is left alone.
+func reprovision(v *volume.Volume, pvc *corev1.PersistentVolumeClaim) string {
+	st := v.Status
+	switch {
+	case v.Claim == nil || v.DeleteRequested || st.PersistentVolume != nil:
+		return ""
+	case st.Phase != volume.Failed || st.Reason != reconciler.ReasonPrepareFailed:
+		return ""
+	case !strings.Contains(st.Message, sizeField+": "):
+		return ""
+	case pvc == nil || string(pvc.UID) != v.Claim.UID || pvc.Spec.VolumeName != "" || pvc.DeletionTimestamp != nil:
+		return ""
+	case pvc.Annotations[annSelectedNode] == "":
+		return ""
+	}
+	return fmt.Sprintf("Salt minion %s cannot hold it: %s", v.Spec.Node, st.Message)
+}
+
+// sizeField is the field the node names when it refuses a sparse volume's
+// size (salt-volume-exec's messages name the field at fault).
+const sizeField = "sparseLoopDevice.size"

@@ -10,8 +10,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
+	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 const uid = "5b0c6a4e-8a7e-4c57-9a43-1b2f6f3c9d10"
@@ -166,5 +169,54 @@ func TestSparseSizeForBlockCoversTheRequest(t *testing.T) {
 			_, l, _ := gpt.Extent(size-(1<<20), 512)
 			assert.Less(t, l, want, "one MiB less would be too small: the file is not oversized")
 		}
+	}
+}
+
+func TestReprovisionOnlyWhatAnotherNodeMayTake(t *testing.T) {
+	tooBig := "volume pvc-" + uid + ": sparseLoopDevice.size: 100Ti is larger than the whole filesystem holding /var/lib/salt-volumes (50Gi): use a smaller size"
+	failed := func(mut ...func(*volume.Volume)) *volume.Volume {
+		v := &volume.Volume{Spec: spec.Spec{Name: "pvc-" + uid, UUID: uid, Node: "node-1"},
+			Claim: &saltvolumes.Claim{Namespace: "apps", Name: "data", UID: uid}}
+		v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Failed, reconciler.ReasonPrepareFailed, tooBig
+		for _, m := range mut {
+			m(v)
+		}
+		return v
+	}
+	why := reprovision(failed(), testClaim())
+	assert.Contains(t, why, "node-1 cannot hold it")
+	assert.Contains(t, why, "larger than the whole filesystem")
+	assert.NotEmpty(t, reprovision(failed(func(v *volume.Volume) {
+		v.Status.Message = "volume x: sparseLoopDevice.size: 10Gi would commit 60Gi of 50Gi on /var/lib/salt-volumes, past the overcommit ratio 1"
+	}), testClaim()), "past the overcommit ratio")
+
+	for name, c := range map[string]struct {
+		v   *volume.Volume
+		pvc *corev1.PersistentVolumeClaim
+	}{
+		"mkfs refused an option (fails on every node)": {failed(func(v *volume.Volume) {
+			v.Status.Message = "volume x: mkfs.ext4 -q -U ... -I 100: invalid inode size 100"
+		}), testClaim()},
+		"the minion did not answer": {failed(func(v *volume.Volume) { v.Status.Reason = reconciler.ReasonJobTimeout }), testClaim()},
+		"not failed":                {failed(func(v *volume.Volume) { v.Status.Phase = volume.Pending }), testClaim()},
+		"already being deleted":     {failed(func(v *volume.Volume) { v.DeleteRequested = true }), testClaim()},
+		"published once": {failed(func(v *volume.Volume) {
+			v.Status.PersistentVolume = &saltvolumes.PersistentVolume{Name: v.Spec.Name}
+		}), testClaim()},
+		"made through the API, no claim": {failed(func(v *volume.Volume) { v.Claim = nil }), testClaim()},
+		"claim gone":                     {failed(), nil},
+		"another claim by that name": {failed(), testClaim(func(c *corev1.PersistentVolumeClaim) {
+			c.UID = "00000000-0000-4000-8000-000000000000"
+		})},
+		"claim bound": {failed(), testClaim(func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "pv-x" })},
+		"claim being deleted": {failed(), testClaim(func(c *corev1.PersistentVolumeClaim) {
+			now := metav1.Now()
+			c.DeletionTimestamp = &now
+		})},
+		"no node selected any more": {failed(), testClaim(func(c *corev1.PersistentVolumeClaim) {
+			delete(c.Annotations, annSelectedNode)
+		})},
+	} {
+		assert.Empty(t, reprovision(c.v, c.pvc), name)
 	}
 }

@@ -11,6 +11,8 @@ import (
 const (
 	stepPublish  = "creating its PersistentVolume"
 	stepWithdraw = "deleting its PersistentVolume"
+	// A claim's volume that failed on its node for want of capacity.
+	stepReschedule = "deleting it: its claim goes back to the scheduler"
 )
 
 // observeKube applies what the API server says about the volume's PV; it
@@ -38,6 +40,12 @@ func (r *Reconciler) observeKube(ctx context.Context, v *volume.Volume) bool {
 		}
 		r.log.Info("claim gone, reclaim policy Delete: deleting the volume", "volume", v.Spec.Name, "claim", v.Claim.Namespace+"/"+v.Claim.Name)
 		v.DeleteRequested, v.Wipe = true, false
+		return true
+	case kv.Reprovision != "" && st.Phase == volume.Failed:
+		r.log.Info("claim's volume failed on its node: deleting it so that the scheduler picks a node again",
+			"volume", v.Spec.Name, "node", v.Spec.Node, "claim", v.Claim.Namespace+"/"+v.Claim.Name, "why", kv.Reprovision)
+		v.DeleteRequested, v.Wipe = true, false
+		st.Step = stepReschedule
 		return true
 	}
 	return changed

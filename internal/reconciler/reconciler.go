@@ -90,6 +90,10 @@ type KubeVerdict struct {
 	// Reclaim: a provisioned volume whose claim is gone and whose reclaim
 	// policy is Delete: delete it.
 	Reclaim bool
+	// Reprovision: a claim's volume failed on its node for a reason another
+	// node may not have (the node's capacity): delete it, after which the
+	// claim goes back to the scheduler (Kubernetes.Release). Says why.
+	Reprovision string
 }
 
 // Options tune the reconciler; zero values take the defaults.

@@ -168,6 +168,18 @@ func hasEvent(evs []corev1.Event, reason, contains string) bool {
 	})
 }
 
+// count adds up our events of a reason whose message contains a string
+// (the recorder folds repeats into one event with a count).
+func count(evs []corev1.Event, reason, contains string) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Reason == reason && ev.Source.Component == "salt-volumes" && strings.Contains(ev.Message, contains) {
+			n += max(int(ev.Count), 1)
+		}
+	}
+	return n
+}
+
 func reasons(evs []corev1.Event) string {
 	var out []string
 	for _, ev := range evs {
@@ -511,5 +523,31 @@ func TestKubernetes(t *testing.T) {
 			_, errs, code := e.p.CLI("get", "pvc-"+string(bad.UID))
 			return code != 0, errs
 		})
+	})
+
+	t.Run("a claim its node cannot hold goes back to the scheduler", func(t *testing.T) {
+		huge := e.claim(t, "c-huge", "salt-volumes", "100Ti")
+		name := "pvc-" + string(huge.UID)
+		*e.uuids = append(*e.uuids, string(huge.UID))
+		e.pod(t, "app4", map[string]bool{"c-huge": false})
+		// node-1 refuses the size; the failed volume is deleted and the
+		// claim's selected node removed; the scheduler places the pod
+		// again (node-1 is the only node) and a new volume is tried.
+		eventually(t, 2*time.Minute, "two refused attempts, the claim rescheduled after each", func() (bool, string) {
+			evs := e.claimEvents(t, "c-huge")
+			return count(evs, "Provisioning", name) >= 2 && count(evs, "Rescheduling", name) >= 2, reasons(evs)
+		})
+		evs := e.claimEvents(t, "c-huge")
+		assert.True(t, hasEvent(evs, "ProvisioningFailed", "larger than the whole filesystem"), reasons(evs))
+
+		// The claim goes: whatever attempt is under way, nothing is left.
+		e.deletePod(t, "app4")
+		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "c-huge", metav1.DeleteOptions{}))
+		eventually(t, time.Minute, "no volume left for the deleted claim", func() (bool, string) {
+			_, errs, code := e.p.CLI("get", name)
+			return code != 0, errs
+		})
+		_, err := os.Stat(filepath.Join(e.s.StateDir, "volumes", string(huge.UID)+".json"))
+		assert.True(t, os.IsNotExist(err), "no record on the node")
 	})
 }
