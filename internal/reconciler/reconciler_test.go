@@ -669,6 +669,12 @@ func TestOneRunOfOursPerNode(t *testing.T) {
 	}
 	assert.Empty(t, vb.Status.JobID, "no second run on a node while one of ours runs: it would only come back busy")
 	assert.Contains(t, vb.Status.Step, "for volume first", "the wait names the run it waits for")
+	// Both have stored their wait before the run ends: a volume whose
+	// worker had not would get the run after (batching is opportunistic),
+	// which under load made this test wait for a run that never returns.
+	for v := g.until("third", "Pending"); v.Status.Step == ""; {
+		v = g.next("third").Volume
+	}
 	assert.Len(t, g.salt.launches(), 1)
 
 	// The run ends: the volumes that queued are launched at once, not
