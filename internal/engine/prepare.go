@@ -341,33 +341,33 @@ func sectorSize(name string) int {
 // work. A nil *pendingStage stages nothing: save is then a plain Save.
 type pendingStage struct {
 	done chan struct{}
-	rec  *nodestate.Record // the record staged, once done
+	rec  *nodestate.Record // the record built, once done
 	st   *nodestate.Staged
-	err  error // describing the device: the record cannot be made
+	err  error // building it failed: there is no record to save
 }
 
 // stageNewRaw describes a raw device in a new record and stages it.
 func (e *Engine) stageNewRaw(s *spec.Spec, raw *rawDevice) *pendingStage {
-	p := &pendingStage{done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
+	return e.stageWith(func() (*nodestate.Record, error) {
 		rec := &nodestate.Record{Spec: s, Phase: nodestate.PhasePreparing}
-		if p.err = describeRaw(rec, raw); p.err != nil {
-			return
-		}
-		p.rec = rec
-		// A failed stage is not an error: save falls back to Save.
-		p.st, _ = e.State.Stage(rec)
-	}()
-	return p
+		return rec, describeRaw(rec, raw)
+	})
 }
 
 // stage stages r, a copy the caller no longer changes.
 func (e *Engine) stage(r nodestate.Record) *pendingStage {
+	return e.stageWith(func() (*nodestate.Record, error) { return &r, nil })
+}
+
+// stageWith builds a record and stages it, beside the caller. A failed
+// stage is not an error: save falls back to Save.
+func (e *Engine) stageWith(build func() (*nodestate.Record, error)) *pendingStage {
 	p := &pendingStage{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.st, _ = e.State.Stage(&r)
+		if p.rec, p.err = build(); p.err == nil {
+			p.st, _ = e.State.Stage(p.rec)
+		}
 	}()
 	return p
 }

@@ -227,18 +227,26 @@ func (d Dir) Stage(r *Record) (*Staged, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, err = f.Write(b)
+	if err := writeSynced(f, b, 0o600); err != nil {
+		os.Remove(p)
+		return nil, err
+	}
+	return st, nil
+}
+
+// writeSynced writes data to f, sets its mode, syncs and closes it.
+func writeSynced(f *os.File, data []byte, perm os.FileMode) error {
+	_, err := f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
 	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		os.Remove(p)
-		return nil, err
-	}
-	return st, nil
+	return err
 }
 
 // Holds tells whether committing st would write exactly what Save(r)
@@ -311,29 +319,14 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := writeSynced(f, data, perm); err != nil {
+		os.Remove(tmp)
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return err
 	}
-	ok = true
 	return syncDir(dir)
 }
 
