@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build e2e-bin demo test lint unit race pytest promtool bench load fuzz install salt-files clean \
+.PHONY: all setup build e2e-bin demo test lint unit race pytest promtool bench bench-smoke load fuzz install salt-files clean \
         vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -39,6 +39,15 @@ test: setup lint pytest vagrant-validate promtool race
 	@rm -f test-results/adversarial.txt
 	$(GO) test -count=1 -timeout 15m ./...
 	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
+	@$(MAKE) --no-print-directory bench-smoke
+
+# Every benchmark once at a tiny size, and the load test for a few seconds,
+# so that none of them rots unseen (part of make test; the figures come
+# from make bench, these land in test-results/bench-metrics-smoke.txt).
+bench-smoke:
+	@mkdir -p test-results; rm -f test-results/bench-metrics-smoke.txt
+	SALT_VOLUMES_BENCH_SMOKE=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/bench/
+	SALT_VOLUMES_LOAD=1 LOAD_VOLUMES=200 LOAD_WATCHERS=20 LOAD_RATE=10 LOAD_SECONDS=3 $(GO) test -count=1 -run TestLoad -v -timeout 5m ./test/load/
 
 # The alert rules shipped in deploy/monitoring, checked by Prometheus's own
 # promtool (setup extracts it from Debian's package; skipped without it).

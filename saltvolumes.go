@@ -94,4 +94,5 @@ const (
 	CodeDeleteForbidden = "delete_forbidden" // 409: the deletion criteria say no, with the reason
 	CodeLimit           = "limit"            // 429/503: a limit of the control plane
 	CodeInternal        = "internal"         // 500
+	CodeUnavailable     = "unavailable"      // 503: the store (etcd) is out of reach; retry
 )

@@ -44,10 +44,13 @@ SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
+  salt-volumes status [-o table|json]     ready? and the replica's role (leader, follower of ...)
   salt-volumes pv NAME [--storage-class S] [--hostname H] [--reclaim-policy Retain|Delete]
                   [--mount-option O]...      a local PersistentVolume (YAML) for kubectl
   salt-volumes storageclass [--name S] [--reclaim-policy Delete|Retain] [--fs-type T] [--mkfs-options O]
                             [--static] [--mount-option O]...   a StorageClass (YAML)
+  salt-volumes store migrate --from SRC --to DST [--etcd-prefix P] [--etcd-ca-file F --etcd-cert-file F --etcd-key-file F]
+                  moves every volume between stores (bbolt:FILE, etcd:URL[,URL...]); serve stopped
   salt-volumes version
 
 Exit codes: 0 ok, 1 failed, 2 invalid input, 3 refused (conflict or deletion
@@ -68,6 +71,8 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 	"nodes":        (*cli).nodes,
 	"pv":           (*cli).pv,
 	"storageclass": (*cli).storageClass,
+	"store":        (*cli).storeCmd,
+	"status":       (*cli).status,
 	"version": func(c *cli, _ context.Context, _ []string) error {
 		fmt.Fprintln(c.out, version)
 		return nil

@@ -12,6 +12,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,8 +35,12 @@ import (
 // Server serves the API.
 type Server struct {
 	Reconciler *reconciler.Reconciler
-	Store      *store.Store
-	Token      string
+	Store      store.Reader
+	// Role says what this replica does when several share a store:
+	// "leader" (it reconciles) or "follower" (it serves; writes go to the
+	// store and the leader acts on them). nil: the only control plane.
+	Role  func() Role
+	Token string
 	// Nodes lists the minions Salt knows are up.
 	Nodes func(ctx context.Context) ([]string, error)
 	// Ready says why the server is not ready (nil when it is).
@@ -94,11 +100,11 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /api/v1/volumes", s.auth(s.create))
 	mux.Handle("GET /api/v1/volumes", s.auth(s.list))
 	mux.Handle("GET /api/v1/volumes/{name}", s.auth(s.get))
-	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(s.usage))
-	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(s.jobs))
+	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(s.fromLeader(s.usage)))
+	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(s.fromLeader(s.jobs)))
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(s.delete))
 	mux.Handle("GET /api/v1/watch", s.authQuery(s.watch))
-	mux.Handle("GET /api/v1/nodes", s.auth(s.nodes))
+	mux.Handle("GET /api/v1/nodes", s.auth(s.fromLeader(s.nodes)))
 	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
 	}))
@@ -167,6 +173,57 @@ func writeErr(w http.ResponseWriter, status int, e saltvolumes.Error) {
 	writeJSON(w, status, map[string]saltvolumes.Error{"error": e})
 }
 
+// Role is a replica's part.
+type Role struct {
+	Leader bool
+	// LeaderID names the replica that leads ("" while none does), URL is
+	// where its API answers.
+	LeaderID, URL string
+}
+
+// forwardedHeader marks a request one replica passed to the leader: the
+// leader answers it itself, whatever it believes about its role.
+const forwardedHeader = "X-Salt-Volumes-Forwarded"
+
+// fromLeader serves what only the leader holds in memory (node reports,
+// usage history, job step logs): a follower passes the request on to the
+// leader, token and all, and relays the answer.
+func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.Role == nil || r.Header.Get(forwardedHeader) != "" {
+			h(w, r)
+			return
+		}
+		role := s.Role()
+		target, err := url.Parse(role.URL)
+		if role.Leader || role.URL == "" || err != nil {
+			h(w, r)
+			return
+		}
+		p := httputil.NewSingleHostReverseProxy(target)
+		p.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) {
+			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
+				Message: fmt.Sprintf("this replica follows %s, which holds node reports, usage and job logs, and could not be reached: %v", role.LeaderID, err)})
+		}
+		r.Header.Set(forwardedHeader, "1")
+		p.ServeHTTP(w, r)
+	}
+}
+
+func (r Role) String() string {
+	switch {
+	case r.Leader:
+		return "leader"
+	case r.LeaderID != "" && r.URL != "":
+		return "follower of " + r.LeaderID + " at " + r.URL
+	case r.LeaderID != "":
+		return "follower of " + r.LeaderID
+	}
+	return "follower (no leader elected)"
+}
+
+// readyz answers 200 on every replica that serves, leader or follower,
+// and names the role.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if s.Ready != nil {
 		if err := s.Ready(); err != nil {
@@ -174,7 +231,23 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if s.Role != nil {
+		fmt.Fprintf(w, "ok: %s\n", s.Role())
+		return
+	}
 	io.WriteString(w, "ok\n")
+}
+
+// storeErr answers a write the store could not take: 503 when the backend
+// is out of reach (etcd without quorum; the message says so), 500 else.
+func storeErr(w http.ResponseWriter, err error) {
+	if errors.Is(err, store.ErrUnavailable) {
+		w.Header().Set("Retry-After", "5")
+		writeErr(w, http.StatusServiceUnavailable, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
+			Message: err.Error() + ": nothing was changed (or the change is unknown: retrying is safe); reads go on from this replica's cache"})
+		return
+	}
+	writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: err.Error()})
 }
 
 // ParseCreate reads a create request: the volume spec contract, with the
@@ -233,7 +306,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: err.Error()})
+		storeErr(w, err)
 		return
 	}
 	s.Log.Info("volume created", "volume", sp.Name, "node", sp.Node)
@@ -383,7 +456,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &de):
 		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeDeleteForbidden, Message: fmt.Sprintf("volume %q: %s", name, de.Reason)})
 	case err != nil:
-		writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: err.Error()})
+		storeErr(w, err)
 	default:
 		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe, "forget", forget)
 		writeJSON(w, http.StatusAccepted, v.View())
@@ -534,6 +607,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	mw.Gauge("salt_volumes_volumes", "Volumes by phase.", "phase", phases)
 	s.healthMetrics(mw)
 	mw.Gauge("salt_volumes_watchers", "Open watch streams.", "", map[string]float64{"": float64(s.Reconciler.Hub.Watchers())})
+	leader := 1.0
+	if s.Role != nil && !s.Role().Leader {
+		leader = 0
+	}
+	mw.Gauge("salt_volumes_leader", "1 on the replica that reconciles (the elected leader, or the only control plane), 0 on followers.", "", map[string]float64{"": leader})
 	if s.ExtraMetrics != nil {
 		s.ExtraMetrics(mw)
 	}

@@ -36,11 +36,11 @@ func (noSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) {
 
 const token = "0123456789abcdef0123"
 
-func newServer(t *testing.T) (*httptest.Server, *store.Store) {
+func newServer(t *testing.T) (*httptest.Server, *store.Bolt) {
 	return newServerWith(t, func(*Server) {})
 }
 
-func newServerWith(t *testing.T, tune func(*Server)) (*httptest.Server, *store.Store) {
+func newServerWith(t *testing.T, tune func(*Server)) (*httptest.Server, *store.Bolt) {
 	st, err := store.Open(filepath.Join(t.TempDir(), "v.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
@@ -321,4 +321,35 @@ func TestMonitoringUsesExportedMetrics(t *testing.T) {
 			require.NoError(t, json.Unmarshal(src, &dash), f)
 		}
 	}
+}
+
+// A follower passes what only the leader holds to the leader and relays
+// the answer; an unreachable leader is a 502 that says which and why; a
+// request already forwarded is answered where it lands (no loops).
+func TestFollowerAsksTheLeader(t *testing.T) {
+	leader, _ := newServerWith(t, func(s *Server) { s.Role = func() Role { return Role{Leader: true} } })
+	follower, _ := newServerWith(t, func(s *Server) {
+		s.Role = func() Role { return Role{LeaderID: "replica-1", URL: leader.URL} }
+		s.Nodes = func(context.Context) ([]string, error) { return []string{"only-on-the-follower"}, nil }
+	})
+	code, body := do(t, follower, "GET", "/api/v1/nodes", token, "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, fmt.Sprint(body), "node-2", "the leader's answer")
+	assert.NotContains(t, fmt.Sprint(body), "only-on-the-follower")
+
+	req, _ := http.NewRequest("GET", follower.URL+"/api/v1/nodes", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set(forwardedHeader, "1")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), "only-on-the-follower", "a forwarded request is not forwarded again")
+
+	leader.Close()
+	code, body = do(t, follower, "GET", "/api/v1/nodes", token, "")
+	assert.Equal(t, http.StatusBadGateway, code)
+	assert.Contains(t, fmt.Sprint(body), "this replica follows replica-1")
+	code, _ = do(t, follower, "GET", "/readyz", "", "")
+	assert.Equal(t, http.StatusOK, code)
 }

@@ -201,3 +201,27 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolum
 	}
 	return errors.New("watch stream closed by the server")
 }
+
+// Status reads the server's /readyz: its readiness and role ("ok: leader",
+// "ok: follower of ...", or "ok" for the only control plane).
+func (c *Client) Status(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.URL, "/")+"/readyz", nil)
+	if err != nil {
+		return "", err
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("salt-volumes API at %s: %w", c.URL, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	body := strings.TrimSpace(string(raw))
+	if resp.StatusCode != http.StatusOK {
+		return body, &Error{Status: resp.StatusCode, Body: saltvolumes.Error{Code: "unavailable", Message: body}}
+	}
+	return body, nil
+}

@@ -21,8 +21,10 @@ type Config struct {
 	// Token (or TokenFile) is the API bearer token.
 	Token     string `yaml:"token"`
 	TokenFile string `yaml:"tokenFile"`
-	// Store is the bbolt file holding the volume objects.
+	// Store is the bbolt file holding the volume objects (one control
+	// plane); Etcd instead keeps them in etcd, for several replicas.
 	Store  string `yaml:"store"`
+	Etcd   *Etcd  `yaml:"etcd"`
 	Salt   Salt   `yaml:"salt"`
 	Events Events `yaml:"events"`
 	// JobTimeout bounds the wait for a job's return (default 10m).
@@ -59,6 +61,32 @@ type Kubernetes struct {
 	// SyncTimeout bounds the first read of the API server's objects at
 	// start (default 60s).
 	SyncTimeout Duration `yaml:"syncTimeout"`
+}
+
+// Etcd is the replicated store: every replica serves, one elected leader
+// reconciles.
+type Etcd struct {
+	Endpoints []string `yaml:"endpoints"`
+	// Prefix roots our keys (default /salt-volumes).
+	Prefix string `yaml:"prefix"`
+	// TLS: the CA that signed the members' certificates, and this
+	// replica's client certificate and key.
+	CAFile   string `yaml:"caFile"`
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// RequestTimeout bounds one write (default 5s): past it the API
+	// answers 503.
+	RequestTimeout Duration `yaml:"requestTimeout"`
+	// SessionTTL is the leader's lease (default 10s): a leader that stops
+	// renewing it is replaced this long after its last renewal.
+	SessionTTL Duration `yaml:"sessionTTL"`
+	// ReplicaID names this replica in the election (default: the host
+	// name and the listen port).
+	ReplicaID string `yaml:"replicaID"`
+	// AdvertiseURL is where other replicas and people reach this one's
+	// API; shown by followers as the leader's address (default
+	// http://<listen>).
+	AdvertiseURL string `yaml:"advertiseURL"`
 }
 
 // Limits bound what API clients can make serve hold.
@@ -138,8 +166,8 @@ func Parse(data []byte) (*Config, error) {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}
-	if c.Store == "" {
-		c.Store = "/var/lib/salt-volumes-control/volumes.db"
+	if err := c.defaultStore(); err != nil {
+		return nil, err
 	}
 	if c.Salt.Eauth == "" {
 		c.Salt.Eauth = "file"
@@ -221,6 +249,54 @@ func Parse(data []byte) (*Config, error) {
 		c.nonLoopback = true
 	}
 	return &c, nil
+}
+
+func (c *Config) defaultStore() error {
+	e := c.Etcd
+	if e == nil {
+		if c.Store == "" {
+			c.Store = "/var/lib/salt-volumes-control/volumes.db"
+		}
+		return nil
+	}
+	switch {
+	case c.Store != "":
+		return errors.New("store and etcd: both set: store names a bbolt file for one control plane, etcd a cluster for several; keep one (salt-volumes store migrate moves volumes between them)")
+	case len(e.Endpoints) == 0:
+		return errors.New("etcd.endpoints: missing: list the etcd members' client URLs, e.g. [https://10.0.0.1:2379, https://10.0.0.2:2379, https://10.0.0.3:2379]")
+	case (e.CertFile == "") != (e.KeyFile == ""):
+		return errors.New("etcd.certFile/etcd.keyFile: give both (this replica's client certificate and its key) or neither")
+	case c.Kubernetes != nil:
+		return errors.New("etcd: not yet supported together with kubernetes: (Kubernetes mode keeps one replica, with the bbolt store)")
+	case e.SessionTTL != 0 && time.Duration(e.SessionTTL) < 2*time.Second:
+		return fmt.Errorf("etcd.sessionTTL: %s is too short: at least 2s (default 10s); a leader is replaced this long after it stops renewing", time.Duration(e.SessionTTL))
+	}
+	for _, ep := range e.Endpoints {
+		if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
+			return fmt.Errorf("etcd.endpoints: %q: write each member as a URL, https://host:2379", ep)
+		}
+	}
+	if e.Prefix == "" {
+		e.Prefix = "/salt-volumes"
+	}
+	if !strings.HasPrefix(e.Prefix, "/") {
+		return fmt.Errorf("etcd.prefix: %q: start it with a slash, e.g. /salt-volumes", e.Prefix)
+	}
+	if e.RequestTimeout == 0 {
+		e.RequestTimeout = Duration(5 * time.Second)
+	}
+	if e.SessionTTL == 0 {
+		e.SessionTTL = Duration(10 * time.Second)
+	}
+	if e.AdvertiseURL == "" {
+		e.AdvertiseURL = "http://" + c.Listen
+	}
+	if e.ReplicaID == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(c.Listen)
+		e.ReplicaID = host + ":" + port
+	}
+	return nil
 }
 
 // NonLoopback reports a listen address reachable from other hosts.

@@ -108,3 +108,28 @@ func TestJobCache(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, dir, c.Salt.JobCache)
 }
+
+func TestEtcd(t *testing.T) {
+	base := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\nlisten: 127.0.0.1:8081\n"
+	c, err := Parse([]byte(base + "etcd:\n  endpoints: [http://127.0.0.1:2379]\n"))
+	require.NoError(t, err)
+	assert.Empty(t, c.Store, "no bbolt file with etcd")
+	assert.Equal(t, "/salt-volumes", c.Etcd.Prefix)
+	assert.Equal(t, 10*time.Second, time.Duration(c.Etcd.SessionTTL))
+	assert.Equal(t, 5*time.Second, time.Duration(c.Etcd.RequestTimeout))
+	assert.Equal(t, "http://127.0.0.1:8081", c.Etcd.AdvertiseURL)
+	assert.Contains(t, c.Etcd.ReplicaID, ":8081")
+	for text, want := range map[string]string{
+		"etcd: {}\n": "etcd.endpoints: missing",
+		"store: /x.db\netcd:\n  endpoints: [http://a:2379]\n":                     "store and etcd: both set",
+		"etcd:\n  endpoints: [a:2379]\n":                                          "etcd.endpoints: \"a:2379\"",
+		"etcd:\n  endpoints: [https://a:2379]\n  certFile: /c\n":                  "etcd.certFile/etcd.keyFile",
+		"etcd:\n  endpoints: [https://a:2379]\n  sessionTTL: 500ms\n":             "etcd.sessionTTL",
+		"etcd:\n  endpoints: [https://a:2379]\n  prefix: sv\n":                    "etcd.prefix",
+		"etcd:\n  endpoints: [https://a:2379]\nkubernetes:\n  kubeconfig: \"\"\n": "not yet supported together with kubernetes",
+	} {
+		_, err := Parse([]byte(base + text))
+		require.Error(t, err, text)
+		assert.Contains(t, err.Error(), want, text)
+	}
+}

@@ -114,10 +114,11 @@ func TestKubeDeletionWaitsForThePVThenUnprepares(t *testing.T) {
 
 	k.set(func(f *fakeKube) { f.withdrawn = true })
 	g.r.Touch("k-del")
-	for len(g.salt.launches()) < 2 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	v, _ = g.store.Get("k-del")
+	// The run is launched before its job id is saved: wait for the save.
+	require.Eventually(t, func() bool {
+		v, _ = g.store.Get("k-del")
+		return len(g.salt.launches()) >= 2 && v.Status.JobID != ""
+	}, 5*time.Second, 10*time.Millisecond)
 	calls := g.salt.launches()
 	assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg)
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-del", "absent", true, "", nil)))
@@ -139,6 +140,9 @@ func TestKubeDeletionRefusedWhenAClaimArrived(t *testing.T) {
 	_, err = g.r.Delete("k-race", false)
 	require.NoError(t, err)
 	v = g.next("k-race").Volume
+	for v.Status.Message == "" {
+		v = g.next("k-race").Volume // the request, then the refusal
+	}
 	assert.Equal(t, volume.Available, v.Status.Phase)
 	assert.Contains(t, v.Status.Message, "deletion refused: its PersistentVolume k-race is Bound")
 	got, _ := g.store.Get("k-race")

@@ -91,6 +91,14 @@ func (q *queue) idle() bool {
 	return len(q.items) == 0 && len(q.processing) == 0
 }
 
+// reopen takes names again after close (a new term of leadership).
+func (q *queue) reopen() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = false
+	q.items, q.dirty, q.processing, q.timers = nil, map[string]bool{}, map[string]bool{}, map[string]*time.Timer{}
+}
+
 func (q *queue) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -16,8 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"slices"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +26,6 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
-	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -165,7 +163,11 @@ func (r *Rejections) Values() map[string]int64 {
 
 // Reconciler owns the volume objects in its store.
 type Reconciler struct {
-	store   *store.Store
+	store store.Store
+	// w is what workers write through during a term (Lead): the store
+	// itself, or a writer fenced on this replica's leadership.
+	w       store.Writer
+	running bool // a term is under way
 	salt    Salt
 	source  events.Source
 	opt     Options
@@ -185,9 +187,9 @@ type Reconciler struct {
 	notBefore      map[string]time.Time
 	backoff        map[string]time.Duration
 	busyWaiters    map[string][]string // node -> volumes that found it busy, in order
-	// running is the state run of ours in flight on each node: a minion
+	// nodeRuns is the state run of ours in flight on each node: a minion
 	// runs one at a time, so a second one would only come back busy.
-	running     map[string]nodeRun
+	nodeRuns    map[string]nodeRun
 	jobNode     map[string]string // our job id -> its node, for running
 	lookupRetry bool
 
@@ -200,15 +202,8 @@ type Reconciler struct {
 	warn *rateLog
 }
 
-// nodeRun is a state run of ours on a node.
-type nodeRun struct {
-	jid    string
-	volume string
-	at     time.Time
-}
-
 // New builds a reconciler. source may be nil in polling mode.
-func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slog.Logger) *Reconciler {
+func New(st store.Store, salt Salt, source events.Source, opt Options, log *slog.Logger) *Reconciler {
 	if opt.Workers <= 0 {
 		opt.Workers = 16
 	}
@@ -235,10 +230,15 @@ func New(st *store.Store, salt Salt, source events.Source, opt Options, log *slo
 		q:       newQueue(),
 		inbox:   map[string][]observation{}, jobs: map[string][]string{},
 		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
-		backoff: map[string]time.Duration{}, running: map[string]nodeRun{}, jobNode: map[string]string{},
+		backoff: map[string]time.Duration{}, nodeRuns: map[string]nodeRun{}, jobNode: map[string]string{},
 		warn: newRateLog(log, time.Minute),
 	}
 	r.cache = newJobCache(salt, &r.Metrics.Lookups)
+	// Closed until a term starts: a replica that does not reconcile queues
+	// nothing (its first pass lists the store anyway).
+	r.q.close()
+	// Every replica's watchers see the store's changes, whoever made them.
+	st.Watch(r.noticed)
 	return r
 }
 
@@ -249,7 +249,7 @@ const (
 	obsReturn           // a return read from the job cache
 	obsHint             // the bus says job jid returned: look it up
 	obsLost             // the job cache does not know the job
-	obsDelete           // a user asked for deletion
+	obsForget           // a user asked to forget the volume (ForgetRequested)
 	obsHealth           // the volume's node reported on its storage
 	obsLaunched         // another volume's run on this node prepares this one too
 )
@@ -267,132 +267,16 @@ type observation struct {
 	step    string
 	wipe    bool
 	sls     string // obsLaunched: the run's state
-	forget  bool
-	tries   int // lookups of a hint so far
+	tries   int    // lookups of a hint so far
 	// obsHealth: the node's entry for the volume (nil: the node has no
 	// record of it) and when the report arrived.
 	device *saltvolumes.Device
 	at     time.Time
 }
 
-// Run reconciles until ctx ends.
-func (r *Reconciler) Run(ctx context.Context) error {
-	r.mu.Lock()
-	r.ctx = ctx
-	r.mu.Unlock()
-	var wg sync.WaitGroup
-	for range r.opt.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				name, ok := r.q.get()
-				if !ok {
-					return
-				}
-				r.reconcile(ctx, name)
-				r.q.done(name)
-			}
-		}()
-	}
-	// Every volume gets a first pass: Unknown ones are launched, waiting
-	// ones get their timeout timer back.
-	for _, v := range r.store.List() {
-		r.q.add(v.Spec.Name)
-	}
-	if r.opt.PollInterval > 0 {
-		r.log.Info("polling mode: no event source", "interval", r.opt.PollInterval)
-		t := time.NewTicker(r.opt.PollInterval)
-		for done := false; !done; {
-			select {
-			case <-ctx.Done():
-				done = true
-			case <-t.C:
-				r.lookupPending(ctx, "poll")
-			}
-		}
-		t.Stop()
-	} else {
-		_ = r.source.Run(ctx, func() { go r.lookupPending(ctx, "lookup") }, r.Handle)
-	}
-	r.q.close()
-	wg.Wait()
-	return ctx.Err()
-}
-
 // Idle reports whether no volume is queued or being reconciled (tests and
 // benchmarks use it to know a replay has settled).
 func (r *Reconciler) Idle() bool { return r.q.idle() }
-
-// Create stores a new volume (phase Unknown) and queues it.
-func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
-	return r.Provision(s, nil)
-}
-
-// Provision is Create for a volume made for a PersistentVolumeClaim.
-func (r *Reconciler) Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
-	now := time.Now().UTC()
-	v := &volume.Volume{Spec: *s, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
-	if err := r.store.Create(v); err != nil {
-		return nil, err
-	}
-	r.Hub.Publish(Added, v.Clone())
-	r.q.add(s.Name)
-	return v, nil
-}
-
-// Get reads one volume from the store.
-func (r *Reconciler) Get(name string) (*volume.Volume, error) { return r.store.Get(name) }
-
-// Touch reconciles a volume again: something it depends on outside Salt
-// (its PersistentVolume, its claim) changed.
-func (r *Reconciler) Touch(name string) {
-	if _, err := r.store.Get(name); err == nil {
-		r.q.add(name)
-	}
-}
-
-// DeleteError is a deletion the criteria forbid.
-type DeleteError struct{ Reason string }
-
-func (e *DeleteError) Error() string { return "cannot delete: " + e.Reason }
-
-// Delete asks for a volume's deletion. The criteria are checked now, so the
-// caller gets a clear refusal, and again by the worker that carries it out.
-func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
-	v, err := r.store.Get(name)
-	if err != nil {
-		return nil, err
-	}
-	if ok, why := volume.CanDelete(v); !ok {
-		return v, &DeleteError{Reason: why}
-	}
-	// Persisted before the caller hears "accepted": a crash right after
-	// still deletes. The observation covers a worker that was saving an
-	// older copy of the volume at the same moment.
-	v.DeleteRequested, v.Wipe = true, wipe
-	if err := r.store.Put(v); err != nil {
-		return nil, fmt.Errorf("recording the deletion of %s: %w", name, err)
-	}
-	r.push(name, observation{kind: obsDelete, wipe: wipe})
-	return v, nil
-}
-
-// Forget drops a Failed volume from the store without running anything on
-// its node: the way out for a volume whose node is gone for good, where the
-// unprepare state can never run. Whatever is on the node stays; a later
-// salt_volumes run there reports it and it is adopted again.
-func (r *Reconciler) Forget(name string) (*volume.Volume, error) {
-	v, err := r.store.Get(name)
-	if err != nil {
-		return nil, err
-	}
-	if v.Status.Phase != volume.Failed {
-		return v, &DeleteError{Reason: "only a Failed volume can be forgotten (it is " + v.Status.Phase.String() + "); delete it normally"}
-	}
-	r.push(name, observation{kind: obsDelete, forget: true})
-	return v, nil
-}
 
 // Handle takes one bus event. It never blocks on Salt or a volume, and it
 // trusts nothing the event says: a job return is only a hint to look the
@@ -454,115 +338,14 @@ func (r *Reconciler) push(name string, o observation) {
 		return
 	}
 	r.mu.Lock()
+	if !r.running {
+		// Not reconciling (a follower): whatever matters is in the store.
+		r.mu.Unlock()
+		return
+	}
 	r.inbox[name] = append(r.inbox[name], o)
 	r.mu.Unlock()
 	r.q.add(name)
-}
-
-func (r *Reconciler) remember(jid string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.unmatched[jid] = struct{}{}
-	r.unmatchedOrder = append(r.unmatchedOrder, jid)
-	if len(r.unmatchedOrder) > 1024 {
-		delete(r.unmatched, r.unmatchedOrder[0])
-		r.unmatchedOrder = r.unmatchedOrder[1:]
-	}
-}
-
-// registerJob indexes a run of ours on node; names[0] is the volume whose
-// worker started it.
-func (r *Reconciler) registerJob(jid string, names []string, node string) {
-	r.mu.Lock()
-	r.jobs[jid] = names
-	r.running[node] = nodeRun{jid: jid, volume: names[0], at: time.Now()}
-	r.jobNode[jid] = node
-	_, early := r.unmatched[jid]
-	delete(r.unmatched, jid)
-	r.mu.Unlock()
-	if early {
-		for _, name := range names {
-			r.push(name, observation{kind: obsHint, jid: jid})
-		}
-	}
-}
-
-// joinJob indexes name under jid (after a restart the index starts empty).
-func (r *Reconciler) joinJob(jid, name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	addName(r.jobs, jid, name)
-}
-
-// addName appends name to m[key] unless it is there; removeName takes it
-// out, dropping an emptied key. The job index and the node queues are
-// both such lists.
-func addName(m map[string][]string, key, name string) {
-	if !slices.Contains(m[key], name) {
-		m[key] = append(m[key], name)
-	}
-}
-
-func removeName(m map[string][]string, key, name string) {
-	names := m[key]
-	if i := slices.Index(names, name); i >= 0 {
-		names = slices.Delete(slices.Clone(names), i, i+1)
-	}
-	if len(names) == 0 {
-		delete(m, key)
-		return
-	}
-	m[key] = names
-}
-
-// leaveJob drops name from jid's volumes: it waits for that run no more.
-func (r *Reconciler) leaveJob(jid, name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	removeName(r.jobs, jid, name)
-}
-
-// forgetJob is called when jid is over for name (it returned, timed out,
-// or Salt does not know it): the run no longer holds its node. ended says
-// this call freed the node (the first volume of a run to settle frees it).
-func (r *Reconciler) forgetJob(jid, name string) (ended bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	removeName(r.jobs, jid, name)
-	if node, ok := r.jobNode[jid]; ok {
-		if r.running[node].jid == jid {
-			delete(r.running, node)
-			ended = true
-		}
-		if len(r.jobs[jid]) == 0 {
-			delete(r.jobNode, jid)
-		}
-	}
-	return ended
-}
-
-// claimNode reserves node for the volume's next run, or returns the run of
-// another volume of ours in flight there. A run older than the job timeout
-// no longer counts: its volume may be gone, and a lost return must not
-// hold a node for good.
-func (r *Reconciler) claimNode(node, name string) (nodeRun, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	run, ok := r.running[node]
-	if ok && run.volume != name && time.Since(run.at) < r.opt.JobTimeout && !r.opt.ConcurrentRuns {
-		return run, true
-	}
-	r.running[node] = nodeRun{volume: name, at: time.Now()}
-	return nodeRun{}, false
-}
-
-// unclaimNode drops a claim whose run could not be started.
-func (r *Reconciler) unclaimNode(node, name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if run := r.running[node]; run.volume == name && run.jid == "" {
-		delete(r.running, node)
-	}
 }
 
 type effect int
@@ -590,6 +373,10 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 		r.adopt(name, obs)
 		return
 	}
+	if v.ForgetRequested {
+		obs = append(obs, observation{kind: obsForget})
+	}
+	base := v.Clone()
 	dirty := false
 	for _, o := range obs {
 		switch r.apply(v, o) {
@@ -608,13 +395,55 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 	}
 	if dirty {
 		v.Status.UpdatedAt = time.Now().UTC()
-		if err := r.store.Put(v); err != nil {
+		r.save(v, base)
+	}
+}
+
+// save writes what a worker made of base. A conflict means someone else
+// wrote the volume since it was read: a user's request (deletion, forget)
+// through this or another replica is merged and the write tried again;
+// anything else (a cache behind a predecessor's writes) wins, and the
+// volume is reconciled again from it.
+func (r *Reconciler) save(v, base *volume.Volume) {
+	name := v.Spec.Name
+	for range 3 {
+		err := r.writer().Update(v)
+		var ce *store.ConflictError
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, store.ErrFenced):
+			r.warn.Warn("not saving: this replica lost its leadership", "volume", name)
+			return
+		case !errors.As(err, &ce):
 			r.log.Error("saving volume", "volume", name, "error", err)
 			r.q.addAfter(name, r.opt.RetryDelay)
 			return
+		case ce.Current == nil || !onlyRequestsChanged(base, ce.Current):
+			r.log.Warn("volume changed elsewhere while it was reconciled; reconciling it again", "volume", name)
+			r.q.add(name)
+			return
 		}
-		r.Hub.Publish(Modified, v)
+		cur := ce.Current
+		if cur.DeleteRequested && !base.DeleteRequested {
+			v.DeleteRequested, v.Wipe = true, cur.Wipe
+		}
+		v.ForgetRequested = v.ForgetRequested || cur.ForgetRequested
+		v.Revision, base = cur.Revision, cur
+		r.q.add(name) // the request itself is acted on by the next pass
 	}
+	r.log.Error("saving volume: it keeps changing", "volume", name)
+	r.q.addAfter(name, r.opt.RetryDelay)
+}
+
+// onlyRequestsChanged tells whether cur differs from base only in what
+// users write (the deletion and forget requests).
+func onlyRequestsChanged(base, cur *volume.Volume) bool {
+	a, b := base.Clone(), cur.Clone()
+	for _, x := range []*volume.Volume{a, b} {
+		x.DeleteRequested, x.Wipe, x.ForgetRequested, x.Revision = false, false, false, 0
+	}
+	return reflect.DeepEqual(a, b)
 }
 
 func (r *Reconciler) remove(ctx context.Context, v *volume.Volume) {
@@ -626,9 +455,17 @@ func (r *Reconciler) remove(ctx context.Context, v *volume.Volume) {
 			r.warn.Warn("could not release the PersistentVolume", "volume", name, "error", err)
 		}
 	}
-	if err := r.store.Delete(name); err != nil {
-		r.log.Error("removing volume", "volume", name, "error", err)
-		r.q.addAfter(name, r.opt.RetryDelay)
+	if err := r.writer().Delete(v); err != nil {
+		switch {
+		case errors.Is(err, store.ErrFenced):
+			r.warn.Warn("not removing: this replica lost its leadership", "volume", name)
+		case errors.Is(err, store.ErrConflict):
+			r.log.Warn("volume changed elsewhere while it was removed; reconciling it again", "volume", name)
+			r.q.add(name)
+		default:
+			r.log.Error("removing volume", "volume", name, "error", err)
+			r.q.addAfter(name, r.opt.RetryDelay)
+		}
 		return
 	}
 	r.mu.Lock()
@@ -638,7 +475,6 @@ func (r *Reconciler) remove(ctx context.Context, v *volume.Volume) {
 	r.Nodes.Forget(v.Spec.UUID)
 	r.jobLog.forget(name)
 	r.log.Info("volume deleted", "volume", name, "node", v.Spec.Node)
-	r.Hub.Publish(Deleted, v)
 }
 
 // adopt creates the object for a volume someone else's state run prepared.
@@ -664,14 +500,13 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		if r.opt.Kube != nil {
 			v.Status.Phase, v.Status.Publishing, v.Status.Step = volume.Pending, true, stepPublish
 		}
-		if err := r.store.Create(v); err != nil {
+		if err := r.writer().Create(v); err != nil {
 			r.log.Warn("not adopting volume", "volume", name, "error", err)
 			r.q.add(name)
 			return
 		}
 		r.Metrics.Adopted.Inc()
 		r.log.Info("volume prepared outside the control plane adopted", "volume", name, "node", o.node, "job", o.jid)
-		r.Hub.Publish(Added, v)
 		if v.Status.Publishing {
 			r.q.add(name)
 		}
@@ -698,25 +533,18 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 		st.Step = o.step
 		r.jobLog.step(v.Spec.Name, st.JobID, o.step, time.Now().UTC())
 		return changed
-	case obsDelete:
-		if o.forget {
-			if st.Phase != volume.Failed {
-				r.log.Info("forget dropped", "volume", v.Spec.Name, "phase", st.Phase)
-				return unchanged
-			}
-			r.forgetJob(st.JobID, v.Spec.Name)
-			r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", st.Reason)
-			return removed
+	case obsForget:
+		if st.Phase != volume.Failed {
+			// Failed no more (its node reported it healthy meanwhile): the
+			// request lapses, or a later failure would forget the volume
+			// unasked.
+			r.log.Info("forget dropped", "volume", v.Spec.Name, "phase", st.Phase)
+			v.ForgetRequested = false
+			return changed
 		}
-		if v.DeleteRequested && v.Wipe == o.wipe {
-			return unchanged // recorded by Delete already
-		}
-		if ok, why := volume.CanDelete(v); !ok || v.DeleteRequested {
-			r.log.Info("deletion dropped", "volume", v.Spec.Name, "reason", why)
-			return unchanged
-		}
-		v.DeleteRequested, v.Wipe = true, o.wipe
-		return changed
+		r.forgetJob(st.JobID, v.Spec.Name)
+		r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", st.Reason)
+		return removed
 	case obsLost:
 		if o.jid != st.JobID || !waiting(v) {
 			return unchanged
@@ -862,342 +690,4 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 		return r.checkTimeout(ctx, v)
 	}
 	return false
-}
-
-// waitForNode queues a volume whose run found its minion busy.
-func (r *Reconciler) waitForNode(node, name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.busyWaiters == nil {
-		r.busyWaiters = map[string][]string{}
-	}
-	addName(r.busyWaiters, node, name)
-}
-
-// dropWaiter takes name out of node's queue: its run started (its own, or
-// another volume's that does it too).
-func (r *Reconciler) dropWaiter(node, name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	removeName(r.busyWaiters, node, name)
-}
-
-// nodeFree launches the first volume waiting for node at once (one: the
-// minion runs one state run at a time; the others keep their turn, and
-// their backoff timers stay as the fallback).
-func (r *Reconciler) nodeFree(node string) {
-	for {
-		r.mu.Lock()
-		w := r.busyWaiters[node]
-		if len(w) == 0 {
-			r.mu.Unlock()
-			return
-		}
-		name := w[0]
-		if len(w) == 1 {
-			delete(r.busyWaiters, node)
-		} else {
-			r.busyWaiters[node] = w[1:]
-		}
-		delete(r.notBefore, name)
-		delete(r.backoff, name)
-		r.mu.Unlock()
-		if v, err := r.store.Get(name); err == nil && needsRun(v) {
-			r.q.add(name)
-			return
-		}
-		// Gone, or started by a run that prepared it with another volume,
-		// meanwhile: the turn goes to the next one.
-	}
-}
-
-func (r *Reconciler) delay(name string) {
-	r.mu.Lock()
-	d := r.backoff[name]
-	if d == 0 {
-		d = r.opt.RetryDelay
-	}
-	r.backoff[name] = min(2*d, time.Minute)
-	r.notBefore[name] = time.Now().Add(d)
-	r.mu.Unlock()
-	r.q.addAfter(name, d)
-}
-
-func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, phase volume.Phase) bool {
-	name := v.Spec.Name
-	r.mu.Lock()
-	wait := time.Until(r.notBefore[name])
-	r.mu.Unlock()
-	st := &v.Status
-	// Until it launches, the volume waits for no job: a JobID left from
-	// its last run (the prepare of a volume now being deleted) would be
-	// taken for this run's and its return applied as this run's result.
-	if wait > 0 {
-		r.q.addAfter(name, wait)
-		if st.Phase != phase || st.JobID != "" {
-			r.leaveJob(st.JobID, name)
-			st.Phase, st.JobID = phase, ""
-			return true
-		}
-		return false
-	}
-	if run, busy := r.claimNode(v.Spec.Node, name); busy {
-		// Our own run holds the minion: wait for its return (nodeFree
-		// launches the first waiter). The timer is only a fallback: it
-		// starts no Salt job while that run lasts.
-		r.waitForNode(v.Spec.Node, name)
-		r.q.addAfter(name, r.opt.RetryDelay)
-		step := fmt.Sprintf("queued: %s is running a state run for volume %s", v.Spec.Node, run.volume)
-		if st.Phase != phase || st.Step != step || st.JobID != "" {
-			r.leaveJob(st.JobID, name)
-			st.Phase, st.Step, st.JobID = phase, step, ""
-			return true
-		}
-		return false
-	}
-	r.leaveJob(st.JobID, name)
-	r.dropWaiter(v.Spec.Node, name)
-	pillar := map[string]any{"volume": v.Spec}
-	if sls == SLSUnprepared && v.Wipe {
-		pillar["wipe"] = true
-	}
-	// Volumes that queued for this node while it was busy, for the same
-	// kind of run, are done by this run too: one state run (one Salt job,
-	// one return) for all.
-	batch := r.takeBatch(v.Spec.Node, name, sls, v.Wipe)
-	if len(batch) > 0 {
-		all := map[string]any{name: v.Spec}
-		for _, b := range batch {
-			all[b.Spec.Name] = b.Spec
-		}
-		pillar["volumes"] = all
-		delete(pillar, "volume")
-	}
-	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, "state.apply", []any{sls}, map[string]any{"pillar": map[string]any{"salt_volumes": pillar}})
-	st.Step = ""
-	if err != nil {
-		for _, b := range batch {
-			r.waitForNode(v.Spec.Node, b.Spec.Name)
-		}
-		r.unclaimNode(v.Spec.Node, name)
-		r.Metrics.LaunchErrors.Inc()
-		var apiErr *saltapi.Error
-		permanent := errors.Is(err, saltapi.ErrNoMinions) || (errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest)
-		r.warn.Warn("could not start the state run", "volume", name, "sls", sls, "error", err, "permanent", permanent)
-		if !permanent {
-			st.Phase, st.JobID = phase, ""
-			st.Reason, st.Message = ReasonSaltUnavailable, fmt.Sprintf("could not start %s on %s, retrying: %v", sls, v.Spec.Node, err)
-			r.delay(name)
-			return true
-		}
-		st.Phase, st.JobID = volume.Failed, ""
-		st.Reason, st.Message = ReasonSaltRefused, fmt.Sprintf("salt-api refused %s on %s: %v", sls, v.Spec.Node, err)
-		if errors.Is(err, saltapi.ErrNoMinions) {
-			st.Reason = ReasonNodeNotFound
-			st.Message = fmt.Sprintf("no Salt minion matches node %q: check the node name against salt-key -L", v.Spec.Node)
-		}
-		v.DeleteRequested, v.Wipe = false, false
-		return true
-	}
-	r.Metrics.JobsLaunched.Inc()
-	names := []string{name}
-	for _, b := range batch {
-		names = append(names, b.Spec.Name)
-	}
-	r.log.Info("state run started", "volume", name, "node", v.Spec.Node, "sls", sls, "job", job.JID, "volumes", len(names))
-	st.Phase, st.JobID, st.JobStartedAt = phase, job.JID, time.Now().UTC()
-	st.Reason, st.Message = "", ""
-	r.jobLog.started(name, job.JID, sls, st.JobStartedAt)
-	// Each other volume takes the job id through its own worker (one
-	// worker changes a volume); told before the job is indexed, so that a
-	// return already seen reaches them after.
-	for _, n := range names[1:] {
-		r.push(n, observation{kind: obsLaunched, jid: job.JID, node: v.Spec.Node, at: st.JobStartedAt, sls: sls, wipe: v.Wipe})
-	}
-	r.registerJob(job.JID, names, v.Spec.Node)
-	r.q.addAfter(name, r.opt.JobTimeout)
-	return true
-}
-
-// needsPrepareRun tells whether v waits for a state run to prepare it.
-func needsPrepareRun(v *volume.Volume) bool {
-	st := &v.Status
-	return !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "" && !st.Publishing))
-}
-
-// needsRemovalRun tells whether v waits for a state run to remove it.
-func needsRemovalRun(v *volume.Volume) bool {
-	return v.DeleteRequested && (v.Status.Phase != volume.Terminating || v.Status.JobID == "")
-}
-
-// needsRun tells whether v waits for a state run of either kind.
-func needsRun(v *volume.Volume) bool { return needsPrepareRun(v) || needsRemovalRun(v) }
-
-// queuedForRemoval tells whether v waits for its node to run its removal:
-// Terminating without a job, which its worker sets only past the
-// withdrawal of its PersistentVolume (Kubernetes mode), so another
-// volume's run may remove it.
-func queuedForRemoval(v *volume.Volume, wipe bool) bool {
-	return v.DeleteRequested && v.Wipe == wipe && v.Status.Phase == volume.Terminating && v.Status.JobID == ""
-}
-
-// wantsRun tells whether v wants a run of sls (with wipe, for removals).
-func wantsRun(v *volume.Volume, sls string, wipe bool) bool {
-	if sls == SLSUnprepared {
-		return queuedForRemoval(v, wipe)
-	}
-	return needsPrepareRun(v)
-}
-
-// takeBatch takes from node's queue the volumes the run of sls being
-// started by first can do too, up to BatchSize in all. The store's
-// snapshot decides what the run does on the node, so only volumes it shows
-// wanting that run are taken; one whose worker has not stored its wait
-// yet stays queued for the next run. What they want cannot change
-// meanwhile (a volume being prepared or removed cannot be deleted, nor its
-// wipe changed); each volume's worker takes the job id when told (joined).
-func (r *Reconciler) takeBatch(node, first, sls string, wipe bool) []*volume.Volume {
-	if r.opt.ConcurrentRuns || r.opt.BatchSize <= 1 {
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var batch []*volume.Volume
-	var keep []string
-	for _, n := range r.busyWaiters[node] {
-		if n == first || len(batch) >= r.opt.BatchSize-1 {
-			keep = append(keep, n)
-			continue
-		}
-		b, err := r.store.Get(n)
-		if err != nil || b.Spec.Node != node || !wantsRun(b, sls, wipe) {
-			keep = append(keep, n)
-			continue
-		}
-		batch = append(batch, b)
-		delete(r.notBefore, n)
-		delete(r.backoff, n)
-	}
-	if len(keep) == 0 {
-		delete(r.busyWaiters, node)
-	} else {
-		r.busyWaiters[node] = keep
-	}
-	return batch
-}
-
-// joined applies the start of a run of another volume that does this one
-// too.
-func (r *Reconciler) joined(v *volume.Volume, o observation) effect {
-	st := &v.Status
-	name := v.Spec.Name
-	if o.node != v.Spec.Node || !wantsRun(v, o.sls, o.wipe) {
-		// Changed meanwhile: the run does it anyway; what the volume now
-		// wants waits for the node as usual.
-		r.leaveJob(o.jid, name)
-		return unchanged
-	}
-	r.dropWaiter(v.Spec.Node, name)
-	r.mu.Lock()
-	delete(r.notBefore, name)
-	delete(r.backoff, name)
-	r.mu.Unlock()
-	st.Phase = volume.Pending
-	if o.sls == SLSUnprepared {
-		st.Phase = volume.Terminating
-	}
-	st.JobID, st.JobStartedAt = o.jid, o.at
-	st.Step, st.Reason, st.Message = "", "", ""
-	r.jobLog.started(name, o.jid, o.sls, o.at)
-	r.q.addAfter(name, r.opt.JobTimeout)
-	return changed
-}
-
-// checkTimeout re-arms the job timer, or, past the timeout, asks the job
-// cache once and fails the volume if the node never answered.
-func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
-	st := &v.Status
-	r.joinJob(st.JobID, v.Spec.Name)
-	left := r.opt.JobTimeout - time.Since(st.JobStartedAt)
-	if left > 0 {
-		r.q.addAfter(v.Spec.Name, left)
-		return false
-	}
-	o, ok, err := r.lookup(ctx, v, "lookup")
-	if err != nil {
-		r.log.Warn("job lookup failed", "volume", v.Spec.Name, "job", st.JobID, "error", err)
-		r.q.addAfter(v.Spec.Name, r.opt.RetryDelay)
-		return false
-	}
-	if ok {
-		return r.apply(v, o) != unchanged
-	}
-	r.Metrics.JobsTimedOut.Inc()
-	if r.forgetJob(st.JobID, v.Spec.Name) {
-		r.nodeFree(v.Spec.Node)
-	}
-	r.jobLog.ended(v.Spec.Name, st.JobID, "timed out", "", time.Now().UTC())
-	st.Reason = ReasonJobTimeout
-	st.Message = fmt.Sprintf("no return from %s for job %s within %s: is the minion up? (salt-run jobs.lookup_jid %s)", v.Spec.Node, st.JobID, r.opt.JobTimeout, st.JobID)
-	if st.Phase == volume.Terminating {
-		v.DeleteRequested, v.Wipe = false, false
-	}
-	st.Phase, st.Step = volume.Failed, ""
-	return true
-}
-
-// lookup asks the job cache about the volume's job: a return (or the job
-// being unknown) becomes an observation; ok is false while it still runs.
-func (r *Reconciler) lookup(ctx context.Context, v *volume.Volume, how string) (observation, bool, error) {
-	r.Metrics.Lookups.Inc()
-	jid := v.Status.JobID
-	info, err := r.salt.ListJob(ctx, jid)
-	if err != nil {
-		return observation{}, false, err
-	}
-	if ret, ok := info.Returns[v.Spec.Node]; ok {
-		return returnObservation(jid, v.Spec.Node, v.Spec.Name, how, ret), true, nil
-	}
-	if !info.Known {
-		return observation{kind: obsLost, jid: jid}, true, nil
-	}
-	return observation{}, false, nil
-}
-
-// lookupPending asks the job cache once about every job a volume waits for:
-// returns fired while no one listened are found there.
-func (r *Reconciler) lookupPending(ctx context.Context, how string) {
-	sem := make(chan struct{}, r.opt.LookupParallel)
-	var wg sync.WaitGroup
-	var failed sync.Once
-	for _, v := range r.store.List() {
-		if !waiting(v) || v.Status.JobID == "" {
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			o, ok, err := r.lookup(ctx, v, how)
-			if err != nil {
-				failed.Do(func() { r.log.Warn("job lookup failed; trying again shortly", "error", err) })
-				r.mu.Lock()
-				r.lookupRetry = true
-				r.mu.Unlock()
-				return
-			}
-			if ok {
-				r.push(v.Spec.Name, o)
-			}
-		}()
-	}
-	wg.Wait()
-	r.mu.Lock()
-	again := r.lookupRetry
-	r.lookupRetry = false
-	r.mu.Unlock()
-	if again && how == "lookup" && ctx.Err() == nil {
-		time.AfterFunc(5*time.Second, func() { r.lookupPending(ctx, how) })
-	}
 }

@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/google/uuid"
 	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -97,7 +98,7 @@ type rig struct {
 	t     *testing.T
 	salt  *fakeSalt
 	src   *chanSource
-	store *store.Store
+	store *store.Bolt
 	r     *Reconciler
 	watch <-chan WatchEvent
 	// held keeps changes of other volumes seen while waiting for one, so a
@@ -348,7 +349,12 @@ func TestForgetFailedVolume(t *testing.T) {
 	g.until("gone", "Failed")
 	_, err = g.r.Delete("gone", false)
 	require.NoError(t, err)
+	// The request itself shows first (still Failed, deleting), then the
+	// outcome of the removal run.
 	v := g.until("gone", "Failed")
+	for v.DeleteRequested {
+		v = g.until("gone", "Failed")
+	}
 	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason, "unprepare cannot run either")
 
 	launches := len(g.salt.launches())
@@ -459,7 +465,7 @@ func newRigNoRun(t *testing.T, seed ...*volume.Volume) *rig {
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	for _, v := range seed {
-		require.NoError(t, st.Put(v))
+		require.NoError(t, st.Create(v))
 	}
 	return &rig{t: t, src: &chanSource{ch: make(chan events.Event, 16)}, store: st}
 }
@@ -803,4 +809,70 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 	b, _ := json.Marshal(calls[4].Kwarg)
 	assert.Contains(t, string(b), `"volumes":{"d2":{"name":"d2"`)
 	assert.Contains(t, string(b), `"d3":{"name":"d3"`)
+}
+
+// interposer writes a user's deletion request just before the reconciler's
+// save of a settled volume: the save meets a conflict.
+type interposer struct {
+	store.Store
+	once sync.Once
+	t    *testing.T
+}
+
+func (w *interposer) Update(v *volume.Volume) error {
+	if v.Status.Phase == volume.Available {
+		w.once.Do(func() {
+			cur, err := w.Store.Get(v.Spec.Name)
+			require.NoError(w.t, err)
+			cur.DeleteRequested = true
+			require.NoError(w.t, w.Store.Update(cur), "the request, as another replica writes it")
+		})
+	}
+	return w.Store.Update(v)
+}
+
+// A deletion requested (through any replica) while a worker was saving the
+// volume is merged into that save: neither the settled return nor the
+// request is lost.
+func TestRequestWrittenDuringASaveIsKept(t *testing.T) {
+	g := newRigNoRun(t)
+	g.salt = &fakeSalt{jobs: map[string]saltapi.JobInfo{}}
+	g.r = New(g.store, g.salt, g.src, Options{}, nil)
+	w, stop := g.r.Hub.Subscribe(256)
+	t.Cleanup(stop)
+	g.watch = w
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.r.Lead(ctx, &interposer{Store: g.store, t: t}); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	s := sparseSpec("merge")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	jid := g.until("merge", "Pending").Status.JobID
+	g.send(ret(jid, "node-1", 0, stateRet("merge", "prepared", true, "", device(s))))
+	v := g.until("merge", "Terminating")
+	assert.True(t, v.DeleteRequested)
+	assert.Equal(t, "/dev/disk/by-uuid/"+s.UUID, v.Status.PersistentPath, "the settled return's device info was kept")
+	assert.EqualValues(t, 1, g.r.Metrics.JobsSucceeded.Value())
+	calls := g.salt.launches()
+	require.Len(t, calls, 2)
+	assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg, "the merged request was acted on")
+}
+
+// A forget recorded while the volume was Failed lapses if it is Failed no
+// more when its worker gets to it: the volume stays, the request is gone,
+// so a later failure does not forget it unasked.
+func TestForgetLapsesOnceNotFailed(t *testing.T) {
+	v := &volume.Volume{Spec: *sparseSpec("back"), CreatedAt: time.Now().UTC(), ForgetRequested: true,
+		Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available}}}
+	g := newRig(t, Options{}, v)
+	require.Eventually(t, func() bool {
+		got, err := g.store.Get("back")
+		return err == nil && !got.ForgetRequested
+	}, 5*time.Second, 10*time.Millisecond)
+	got, err := g.store.Get("back")
+	require.NoError(t, err, "the volume stays")
+	assert.Equal(t, volume.Available, got.Status.Phase)
+	assert.Empty(t, g.salt.launches())
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/api"
@@ -17,6 +18,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/jobcache"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
+	"github.com/salt-volumes/salt-volumes/internal/leader"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
@@ -26,14 +28,11 @@ import (
 // Run serves until ctx ends. ready, when not nil, gets the bound address
 // once the API listens.
 func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Handler, ready func(addr string)) error {
-	st, err := store.Open(cfg.Store)
+	st, elector, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	for _, bad := range st.Skipped {
-		log.Error("store record skipped: it cannot be read; the volume is not managed until it is fixed or its node reports it again", "store", cfg.Store, "record", bad)
-	}
+	defer closeStore()
 	salt, err := saltapi.New(saltapi.Config{
 		URL: cfg.Salt.URL, Username: cfg.Salt.Username, Password: cfg.Salt.Password, Eauth: cfg.Salt.Eauth,
 		CAFile: cfg.Salt.CAFile, InsecureSkipVerify: cfg.Salt.InsecureSkipVerify, Log: log.With("component", "salt-api"),
@@ -85,7 +84,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
 		MaxWatchers: cfg.Limits.Watchers, MaxVolumes: cfg.Limits.Volumes, CreatesPerSecond: cfg.Limits.CreatesPerSecond,
 		Ready: func() error {
-			if source != nil && !stats.Connected.Load() {
+			// Followers read no events: only the leader needs the bus.
+			leads := elector == nil || elector.Leading()
+			if source != nil && leads && !stats.Connected.Load() {
 				return errors.New("event source not connected")
 			}
 			return nil
@@ -122,10 +123,28 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	// an idle keep-alive connection is closed after IdleTimeout.
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	if elector != nil {
+		srv.Role = func() api.Role {
+			id, url := leader.Describe(elector.Leader())
+			return api.Role{Leader: elector.Leading(), LeaderID: id, URL: url}
+		}
+	}
 	recDone := make(chan struct{})
 	go func() {
 		defer close(recDone)
-		rec.Run(ctx)
+		if elector == nil {
+			rec.Run(ctx)
+			return
+		}
+		es := st.(*store.Etcd)
+		elector.Run(ctx, func(tctx context.Context, f *store.Fence) {
+			// Act only on everything the predecessor wrote: the cache
+			// first catches up with etcd as of this term's start.
+			if err := es.WaitRevision(tctx, f.Rev); err != nil {
+				return
+			}
+			rec.Lead(tctx, es.Fenced(f))
+		})
 	}()
 	go func() {
 		<-ctx.Done()
@@ -133,7 +152,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		defer c()
 		_ = hs.Shutdown(sctx)
 	}()
-	log.Info("salt-volumes serve listening", "addr", ln.Addr().String(), "store", cfg.Store, "events", describe(cfg))
+	log.Info("salt-volumes serve listening", "addr", ln.Addr().String(), "store", describeStore(cfg), "events", describe(cfg))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -144,6 +163,40 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		return nil
 	}
 	return err
+}
+
+// openStore opens the configured backend; with etcd, it also returns the
+// elector that decides which replica reconciles.
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (store.Store, *leader.Elector, func(), error) {
+	if e := cfg.Etcd; e != nil {
+		es, cli, err := store.OpenEtcd(ctx, store.EtcdConfig{Endpoints: e.Endpoints, Prefix: e.Prefix,
+			CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, RequestTimeout: time.Duration(e.RequestTimeout),
+			Log: log.With("component", "store")})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("store: %w", err)
+		}
+		for _, bad := range es.Skipped {
+			log.Error("store record skipped: it cannot be read; the volume is not managed until it is fixed", "record", bad)
+		}
+		el := &leader.Elector{Client: cli, Prefix: es.Prefix() + "/leader", TTL: time.Duration(e.SessionTTL),
+			ID: e.ReplicaID, URL: e.AdvertiseURL, Log: log.With("component", "election")}
+		return es, el, func() { es.Close(); cli.Close() }, nil
+	}
+	st, err := store.Open(cfg.Store)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for _, bad := range st.Skipped {
+		log.Error("store record skipped: it cannot be read; the volume is not managed until it is fixed or its node reports it again", "store", cfg.Store, "record", bad)
+	}
+	return st, nil, func() { st.Close() }, nil
+}
+
+func describeStore(cfg *config.Config) string {
+	if e := cfg.Etcd; e != nil {
+		return fmt.Sprintf("etcd %s%s (replica %s)", strings.Join(e.Endpoints, ","), e.Prefix, e.ReplicaID)
+	}
+	return cfg.Store
 }
 
 func describe(cfg *config.Config) string {

@@ -46,11 +46,18 @@ type Volume struct {
 	DeleteRequested bool `json:"deleteRequested,omitempty"`
 	// Wipe asks the deletion to erase the volume's signatures on a raw device.
 	Wipe bool `json:"wipe,omitempty"`
+	// ForgetRequested asks the reconciler to drop a Failed volume without
+	// running anything on its node (kept in the store so that the replica
+	// that reconciles carries out what another one accepted).
+	ForgetRequested bool `json:"forgetRequested,omitempty"`
 	// Origin is "salt" for a volume first seen in the return of a state
 	// run someone else started (salt-call, orchestrate); empty for ours.
 	Origin string `json:"origin,omitempty"`
 	// Claim is the PersistentVolumeClaim the volume was provisioned for.
 	Claim *saltvolumes.Claim `json:"claim,omitempty"`
+	// Revision is the store's revision of this copy (not stored: the
+	// backend assigns it); updates and deletes are guarded by it.
+	Revision int64 `json:"-"`
 }
 
 // Clone returns a deep copy.

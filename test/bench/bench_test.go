@@ -90,7 +90,7 @@ func BenchmarkPrepare10GiB(b *testing.B) {
 	dirs := testenv.TempDirs(b, 2)
 	state, floorDir := dirs[0], dirs[1]
 	var o, f []time.Duration
-	for range max(b.N, 20) {
+	for range max(b.N, sized(20, 2)) {
 		d, undo := ours(b, state, "10Gi")
 		o = append(o, d)
 		undo()
@@ -111,7 +111,7 @@ func BenchmarkPrepare10GiB(b *testing.B) {
 // vs 50 shell floors at once.
 func BenchmarkPrepare50Concurrent(b *testing.B) {
 	needRoot(b)
-	const n = 50
+	n := sized(50, 4)
 	dirs := testenv.TempDirs(b, 2)
 	state, floorDir := dirs[0], dirs[1]
 	wave := func(fn func(*testing.B, string, string) (time.Duration, func()), dir string) time.Duration {
@@ -164,6 +164,9 @@ func metric(b *testing.B, name string, value float64, unit string) {
 	// The framework may call a benchmark more than once: the last
 	// measurement of a metric replaces the earlier ones.
 	path := filepath.Join(dir, "bench-metrics.txt")
+	if smoke {
+		path = filepath.Join(dir, "bench-metrics-smoke.txt")
+	}
 	old, _ := os.ReadFile(path)
 	var keep []string
 	for _, line := range strings.Split(strings.TrimSpace(string(old)), "\n") {
@@ -211,7 +214,7 @@ func BenchmarkPrepareBlock(b *testing.B) {
 	dirs := testenv.TempDirs(b, 2)
 	state, floorDir := dirs[0], dirs[1]
 	var o, f []time.Duration
-	for range max(b.N, 20) {
+	for range max(b.N, sized(20, 2)) {
 		u := uuid.NewString()
 		spec := fmt.Sprintf(`{"name":"blk-%s","uuid":"%s","mode":"Block","sparseLoopDevice":{"size":"10Gi"}}`, u[:8], u)
 		o = append(o, runPrepare(b, state, spec))
@@ -270,7 +273,7 @@ func BenchmarkPrepareRaw(b *testing.B) {
 		}
 	}
 	var o, f, g []time.Duration
-	for range max(b.N, 20) {
+	for range max(b.N, sized(20, 2)) {
 		dev, undo := disk()
 		u := uuid.NewString()
 		spec := fmt.Sprintf(`{"name":"raw-%s","uuid":"%s","rawBlockDevice":{"devicePath":"%s"}}`, u[:8], u, dev.Path)

@@ -60,7 +60,7 @@ func recorded(b *testing.B, n int, mix ...string) []byte {
 // decodes every event), and prints events per second for both: a busy
 // master's mix (about 90 % of it not ours) and job returns only.
 func BenchmarkDecodeThroughput(b *testing.B) {
-	const n = 60000
+	n := sized(60000, 2000)
 	py, script := venvPython(b)
 	for _, mix := range []string{"mixed", "returns"} {
 		data := recorded(b, n, mix)
@@ -71,7 +71,7 @@ func BenchmarkDecodeThroughput(b *testing.B) {
 		var goSecs, pySecs []float64
 		var allocs uint64
 		var ignored, decoded int
-		for range 5 {
+		for range sized(5, 1) {
 			var m0, m1 runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&m0)
@@ -179,8 +179,8 @@ func BenchmarkReplay(b *testing.B) {
 	// One measurement however many times the framework calls us: a run
 	// takes minutes, mostly writing the stream and the store.
 	replayOnce.Do(func() {
-		replaySmall = replay(b, 1000, 100)
-		replayLarge = replay(b, 100000, 10000)
+		replaySmall = replay(b, sized(1000, 100), sized(100, 10), boltStore)
+		replayLarge = replay(b, sized(100000, 1000), sized(10000, 100), boltStore)
 	})
 	small, large := replaySmall, replayLarge
 	b.ReportMetric(large.settle.Seconds(), "s-settle-100k")
@@ -192,6 +192,45 @@ func BenchmarkReplay(b *testing.B) {
 		small.settle.Round(time.Millisecond), per(small, 1000), per(large, 100000)/per(small, 1000))
 	metric(b, "replay_100k_settle_s", large.settle.Seconds(), "s")
 	metric(b, "replay_100k_heap_mb", float64(large.heap)/1e6, "MB")
+	// Seconds do not travel between machines; the per-volume ratio does.
+	metric(b, "replay_per_volume_ratio_100k_1k", per(large, sized(100000, 1000))/per(small, sized(1000, 100)), "x")
+}
+
+// BenchmarkReplayEtcd is the 100k replay with the store on a real
+// three-member etcd cluster (every settle one fenced transaction).
+func BenchmarkReplayEtcd(b *testing.B) {
+	replayEtcdOnce.Do(func() {
+		ec := startEtcd(b)
+		n := sized(100000, 500)
+		open := func(b *testing.B, _ string) (store.Store, store.Writer) {
+			st, cli, err := store.OpenEtcd(context.Background(), store.EtcdConfig{Endpoints: ec.Endpoints, Prefix: "/replay", RequestTimeout: 30 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { st.Close(); cli.Close() })
+			// The reconciler writes as a leader does: fenced on a leader key.
+			put, err := cli.Put(context.Background(), "/replay/leader/bench", "bench")
+			if err != nil {
+				b.Fatal(err)
+			}
+			return st, st.Fenced(&store.Fence{Key: "/replay/leader/bench", Rev: put.Header.Revision})
+		}
+		r := replay(b, n, n/10, open)
+		fmt.Printf("replay on etcd (3 members): %d volumes on %d nodes settled in %s (%.0f us/volume)\n",
+			n, n/10, r.settle.Round(time.Millisecond), float64(r.settle.Microseconds())/float64(n))
+		metric(b, "replay_100k_etcd_settle_s", r.settle.Seconds(), "s")
+	})
+}
+
+var replayEtcdOnce sync.Once
+
+func boltStore(b *testing.B, dir string) (store.Store, store.Writer) {
+	st, err := store.Open(filepath.Join(dir, "volumes.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st, st
 }
 
 type replayResult struct {
@@ -204,14 +243,10 @@ var (
 	replaySmall, replayLarge replayResult
 )
 
-func replay(b *testing.B, n, nodes int) replayResult {
+func replay(b *testing.B, n, nodes int, open func(*testing.B, string) (store.Store, store.Writer)) replayResult {
 	data := recorded(b, n*6, "ours", strconv.Itoa(nodes))
 	dir := b.TempDir()
-	st, err := store.Open(filepath.Join(dir, "volumes.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
+	st, w := open(b, dir)
 	sock := filepath.Join(dir, "bus.ipc")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -246,7 +281,7 @@ func replay(b *testing.B, n, nodes int) replayResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); rec.Run(ctx) }()
+	go func() { defer wg.Done(); rec.Lead(ctx, w) }()
 	// Created by 32 concurrent clients, as a burst of API calls would.
 	var cw sync.WaitGroup
 	for c := range 32 {

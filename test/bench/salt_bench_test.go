@@ -278,7 +278,7 @@ func measureWithSalt(b *testing.B) {
 
 	// Event mode, through the counting proxy: returns confirmed through
 	// salt-api (jobs.list_job), then from the master's job cache on disk.
-	const n = 100
+	n := sized(100, 3)
 	type run struct {
 		lat, over, walls       []time.Duration
 		apiToNew, ours         []time.Duration
@@ -326,7 +326,7 @@ func measureWithSalt(b *testing.B) {
 			"create -> Available minus the job's own duration (new -> ret on the bus): p50 %s, p99 %s, "+
 			"of which salt-api's local_async (request in -> new event) p50 %s and ours (create -> request, ret -> watch) p50 %s, p99 %s\n",
 			what, len(r.lat), percentile(r.lat, 0.5).Round(100*time.Microsecond), percentile(r.lat, 0.99).Round(100*time.Microsecond),
-			float64(r.createReqs)/n, float64(r.deleteReqs)/n,
+			float64(r.createReqs)/float64(n), float64(r.deleteReqs)/float64(n),
 			percentile(r.over, 0.5).Round(100*time.Microsecond), percentile(r.over, 0.99).Round(100*time.Microsecond),
 			percentile(r.apiToNew, 0.5).Round(100*time.Microsecond),
 			percentile(r.ours, 0.5).Round(100*time.Microsecond), percentile(r.ours, 0.99).Round(100*time.Microsecond))
@@ -338,8 +338,8 @@ func measureWithSalt(b *testing.B) {
 	p50 := percentile(viaCache.lat, 0.5)
 	metric(b, "status_latency_p50_ms", float64(p50.Microseconds())/1000, "ms")
 	metric(b, "status_latency_p99_ms", float64(percentile(viaCache.lat, 0.99).Microseconds())/1000, "ms")
-	metric(b, "salt_api_requests_per_create", float64(viaCache.createReqs)/n, "requests")
-	metric(b, "salt_api_requests_per_delete", float64(viaCache.deleteReqs)/n, "requests")
+	metric(b, "salt_api_requests_per_create", float64(viaCache.createReqs)/float64(n), "requests")
+	metric(b, "salt_api_requests_per_delete", float64(viaCache.deleteReqs)/float64(n), "requests")
 	metric(b, "create_to_available_over_job_ms_p50", float64(percentile(viaCache.over, 0.5).Microseconds())/1000, "ms")
 	metric(b, "salt_api_local_async_to_new_ms_p50", float64(percentile(viaCache.apiToNew, 0.5).Microseconds())/1000, "ms")
 	metric(b, "create_to_available_ours_ms_p50", float64(percentile(viaCache.ours, 0.5).Microseconds())/1000, "ms")
@@ -396,7 +396,7 @@ func BenchmarkManyMinions(b *testing.B) {
 var manyOnce sync.Once
 
 func measureManyMinions(b *testing.B) {
-	const minions, perMinion = 10, 10
+	minions, perMinion := sized(10, 2), sized(10, 2)
 	s := saltstack.Start(b, binary, true)
 	stateDirs := map[string]string{s.MinionID: s.StateDir}
 	nodes := []string{s.MinionID}
@@ -481,7 +481,7 @@ func measureManyMinions(b *testing.B) {
 	// a node while its first run lasted are prepared together by the next.
 	fmt.Printf("real Salt: %d minions x %d volumes created at once: all %d Available in %s, by %d state runs; the slowest job's own duration (new -> ret) %s\n",
 		minions, perMinion, len(names), settle.Round(time.Millisecond), len(runs), slowest.Round(time.Millisecond))
-	metric(b, "real_salt_minions", minions, "minions")
+	metric(b, "real_salt_minions", float64(minions), "minions")
 	metric(b, "real_salt_volumes_settle_s", settle.Seconds(), "s")
 	metric(b, "real_salt_state_runs", float64(len(runs)), "runs")
 	deleteAll(b, c, names)

@@ -64,12 +64,16 @@ type plane struct {
 	jobs string
 	// Env is added to serve's environment at the next Start.
 	Env []string
+	// StoreConfig replaces the "store: <file>" line (an etcd: section);
+	// Log names the log file under the stack's log directory.
+	StoreConfig string
+	Log         string
 }
 
 func newPlane(t *testing.T, s *saltstack.Stack) *plane {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
-	p := &plane{t: t, stack: s, Token: hex.EncodeToString(b), Store: filepath.Join(s.Root, "control", "volumes.db")}
+	p := &plane{t: t, stack: s, Token: hex.EncodeToString(b), Store: filepath.Join(s.Root, "control", "volumes.db"), Log: "control-plane"}
 	p.URL = fmt.Sprintf("http://127.0.0.1:%d", saltstack.FreePort(t))
 	p.Config = filepath.Join(s.Root, "control.yaml")
 	p.events = fmt.Sprintf("events:\n  source: bus\n  socket: %s\n", s.EventSocket())
@@ -77,8 +81,8 @@ func newPlane(t *testing.T, s *saltstack.Stack) *plane {
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(s.Root, "log", "control-plane"))
-			t.Logf("--- control plane log (tail)\n%s", tailStr(string(b), 6000))
+			b, _ := os.ReadFile(filepath.Join(s.Root, "log", p.Log))
+			t.Logf("--- %s log (tail)\n%s", p.Log, tailStr(string(b), 6000))
 		}
 	})
 	return p
@@ -92,15 +96,18 @@ func tailStr(s string, n int) string {
 }
 
 func (p *plane) writeConfig(extra string) {
+	storeCfg := "store: " + p.Store + "\n"
+	if p.StoreConfig != "" {
+		storeCfg = p.StoreConfig
+	}
 	cfg := fmt.Sprintf(`listen: %s
 token: %s
-store: %s
-salt:
+%ssalt:
   url: %s
   username: %s
   password: %s
   eauth: file
-%s%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, p.Store, p.stack.APIURL(), p.stack.APIUser, p.stack.APIPass, p.jobs, p.events, extra)
+%s%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, storeCfg, p.stack.APIURL(), p.stack.APIUser, p.stack.APIPass, p.jobs, p.events, extra)
 	require.NoError(p.t, os.WriteFile(p.Config, []byte(cfg), 0o600))
 }
 
@@ -108,7 +115,7 @@ salt:
 func (p *plane) Start(extra string) {
 	p.t.Helper()
 	p.writeConfig(extra)
-	f, err := os.OpenFile(filepath.Join(p.stack.Root, "log", "control-plane"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(filepath.Join(p.stack.Root, "log", p.Log), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	require.NoError(p.t, err)
 	p.logf = f
 	p.cmd = exec.Command(bin("salt-volumes"), "serve", "--config", p.Config)

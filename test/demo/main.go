@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/salt-volumes/salt-volumes/test/etcdcluster"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -50,7 +52,12 @@ func main() {
 	once := flag.Bool("once", false, "tear down right after showing the volumes (smoke test)")
 	listen := flag.String("listen", "127.0.0.1:8080", "control plane address (a free port is used if taken)")
 	withKube := flag.Bool("kubernetes", false, "also run etcd, kube-apiserver, kube-controller-manager and kube-scheduler; serve in Kubernetes mode")
+	ha := flag.Bool("ha", false, "three etcd members and two serve replicas sharing the volumes (one leads)")
 	flag.Parse()
+	if *ha && *withKube {
+		fmt.Fprintln(os.Stderr, "demo: --ha and --kubernetes do not go together yet")
+		os.Exit(2)
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "demo: needs root (loop devices); run it as root or with sudo")
 		os.Exit(1)
@@ -101,66 +108,42 @@ func main() {
 		kubeSection = "kubernetes:\n  kubeconfig: " + kc.ControlKubeconfig + "\n"
 	}
 
-	step("starting salt-volumes serve")
-	if l, err := net.Listen("tcp", *listen); err == nil {
-		l.Close()
-	} else {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			r.Fatal(err)
-		}
-		*listen = l.Addr().String()
-		l.Close()
-	}
 	tok := make([]byte, 24)
 	_, _ = rand.Read(tok)
 	token := hex.EncodeToString(tok)
-	cfg := filepath.Join(s.Root, "control.yaml")
-	err = os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: %s
-token: %s
-store: %s/control/volumes.db
-salt:
-  url: %s
-  username: %s
-  password: %s
-  eauth: file
-events:
-  source: bus
-  socket: %s
-%s`, *listen, token, s.Root, s.APIURL(), s.APIUser, s.APIPass, s.EventSocket(), kubeSection)), 0o600)
-	if err != nil {
-		r.Fatal(err)
-	}
-	logPath := filepath.Join(s.Root, "log", "control-plane")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		r.Fatal(err)
-	}
-	serve := exec.Command(bin("salt-volumes"), "serve", "--config", cfg)
-	serve.Stdout, serve.Stderr = logf, logf
-	if err := serve.Start(); err != nil {
-		r.Fatal(err)
-	}
-	r.Cleanup(func() {
-		_ = serve.Process.Signal(syscall.SIGTERM)
-		_ = serve.Wait()
-	})
-	url := "http://" + *listen
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(url + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
+	storeSection := fmt.Sprintf("store: %s/control/volumes.db\n", s.Root)
+	if *ha {
+		step("starting three etcd members on loopback")
+		ebin, err := etcdcluster.Binary(repo)
+		if err != nil {
+			r.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			r.Fatalf("salt-volumes serve not ready; see %s", logPath)
+		ec, err := etcdcluster.Start(context.Background(), filepath.Join(s.Root, "etcd"), ebin, 3)
+		if err != nil {
+			r.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		r.Cleanup(ec.Stop)
+		fmt.Printf("  etcd %s (data and logs in %s)\n", join(ec.Endpoints), ec.Dir)
+		storeSection = "etcd:\n  endpoints: [" + strings.Join(ec.Endpoints, ", ") + "]\n"
 	}
-	fmt.Printf("  listening on %s (log %s)\n", url, logPath)
+	replicas := 1
+	if *ha {
+		replicas = 2
+	}
+	var url string
+	for n := 1; n <= replicas; n++ {
+		addr := *listen
+		if n > 1 {
+			addr = "127.0.0.1:0"
+		}
+		u, pid := startServe(r, s, bin("salt-volumes"), n, freeAddr(r, addr), token, storeSection+kubeSection)
+		if n == 1 {
+			url = u
+		}
+		if *ha {
+			fmt.Printf("replica %d url %s pid %d\n", n, u, pid)
+		}
+	}
 
 	cli := func(args ...string) error {
 		fmt.Printf("  $ salt-volumes %s\n", join(args))
@@ -311,3 +294,70 @@ spec:
       persistentVolumeClaim:
         claimName: demo-claim
 `
+
+// freeAddr returns addr if it can be listened on, else a free loopback port.
+func freeAddr(r *runner, addr string) string {
+	if l, err := net.Listen("tcp", addr); err == nil {
+		a := l.Addr().String()
+		l.Close()
+		return a
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		r.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServe runs replica n of salt-volumes serve and waits until it is
+// ready; it returns its URL and pid.
+func startServe(r *runner, s *saltstack.Stack, bin string, n int, listen, token, extra string) (string, int) {
+	step("starting salt-volumes serve (replica %d)", n)
+	cfg := filepath.Join(s.Root, fmt.Sprintf("control-%d.yaml", n))
+	err := os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: %s
+token: %s
+salt:
+  url: %s
+  username: %s
+  password: %s
+  eauth: file
+events:
+  source: bus
+  socket: %s
+%s`, listen, token, s.APIURL(), s.APIUser, s.APIPass, s.EventSocket(), extra)), 0o600)
+	if err != nil {
+		r.Fatal(err)
+	}
+	logPath := filepath.Join(s.Root, "log", fmt.Sprintf("control-plane-%d", n))
+	logf, err := os.Create(logPath)
+	if err != nil {
+		r.Fatal(err)
+	}
+	serve := exec.Command(bin, "serve", "--config", cfg)
+	serve.Stdout, serve.Stderr = logf, logf
+	if err := serve.Start(); err != nil {
+		r.Fatal(err)
+	}
+	r.Cleanup(func() {
+		_ = serve.Process.Signal(syscall.SIGTERM)
+		_ = serve.Wait()
+	})
+	url := "http://" + listen
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url + "/readyz")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				fmt.Printf("  listening on %s (log %s): %s\n", url, logPath, strings.TrimSpace(string(body)))
+				return url, serve.Process.Pid
+			}
+		}
+		if time.Now().After(deadline) {
+			r.Fatalf("salt-volumes serve not ready; see %s", logPath)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -8,18 +8,13 @@ package kubecluster
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,6 +28,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/salt-volumes/salt-volumes/test/testcerts"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // ControlUser is the identity salt-volumes serve uses: it has only what
@@ -63,15 +61,6 @@ func Tools(repo string) (string, error) {
 		return "", fmt.Errorf("scripts/kube-tools.sh: %w", err)
 	}
 	return strings.TrimSpace(string(out)), nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Start brings the control plane up under dir and applies the RBAC
@@ -111,7 +100,7 @@ func (c *Cluster) start(ctx context.Context, rbac string) error {
 	ports := make([]int, 3)
 	for i := range ports {
 		var err error
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = testenv.FreePort(); err != nil {
 			return err
 		}
 	}
@@ -327,49 +316,20 @@ current-context: local
 // writeCerts makes a CA, the API server's serving certificate for
 // 127.0.0.1 and localhost, and the service-account signing key.
 func writeCerts(dir string) error {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testcerts.NewCA("salt-volumes test CA")
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "salt-volumes test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(10 * 365 * 24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
+	if err := ca.WriteCA(filepath.Join(dir, "ca.crt")); err != nil {
 		return err
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
+	if err := ca.Issue(dir, "apiserver", "kube-apiserver", true, "kubernetes", "kubernetes.default.svc"); err != nil {
 		return err
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(10 * 365 * 24 * time.Hour),
-		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default.svc"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
+	// The service-account signing key.
 	sa, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		return err
 	}
-	files := map[string]*pem.Block{
-		"ca.crt":        {Type: "CERTIFICATE", Bytes: caDER},
-		"apiserver.crt": {Type: "CERTIFICATE", Bytes: der},
-		"apiserver.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
-		"sa.key":        {Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(sa)},
-	}
-	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(b), 0o600); err != nil {
-			return err
-		}
-	}
-	return nil
+	return os.WriteFile(filepath.Join(dir, "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(sa)}), 0o600)
 }

@@ -320,13 +320,17 @@ func (f *fakeSalt) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case l["client"] == "local_async":
 		node := l["tgt"].([]any)[0].(string)
-		vol := l["kwarg"].(map[string]any)["pillar"].(map[string]any)["salt_volumes"].(map[string]any)["volume"].(map[string]any)
+		vols, err := pillarVolumes(l)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		f.mu.Lock()
 		f.n++
 		jid := fmt.Sprintf("2026112300%010d", f.n)
 		f.mu.Unlock()
 		fmt.Fprintf(w, `{"return":[{"jid":%q,"minions":[%q]}]}`, jid, node)
-		go f.finish(jid, node, vol)
+		go f.finish(jid, node, vols)
 	case l["fun"] == "jobs.list_job":
 		jid := l["jid"].(string)
 		f.mu.Lock()
@@ -345,13 +349,41 @@ func (f *fakeSalt) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (f *fakeSalt) finish(jid, node string, vol map[string]any) {
+// pillarVolumes reads the volumes a state run is for: one (volume) or the
+// batch that queued for the node (volumes, by name), as the shipped sls
+// takes them.
+func pillarVolumes(l map[string]any) ([]map[string]any, error) {
+	kw, _ := l["kwarg"].(map[string]any)
+	pillar, _ := kw["pillar"].(map[string]any)
+	sv, _ := pillar["salt_volumes"].(map[string]any)
+	if v, ok := sv["volume"].(map[string]any); ok {
+		return []map[string]any{v}, nil
+	}
+	batch, ok := sv["volumes"].(map[string]any)
+	if !ok || len(batch) == 0 {
+		return nil, fmt.Errorf("pillar salt_volumes has neither volume nor volumes: %v", sv)
+	}
+	var out []map[string]any
+	for _, v := range batch {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("pillar salt_volumes.volumes: %T is not a spec", v)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func (f *fakeSalt) finish(jid, node string, vols []map[string]any) {
 	time.Sleep(20 * time.Millisecond)
-	name, u := vol["name"].(string), vol["uuid"].(string)
-	ret := map[string]any{"salt_volumes_|-salt_volumes " + name + "_|-" + name + "_|-prepared": map[string]any{
-		"result": true, "comment": "prepared", "__run_num__": 0, "changes": map[string]any{},
-		"volume": map[string]any{"name": name, "uuid": u, "devicePath": "/dev/loop7", "deviceName": "loop7",
-			"persistentPath": "/dev/disk/by-uuid/" + u, "size": 1 << 30, "inUse": false}}}
+	ret := map[string]any{}
+	for i, vol := range vols {
+		name, u := vol["name"].(string), vol["uuid"].(string)
+		ret["salt_volumes_|-salt_volumes "+name+"_|-"+name+"_|-prepared"] = map[string]any{
+			"result": true, "comment": "prepared", "__run_num__": i, "changes": map[string]any{},
+			"volume": map[string]any{"name": name, "uuid": u, "devicePath": fmt.Sprintf("/dev/loop%d", 7+i), "deviceName": fmt.Sprintf("loop%d", 7+i),
+				"persistentPath": "/dev/disk/by-uuid/" + u, "size": 1 << 30, "inUse": false}}
+	}
 	f.mu.Lock()
 	f.jobs[jid] = map[string]any{node: map[string]any{"return": ret, "retcode": 0}}
 	f.mu.Unlock()

@@ -6,6 +6,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,4 +174,15 @@ func FakeDiskWith(t testing.TB, size int64, write func(img string) error) loopde
 		}
 	})
 	return d
+}
+
+// FreePort returns a loopback TCP port nobody listens on (at the moment of
+// asking).
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

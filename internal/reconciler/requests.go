@@ -1,0 +1,105 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// What users ask for, from any replica: volumes created, deletions and
+// forgets recorded in the store before the caller hears "accepted".
+
+// Create stores a new volume (phase Unknown); the store's watch queues it
+// on the replica that reconciles.
+func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
+	return r.Provision(s, nil)
+}
+
+// Provision is Create for a volume made for a PersistentVolumeClaim.
+func (r *Reconciler) Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
+	now := time.Now().UTC()
+	v := &volume.Volume{Spec: *s, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
+	if err := r.store.Create(v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Get reads one volume from the store.
+func (r *Reconciler) Get(name string) (*volume.Volume, error) { return r.store.Get(name) }
+
+// Touch reconciles a volume again: something it depends on outside Salt
+// (its PersistentVolume, its claim) changed.
+func (r *Reconciler) Touch(name string) {
+	if _, err := r.store.Get(name); err == nil {
+		r.q.add(name)
+	}
+}
+
+// DeleteError is a deletion the criteria forbid.
+type DeleteError struct{ Reason string }
+
+func (e *DeleteError) Error() string { return "cannot delete: " + e.Reason }
+
+// Delete asks for a volume's deletion. The criteria are checked now, so the
+// caller gets a clear refusal, and again by the worker that carries it out.
+func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
+	// Persisted before the caller hears "accepted": a crash right after
+	// still deletes, and the replica that reconciles sees it in the store
+	// (its watch queues the volume; a worker saving an older copy at the
+	// same moment merges it).
+	return r.request(name, func(v *volume.Volume) error {
+		if ok, why := volume.CanDelete(v); !ok {
+			return &DeleteError{Reason: why}
+		}
+		v.DeleteRequested, v.Wipe = true, wipe
+		return nil
+	})
+}
+
+// request records a user's request on a volume: check and change it as
+// read, write it guarded by its revision, and on a conflict check again on
+// what the store holds now. Only requests (deletion, forget) are written
+// this way; the reconciler owns the status.
+func (r *Reconciler) request(name string, change func(v *volume.Volume) error) (*volume.Volume, error) {
+	v, err := r.store.Get(name)
+	for range 5 {
+		if err != nil {
+			return nil, err
+		}
+		if err := change(v); err != nil {
+			return v, err
+		}
+		err = r.store.Update(v)
+		var ce *store.ConflictError
+		if !errors.As(err, &ce) {
+			break
+		}
+		if v, err = ce.Current, nil; v == nil {
+			err = fmt.Errorf("%w: %q", store.ErrNotFound, name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("recording the request on %s: %w", name, err)
+	}
+	return v, nil
+}
+
+// Forget drops a Failed volume from the store without running anything on
+// its node: the way out for a volume whose node is gone for good, where the
+// unprepare state can never run. Whatever is on the node stays; a later
+// salt_volumes run there reports it and it is adopted again.
+func (r *Reconciler) Forget(name string) (*volume.Volume, error) {
+	return r.request(name, func(v *volume.Volume) error {
+		if v.Status.Phase != volume.Failed {
+			return &DeleteError{Reason: "only a Failed volume can be forgotten (it is " + v.Status.Phase.String() + "); delete it normally"}
+		}
+		v.ForgetRequested = true
+		return nil
+	})
+}

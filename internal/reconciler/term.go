@@ -1,0 +1,102 @@
+package reconciler
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// Terms of leadership: a term runs the workers and the event source,
+// writes through the term's (fenced) writer, and ends with nothing kept
+// in memory; the store's watch feeds the watch streams on every replica.
+
+// noticed takes a change from the store's watch: it feeds the watch
+// streams and, during a term, queues what someone else asked for (a volume
+// created, or its deletion requested, through another replica).
+func (r *Reconciler) noticed(ev store.Event) {
+	r.Hub.Publish(ev.Type, ev.Volume)
+	v, prev := ev.Volume, ev.Prev
+	switch {
+	case ev.Type == store.Added && v.Status.Phase == volume.Unknown:
+	case ev.Type == store.Modified && prev != nil &&
+		(v.DeleteRequested && !prev.DeleteRequested || v.ForgetRequested && !prev.ForgetRequested):
+	default:
+		return
+	}
+	r.q.add(v.Spec.Name) // dropped unless a term is under way
+}
+
+// Run reconciles until ctx ends: the only control plane on its store.
+func (r *Reconciler) Run(ctx context.Context) error { return r.Lead(ctx, r.store) }
+
+// Lead reconciles until ctx ends, writing through w: one term of this
+// replica's leadership (w fenced on it), or the whole life of a lone
+// control plane. Each term starts from the store alone: job index, node
+// runs and back-offs are rebuilt as the first pass looks jobs up.
+func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
+	r.mu.Lock()
+	r.ctx, r.w, r.running = ctx, w, true
+	r.mu.Unlock()
+	r.q.reopen()
+	defer r.endTerm()
+	var wg sync.WaitGroup
+	for range r.opt.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				name, ok := r.q.get()
+				if !ok {
+					return
+				}
+				r.reconcile(ctx, name)
+				r.q.done(name)
+			}
+		}()
+	}
+	// Every volume gets a first pass: Unknown ones are launched, waiting
+	// ones get their timeout timer back.
+	for _, v := range r.store.List() {
+		r.q.add(v.Spec.Name)
+	}
+	if r.opt.PollInterval > 0 {
+		r.log.Info("polling mode: no event source", "interval", r.opt.PollInterval)
+		t := time.NewTicker(r.opt.PollInterval)
+		for done := false; !done; {
+			select {
+			case <-ctx.Done():
+				done = true
+			case <-t.C:
+				r.lookupPending(ctx, "poll")
+			}
+		}
+		t.Stop()
+	} else {
+		_ = r.source.Run(ctx, func() { go r.lookupPending(ctx, "lookup") }, r.Handle)
+	}
+	r.q.close()
+	wg.Wait()
+	return ctx.Err()
+}
+
+// endTerm forgets what only the term's workers kept: the next term (here
+// or on another replica) starts from the store.
+func (r *Reconciler) endTerm() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.running = false
+	r.inbox, r.jobs, r.jobNode = map[string][]observation{}, map[string][]string{}, map[string]string{}
+	r.unmatched, r.unmatchedOrder = map[string]struct{}{}, nil
+	r.notBefore, r.backoff = map[string]time.Time{}, map[string]time.Duration{}
+	r.busyWaiters, r.nodeRuns = map[string][]string{}, map[string]nodeRun{}
+}
+
+// writer is the term's writer.
+func (r *Reconciler) writer() store.Writer {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.w
+}

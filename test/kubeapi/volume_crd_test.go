@@ -1,0 +1,129 @@
+// Package kubeapi tests what salt-volumes ships for the Kubernetes API
+// server itself, against a real kube-apiserver: the Volume resource's
+// schema and rules, applied and refused through kubectl as a user would.
+package kubeapi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/test/kubecluster"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+)
+
+const uuidA = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+
+func TestVolumeResource(t *testing.T) {
+	repo, err := saltstack.RepoRoot()
+	require.NoError(t, err)
+	tools, err := kubecluster.Tools(repo)
+	require.NoError(t, err, "make setup builds the Kubernetes binaries")
+	dir, err := os.MkdirTemp("", "sv-kubeapi")
+	require.NoError(t, err)
+	k, err := kubecluster.Start(context.Background(), dir, tools, filepath.Join(repo, "deploy", "kubernetes", "rbac.yaml"))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		k.Stop()
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		}
+	})
+	kubectl := func(stdin string, args ...string) (string, error) {
+		if stdin == "" {
+			return k.Kubectl(args...)
+		}
+		f := filepath.Join(t.TempDir(), "in.yaml")
+		require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
+		return k.Kubectl(append(args, "-f", f)...)
+	}
+	out, err := kubectl("", "apply", "-f", filepath.Join(repo, "deploy", "kubernetes", "volume-crd.yaml"))
+	require.NoError(t, err, out)
+	out, err = kubectl("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
+	require.NoError(t, err, out)
+
+	t.Run("a valid volume is taken, with the defaults", func(t *testing.T) {
+		out, err := kubectl(volume("good", "node: node-1\n  sparseLoopDevice: {size: 10Gi}"), "apply")
+		require.NoError(t, err, out)
+		out, err = kubectl("", "get", "volume", "good", "-o", "jsonpath={.spec.mode}")
+		require.NoError(t, err, out)
+		assert.Equal(t, "Filesystem", out, "mode defaults to Filesystem")
+		out, err = kubectl(volume("raw-block", "node: node-1.example.com\n  mode: Block\n  uuid: "+uuidA+"\n  rawBlockDevice: {devicePath: /dev/disk/by-id/nvme-x}"), "apply")
+		require.NoError(t, err, out)
+		out, err = kubectl(volume("bytes", "node: node-1\n  fsType: xfs\n  mkfsOptions: [-m, reflink=0]\n  sparseLoopDevice: {size: 1073741824}"), "apply")
+		require.NoError(t, err, out)
+	})
+
+	t.Run("invalid volumes are refused by the API server, naming the field", func(t *testing.T) {
+		for _, tc := range []struct{ name, spec, want string }{
+			{"both-kinds", "node: node-x\n  sparseLoopDevice: {size: 1Gi}\n  rawBlockDevice: {devicePath: /dev/sdb}", "give exactly one of sparseLoopDevice and rawBlockDevice"},
+			{"no-kind", "node: node-x", "give exactly one of sparseLoopDevice and rawBlockDevice"},
+			{"no-node", "sparseLoopDevice: {size: 1Gi}", "spec.node: Required value"},
+			{"bad-mode", "node: node-x\n  mode: Raw\n  sparseLoopDevice: {size: 1Gi}", "spec.mode: Unsupported value: \"Raw\""},
+			{"bad-fs", "node: node-x\n  fsType: btrfs\n  sparseLoopDevice: {size: 1Gi}", "spec.fsType: Unsupported value: \"btrfs\""},
+			{"block-with-fs", "node: node-x\n  mode: Block\n  fsType: ext4\n  sparseLoopDevice: {size: 1Gi}", "a Block volume has no filesystem"},
+			{"bad-uuid", "node: node-x\n  uuid: 3F2504E0-4F89-41D3-9A0C-0305E82C3301\n  sparseLoopDevice: {size: 1Gi}", "spec.uuid: Invalid value"},
+			{"bad-size", "node: node-x\n  sparseLoopDevice: {size: 10GB}", "spec.sparseLoopDevice.size"},
+			{"bad-node", "node: 'node-*'\n  sparseLoopDevice: {size: 1Gi}", "spec.node: Invalid value"},
+			{"bad-device", "node: node-x\n  rawBlockDevice: {devicePath: sdb}", "spec.rawBlockDevice.devicePath: Invalid value"},
+			{"Upper.Case", "node: node-x\n  sparseLoopDevice: {size: 1Gi}", "metadata.name"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				out, err := kubectl(volume(tc.name, tc.spec), "apply")
+				require.Error(t, err, "accepted: %s", out)
+				assert.Contains(t, out, tc.want)
+				got, _ := kubectl("", "get", "volume", tc.name, "--ignore-not-found", "-o", "name")
+				assert.Empty(t, strings.TrimSpace(got), "nothing was stored")
+			})
+		}
+	})
+
+	t.Run("the spec cannot change once set", func(t *testing.T) {
+		for _, tc := range []struct{ name, spec, want string }{
+			{"node", "node: node-2\n  sparseLoopDevice: {size: 10Gi}", "node cannot change"},
+			{"size", "node: node-1\n  sparseLoopDevice: {size: 20Gi}", "size cannot change"},
+			{"kind", "node: node-1\n  rawBlockDevice: {devicePath: /dev/sdb}", "the kind of a volume cannot change"},
+			{"fsType", "node: node-1\n  fsType: xfs\n  sparseLoopDevice: {size: 10Gi}", "the spec cannot change once set"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				out, err := kubectl(volume("good", tc.spec), "apply")
+				require.Error(t, err, "accepted: %s", out)
+				assert.Contains(t, out, tc.want)
+			})
+		}
+		// uuid: set once (the control plane defaults it to metadata.uid),
+		// then fixed.
+		out, err := kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"spec":{"uuid":"`+uuidA+`"}}`)
+		require.NoError(t, err, out)
+		out, err = kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"spec":{"uuid":"5d9e3f0a-8b7c-4e21-a3d4-6f1b2c3d4e5f"}}`)
+		require.Error(t, err, out)
+		assert.Contains(t, out, "uuid cannot change once set")
+	})
+
+	t.Run("status goes through its subresource, and kubectl get shows it", func(t *testing.T) {
+		out, err := kubectl("", "patch", "volume", "good", "--subresource", "status", "--type", "merge", "-p",
+			`{"status":{"phase":"Available","kind":"sparse","sizeQuantity":"10Gi","persistentVolume":{"name":"good","phase":"Bound","claim":"default/data"}}}`)
+		require.NoError(t, err, out)
+		out, err = kubectl("", "get", "volumes")
+		require.NoError(t, err, out)
+		assert.Regexp(t, `NAME\s+NODE\s+KIND\s+SIZE\s+MODE\s+PHASE\s+CLAIM\s+AGE`, out)
+		assert.Regexp(t, `(?m)^good\s+node-1\s+sparse\s+10Gi\s+Filesystem\s+Available\s+default/data\s+`, out)
+		out, err = kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"status":{"phase":"Failed"}}`)
+		require.NoError(t, err, out)
+		out, _ = kubectl("", "get", "volume", "good", "-o", "jsonpath={.status.phase}")
+		assert.Equal(t, "Available", out, "a write to the main resource does not change the status")
+		out, err = kubectl("", "patch", "volume", "good", "--subresource", "status", "--type", "merge", "-p", `{"status":{"phase":"Sideways"}}`)
+		require.Error(t, err)
+		assert.Contains(t, out, "status.phase: Unsupported value")
+	})
+}
+
+// volume is a Volume manifest.
+func volume(name, spec string) string {
+	return "apiVersion: salt-volumes.io/v1alpha1\nkind: Volume\nmetadata:\n  name: " + name + "\nspec:\n  " + spec + "\n"
+}
