@@ -4,6 +4,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -96,15 +98,15 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", s.auth(s.metrics))
-	mux.Handle("POST /api/v1/volumes", s.auth(s.create))
-	mux.Handle("GET /api/v1/volumes", s.auth(s.list))
-	mux.Handle("GET /api/v1/volumes/{name}", s.auth(s.get))
-	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(s.fromLeader(s.usage)))
-	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(s.fromLeader(s.jobs)))
-	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(s.delete))
-	mux.Handle("GET /api/v1/watch", s.authQuery(s.watch))
-	mux.Handle("GET /api/v1/nodes", s.auth(s.fromLeader(s.nodes)))
+	mux.Handle("GET /metrics", s.auth(query(s.metrics)))
+	mux.Handle("POST /api/v1/volumes", s.auth(query(s.create)))
+	mux.Handle("GET /api/v1/volumes", s.auth(query(s.list, "node")))
+	mux.Handle("GET /api/v1/volumes/{name}", s.auth(query(s.get)))
+	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(query(s.fromLeader(s.usage), "since")))
+	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(query(s.fromLeader(s.jobs))))
+	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(query(s.delete, "wipe", "forget")))
+	mux.Handle("GET /api/v1/watch", s.authQuery(query(s.watch, "node", "name", "access_token")))
+	mux.Handle("GET /api/v1/nodes", s.auth(query(s.fromLeader(s.nodes))))
 	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
 	}))
@@ -134,6 +136,63 @@ func secureHeaders(h http.Handler) http.Handler {
 	})
 }
 
+// query refuses a request whose query string names a parameter the
+// endpoint does not know, or names one twice: a misspelt option (?wpie=true)
+// must not be ignored and the request carried out without it.
+func query(h http.HandlerFunc, known ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Message: "the query string cannot be read: " + err.Error()})
+			return
+		}
+		for name, vals := range q {
+			switch {
+			case !slices.Contains(known, name):
+				msg := fmt.Sprintf("%s: %s %s takes no such query parameter", name, r.Method, r.URL.Path)
+				if len(known) > 0 {
+					msg += " (it knows " + strings.Join(known, ", ") + ")"
+				}
+				writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: name, Message: msg})
+				return
+			case len(vals) > 1:
+				writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: name, Message: name + ": given more than once: give it once"})
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+// flag reads a boolean query parameter: true/false or 1/0, in any case;
+// absent is false. Anything else is refused, never read as false: a client
+// asking for forget=yes must not get its storage deleted instead.
+func flag(r *http.Request, name string) (bool, *saltvolumes.Error) {
+	vals, ok := r.URL.Query()[name]
+	if !ok {
+		return false, nil
+	}
+	switch strings.ToLower(vals[0]) {
+	case "true", "1":
+		return true, nil
+	case "false", "0":
+		return false, nil
+	}
+	return false, &saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: name,
+		Message: fmt.Sprintf("%s: %q is not a boolean: give true or false (or 1 or 0)", name, vals[0])}
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" header
+// ("" for none or another scheme); the scheme's case does not matter (RFC
+// 6750 follows RFC 7235 there).
+func bearer(h string) string {
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimLeft(tok, " ")
+}
+
 // auth accepts "Authorization: Bearer <token>" only.
 func (s *Server) auth(h http.HandlerFunc) http.Handler { return s.checkToken(h, false) }
 
@@ -145,10 +204,7 @@ func (s *Server) authQuery(h http.HandlerFunc) http.Handler { return s.checkToke
 func (s *Server) checkToken(h http.HandlerFunc, query bool) http.Handler {
 	want := []byte(s.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if got == r.Header.Get("Authorization") {
-			got = ""
-		}
+		got := bearer(r.Header.Get("Authorization"))
 		if got == "" && query {
 			got = r.URL.Query().Get("access_token")
 		}
@@ -253,19 +309,9 @@ func storeErr(w http.ResponseWriter, err error) {
 // ParseCreate reads a create request: the volume spec contract, with the
 // uuid generated when absent and the node required.
 func ParseCreate(body io.Reader) (*spec.Spec, error) {
-	data, err := io.ReadAll(io.LimitReader(body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
-		return nil, &spec.FieldError{Field: "spec", Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
-	}
-	if raw, ok := top["uuid"]; !ok || string(raw) == `""` || string(raw) == "null" {
-		top["uuid"], _ = json.Marshal(uuid.NewString())
-		data, _ = json.Marshal(top)
-	}
-	sp, err := spec.Parse(bytes.NewReader(data))
+	// Decoded strictly once (a key given twice is refused, as the node
+	// binary refuses it); only then is a missing uuid filled in.
+	sp, err := spec.ParseNew(body, uuid.NewString)
 	if err != nil {
 		return nil, err
 	}
@@ -436,8 +482,12 @@ func notFound(w http.ResponseWriter, name string) {
 
 func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	wipe := r.URL.Query().Get("wipe") == "true"
-	forget := r.URL.Query().Get("forget") == "true"
+	wipe, werr := flag(r, "wipe")
+	forget, ferr := flag(r, "forget")
+	if e := cmp.Or(werr, ferr); e != nil {
+		writeErr(w, http.StatusBadRequest, *e)
+		return
+	}
 	var v *volume.Volume
 	var err error
 	switch {

@@ -15,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 // noSalt never answers a launch, so volumes stay where the API put them.
@@ -352,4 +355,102 @@ func TestFollowerAsksTheLeader(t *testing.T) {
 	assert.Contains(t, fmt.Sprint(body), "this replica follows replica-1")
 	code, _ = do(t, follower, "GET", "/readyz", "", "")
 	assert.Equal(t, http.StatusOK, code)
+}
+
+// failed puts a Failed volume in the store, one that may be deleted or
+// forgotten.
+func failed(t *testing.T, st store.Store, name string) {
+	t.Helper()
+	sp, err := spec.ParseNew(strings.NewReader(`{"name":"`+name+`","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`), uuid.NewString)
+	require.NoError(t, err)
+	v := &volume.Volume{Spec: *sp, CreatedAt: time.Now()}
+	v.Status.Phase = volume.Failed
+	require.NoError(t, st.Create(v))
+}
+
+func TestDeleteReadsItsFlagsStrictly(t *testing.T) {
+	ts, st := newServer(t)
+	failed(t, st, "keep")
+	for _, c := range []struct{ query, field string }{
+		{"forget=yes", "forget"},
+		{"forget=", "forget"},
+		{"wipe=maybe", "wipe"},
+		{"wipe=true&wipe=false", "wipe"},
+		{"wpie=true", "wpie"},
+		{"force=1", "force"},
+	} {
+		code, m := do(t, ts, "DELETE", "/api/v1/volumes/keep?"+c.query, token, "")
+		assert.Equal(t, 400, code, c.query)
+		assert.Equal(t, c.field, errField(m, "field"), c.query)
+		assert.Contains(t, errField(m, "message"), c.field+":", c.query)
+	}
+	v, err := st.Get("keep")
+	require.NoError(t, err)
+	assert.False(t, v.DeleteRequested || v.ForgetRequested || v.Wipe, "a refused request changes nothing")
+
+	// forget=1 drops the record only: before, it was read as "not forget"
+	// and deleted the storage.
+	code, m := do(t, ts, "DELETE", "/api/v1/volumes/keep?forget=1", token, "")
+	require.Equal(t, 202, code, m)
+	assert.Nil(t, m["deleting"], "a forget is not a deletion")
+	if v, err := st.Get("keep"); err == nil {
+		assert.False(t, v.DeleteRequested, "forget=1 must not delete the storage")
+	}
+
+	failed(t, st, "gone")
+	code, m = do(t, ts, "DELETE", "/api/v1/volumes/gone?wipe=TRUE&forget=0", token, "")
+	require.Equal(t, 202, code, m)
+	v, err = st.Get("gone")
+	require.NoError(t, err)
+	assert.True(t, v.DeleteRequested && v.Wipe, "wipe=TRUE wipes")
+
+	code, m = do(t, ts, "GET", "/api/v1/volumes?nod=node-1", token, "")
+	assert.Equal(t, 400, code)
+	assert.Contains(t, errField(m, "message"), "it knows node")
+	code, m = do(t, ts, "GET", "/api/v1/volumes/gone?verbose=1", token, "")
+	assert.Equal(t, 400, code)
+	assert.Equal(t, "verbose", errField(m, "field"))
+}
+
+func TestCreateBodyIsDecodedOnceAndStrictly(t *testing.T) {
+	ts, st := newServer(t)
+	for _, c := range []struct{ body, field, msg string }{
+		{`{"name":"a1","name":"b1","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, "name", "given twice"},
+		{`{"name":"a1","node":"node-9","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, "node", "given twice"},
+		{`{"name":"a1","node":"node-1","sparseLoopDevice":{"size":"1Gi","size":"1Ti"}}`, "sparseLoopDevice.size", "given twice"},
+		{`null`, "spec", "must be a JSON object"},
+		{` [{"name":"a1"}]`, "spec", "not an array"},
+		{`"a1"`, "spec", "not a string"},
+		{`7`, "spec", "not a number"},
+	} {
+		code, m := do(t, ts, "POST", "/api/v1/volumes", token, c.body)
+		assert.Equal(t, 400, code, c.body)
+		assert.Equal(t, c.field, errField(m, "field"), c.body)
+		assert.Contains(t, errField(m, "message"), c.msg, c.body)
+	}
+	assert.Zero(t, st.Len(), "refused input creates nothing")
+	code, m := do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"a1","uuid":null,"node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	require.Equal(t, 201, code, m)
+	assert.Len(t, m["spec"].(map[string]any)["uuid"], 36, "a null uuid is generated")
+}
+
+func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
+	ts, _ := newServer(t)
+	for _, h := range []string{"bearer " + token, "BEARER " + token, "Bearer " + token} {
+		req, err := http.NewRequest("GET", ts.URL+"/api/v1/volumes", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", h)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode, h[:6])
+	}
+	for _, h := range []string{"Basic " + token, token, "Bearer"} {
+		req, _ := http.NewRequest("GET", ts.URL+"/api/v1/volumes", nil)
+		req.Header.Set("Authorization", h)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 401, resp.StatusCode, "another scheme or no token is refused")
+	}
 }

@@ -117,13 +117,25 @@ func minionID(s string) bool {
 
 // Parse decodes a spec strictly (unknown fields are errors, so typos such as
 // "fstype" do not silently fall back to defaults) and validates it.
-func Parse(r io.Reader) (*Spec, error) {
+func Parse(r io.Reader) (*Spec, error) { return decode(r, nil) }
+
+// ParseNew is Parse for a volume being created: an absent (or empty) uuid
+// is filled in by newUUID after the strict decode, before validation.
+func ParseNew(r io.Reader, newUUID func() string) (*Spec, error) { return decode(r, newUUID) }
+
+func decode(r io.Reader, newUUID func() string) (*Spec, error) {
 	data, err := io.ReadAll(io.LimitReader(r, 1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("reading spec: %w", err)
 	}
-	if len(bytes.TrimSpace(data)) == 0 {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
 		return nil, &FieldError{Field: "spec", Msg: "empty input: pass the volume spec as JSON"}
+	}
+	if data[0] != '{' {
+		// null decodes into a zero Spec without complaint; say what is
+		// wrong rather than that the name is missing.
+		return nil, &FieldError{Field: "spec", Msg: "must be a JSON object (the volume spec), not " + jsonKind(data[0])}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -141,10 +153,30 @@ func Parse(r io.Reader) (*Spec, error) {
 	if err := checkKeys(data); err != nil {
 		return nil, err
 	}
+	if newUUID != nil && s.UUID == "" {
+		s.UUID = newUUID()
+	}
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// jsonKind names the JSON value that starts with c, for error messages.
+func jsonKind(c byte) string {
+	switch {
+	case c == 'n':
+		return "null"
+	case c == '[':
+		return "an array"
+	case c == '"':
+		return "a string"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == '-' || c >= '0' && c <= '9':
+		return "a number"
+	}
+	return "something that is not JSON"
 }
 
 // knownKeys are the exact field names; encoding/json alone would also accept

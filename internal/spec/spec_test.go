@@ -96,7 +96,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 	cases := []struct{ js, field, hint string }{
 		{``, "spec", "empty"},
 		{`{"name":`, "spec", "invalid JSON"},
-		{`[]`, "spec", "invalid JSON"},
+		{`[]`, "spec", "must be a JSON object (the volume spec), not an array"},
+		{`null`, "spec", "must be a JSON object (the volume spec), not null"},
 		{base(`"sparseLoopDevice":{"size":"1Gi"},"fstype":"xfs"`), "spec", `unknown field "fstype"`},
 		{base(`"sparseLoopDevice":{"size":"1Gi"}} {`), "spec", "trailing"},
 		{`{"uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"}}`, "name", "missing"},
