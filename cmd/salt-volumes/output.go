@@ -42,6 +42,8 @@ func (c *cli) show(v saltvolumes.View) error {
 func detail(v saltvolumes.View) string {
 	st := v.Status
 	switch {
+	case v.Deleting && (st.Phase == saltvolumes.Pending || st.Phase == saltvolumes.Unknown):
+		return v.DeleteBlockedReason // the deletion waits for the creation
 	case st.Message != "":
 		return st.Message
 	case st.Step != "":

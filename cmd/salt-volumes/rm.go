@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
 // rm asks for a deletion (or, with --forget, drops a Failed volume).
@@ -20,17 +22,22 @@ func (c *cli) rm(ctx context.Context, in []string) error {
 	if *wipe && *forget {
 		return failf(exitUsage, "rm: --forget leaves the node untouched, so it cannot --wipe: use one or the other")
 	}
+	var v saltvolumes.View
 	if *forget {
-		_, err = cl.Forget(ctx, pos[0])
+		v, err = cl.Forget(ctx, pos[0])
 	} else {
-		_, err = cl.Delete(ctx, pos[0], *wipe)
+		v, err = cl.Delete(ctx, pos[0], *wipe)
 	}
 	if err != nil {
 		return err
 	}
+	if ph := v.Status.Phase; !*forget && (ph == saltvolumes.Pending || ph == saltvolumes.Unknown) {
+		fmt.Fprintf(c.out, "volume %s: deletion requested; it starts once the creation ends\n", pos[0])
+	} else if !*wait {
+		fmt.Fprintf(c.out, "volume %s: deletion requested\n", pos[0])
+	}
 	if *wait {
 		return c.waitFor(ctx, cl, pos[0], "Deleted", *timeout)
 	}
-	fmt.Fprintf(c.out, "volume %s: deletion requested\n", pos[0])
 	return nil
 }

@@ -161,8 +161,7 @@ func TestCreateValidatesAndConflicts(t *testing.T) {
 	require.Equal(t, 201, code)
 	status := m["status"].(map[string]any)
 	assert.Equal(t, "Unknown", status["phase"])
-	assert.Equal(t, false, m["deletable"])
-	assert.Contains(t, m["deleteBlockedReason"], "no status yet")
+	assert.Equal(t, true, m["deletable"], "a volume being created may be deleted: the deletion waits for the creation")
 	spec := m["spec"].(map[string]any)
 	assert.Len(t, spec["uuid"], 36, "uuid generated")
 
@@ -174,8 +173,9 @@ func TestCreateValidatesAndConflicts(t *testing.T) {
 	assert.Equal(t, "uuid", errField(m, "field"))
 
 	code, m = do(t, ts, "DELETE", "/api/v1/volumes/a", token, "")
-	assert.Equal(t, 409, code)
-	assert.Contains(t, errField(m, "message"), "no status yet")
+	assert.Equal(t, 202, code)
+	assert.Equal(t, true, m["deleting"])
+	assert.Contains(t, m["deleteBlockedReason"], "starts once the creation ends")
 	code, m = do(t, ts, "DELETE", "/api/v1/volumes/a?forget=true", token, "")
 	assert.Equal(t, 409, code)
 	assert.Contains(t, errField(m, "message"), "only a Failed volume can be forgotten (it is Unknown)")

@@ -140,6 +140,7 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 		return false
 	}
 	if ok {
+		r.removalNext(v)
 		return r.apply(v, o) != unchanged
 	}
 	r.Metrics.JobsTimedOut.Inc()
@@ -152,8 +153,18 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 	if st.Phase == volume.Terminating {
 		v.DeleteRequested, v.Wipe = false, false
 	}
+	r.removalNext(v)
 	st.Phase, st.Step = volume.Failed, ""
 	return true
+}
+
+// removalNext queues the next pass of a volume whose creation ends inside
+// act (timed out, or found by a late lookup) while a deletion waits for
+// it: that pass starts the removal.
+func (r *Reconciler) removalNext(v *volume.Volume) {
+	if v.DeleteRequested && volume.CreationRunning(v) {
+		r.q.add(v.Spec.Name)
+	}
 }
 
 // lookup asks the job cache about the volume's job: a return (or the job

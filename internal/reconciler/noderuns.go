@@ -175,9 +175,11 @@ func (r *Reconciler) nodeFree(node string) {
 // started by first can do too, up to BatchSize in all. The store's
 // snapshot decides what the run does on the node, so only volumes it shows
 // wanting that run are taken; one whose worker has not stored its wait
-// yet stays queued for the next run. What they want cannot change
-// meanwhile (a volume being prepared or removed cannot be deleted, nor its
-// wipe changed); each volume's worker takes the job id when told (joined).
+// yet stays queued for the next run. A volume deleted meanwhile still
+// takes the prepare run it was counted in (joined gives its worker the job
+// id), and its removal waits for that run's return, as for any deletion
+// requested during a creation; a removal's wipe cannot change once
+// Terminating.
 func (r *Reconciler) takeBatch(node, first, sls string, wipe bool) []*volume.Volume {
 	if r.opt.ConcurrentRuns || r.opt.BatchSize <= 1 {
 		return nil
@@ -241,9 +243,12 @@ func needsPrepareRun(v *volume.Volume) bool {
 	return !v.DeleteRequested && (st.Phase == volume.Unknown || (st.Phase == volume.Pending && st.JobID == "" && !st.Publishing))
 }
 
-// needsRemovalRun tells whether v waits for a state run to remove it.
+// needsRemovalRun tells whether v waits for a state run to remove it. A
+// deletion requested while the creating run is out waits for its return:
+// the node may be writing the volume right now, and the return (success or
+// failure) tells what there is to remove.
 func needsRemovalRun(v *volume.Volume) bool {
-	return v.DeleteRequested && (v.Status.Phase != volume.Terminating || v.Status.JobID == "")
+	return v.DeleteRequested && !volume.CreationRunning(v) && (v.Status.Phase != volume.Terminating || v.Status.JobID == "")
 }
 
 // needsRun tells whether v waits for a state run of either kind.

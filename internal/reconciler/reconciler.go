@@ -632,6 +632,11 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 	}
 	r.Metrics.JobsFailed.Inc()
 	st.Phase, st.Reason, st.Message = volume.Failed, ReasonPrepareFailed, out.Message
+	if v.DeleteRequested {
+		// The removal starts in this same pass and its step replaces the
+		// message: say here why the creation ended.
+		r.log.Info("creation failed; the deletion asked for meanwhile starts now", "volume", name, "job", st.JobID, "message", out.Message)
+	}
 	return changed
 }
 

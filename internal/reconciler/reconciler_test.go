@@ -281,15 +281,8 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	s := sparseSpec("del")
 	_, err := g.r.Create(s)
 	require.NoError(t, err)
-	_, err = g.r.Delete("del", false)
-	var de *DeleteError
-	require.ErrorAs(t, err, &de, "Unknown: no status yet")
-	assert.Contains(t, de.Reason, "no status yet")
-
 	v := g.until("del", "Pending")
-	_, err = g.r.Delete("del", false)
-	require.ErrorAs(t, err, &de)
-	assert.Contains(t, de.Reason, "being prepared")
+	var de *DeleteError
 
 	inUse := device(s)
 	inUse["inUse"] = true
@@ -318,6 +311,64 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	g.until("del", Deleted)
 	_, err = g.store.Get("del")
 	assert.ErrorIs(t, err, store.ErrNotFound)
+}
+
+// A deletion asked for while the volume is being created is accepted and
+// starts once the creation's run returns, whatever it says (seed 000).
+func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
+	for _, created := range []bool{true, false} {
+		t.Run(fmt.Sprintf("creation succeeded %v", created), func(t *testing.T) {
+			g := newRig(t, Options{})
+			s := sparseSpec("hasty")
+			_, err := g.r.Create(s)
+			require.NoError(t, err)
+			v := g.until("hasty", "Pending")
+			prepare := v.Status.JobID
+			require.NotEmpty(t, prepare)
+			got, err := g.r.Delete("hasty", false)
+			require.NoError(t, err, "a deletion while Pending is accepted")
+			view := got.View()
+			assert.True(t, view.Deleting)
+			assert.Contains(t, view.DeleteBlockedReason, "starts once the creation ends")
+			v = g.next("hasty").Volume
+			assert.True(t, v.DeleteRequested)
+			assert.Equal(t, volume.Pending, v.Status.Phase)
+			assert.Never(t, func() bool { return len(g.salt.launches()) > 1 }, 300*time.Millisecond, 10*time.Millisecond,
+				"nothing else runs on the node while the creation's run is out")
+
+			if created {
+				g.send(ret(prepare, "node-1", 0, stateRet("hasty", "prepared", true, "", device(s))))
+			} else {
+				g.send(ret(prepare, "node-1", 2, stateRet("hasty", "prepared", false, "mkfs.ext4 failed", nil)))
+			}
+			v = g.until("hasty", "Terminating")
+			calls := g.salt.launches()
+			require.Len(t, calls, 2)
+			assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg, "the removal runs after the creation's return, and reclaims what it left")
+			g.send(ret(v.Status.JobID, "node-1", 0, stateRet("hasty", "absent", true, "", nil)))
+			g.until("hasty", Deleted)
+			_, err = g.store.Get("hasty")
+			assert.ErrorIs(t, err, store.ErrNotFound)
+		})
+	}
+}
+
+func TestDeleteWhilePendingFollowsACreationThatTimesOut(t *testing.T) {
+	g := newRig(t, Options{JobTimeout: 300 * time.Millisecond})
+	s := sparseSpec("lost")
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	v := g.until("lost", "Pending")
+	_, err = g.r.Delete("lost", false)
+	require.NoError(t, err)
+	// No return ever comes and Salt does not know the job: it times out,
+	// and the removal asked for meanwhile starts.
+	v = g.until("lost", "Terminating")
+	calls := g.salt.launches()
+	require.Len(t, calls, 2)
+	assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg)
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("lost", "absent", true, "", nil)))
+	g.until("lost", Deleted)
 }
 
 func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {

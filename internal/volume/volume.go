@@ -86,24 +86,27 @@ func (v *Volume) Clone() *Volume {
 // View is the volume as the API shows it.
 func (v *Volume) View() saltvolumes.View {
 	ok, why := CanDelete(v)
+	if v.DeleteRequested {
+		ok, why = false, "the volume is already being deleted"
+		if creating(v) {
+			why = "deletion requested: it starts once the creation ends"
+		}
+	}
 	return saltvolumes.View{
 		Spec: v.Spec, Status: v.Status.Status, CreatedAt: v.CreatedAt, Origin: v.Origin, Claim: v.Claim,
 		Deleting: v.DeleteRequested, Deletable: ok, DeleteBlockedReason: why,
 	}
 }
 
-// CanDelete applies the deletion criteria: no decision without a status,
-// none while creation or deletion is running, none while the device is in
-// use, none while its PersistentVolume is Bound or Pending (a claim holds
-// it, or Kubernetes has not settled it). Available and Failed volumes can
-// be deleted.
+// CanDelete applies the deletion criteria: none while a deletion runs,
+// none while the device is in use, none while its PersistentVolume is Bound
+// or Pending (a claim holds it, or Kubernetes has not settled it). A volume
+// still being created (Unknown, Pending) may be deleted: the deletion is
+// recorded and starts once the creation ends, whatever its outcome (seed
+// 000; refusing it left users waiting, or a volume Pending for good in
+// MetalK8s #2409).
 func CanDelete(v *Volume) (bool, string) {
-	switch v.Status.Phase {
-	case Unknown:
-		return false, "the volume has no status yet; wait for the first reconciliation"
-	case Pending:
-		return false, "the volume is being prepared; wait until it is Available or Failed"
-	case Terminating:
+	if v.Status.Phase == Terminating {
 		return false, "the volume is already being deleted"
 	}
 	if v.Status.InUse {
@@ -118,6 +121,18 @@ func CanDelete(v *Volume) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// creating tells whether v's creation has not ended yet: no status, or
+// Pending before its storage was ready.
+func creating(v *Volume) bool {
+	return v.Status.Phase == Unknown || v.Status.Phase == Pending && !v.Status.Publishing
+}
+
+// CreationRunning tells whether v waits for the return of the state run
+// that creates it: a deletion requested meanwhile starts after that.
+func CreationRunning(v *Volume) bool {
+	return v.Status.Phase == Pending && v.Status.JobID != "" && !v.Status.Publishing
 }
 
 // Outcome is what a job return says about a volume.

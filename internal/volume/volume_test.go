@@ -17,8 +17,8 @@ func TestDeletionCriteria(t *testing.T) {
 		can    bool
 		reason string
 	}{
-		{Unknown, false, false, "no status yet"},
-		{Pending, false, false, "being prepared"},
+		{Unknown, false, true, ""},
+		{Pending, false, true, ""},
 		{Terminating, false, false, "already being deleted"},
 		{Available, true, false, "in use"},
 		{Failed, true, false, "in use"},
@@ -33,6 +33,26 @@ func TestDeletionCriteria(t *testing.T) {
 		assert.Contains(t, why, c.reason)
 	}
 	assert.Equal(t, "Unknown", Unknown.String())
+}
+
+func TestViewOfARequestedDeletion(t *testing.T) {
+	for _, c := range []struct {
+		phase  Phase
+		job    string
+		reason string
+	}{
+		{Unknown, "", "starts once the creation ends"},
+		{Pending, "20261124", "starts once the creation ends"},
+		{Available, "", "already being deleted"},
+		{Terminating, "20261124", "already being deleted"},
+	} {
+		v := &Volume{DeleteRequested: true}
+		v.Status.Phase, v.Status.JobID = c.phase, c.job
+		view := v.View()
+		assert.True(t, view.Deleting, c.phase)
+		assert.False(t, view.Deletable, "%s: a deletion is requested once", c.phase)
+		assert.Contains(t, view.DeleteBlockedReason, c.reason, c.phase)
+	}
 }
 
 // A real return of state.apply salt_volumes.prepared (as seen in the job

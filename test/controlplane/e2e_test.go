@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -158,18 +159,53 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("deletion is refused while the criteria forbid it", func(t *testing.T) {
-		_, err := c.Create(ctx, map[string]any{"name": "too-soon", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
-		require.NoError(t, err)
-		_, errs, code := p.CLI("rm", "too-soon")
-		assert.Equal(t, 3, code)
-		assert.Regexp(t, `no status yet|being prepared`, errs)
-		out, errs, code := p.CLI("wait", "too-soon", "--for", "Available", "--timeout", "2m")
-		require.Equal(t, 0, code, out+errs)
-		v := getJSON(t, p, "too-soon")
-		uuids = append(uuids, v.Spec.UUID)
-		_, errs, code = p.CLI("rm", "too-soon", "--wait", "--timeout", "2m")
-		require.Equal(t, 0, code, errs)
+	t.Run("a deletion asked for during the creation waits for it, then reclaims the storage", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			mkfs []string
+		}{
+			{"hasty-ok", nil},
+			// mkfs.ext4 refuses an inode size of 100 after the sparse file
+			// and its loop device exist: a failed creation that left storage.
+			{"hasty-bad", []string{"-I", "100"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				body := map[string]any{"name": tc.name, "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}}
+				if tc.mkfs != nil {
+					body["mkfsOptions"] = tc.mkfs
+				}
+				w := p.Watch(tc.name)
+				v, err := c.Create(ctx, body)
+				require.NoError(t, err)
+				uuids = append(uuids, v.Spec.UUID)
+				out, errs, code := p.CLI("rm", tc.name)
+				require.Equal(t, 0, code, "a deletion while the volume is created is accepted, never refused: %s", errs)
+				assert.Contains(t, out, "starts once the creation ends")
+				evs := w.Until(t, 2*time.Minute, func(ev saltvolumes.Event) bool { return ev.Type == "DELETED" })
+				var prepareJob, removeJob string
+				for _, ev := range evs {
+					switch st := ev.Volume.Status; {
+					case st.Phase == saltvolumes.Pending && st.JobID != "":
+						prepareJob = st.JobID
+					case st.Phase == saltvolumes.Terminating && st.JobID != "":
+						removeJob = st.JobID
+					}
+				}
+				require.NotEmpty(t, prepareJob, "the creation ran: %s", summary(evs))
+				require.NotEmpty(t, removeJob, "then the removal: %s", summary(evs))
+				assert.Greater(t, removeJob, prepareJob, "the removal started after the creation (Salt's jids are times)")
+				failed := regexp.MustCompile(`"msg":"creation failed; the deletion asked for meanwhile starts now".*"volume":"` + tc.name + `".*invalid inode size`)
+				assert.Equal(t, tc.mkfs != nil, failed.MatchString(p.LogText()), "the creation failed only where mkfs was given a bad option")
+				_, err = os.Stat(filepath.Join(s.StateDir, "sparse", v.Spec.UUID))
+				assert.True(t, os.IsNotExist(err), "sparse file removed")
+				_, err = os.Lstat("/dev/disk/by-uuid/" + v.Spec.UUID)
+				assert.True(t, os.IsNotExist(err), "link removed")
+				_, err = os.Stat(filepath.Join(s.StateDir, "volumes", v.Spec.UUID+".json"))
+				assert.True(t, os.IsNotExist(err), "node record removed")
+				_, err = c.Get(ctx, tc.name)
+				assert.Error(t, err, "the volume is gone")
+			})
+		}
 	})
 
 	t.Run("bad input names the field and creates nothing", func(t *testing.T) {

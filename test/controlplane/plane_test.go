@@ -95,6 +95,13 @@ func tailStr(s string, n int) string {
 	return s
 }
 
+// LogText is what serve has logged so far.
+func (p *plane) LogText() string {
+	b, err := os.ReadFile(filepath.Join(p.stack.Root, "log", p.Log))
+	require.NoError(p.t, err)
+	return string(b)
+}
+
 func (p *plane) writeConfig(extra string) {
 	storeCfg := "store: " + p.Store + "\n"
 	if p.StoreConfig != "" {
