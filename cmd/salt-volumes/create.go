@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -16,6 +17,9 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	id := fs.String("uuid", "", "volume UUID (default: a new random one)")
 	var mkfs multi
 	fs.Var(&mkfs, "mkfs-option", "option passed to mkfs (repeat for each)")
+	var labels, annotations multi
+	fs.Var(&labels, "label", "KEY=VALUE: a label for the volume's PersistentVolume (repeat for each)")
+	fs.Var(&annotations, "annotation", "KEY=VALUE: an annotation for the volume's PersistentVolume (repeat for each)")
 	wait := fs.Bool("wait", false, "wait until the volume is Available (or Failed)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
 	pos, cl, err := c.open(fs, in, 1, "give exactly one volume NAME")
@@ -37,6 +41,24 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	}
 	if len(mkfs) > 0 {
 		sp["mkfsOptions"] = []string(mkfs)
+	}
+	if len(labels)+len(annotations) > 0 {
+		md := map[string]any{}
+		for flag, kvs := range map[string]multi{"label": labels, "annotation": annotations} {
+			if len(kvs) == 0 {
+				continue
+			}
+			m := map[string]string{}
+			for _, kv := range kvs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return failf(exitUsage, "create: --%s %q: write KEY=VALUE", flag, kv)
+				}
+				m[k] = v
+			}
+			md[flag+"s"] = m
+		}
+		sp["template"] = map[string]any{"metadata": md}
 	}
 	if *size != "" {
 		sp["sparseLoopDevice"] = map[string]any{"size": *size}

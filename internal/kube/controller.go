@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -319,14 +320,22 @@ func (c *Controller) build(v *volume.Volume) (*corev1.PersistentVolume, error) {
 	access := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:       v.Spec.Name,
-			Labels:     map[string]string{LabelManagedBy: ManagedBy, LabelUUID: v.Spec.UUID, LabelNode: v.Spec.Node},
-			Finalizers: []string{Finalizer},
+			Name:        v.Spec.Name,
+			Labels:      map[string]string{},
+			Annotations: map[string]string{},
+			Finalizers:  []string{Finalizer},
 		},
 	}
+	// The volume's template first, ours over it: validation refuses a
+	// template naming our keys, and ours decide which PVs are ours.
+	if t := v.Spec.Template; t != nil {
+		maps.Copy(pv.Labels, t.Metadata.Labels)
+		maps.Copy(pv.Annotations, t.Metadata.Annotations)
+	}
+	maps.Copy(pv.Labels, map[string]string{LabelManagedBy: ManagedBy, LabelUUID: v.Spec.UUID, LabelNode: v.Spec.Node})
 	if cl := v.Claim; cl != nil {
 		class, policy = cl.StorageClass, corev1.PersistentVolumeReclaimPolicy(cl.ReclaimPolicy)
-		pv.Annotations = map[string]string{annProvisionedBy: c.cfg.Provisioner}
+		pv.Annotations[annProvisionedBy] = c.cfg.Provisioner
 		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
 			Namespace: cl.Namespace, Name: cl.Name, UID: types.UID(cl.UID)}
 		if pvc, err := c.pvcs.PersistentVolumeClaims(cl.Namespace).Get(cl.Name); err == nil && len(pvc.Spec.AccessModes) > 0 {

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 
 	"go.yaml.in/yaml/v3"
@@ -32,8 +33,9 @@ type Options struct {
 }
 
 type meta struct {
-	Name   string            `yaml:"name"`
-	Labels map[string]string `yaml:"labels,omitempty"`
+	Name        string            `yaml:"name"`
+	Labels      map[string]string `yaml:"labels,omitempty"`
+	Annotations map[string]string `yaml:"annotations,omitempty"`
 }
 
 type matchExpression struct {
@@ -131,10 +133,13 @@ func NewPersistentVolume(v saltvolumes.View, o Options) (*PersistentVolume, erro
 		return nil, fmt.Errorf("reclaim policy %q: use Retain or Delete", o.ReclaimPolicy)
 	}
 	pv := &PersistentVolume{APIVersion: "v1", Kind: "PersistentVolume"}
-	pv.Metadata = meta{Name: v.Spec.Name, Labels: map[string]string{
-		"salt-volumes.io/node": o.Hostname,
-		"salt-volumes.io/uuid": v.Spec.UUID,
-	}}
+	pv.Metadata = meta{Name: v.Spec.Name, Labels: map[string]string{}}
+	if t := v.Spec.Template; t != nil {
+		maps.Copy(pv.Metadata.Labels, t.Metadata.Labels)
+		pv.Metadata.Annotations = maps.Clone(t.Metadata.Annotations)
+	}
+	pv.Metadata.Labels["salt-volumes.io/node"] = o.Hostname
+	pv.Metadata.Labels["salt-volumes.io/uuid"] = v.Spec.UUID
 	pv.Spec.Capacity = map[string]string{"storage": spec.FormatSize(v.Status.Size)}
 	pv.Spec.VolumeMode = v.Spec.Mode
 	pv.Spec.AccessModes = []string{"ReadWriteOnce"}

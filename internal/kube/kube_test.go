@@ -79,6 +79,22 @@ func TestPersistentVolumeBlock(t *testing.T) {
 	assert.Equal(t, []any{"worker-1.example.com"}, dig(m, "spec", "nodeAffinity", "required", "nodeSelectorTerms", 0, "matchExpressions", 0, "values"))
 }
 
+func TestPersistentVolumeCarriesTheTemplate(t *testing.T) {
+	v := available(spec.ModeFilesystem)
+	v.Spec.Template = &spec.Template{Metadata: spec.TemplateMetadata{
+		Labels:      map[string]string{"tier": "gold"},
+		Annotations: map[string]string{"example.com/owner": "storage team"},
+	}}
+	pv, err := NewPersistentVolume(v, Options{})
+	require.NoError(t, err)
+	m := decoded(t, pv)
+	assert.Equal(t, map[string]any{"tier": "gold", "salt-volumes.io/node": "node-1", "salt-volumes.io/uuid": v.Spec.UUID}, dig(m, "metadata", "labels"))
+	assert.Equal(t, map[string]any{"example.com/owner": "storage team"}, dig(m, "metadata", "annotations"))
+	pv, err = NewPersistentVolume(available(spec.ModeFilesystem), Options{})
+	require.NoError(t, err)
+	assert.Nil(t, dig(decoded(t, pv), "metadata", "annotations"), "no template, no annotations")
+}
+
 func TestPersistentVolumeRefusals(t *testing.T) {
 	pending := available(spec.ModeFilesystem)
 	pending.Status.Phase = saltvolumes.Pending

@@ -70,6 +70,8 @@ type Spec struct {
 	MkfsOptions      []string          `json:"mkfsOptions,omitempty"`
 	SparseLoopDevice *SparseLoopDevice `json:"sparseLoopDevice,omitempty"`
 	RawBlockDevice   *RawBlockDevice   `json:"rawBlockDevice,omitempty"`
+	// Template is for the volume's PersistentVolume (Kubernetes mode).
+	Template *Template `json:"template,omitempty"`
 
 	// SizeBytes is the parsed sparse size; filled in by Validate.
 	SizeBytes int64 `json:"-"`
@@ -141,6 +143,11 @@ func decode(r io.Reader, newUUID func() string) (*Spec, error) {
 	dec.DisallowUnknownFields()
 	var s Spec
 	if err := dec.Decode(&s); err != nil {
+		// An unknown or mistyped field deep inside: the key check names
+		// its path, where the decoder names the top.
+		if kerr := checkKeys(data); kerr != nil && !strings.Contains(kerr.Error(), "invalid JSON") {
+			return nil, kerr
+		}
 		msg := strings.TrimPrefix(err.Error(), "json: ")
 		return nil, &FieldError{Field: "spec", Msg: "invalid JSON: " + msg}
 	}
@@ -181,31 +188,44 @@ func jsonKind(c byte) string {
 
 // knownKeys are the exact field names; encoding/json alone would also accept
 // "fstype" or "NAME", which hides typos and lets two spellings disagree.
+// Objects are named by their path; the maps inside template.metadata hold
+// free keys and are not listed.
 var knownKeys = map[string]map[string]bool{
 	"": {"name": true, "uuid": true, "node": true, "mode": true, "fsType": true, "mkfsOptions": true,
-		"sparseLoopDevice": true, "rawBlockDevice": true},
-	"sparseLoopDevice": {"size": true},
-	"rawBlockDevice":   {"devicePath": true},
+		"sparseLoopDevice": true, "rawBlockDevice": true, "template": true},
+	"sparseLoopDevice":  {"size": true},
+	"rawBlockDevice":    {"devicePath": true},
+	"template":          {"metadata": true},
+	"template.metadata": {"labels": true, "annotations": true},
 }
 
 func checkKeys(data []byte) error {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
-		return &FieldError{Field: "spec", Msg: "invalid JSON: " + err.Error()}
-	}
-	for k, v := range top {
-		if !knownKeys[""][k] {
-			return &FieldError{Field: "spec", Msg: fmt.Sprintf("unknown field %q (field names are case-sensitive)", k)}
+	return checkObjectKeys("", data)
+}
+
+func checkObjectKeys(path string, data json.RawMessage) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		if path == "" {
+			return &FieldError{Field: "spec", Msg: "invalid JSON: " + err.Error()}
 		}
-		if sub, ok := knownKeys[k]; ok && string(bytes.TrimSpace(v)) != "null" {
-			var m map[string]json.RawMessage
-			if err := json.Unmarshal(v, &m); err != nil {
-				return &FieldError{Field: k, Msg: "must be an object"}
-			}
-			for kk := range m {
-				if !sub[kk] {
-					return &FieldError{Field: k, Msg: fmt.Sprintf("unknown field %q (field names are case-sensitive)", kk)}
-				}
+		return &FieldError{Field: path, Msg: "must be an object"}
+	}
+	field := path
+	if field == "" {
+		field = "spec"
+	}
+	for k, v := range m {
+		if !knownKeys[path][k] {
+			return &FieldError{Field: field, Msg: fmt.Sprintf("unknown field %q (field names are case-sensitive)", k)}
+		}
+		sub := k
+		if path != "" {
+			sub = path + "." + k
+		}
+		if _, ok := knownKeys[sub]; ok && string(bytes.TrimSpace(v)) != "null" {
+			if err := checkObjectKeys(sub, v); err != nil {
+				return err
 			}
 		}
 	}
@@ -309,6 +329,10 @@ func (s *Spec) Validate() error {
 		if len(s.MkfsOptions) > 0 {
 			return &FieldError{"mkfsOptions", "a Block volume has no filesystem: drop mkfsOptions or use mode Filesystem"}
 		}
+	}
+
+	if err := s.Template.validate(); err != nil {
+		return err
 	}
 
 	switch {

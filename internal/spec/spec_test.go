@@ -212,6 +212,7 @@ func FuzzParse(f *testing.F) {
 		`{"name":"d","uuid":"` + u1 + `","sparseLoopDevice":{"size":"10Mi","size":"1Ti"}}`,
 		`{"name":"d","uuid":"` + u1 + `","mkfsOptions":["-E","offset=4096"],"sparseLoopDevice":{"size":1073741824}}`,
 		`[{"a":[1,{"b":2}]}]`,
+		`{"name":"t","uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"},"template":{"metadata":{"labels":{"a.b/c":"d"},"annotations":{"e":"f g"}}}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -264,5 +265,44 @@ func TestApprox(t *testing.T) {
 		if got := Approx(n); got != want {
 			t.Errorf("Approx(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+func TestTemplateIsValidatedAsKubernetesWould(t *testing.T) {
+	withTemplate := func(tpl string) string {
+		return `{"name":"data-1","uuid":"` + u1 + `","sparseLoopDevice":{"size":"1Gi"},"template":` + tpl + `}`
+	}
+	s, err := Parse(strings.NewReader(withTemplate(`{"metadata":{"labels":{"tier":"gold","example.com/rack":"r-12","empty":""},"annotations":{"example.com/owner":"team a: storage / ops"}}}`)))
+	require.NoError(t, err)
+	assert.Equal(t, "gold", s.Template.Metadata.Labels["tier"])
+	assert.Equal(t, "team a: storage / ops", s.Template.Metadata.Annotations["example.com/owner"], "annotation values are free text")
+	c := s.Template.Clone()
+	c.Metadata.Labels["tier"] = "lead"
+	assert.Equal(t, "gold", s.Template.Metadata.Labels["tier"], "Clone is deep")
+
+	big := strings.Repeat("x", maxAnnotationBytes)
+	for _, tc := range []struct{ name, tpl, field, hint string }{
+		{"label key with a space", `{"metadata":{"labels":{"my tier":"gold"}}}`, `template.metadata.labels["my tier"]`, "not a qualified name"},
+		{"label key too long", `{"metadata":{"labels":{"` + strings.Repeat("k", 64) + `":"v"}}}`, "template.metadata.labels", "at most 63"},
+		{"uppercase prefix", `{"metadata":{"labels":{"Example.com/x":"v"}}}`, `template.metadata.labels["Example.com/x"]`, "DNS subdomain"},
+		{"label value with a slash", `{"metadata":{"labels":{"tier":"gold/silver"}}}`, `template.metadata.labels["tier"]`, "not a label value"},
+		{"label value too long", `{"metadata":{"labels":{"tier":"` + strings.Repeat("g", 64) + `"}}}`, `template.metadata.labels["tier"]`, "at most 63"},
+		{"our uuid label", `{"metadata":{"labels":{"salt-volumes.io/uuid":"` + u1 + `"}}}`, `template.metadata.labels["salt-volumes.io/uuid"]`, "set by salt-volumes"},
+		{"managed-by", `{"metadata":{"labels":{"app.kubernetes.io/managed-by":"me"}}}`, `template.metadata.labels["app.kubernetes.io/managed-by"]`, "salt-volumes sets it"},
+		{"PV controller annotation", `{"metadata":{"annotations":{"pv.kubernetes.io/bound-by-controller":"yes"}}}`, `template.metadata.annotations["pv.kubernetes.io/bound-by-controller"]`, "PV controller"},
+		{"annotation key", `{"metadata":{"annotations":{"/x":"v"}}}`, `template.metadata.annotations["/x"]`, "DNS subdomain"},
+		{"annotations too big", `{"metadata":{"annotations":{"a":"` + big + `"}}}`, "template.metadata.annotations", "at most 262144"},
+		{"misspelt labels", `{"metadata":{"Labels":{"a":"b"}}}`, "template.metadata", `unknown field "Labels"`},
+		{"spec instead of metadata", `{"spec":{}}`, "template", `unknown field "spec"`},
+		{"label given twice", `{"metadata":{"labels":{"a":"b","a":"c"}}}`, "template.metadata.labels.a", "given twice"},
+		{"not an object", `"gold"`, "template", "must be an object"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(strings.NewReader(withTemplate(tc.tpl)))
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Contains(t, fe.Field, tc.field)
+			assert.Contains(t, fe.Error(), tc.hint)
+		})
 	}
 }

@@ -64,6 +64,7 @@ type Volume struct {
 func (v *Volume) Clone() *Volume {
 	c := *v
 	c.Spec.MkfsOptions = append([]string(nil), v.Spec.MkfsOptions...)
+	c.Spec.Template = v.Spec.Template.Clone()
 	if v.Spec.SparseLoopDevice != nil {
 		s := *v.Spec.SparseLoopDevice
 		c.Spec.SparseLoopDevice = &s

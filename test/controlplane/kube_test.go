@@ -270,7 +270,10 @@ func TestKubernetes(t *testing.T) {
 	require.NoError(t, err, out)
 
 	t.Run("publish and unpublish", func(t *testing.T) {
-		v := e.create(t, "kv-pub", "64Mi")
+		_, errs, code := e.p.CLI("create", "kv-bad", "--node", e.s.MinionID, "--size", "64Mi", "--label", "salt-volumes.io/uuid=x")
+		assert.Equal(t, 2, code)
+		assert.Contains(t, errs, `template.metadata.labels["salt-volumes.io/uuid"]`, "a template may not set the labels that decide which PVs are ours")
+		v := e.create(t, "kv-pub", "64Mi", "--label", "tier=gold", "--annotation", "example.com/owner=storage team")
 		require.NotNil(t, v.Status.PersistentVolume, "an Available volume has its PV")
 		assert.Equal(t, "Available", v.Status.PersistentVolume.Phase)
 		pv, err := e.pv(t, "kv-pub")
@@ -283,10 +286,15 @@ func TestKubernetes(t *testing.T) {
 		assert.Equal(t, corev1.PersistentVolumeReclaimRetain, pv.Spec.PersistentVolumeReclaimPolicy)
 		assert.Contains(t, pv.Finalizers, kube.Finalizer)
 		assert.Equal(t, v.Spec.UUID, pv.Labels[kube.LabelUUID])
+		assert.Equal(t, "gold", pv.Labels["tier"], "the PV carries the volume's template")
+		assert.Equal(t, "storage team", pv.Annotations["example.com/owner"])
+		sel, err := e.k.Admin.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{LabelSelector: "tier=gold"})
+		require.NoError(t, err)
+		require.Len(t, sel.Items, 1, "a label selector finds it")
 		req := pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0]
 		assert.Equal(t, corev1.LabelHostname, req.Key)
 		assert.Equal(t, []string{"node-1"}, req.Values)
-		out, _, code := e.p.CLI("get", "kv-pub")
+		out, _, code = e.p.CLI("get", "kv-pub")
 		require.Equal(t, 0, code)
 		assert.Regexp(t, `(?m)^kv-pub\s.*\sAvailable\s+Available\s`, out, "the CLI shows the PV's phase")
 
