@@ -44,13 +44,15 @@ SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
+  salt-volumes node forget NODE [--yes]   a node gone for good: forget its volumes (listed, confirmed), touching no disk
   salt-volumes status [-o table|json]     ready? and the replica's role (leader, follower of ...)
   salt-volumes pv NAME [--storage-class S] [--hostname H] [--reclaim-policy Retain|Delete]
                   [--mount-option O]...      a local PersistentVolume (YAML) for kubectl
   salt-volumes storageclass [--name S] [--reclaim-policy Delete|Retain] [--fs-type T] [--mkfs-options O]
                             [--static] [--mount-option O]...   a StorageClass (YAML)
   salt-volumes store migrate --from SRC --to DST [--etcd-prefix P] [--etcd-ca-file F --etcd-cert-file F --etcd-key-file F]
-                  moves every volume between stores (bbolt:FILE, etcd:URL[,URL...]); serve stopped
+                  moves every volume between stores (bbolt:FILE, etcd:URL[,URL...],
+                  kubernetes:KUBECONFIG for Volume objects [--namespace NS]); serve stopped
   salt-volumes version
 
 Exit codes: 0 ok, 1 failed, 2 invalid input, 3 refused (conflict or deletion
@@ -69,6 +71,7 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 	"wait":         (*cli).wait,
 	"watch":        (*cli).watch,
 	"nodes":        (*cli).nodes,
+	"node":         (*cli).node,
 	"pv":           (*cli).pv,
 	"storageclass": (*cli).storageClass,
 	"store":        (*cli).storeCmd,
@@ -91,7 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
-	c := &cli{out: stdout, errw: stderr}
+	c := &cli{in: os.Stdin, out: stdout, errw: stderr}
 	cmd, ok := commands[args[0]]
 	if !ok {
 		return c.exit(failf(exitUsage, "unknown command %q\n\n%s", args[0], usage))
@@ -148,6 +151,7 @@ func (c *cli) exit(err error) int {
 }
 
 type cli struct {
+	in        io.Reader // answers to questions (node forget)
 	out, errw io.Writer
 	url       string
 	token     string

@@ -5,8 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
@@ -14,29 +21,30 @@ import (
 // storeCmd runs the store's maintenance commands (serve stopped).
 func (c *cli) storeCmd(ctx context.Context, in []string) error {
 	if len(in) == 0 || in[0] != "migrate" {
-		return failf(exitUsage, "store: the command is: store migrate --from SRC --to DST (SRC, DST: bbolt:FILE or etcd:URL[,URL...])")
+		return failf(exitUsage, "store: the command is: store migrate --from SRC --to DST (SRC, DST: bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG)")
 	}
 	fs := flag.NewFlagSet("store migrate", flag.ContinueOnError)
 	fs.SetOutput(c.errw)
-	from := fs.String("from", "", "source: bbolt:FILE or etcd:URL[,URL...]")
-	to := fs.String("to", "", "target (empty): bbolt:FILE or etcd:URL[,URL...]")
+	from := fs.String("from", "", "source: bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG")
+	to := fs.String("to", "", "target (empty): bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG")
 	var ec store.EtcdConfig
 	fs.StringVar(&ec.Prefix, "etcd-prefix", "/salt-volumes", "etcd key prefix (serve's etcd.prefix)")
 	fs.StringVar(&ec.CAFile, "etcd-ca-file", "", "CA of the etcd members' certificates")
 	fs.StringVar(&ec.CertFile, "etcd-cert-file", "", "client certificate for etcd")
 	fs.StringVar(&ec.KeyFile, "etcd-key-file", "", "its key")
+	ns := fs.String("namespace", "salt-volumes", "namespace of the election's Lease (serve's kubernetes.namespace), for kubernetes:")
 	if _, err := args(fs, in[1:], 0, "takes no arguments (--from SRC --to DST)"); err != nil {
 		return err
 	}
 	if *from == "" || *to == "" {
 		return failf(exitUsage, "store migrate: --from and --to are both needed, e.g. --from bbolt:/var/lib/salt-volumes-control/volumes.db --to etcd:https://10.0.0.1:2379")
 	}
-	src, closeSrc, err := openForMigration(ctx, "--from", *from, ec)
+	src, closeSrc, err := openForMigration(ctx, "--from", *from, ec, *ns)
 	if err != nil {
 		return err
 	}
 	defer closeSrc()
-	dst, closeDst, err := openForMigration(ctx, "--to", *to, ec)
+	dst, closeDst, err := openForMigration(ctx, "--to", *to, ec, *ns)
 	if err != nil {
 		return err
 	}
@@ -51,8 +59,8 @@ func (c *cli) storeCmd(ctx context.Context, in []string) error {
 
 // openForMigration opens one side, refusing a store with records it
 // cannot read (they would not be copied).
-func openForMigration(ctx context.Context, flagName, where string, ec store.EtcdConfig) (store.Store, func(), error) {
-	st, closeSt, skipped, err := openSide(ctx, flagName, where, ec)
+func openForMigration(ctx context.Context, flagName, where string, ec store.EtcdConfig, ns string) (store.Store, func(), error) {
+	st, closeSt, skipped, err := openSide(ctx, flagName, where, ec, ns)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -65,7 +73,7 @@ func openForMigration(ctx context.Context, flagName, where string, ec store.Etcd
 
 // openSide opens bbolt:FILE or etcd:URLS. An etcd store that a serve
 // replica still reconciles is refused: its writes would race the copy.
-func openSide(ctx context.Context, flagName, where string, ec store.EtcdConfig) (store.Store, func(), []string, error) {
+func openSide(ctx context.Context, flagName, where string, ec store.EtcdConfig, ns string) (store.Store, func(), []string, error) {
 	kind, arg, _ := strings.Cut(where, ":")
 	switch kind {
 	case "bbolt":
@@ -91,6 +99,48 @@ func openSide(ctx context.Context, flagName, where string, ec store.EtcdConfig) 
 			return nil, nil, nil, failf(exitRefused, "%s: serve replicas are running on %s (an election under %s/leader): stop every replica first", flagName, where, st.Prefix())
 		}
 		return st, closeBoth, st.Skipped, nil
+	case "kubernetes":
+		st, err := openKubeSide(ctx, arg, ns)
+		if err != nil {
+			return nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
+		}
+		if st == nil {
+			return nil, nil, nil, failf(exitRefused, "%s: a serve replica holds the Lease %s/salt-volumes: stop every replica first", flagName, ns)
+		}
+		return st, func() { st.Close() }, st.Skipped, nil
 	}
-	return nil, nil, nil, failf(exitUsage, "%s %q: write bbolt:FILE or etcd:URL[,URL...]", flagName, where)
+	return nil, nil, nil, failf(exitUsage, "%s %q: write bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG", flagName, where)
+}
+
+// openKubeSide opens the Volume objects of the cluster a kubeconfig names
+// (empty: the pod's service account). It returns nil while a replica
+// holds the election's Lease.
+func openKubeSide(ctx context.Context, kubeconfig, ns string) (*store.Kube, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	l, err := cs.CoordinationV1().Leases(ns).Get(ctx, "salt-volumes", metav1.GetOptions{})
+	switch {
+	case err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" && l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil &&
+		time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second:
+		return nil, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("reading the election's Lease: %w", err)
+	}
+	dc, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return store.OpenKube(ctx, store.KubeConfig{Client: dc})
 }

@@ -47,7 +47,7 @@ func TestStoreMigrate(t *testing.T) {
 
 	code, _, errs = migrate("--from", "bbolt:"+from, "--to", "zfs:/x")
 	assert.Equal(t, exitUsage, code)
-	assert.Contains(t, errs, `--to "zfs:/x": write bbolt:FILE or etcd:URL`)
+	assert.Contains(t, errs, `--to "zfs:/x": write bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG`)
 	code, _, _ = migrate("--from", "bbolt:"+from)
 	assert.Equal(t, exitUsage, code)
 }

@@ -107,6 +107,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(query(s.delete, "wipe", "forget")))
 	mux.Handle("GET /api/v1/watch", s.authQuery(query(s.watch, "node", "name", "access_token")))
 	mux.Handle("GET /api/v1/nodes", s.auth(query(s.fromLeader(s.nodes))))
+	mux.Handle("POST /api/v1/nodes/{node}/forget", s.auth(query(s.forgetNode)))
 	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
 	}))
@@ -511,6 +512,44 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe, "forget", forget)
 		writeJSON(w, http.StatusAccepted, v.View())
 	}
+}
+
+// forgetNode drains a node that is gone for good: the volumes the body
+// names ({"volumes": [...]}, as listed to the user) are forgotten
+// whatever their phase, nothing runs on any node.
+func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
+	node := r.PathValue("node")
+	var body struct {
+		Volumes []string `json:"volumes"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil || dec.More() {
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "volumes",
+			Message: `the body must be {"volumes": ["NAME", ...]}: the node's volumes to forget, as GET /api/v1/volumes?node=` + node + ` lists them`})
+		return
+	}
+	if len(body.Volumes) == 0 {
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "volumes", Message: "volumes: empty: name the volumes of node " + node + " to forget"})
+		return
+	}
+	got, err := s.Reconciler.ForgetNode(node, body.Volumes)
+	var ne *reconciler.NodeForgetError
+	switch {
+	case errors.As(err, &ne):
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Field: "volumes",
+			Message: ne.Error() + ": list the node's volumes again; nothing was forgotten"})
+		return
+	case err != nil:
+		storeErr(w, err)
+		return
+	}
+	items := make([]saltvolumes.View, 0, len(got))
+	for _, v := range got {
+		items = append(items, v.View())
+	}
+	s.Log.Warn("node drained: its volumes are forgotten without touching any disk", "node", node, "volumes", body.Volumes)
+	writeJSON(w, http.StatusAccepted, map[string]any{"items": items})
 }
 
 // watch streams volume changes as server-sent events: first every current

@@ -454,3 +454,29 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 		assert.Equal(t, 401, resp.StatusCode, "another scheme or no token is refused")
 	}
 }
+
+func TestForgetNodeTakesExactlyTheListedVolumes(t *testing.T) {
+	ts, st := newServer(t)
+	failed(t, st, "n1")
+	for _, c := range []struct{ body, msg string }{
+		{``, `{"volumes": ["NAME", ...]}`},
+		{`{"volumes":[]}`, "empty"},
+		{`{"volume":["n1"]}`, `{"volumes": ["NAME", ...]}`},
+		{`{"volumes":["n1"]} {}`, `{"volumes": ["NAME", ...]}`},
+	} {
+		code, m := do(t, ts, "POST", "/api/v1/nodes/node-1/forget", token, c.body)
+		assert.Equal(t, 400, code, c.body)
+		assert.Equal(t, "volumes", errField(m, "field"), c.body)
+		assert.Contains(t, errField(m, "message"), c.msg, c.body)
+	}
+	code, m := do(t, ts, "POST", "/api/v1/nodes/node-2/forget", token, `{"volumes":["n1"]}`)
+	assert.Equal(t, 409, code, "n1 is not node-2's")
+	assert.Contains(t, errField(m, "message"), "not volumes of node node-2: n1")
+	v, err := st.Get("n1")
+	require.NoError(t, err)
+	assert.False(t, v.ForgetRequested, "a refused drain changes nothing")
+
+	code, m = do(t, ts, "POST", "/api/v1/nodes/node-1/forget", token, `{"volumes":["n1"]}`)
+	require.Equal(t, 202, code, m)
+	assert.Len(t, m["items"], 1)
+}

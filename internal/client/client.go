@@ -114,6 +114,16 @@ func (c *Client) Delete(ctx context.Context, name string, wipe bool) (saltvolume
 	return v, err
 }
 
+// ForgetNode forgets the named volumes of a node that is gone for good,
+// whatever their phase, without running anything on it.
+func (c *Client) ForgetNode(ctx context.Context, node string, names []string) ([]saltvolumes.View, error) {
+	var out struct {
+		Items []saltvolumes.View `json:"items"`
+	}
+	err := c.do(ctx, http.MethodPost, "/api/v1/nodes/"+url.PathEscape(node)+"/forget", map[string]any{"volumes": names}, &out)
+	return out.Items, err
+}
+
 // Forget drops a Failed volume without running anything on its node.
 func (c *Client) Forget(ctx context.Context, name string) (saltvolumes.View, error) {
 	var v saltvolumes.View

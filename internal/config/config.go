@@ -42,6 +42,7 @@ type Config struct {
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
 
 	nonLoopback bool
+	storeSet    bool // store was given (not defaulted)
 }
 
 // Kubernetes is how to reach the API server and what to serve there.
@@ -61,6 +62,20 @@ type Kubernetes struct {
 	// SyncTimeout bounds the first read of the API server's objects at
 	// start (default 60s).
 	SyncTimeout Duration `yaml:"syncTimeout"`
+	// VolumeObjects keeps the volumes as Volume objects in the API server
+	// (deploy/kubernetes/volume-crd.yaml) instead of the store file:
+	// kubectl, GitOps and RBAC work on them, and replicas elect the one
+	// that reconciles with a Lease.
+	VolumeObjects bool `yaml:"volumeObjects"`
+	// Namespace holds the election's Lease (default salt-volumes).
+	Namespace string `yaml:"namespace"`
+	// LeaseDuration is how long the Lease lasts unrenewed (default 15s,
+	// at least 3s): a leader that stops renewing is replaced after it.
+	LeaseDuration Duration `yaml:"leaseDuration"`
+	// ReplicaID and AdvertiseURL name this replica to the others, as
+	// etcd.replicaID and etcd.advertiseURL do.
+	ReplicaID    string `yaml:"replicaID"`
+	AdvertiseURL string `yaml:"advertiseURL"`
 }
 
 // Etcd is the replicated store: every replica serves, one elected leader
@@ -208,6 +223,9 @@ func Parse(data []byte) (*Config, error) {
 				return nil, fmt.Errorf("kubernetes.kubeconfig: %w", err)
 			}
 		}
+		if err := c.defaultVolumeObjects(k); err != nil {
+			return nil, err
+		}
 	}
 	if c.TokenFile != "" {
 		b, err := os.ReadFile(c.TokenFile)
@@ -251,8 +269,39 @@ func Parse(data []byte) (*Config, error) {
 	return &c, nil
 }
 
+// defaultVolumeObjects checks and completes the settings of volumes kept
+// as Volume objects.
+func (c *Config) defaultVolumeObjects(k *Kubernetes) error {
+	if !k.VolumeObjects {
+		return nil
+	}
+	switch {
+	case c.storeSet:
+		return errors.New("store and kubernetes.volumeObjects: both set: with volumeObjects the volumes live in the API server; drop store (salt-volumes store migrate moves a store file's volumes into Volume objects)")
+	case k.LeaseDuration != 0 && time.Duration(k.LeaseDuration) < 3*time.Second:
+		return fmt.Errorf("kubernetes.leaseDuration: %s is too short: at least 3s (default 15s)", time.Duration(k.LeaseDuration))
+	}
+	c.Store = ""
+	if k.Namespace == "" {
+		k.Namespace = "salt-volumes"
+	}
+	if k.LeaseDuration == 0 {
+		k.LeaseDuration = Duration(15 * time.Second)
+	}
+	if k.AdvertiseURL == "" {
+		k.AdvertiseURL = "http://" + c.Listen
+	}
+	if k.ReplicaID == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(c.Listen)
+		k.ReplicaID = host + ":" + port
+	}
+	return nil
+}
+
 func (c *Config) defaultStore() error {
 	e := c.Etcd
+	c.storeSet = c.Store != ""
 	if e == nil {
 		if c.Store == "" {
 			c.Store = "/var/lib/salt-volumes-control/volumes.db"
@@ -267,7 +316,7 @@ func (c *Config) defaultStore() error {
 	case (e.CertFile == "") != (e.KeyFile == ""):
 		return errors.New("etcd.certFile/etcd.keyFile: give both (this replica's client certificate and its key) or neither")
 	case c.Kubernetes != nil:
-		return errors.New("etcd: not yet supported together with kubernetes: (Kubernetes mode keeps one replica, with the bbolt store)")
+		return errors.New("etcd and kubernetes: both set: in Kubernetes mode several replicas keep the volumes as Volume objects in the API server instead (kubernetes.volumeObjects: true); drop etcd")
 	case e.SessionTTL != 0 && time.Duration(e.SessionTTL) < 2*time.Second:
 		return fmt.Errorf("etcd.sessionTTL: %s is too short: at least 2s (default 10s); a leader is replaced this long after it stops renewing", time.Duration(e.SessionTTL))
 	}

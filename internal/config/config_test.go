@@ -126,7 +126,29 @@ func TestEtcd(t *testing.T) {
 		"etcd:\n  endpoints: [https://a:2379]\n  certFile: /c\n":                  "etcd.certFile/etcd.keyFile",
 		"etcd:\n  endpoints: [https://a:2379]\n  sessionTTL: 500ms\n":             "etcd.sessionTTL",
 		"etcd:\n  endpoints: [https://a:2379]\n  prefix: sv\n":                    "etcd.prefix",
-		"etcd:\n  endpoints: [https://a:2379]\nkubernetes:\n  kubeconfig: \"\"\n": "not yet supported together with kubernetes",
+		"etcd:\n  endpoints: [https://a:2379]\nkubernetes:\n  kubeconfig: \"\"\n": "in Kubernetes mode several replicas keep the volumes as Volume objects",
+	} {
+		_, err := Parse([]byte(base + text))
+		require.Error(t, err, text)
+		assert.Contains(t, err.Error(), want, text)
+	}
+}
+
+func TestVolumeObjects(t *testing.T) {
+	base := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\nlisten: 127.0.0.1:8082\n"
+	c, err := Parse([]byte(base + "kubernetes:\n  volumeObjects: true\n"))
+	require.NoError(t, err)
+	assert.Empty(t, c.Store, "no bbolt file: the volumes are Volume objects")
+	assert.Equal(t, "salt-volumes", c.Kubernetes.Namespace)
+	assert.Equal(t, 15*time.Second, time.Duration(c.Kubernetes.LeaseDuration))
+	assert.Equal(t, "http://127.0.0.1:8082", c.Kubernetes.AdvertiseURL)
+	assert.Contains(t, c.Kubernetes.ReplicaID, ":8082")
+	c, err = Parse([]byte(base + "kubernetes: {}\n"))
+	require.NoError(t, err)
+	assert.NotEmpty(t, c.Store, "without volumeObjects, Kubernetes mode keeps its store file")
+	for text, want := range map[string]string{
+		"store: /x.db\nkubernetes:\n  volumeObjects: true\n":        "store and kubernetes.volumeObjects: both set",
+		"kubernetes:\n  volumeObjects: true\n  leaseDuration: 1s\n": "kubernetes.leaseDuration: 1s is too short",
 	} {
 		_, err := Parse([]byte(base + text))
 		require.Error(t, err, text)

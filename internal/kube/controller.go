@@ -73,6 +73,9 @@ type Config struct {
 	// Resync re-reads every watched object this often (default 10m): what
 	// an event handler missed is caught up then.
 	Resync time.Duration
+	// Leading, when set, says whether this replica reconciles: only the
+	// leader provisions claims (followers keep their caches warm).
+	Leading func() bool
 }
 
 // Metrics count what the controller did.
@@ -539,6 +542,12 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		return false
 	}
 	defer c.claims.Done(key)
+	if c.cfg.Leading != nil && !c.cfg.Leading() {
+		// A claim waits for the leader: it may be this replica soon.
+		c.claims.Forget(key)
+		c.claims.AddAfter(key, 2*time.Second)
+		return true
+	}
 	err := c.syncClaim(ctx, key)
 	if errors.Is(err, errVolumeLeaving) {
 		c.claims.Forget(key)

@@ -13,6 +13,8 @@ const (
 	stepWithdraw = "deleting its PersistentVolume"
 	// A claim's volume that failed on its node for want of capacity.
 	stepReschedule = "deleting it: its claim goes back to the scheduler"
+	// A Volume object the control plane takes on (its finalizer).
+	stepAccepted = "accepted: its state run starts next"
 )
 
 // observeKube applies what the API server says about the volume's PV; it
@@ -80,6 +82,16 @@ func (r *Reconciler) withdraw(ctx context.Context, v *volume.Volume) (done, chan
 		st.Phase, st.Step, st.JobID = volume.Terminating, stepWithdraw, ""
 		st.Reason, st.Message = ReasonKubeError, fmt.Sprintf("deleting the PersistentVolume, retrying: %v", err)
 		r.delay(v.Spec.Name)
+		return false, true
+	case blocked != "" && v.DeletionMarked:
+		// kubectl delete marked the Volume object: that cannot be taken
+		// back, so the deletion waits, and says why, until the claim
+		// lets the PV go.
+		step := "deletion waits: " + blocked
+		if st.Step == step && st.JobID == "" {
+			return false, false
+		}
+		st.Step, st.Reason, st.Message, st.JobID = step, "", "", ""
 		return false, true
 	case blocked != "":
 		// The PV got a claim after the deletion was accepted: the

@@ -49,6 +49,9 @@ const (
 	ReasonRetrying        = "Retrying"
 	ReasonJobTimeout      = "JobTimeout"
 	ReasonInvalidReturn   = "InvalidReturn"
+	// A Volume object whose spec the API server took but the volume
+	// contract refuses (its schema checks less than the contract does).
+	ReasonInvalidSpec = "InvalidSpec"
 	// Kubernetes mode.
 	ReasonPublishFailed = "PublishFailed"
 	ReasonPVDeleted     = "PersistentVolumeDeleted"
@@ -387,6 +390,11 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 			return
 		}
 	}
+	if v.DeleteRequested && v.Status.Reason == ReasonInvalidSpec {
+		// Nothing ever ran for it: nothing to remove on its node.
+		r.remove(ctx, v)
+		return
+	}
 	if r.opt.Kube != nil && r.observeKube(ctx, v) {
 		dirty = true
 	}
@@ -429,6 +437,7 @@ func (r *Reconciler) save(v, base *volume.Volume) {
 			v.DeleteRequested, v.Wipe = true, cur.Wipe
 		}
 		v.ForgetRequested = v.ForgetRequested || cur.ForgetRequested
+		v.NodeForgotten = v.NodeForgotten || cur.NodeForgotten
 		v.Revision, base = cur.Revision, cur
 		r.q.add(name) // the request itself is acted on by the next pass
 	}
@@ -441,7 +450,7 @@ func (r *Reconciler) save(v, base *volume.Volume) {
 func onlyRequestsChanged(base, cur *volume.Volume) bool {
 	a, b := base.Clone(), cur.Clone()
 	for _, x := range []*volume.Volume{a, b} {
-		x.DeleteRequested, x.Wipe, x.ForgetRequested, x.Revision = false, false, false, 0
+		x.DeleteRequested, x.Wipe, x.ForgetRequested, x.NodeForgotten, x.Revision = false, false, false, false, 0
 	}
 	return reflect.DeepEqual(a, b)
 }
@@ -534,7 +543,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 		r.jobLog.step(v.Spec.Name, st.JobID, o.step, time.Now().UTC())
 		return changed
 	case obsForget:
-		if st.Phase != volume.Failed {
+		if st.Phase != volume.Failed && !v.NodeForgotten {
 			// Failed no more (its node reported it healthy meanwhile): the
 			// request lapses, or a later failure would forget the volume
 			// unasked.
@@ -543,7 +552,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation) effect {
 			return changed
 		}
 		r.forgetJob(st.JobID, v.Spec.Name)
-		r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", st.Reason)
+		r.log.Warn("volume forgotten without touching its node", "volume", v.Spec.Name, "node", v.Spec.Node, "phase", st.Phase, "reason", st.Reason, "nodeDrained", v.NodeForgotten)
 		return removed
 	case obsLost:
 		if o.jid != st.JobID || !waiting(v) {
@@ -690,6 +699,21 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 	case !v.DeleteRequested && st.Phase == volume.Pending && st.Publishing && r.opt.Kube != nil:
 		return r.publish(ctx, v)
 	case needsPrepareRun(v):
+		if st.Phase == volume.Unknown {
+			if err := v.Spec.Validate(); err != nil {
+				r.log.Warn("volume refused: its spec breaks the volume contract", "volume", v.Spec.Name, "error", err)
+				st.Phase, st.Reason, st.Message = volume.Failed, ReasonInvalidSpec, "spec."+err.Error()+"; delete the volume and create it again with the field fixed"
+				return true
+			}
+		}
+		if h, ok := r.store.(store.Holder); ok && !h.Held(v.Spec.Name) {
+			// Written once before anything runs: from then on a deletion
+			// made outside the control plane (kubectl delete) waits for
+			// the storage to be reclaimed.
+			st.Phase, st.Step = volume.Pending, stepAccepted
+			r.q.add(v.Spec.Name)
+			return true
+		}
 		return r.launch(ctx, v, SLSPrepared, volume.Pending)
 	case waiting(v) && st.JobID != "":
 		return r.checkTimeout(ctx, v)

@@ -927,3 +927,51 @@ func TestForgetLapsesOnceNotFailed(t *testing.T) {
 	assert.Equal(t, volume.Available, got.Status.Phase)
 	assert.Empty(t, g.salt.launches())
 }
+
+func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
+	g := newRig(t, Options{})
+	ready := func(name, node string) {
+		s := sparseSpec(name)
+		s.Node = node
+		_, err := g.r.Create(s)
+		require.NoError(t, err)
+		v := g.until(name, "Pending")
+		g.send(ret(v.Status.JobID, node, 0, stateRet(name, "prepared", true, "", device(s))))
+		g.until(name, "Available")
+	}
+	ready("a", "node-1")
+	ready("other", "node-2")
+	failing := sparseSpec("f")
+	_, err := g.r.Create(failing)
+	require.NoError(t, err)
+	v := g.until("f", "Pending")
+	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("f", "prepared", false, "mkfs failed", nil)))
+	g.until("f", "Failed")
+	_, err = g.r.Create(sparseSpec("p"))
+	require.NoError(t, err)
+	g.until("p", "Pending") // its run never returns: the node is gone
+	launched := len(g.salt.launches())
+
+	_, err = g.r.ForgetNode("node-1", []string{"a", "other", "nope"})
+	var ne *NodeForgetError
+	require.ErrorAs(t, err, &ne)
+	assert.Equal(t, []string{"other", "nope"}, ne.Missing)
+	for _, n := range []string{"a", "f", "p", "other"} {
+		v, err := g.store.Get(n)
+		require.NoError(t, err, "a refused drain changes nothing")
+		assert.False(t, v.ForgetRequested, n)
+	}
+
+	got, err := g.r.ForgetNode("node-1", []string{"a", "f", "p"})
+	require.NoError(t, err)
+	assert.Len(t, got, 3)
+	for _, n := range []string{"a", "f", "p"} {
+		g.until(n, Deleted)
+		_, err := g.store.Get(n)
+		assert.ErrorIs(t, err, store.ErrNotFound, n)
+	}
+	assert.Len(t, g.salt.launches(), launched, "nothing ran on any node")
+	v, err = g.store.Get("other")
+	require.NoError(t, err)
+	assert.Equal(t, volume.Available, v.Status.Phase, "another node's volume is untouched")
+}

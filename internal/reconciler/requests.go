@@ -3,6 +3,7 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
@@ -102,4 +103,44 @@ func (r *Reconciler) Forget(name string) (*volume.Volume, error) {
 		v.ForgetRequested = true
 		return nil
 	})
+}
+
+// NodeForgetError names volumes a node drain was asked to forget that are
+// not on that node (gone, or on another node): nothing was forgotten.
+type NodeForgetError struct {
+	Node    string
+	Missing []string
+}
+
+func (e *NodeForgetError) Error() string {
+	return fmt.Sprintf("not volumes of node %s: %s", e.Node, strings.Join(e.Missing, ", "))
+}
+
+// ForgetNode drains a node that is gone for good: the named volumes, all
+// on node, are forgotten whatever their phase (and their PVs released)
+// without running anything anywhere. The caller names them, as listed to
+// and confirmed by the user, so a volume created meanwhile is not dropped
+// unseen. Names that are not node's volumes refuse the whole request.
+func (r *Reconciler) ForgetNode(node string, names []string) ([]*volume.Volume, error) {
+	var missing []string
+	for _, n := range names {
+		if v, err := r.store.Get(n); err != nil || v.Spec.Node != node {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, &NodeForgetError{Node: node, Missing: missing}
+	}
+	var out []*volume.Volume
+	for _, n := range names {
+		v, err := r.request(n, func(v *volume.Volume) error {
+			v.ForgetRequested, v.NodeForgotten = true, true
+			return nil
+		})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }

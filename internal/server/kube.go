@@ -15,8 +15,8 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 )
 
-// newKube connects to the API server of the kubernetes: section.
-func newKube(k *config.Kubernetes, salt *saltapi.Client, log *slog.Logger) (*kube.Controller, error) {
+// restConfig is how to reach the API server of the kubernetes: section.
+func restConfig(k *config.Kubernetes) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if k.Kubeconfig != "" {
@@ -28,6 +28,16 @@ func newKube(k *config.Kubernetes, salt *saltapi.Client, log *slog.Logger) (*kub
 		return nil, fmt.Errorf("kubernetes: %w (set kubernetes.kubeconfig outside a pod)", err)
 	}
 	rc.UserAgent = "salt-volumes"
+	return rc, nil
+}
+
+// newKube connects the Kubernetes controller (PVs, claims); leading, when
+// set, gates what only the leader does.
+func newKube(k *config.Kubernetes, salt *saltapi.Client, leading func() bool, log *slog.Logger) (*kube.Controller, error) {
+	rc, err := restConfig(k)
+	if err != nil {
+		return nil, err
+	}
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
@@ -45,5 +55,5 @@ func newKube(k *config.Kubernetes, salt *saltapi.Client, log *slog.Logger) (*kub
 		}
 		return out, nil
 	}}
-	return kube.New(cs, kube.Config{StorageClass: k.StorageClass, Provisioner: k.Provisioner, Nodes: nodes}, log), nil
+	return kube.New(cs, kube.Config{StorageClass: k.StorageClass, Provisioner: k.Provisioner, Nodes: nodes, Leading: leading}, log), nil
 }

@@ -13,6 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"
@@ -56,7 +59,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	defer cancel()
 	var kc *kube.Controller
 	if cfg.Kubernetes != nil {
-		if kc, err = newKube(cfg.Kubernetes, salt, log.With("component", "kubernetes")); err != nil {
+		var leading func() bool
+		if elector != nil {
+			leading = elector.Leading
+		}
+		if kc, err = newKube(cfg.Kubernetes, salt, leading, log.With("component", "kubernetes")); err != nil {
 			return err
 		}
 	}
@@ -136,15 +143,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			rec.Run(ctx)
 			return
 		}
-		es := st.(*store.Etcd)
-		elector.Run(ctx, func(tctx context.Context, f *store.Fence) {
-			// Act only on everything the predecessor wrote: the cache
-			// first catches up with etcd as of this term's start.
-			if err := es.WaitRevision(tctx, f.Rev); err != nil {
-				return
-			}
-			rec.Lead(tctx, es.Fenced(f))
-		})
+		elector.lead(ctx, rec)
 	}()
 	go func() {
 		<-ctx.Done()
@@ -165,9 +164,20 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	return err
 }
 
-// openStore opens the configured backend; with etcd, it also returns the
-// elector that decides which replica reconciles.
-func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (store.Store, *leader.Elector, func(), error) {
+// election is how the replicas of a replicated store pick the one that
+// reconciles.
+type election struct {
+	Leading func() bool
+	Leader  func() string
+	lead    func(ctx context.Context, rec *reconciler.Reconciler)
+}
+
+// openStore opens the configured backend; with etcd or Volume objects, it
+// also returns the election that decides which replica reconciles.
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (store.Store, *election, func(), error) {
+	if k := cfg.Kubernetes; k != nil && k.VolumeObjects {
+		return openKubeStore(ctx, k, log)
+	}
 	if e := cfg.Etcd; e != nil {
 		es, cli, err := store.OpenEtcd(ctx, store.EtcdConfig{Endpoints: e.Endpoints, Prefix: e.Prefix,
 			CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, RequestTimeout: time.Duration(e.RequestTimeout),
@@ -180,7 +190,16 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (store
 		}
 		el := &leader.Elector{Client: cli, Prefix: es.Prefix() + "/leader", TTL: time.Duration(e.SessionTTL),
 			ID: e.ReplicaID, URL: e.AdvertiseURL, Log: log.With("component", "election")}
-		return es, el, func() { es.Close(); cli.Close() }, nil
+		return es, &election{Leading: el.Leading, Leader: el.Leader, lead: func(ctx context.Context, rec *reconciler.Reconciler) {
+			el.Run(ctx, func(tctx context.Context, f *store.Fence) {
+				// Act only on everything the predecessor wrote: the cache
+				// first catches up with etcd as of this term's start.
+				if err := es.WaitRevision(tctx, f.Rev); err != nil {
+					return
+				}
+				rec.Lead(tctx, es.Fenced(f))
+			})
+		}}, func() { es.Close(); cli.Close() }, nil
 	}
 	st, err := store.Open(cfg.Store)
 	if err != nil {
@@ -192,9 +211,50 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (store
 	return st, nil, func() { st.Close() }, nil
 }
 
+// openKubeStore opens the Volume objects' store and the Lease election.
+func openKubeStore(ctx context.Context, k *config.Kubernetes, log *slog.Logger) (store.Store, *election, func(), error) {
+	rc, err := restConfig(k)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	dc, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	ks, err := store.OpenKube(ctx, store.KubeConfig{Client: dc, Log: log.With("component", "store")})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("store: %w", err)
+	}
+	for _, bad := range ks.Skipped {
+		log.Error("Volume object skipped: it cannot be read; the volume is not managed until it is fixed", "record", bad)
+	}
+	el := &leader.Lease{Client: cs, Namespace: k.Namespace, Duration: time.Duration(k.LeaseDuration),
+		ID: k.ReplicaID, URL: k.AdvertiseURL, Log: log.With("component", "election")}
+	return ks, &election{Leading: el.Leading, Leader: el.Leader, lead: func(ctx context.Context, rec *reconciler.Reconciler) {
+		err := el.Run(ctx, func(tctx context.Context, still func() error) {
+			// Act only on everything the predecessor wrote.
+			if err := ks.CatchUp(tctx); err != nil {
+				log.Warn("new term: reading the Volume objects failed; ending the term", "error", err)
+				return
+			}
+			rec.Lead(tctx, ks.Fenced(still))
+		})
+		if err != nil && ctx.Err() == nil {
+			log.Error("leader election cannot run", "error", err)
+		}
+	}}, func() { ks.Close() }, nil
+}
+
 func describeStore(cfg *config.Config) string {
 	if e := cfg.Etcd; e != nil {
 		return fmt.Sprintf("etcd %s%s (replica %s)", strings.Join(e.Endpoints, ","), e.Prefix, e.ReplicaID)
+	}
+	if k := cfg.Kubernetes; k != nil && k.VolumeObjects {
+		return fmt.Sprintf("Volume objects (replica %s, Lease %s/salt-volumes)", k.ReplicaID, k.Namespace)
 	}
 	return cfg.Store
 }

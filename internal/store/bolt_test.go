@@ -17,9 +17,15 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
+// vol is a volume as the API stores it (its spec validated: defaults in).
 func vol(name string) *volume.Volume {
-	return &volume.Volume{Spec: spec.Spec{Name: name, UUID: uuid.NewSHA1(uuid.NameSpaceOID, []byte(name)).String(), Node: "n",
+	v := &volume.Volume{Spec: spec.Spec{Name: name, UUID: uuid.NewSHA1(uuid.NameSpaceOID, []byte(name)).String(), Node: "n",
 		MkfsOptions: []string{"-m", "0"}, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}, CreatedAt: time.Unix(1, 0).UTC()}
+	if err := v.Spec.Validate(); err != nil {
+		panic(err)
+	}
+	v.Spec.SizeBytes = 0 // derived, not stored
+	return v
 }
 
 func TestSurvivesReopen(t *testing.T) {

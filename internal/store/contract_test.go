@@ -33,6 +33,9 @@ func backends(t *testing.T) map[string]func(t *testing.T) Store {
 		"etcd": func(t *testing.T) Store {
 			return openTestEtcd(t, testPrefix(t))
 		},
+		"kubernetes": func(t *testing.T) Store {
+			return openTestKube(t)
+		},
 	}
 }
 
@@ -214,6 +217,10 @@ func TestMain(m *testing.M) {
 	if etcdC != nil {
 		etcdC.Stop()
 		os.RemoveAll(etcdDir)
+	}
+	if kubeC != nil {
+		kubeC.Stop()
+		os.RemoveAll(kubeC.Dir)
 	}
 	os.Exit(code)
 }

@@ -102,6 +102,14 @@ type Writer interface {
 	Delete(v *volume.Volume) error
 }
 
+// Holder is a store whose volumes others may also create and delete
+// directly (Volume objects: kubectl). Held reports whether a deletion of
+// the volume made there would now wait for the control plane; until it
+// would, the reconciler writes the volume once before running anything.
+type Holder interface {
+	Held(name string) bool
+}
+
 // Store is the whole contract.
 type Store interface {
 	Reader

@@ -50,11 +50,19 @@ type Volume struct {
 	// running anything on its node (kept in the store so that the replica
 	// that reconciles carries out what another one accepted).
 	ForgetRequested bool `json:"forgetRequested,omitempty"`
+	// NodeForgotten marks a forget asked for by draining the volume's node
+	// (salt-volumes node forget): it applies whatever the phase, as the
+	// node is gone for good and nothing will ever run there.
+	NodeForgotten bool `json:"nodeForgotten,omitempty"`
 	// Origin is "salt" for a volume first seen in the return of a state
 	// run someone else started (salt-call, orchestrate); empty for ours.
 	Origin string `json:"origin,omitempty"`
 	// Claim is the PersistentVolumeClaim the volume was provisioned for.
 	Claim *saltvolumes.Claim `json:"claim,omitempty"`
+	// DeletionMarked says the store's object itself is marked for
+	// deletion (Kubernetes: kubectl delete set its deletionTimestamp): the
+	// deletion cannot be dropped, only waited for, and the store sets it.
+	DeletionMarked bool `json:"-"`
 	// Revision is the store's revision of this copy (not stored: the
 	// backend assigns it); updates and deletes are guarded by it.
 	Revision int64 `json:"-"`

@@ -1,0 +1,236 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/salt-volumes/salt-volumes/test/kubecluster"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+)
+
+// TestVolumeObjects: volumes kept as Volume objects in a real API server,
+// prepared by real Salt, with two serve replicas electing a leader with a
+// Lease. kubectl is the client here; the REST API and CLI read the same
+// objects.
+func TestVolumeObjects(t *testing.T) {
+	s := saltstack.Start(t, bin("salt-volume-exec"), true)
+	out, code := s.SyncAll(s.MinionID)
+	require.Equal(t, 0, code, out)
+	tools, err := kubecluster.Tools(s.Repo)
+	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	ctx := context.Background()
+	k, err := kubecluster.Start(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(k.Logs(3000))
+		}
+		k.Stop()
+	})
+	require.NoError(t, k.AddNode(ctx, s.MinionID))
+	var uuids []string
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
+	kubectl := func(stdin string, args ...string) (string, error) {
+		if stdin != "" {
+			f := filepath.Join(t.TempDir(), "in.yaml")
+			require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
+			args = append(args, "-f", f)
+		}
+		return k.Kubectl(args...)
+	}
+	must := func(stdin string, args ...string) string {
+		t.Helper()
+		out, err := kubectl(stdin, args...)
+		require.NoError(t, err, out)
+		return strings.TrimSpace(out)
+	}
+	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
+	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
+
+	replicas := make([]*plane, 2)
+	for i := range replicas {
+		p := newPlane(t, s)
+		p.Config = filepath.Join(s.Root, fmt.Sprintf("objects-%d.yaml", i))
+		p.Log = fmt.Sprintf("objects-%d", i)
+		p.StoreConfig = "# no store file: the volumes are Volume objects\n"
+		if i > 0 {
+			p.Token = replicas[0].Token // every replica takes the same API token
+		}
+		p.Start(fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n  volumeObjects: true\n  leaseDuration: 3s\n  replicaID: objects-%d\n", k.ControlKubeconfig, i))
+		replicas[i] = p
+	}
+	lead, _ := leaderOf(t, 30*time.Second, replicas...)
+	follower := replicas[0]
+	if follower == lead {
+		follower = replicas[1]
+	}
+	manifest := func(name, spec string) string {
+		return "apiVersion: salt-volumes.io/v1alpha1\nkind: Volume\nmetadata:\n  name: " + name + "\nspec:\n  node: " + s.MinionID + "\n  " + spec + "\n"
+	}
+	phase := func(name string) string {
+		out, _ := kubectl("", "get", "volume", name, "-o", "jsonpath={.status.phase}")
+		return strings.TrimSpace(out)
+	}
+	waitPhase := func(name, want string) {
+		t.Helper()
+		eventually(t, 2*time.Minute, "volume "+name+" "+want, func() (bool, string) {
+			out, _ := kubectl("", "get", "volume", name, "-o", "jsonpath={.status.phase} {.status.message}")
+			return strings.HasPrefix(out, want+" "), out
+		})
+	}
+	gone := func(name string) {
+		t.Helper()
+		eventually(t, 2*time.Minute, "volume "+name+" gone", func() (bool, string) {
+			out, _ := kubectl("", "get", "volume", name, "--ignore-not-found", "-o", "jsonpath={.status.phase} {.status.step}")
+			return strings.TrimSpace(out) == "", out
+		})
+	}
+	uuidOf := func(name string) string {
+		u := must("", "get", "volume", name, "-o", "jsonpath={.metadata.uid}")
+		uuids = append(uuids, u)
+		return u
+	}
+
+	t.Run("kubectl apply prepares the volume, with its PV, and every replica's API shows it", func(t *testing.T) {
+		must(manifest("obj-fs", "sparseLoopDevice: {size: 16Mi}"), "apply")
+		u := uuidOf("obj-fs")
+		waitPhase("obj-fs", "Available")
+		assert.Equal(t, u, must("", "get", "volume", "obj-fs", "-o", "jsonpath={.status.uuid}"), "the uuid is the object's uid")
+		fi, err := os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		require.NoError(t, err, "the sparse file is named by the uuid")
+		assert.Equal(t, int64(16<<20), fi.Size())
+		assert.Regexp(t, `(?m)^obj-fs\s+`+s.MinionID+`\s+sparse\s+16Mi\s+Filesystem\s+Available\s+`, must("", "get", "volumes"))
+		assert.Equal(t, "True", must("", "get", "volume", "obj-fs", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`))
+		assert.Equal(t, `["salt-volumes.io/volume"]`, must("", "get", "volume", "obj-fs", "-o", "jsonpath={.metadata.finalizers}"))
+		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "obj-fs", metav1.GetOptions{})
+		require.NoError(t, err, "its PersistentVolume")
+		assert.Equal(t, "/dev/disk/by-uuid/"+u, pv.Spec.Local.Path)
+		for _, p := range replicas {
+			v := getJSON(t, p, "obj-fs")
+			assert.Equal(t, "Available", string(v.Status.Phase), p.Log)
+			assert.Equal(t, u, v.Spec.UUID, p.Log)
+		}
+	})
+
+	t.Run("a volume made through a follower's REST API is an object kubectl sees", func(t *testing.T) {
+		out, errs, code := follower.CLI("create", "obj-rest", "--node", s.MinionID, "--size", "16Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		v := getJSON(t, follower, "obj-rest")
+		uuids = append(uuids, v.Spec.UUID)
+		assert.Equal(t, "Available", phase("obj-rest"))
+		assert.Equal(t, v.Spec.UUID, must("", "get", "volume", "obj-rest", "-o", "jsonpath={.spec.uuid}"))
+		out, errs, code = follower.CLI("rm", "obj-rest")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		gone("obj-rest")
+		_, err := os.Stat(filepath.Join(s.StateDir, "sparse", v.Spec.UUID))
+		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+	})
+
+	t.Run("a spec the contract refuses goes Failed naming the field, and deletes cleanly", func(t *testing.T) {
+		// The schema lets any label through; the contract keeps our own.
+		must(manifest("obj-bad", "sparseLoopDevice: {size: 16Mi}\n  template: {metadata: {labels: {salt-volumes.io/uuid: x}}}"), "apply")
+		uuidOf("obj-bad")
+		waitPhase("obj-bad", "Failed")
+		assert.Equal(t, "InvalidSpec", must("", "get", "volume", "obj-bad", "-o", "jsonpath={.status.reason}"))
+		assert.Contains(t, must("", "get", "volume", "obj-bad", "-o", "jsonpath={.status.message}"), "spec.template.metadata.labels")
+		must("", "delete", "volume", "obj-bad", "--wait=false")
+		gone("obj-bad")
+	})
+
+	t.Run("kubectl delete while the PV is Bound waits, saying why, and ends once the claim goes", func(t *testing.T) {
+		class := "salt-volumes"
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: "default"},
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &class, VolumeName: "obj-fs",
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("16Mi")}}}}
+		_, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Create(ctx, pvc, metav1.CreateOptions{})
+		require.NoError(t, err)
+		eventually(t, time.Minute, "claim bound", func() (bool, string) {
+			out, _ := kubectl("", "get", "volume", "obj-fs", "-o", "jsonpath={.status.persistentVolume.phase} {.status.persistentVolume.claim}")
+			return out == "Bound default/data", out
+		})
+		must("", "delete", "volume", "obj-fs", "--wait=false")
+		eventually(t, 30*time.Second, "the deletion says why it waits", func() (bool, string) {
+			out, _ := kubectl("", "get", "volume", "obj-fs", "-o", `jsonpath={.status.step}|{.status.conditions[?(@.type=="Ready")].message}`)
+			return strings.Contains(out, "deletion waits: its PersistentVolume obj-fs is Bound to default/data") && strings.Contains(out, "|deletion waits"), out
+		})
+		time.Sleep(2 * time.Second)
+		assert.NotEmpty(t, must("", "get", "volume", "obj-fs", "-o", "jsonpath={.metadata.deletionTimestamp}"), "kept, marked for deletion")
+		u := must("", "get", "volume", "obj-fs", "-o", "jsonpath={.metadata.uid}")
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		require.NoError(t, err, "the storage is still there")
+		require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "data", metav1.DeleteOptions{}))
+		gone("obj-fs")
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+		_, err = k.Admin.CoreV1().PersistentVolumes().Get(ctx, "obj-fs", metav1.GetOptions{})
+		assert.Error(t, err, "its PV gone")
+	})
+
+	t.Run("kubectl delete while Pending completes after the creation", func(t *testing.T) {
+		must(manifest("obj-hasty", "sparseLoopDevice: {size: 16Mi}"), "apply")
+		u := uuidOf("obj-hasty")
+		eventually(t, time.Minute, "its creation started", func() (bool, string) {
+			out, _ := kubectl("", "get", "volume", "obj-hasty", "-o", "jsonpath={.status.job}")
+			return out != "", out
+		})
+		must("", "delete", "volume", "obj-hasty", "--wait=false")
+		gone("obj-hasty")
+		_, err := os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+		_, err = os.Stat(filepath.Join(s.StateDir, "volumes", u+".json"))
+		assert.True(t, os.IsNotExist(err), "node record removed")
+	})
+
+	t.Run("kill -9 of the leader mid-job: the other replica leads and completes it", func(t *testing.T) {
+		lead, _ := leaderOf(t, 30*time.Second, replicas...)
+		other := replicas[0]
+		if other == lead {
+			other = replicas[1]
+		}
+		must(manifest("obj-failover", "sparseLoopDevice: {size: 16Mi}"), "apply")
+		uuidOf("obj-failover")
+		eventually(t, time.Minute, "its creation started", func() (bool, string) {
+			out, _ := kubectl("", "get", "volume", "obj-failover", "-o", "jsonpath={.status.job}")
+			return out != "", out
+		})
+		require.NoError(t, lead.cmd.Process.Signal(syscall.SIGKILL))
+		_, _ = lead.cmd.Process.Wait()
+		lead.cmd = nil
+		got, took := leaderOf(t, 30*time.Second, other)
+		assert.Equal(t, other, got)
+		t.Logf("the other replica led %s after the kill", took)
+		waitPhase("obj-failover", "Available")
+		assert.Equal(t, "Available", string(getJSON(t, other, "obj-failover").Status.Phase))
+	})
+
+	t.Run("store migrate into Volume objects is refused while a replica leads, and into a cluster holding volumes", func(t *testing.T) {
+		src := filepath.Join(t.TempDir(), "volumes.db")
+		migrate := func() (string, int) {
+			_, errs, code := replicas[0].CLI("store", "migrate", "--from", "bbolt:"+src, "--to", "kubernetes:"+k.ControlKubeconfig)
+			return errs, code
+		}
+		errs, code := migrate()
+		assert.Equal(t, 3, code, errs)
+		assert.Contains(t, errs, "a serve replica holds the Lease salt-volumes/salt-volumes: stop every replica first")
+		for _, p := range replicas {
+			p.Stop() // a stopped leader gives its Lease up
+		}
+		errs, code = migrate()
+		assert.Equal(t, 1, code, errs)
+		assert.Contains(t, errs, "the target already holds 1 volumes")
+	})
+}
