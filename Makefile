@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build e2e-bin demo test lint unit race pytest promtool bench bench-smoke load fuzz install salt-files clean \
+.PHONY: all setup build image e2e-bin demo test lint unit race pytest promtool bench bench-smoke load fuzz install salt-files clean \
         vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -15,6 +15,12 @@ setup:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/salt-volume-exec ./cmd/salt-volume-exec
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/salt-volumes ./cmd/salt-volumes
+
+# serve's container image: an OCI archive of the static binary on an empty
+# base, written by Go (tools/image); no registry, no Docker daemon. Import it
+# with: ctr -n k8s.io images import bin/salt-volumes-image.tar
+image: build
+	$(GO) run ./tools/image -o bin/salt-volumes-image.tar -bin bin/salt-volumes -tag $(VERSION)
 
 # The end-to-end scenario as a program (test/e2e), for the Vagrant master.
 e2e-bin:
