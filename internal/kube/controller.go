@@ -676,3 +676,40 @@ func (c *Controller) Classes() []*storagev1.StorageClass {
 	}
 	return out
 }
+
+// VolumeEvent records, as Events on a Volume object (kubectl describe
+// volume), each change of its phase and each Salt job started for it. uid
+// is the object's. Called by the leader only, for every change of the
+// store.
+func (c *Controller) VolumeEvent(ev store.Event, uid string) {
+	if c.recorder == nil || ev.Type != store.Modified || ev.Prev == nil {
+		return
+	}
+	v, p := &ev.Volume.Status, &ev.Prev.Status
+	ref := &corev1.ObjectReference{Kind: "Volume", APIVersion: "salt-volumes.io/v1alpha1", Name: ev.Volume.Spec.Name, UID: types.UID(uid)}
+	if v.JobID != "" && v.JobID != p.JobID {
+		sls := reconciler.SLSPrepared
+		if v.Phase == volume.Terminating {
+			sls = reconciler.SLSUnprepared
+		}
+		c.recorder.Eventf(ref, corev1.EventTypeNormal, "SaltCall", "state.apply %s started on %s: job %s", sls, ev.Volume.Spec.Node, v.JobID)
+	}
+	if v.Phase != p.Phase {
+		kind := corev1.EventTypeNormal
+		if v.Phase == volume.Failed {
+			kind = corev1.EventTypeWarning
+		}
+		from := p.Phase
+		if from == volume.Unknown {
+			from = "Accepted"
+		}
+		msg := fmt.Sprintf("%s -> %s", from, v.Phase)
+		if v.Reason != "" {
+			msg += " (" + v.Reason + ")"
+		}
+		if v.Message != "" {
+			msg += ": " + v.Message
+		}
+		c.recorder.Event(ref, kind, "StateTransition", msg)
+	}
+}

@@ -86,6 +86,15 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		}
 		log.Info("kubernetes mode: publishing PersistentVolumes", "storageClass", cfg.Kubernetes.StorageClass, "provisioner", cfg.Kubernetes.Provisioner)
 	}
+	if ks, ok := st.(*store.Kube); ok && kc != nil {
+		// The leader tells what happens to a Volume on the object itself.
+		stop := ks.Watch(func(ev store.Event) {
+			if elector.Leading() && ev.Volume != nil {
+				kc.VolumeEvent(ev, ks.UID(ev.Volume.Spec.Name))
+			}
+		})
+		defer stop()
+	}
 
 	srv := &api.Server{
 		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),

@@ -298,6 +298,15 @@ func (s *Kube) mark(set map[string]bool, name string, on bool) {
 	}
 }
 
+// UID is the object's uid of the named volume ("" when there is none).
+// Unlike the rest of the store, a Watch callback may call it.
+func (s *Kube) UID(name string) string {
+	if u := s.object(name); u != nil {
+		return string(u.GetUID())
+	}
+	return ""
+}
+
 // Held reports whether the volume's object carries our finalizer.
 func (s *Kube) Held(name string) bool {
 	u := s.object(name)

@@ -118,6 +118,12 @@ func TestVolumeObjects(t *testing.T) {
 		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "obj-fs", metav1.GetOptions{})
 		require.NoError(t, err, "its PersistentVolume")
 		assert.Equal(t, "/dev/disk/by-uuid/"+u, pv.Spec.Local.Path)
+		eventually(t, 30*time.Second, "Events on the Volume: its Salt job and its transitions", func() (bool, string) {
+			out, _ := kubectl("", "get", "events", "-n", "default", "--field-selector", "involvedObject.kind=Volume,involvedObject.name=obj-fs",
+				"-o", `jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}`)
+			return strings.Contains(out, "SaltCall: state.apply salt_volumes.prepared started on "+s.MinionID+": job ") &&
+				strings.Contains(out, "StateTransition: Accepted -> Pending") && strings.Contains(out, "StateTransition: Pending -> Available"), out
+		})
 		for _, p := range replicas {
 			v := getJSON(t, p, "obj-fs")
 			assert.Equal(t, "Available", string(v.Status.Phase), p.Log)
