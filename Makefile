@@ -85,7 +85,7 @@ unit:
 
 # The control plane's concurrent packages under the race detector: the
 # reconciler's workers, the bus reader, the API's watchers.
-RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/
+RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/ ./internal/leader/
 race:
 	$(GO) test -race -count=1 $(RACE_PKGS)
 

@@ -8,10 +8,13 @@ need=()
 # vagrant, vagrant-libvirt and shellcheck check the Vagrant cluster's files
 # in make test; the cluster itself cannot start here. The filesystem, crypto,
 # RAID-cache and image tools write the foreign signatures the adversarial
-# suite (test/nodeexec) must refuse to overwrite.
+# suite (test/nodeexec) must refuse to overwrite. containerd, runc, the CNI
+# plugins and a static busybox let the real kubelet of test/kubecluster run
+# the pods that mount our volumes.
 for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv chromium vagrant vagrant-libvirt shellcheck \
   btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs \
-  cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools; do
+  cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools \
+  containerd runc containernetworking-plugins busybox-static; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

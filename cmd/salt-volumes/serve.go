@@ -15,10 +15,12 @@ func (c *cli) serve(ctx context.Context, in []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(c.errw)
 	path := fs.String("config", "/etc/salt-volumes/config.yaml", "configuration file (YAML)")
-	if _, err := args(fs, in, 0, "takes no arguments (--config FILE)"); err != nil {
+	var o config.Overrides
+	fs.StringVar(&o.Listen, "listen", "", "the API's host:port, over the file's listen (replicas sharing one file: --listen $(POD_IP):8080)")
+	if _, err := args(fs, in, 0, "takes no arguments (--config FILE [--listen HOST:PORT])"); err != nil {
 		return err
 	}
-	cfg, err := config.Load(*path)
+	cfg, err := config.LoadWith(*path, o)
 	if err != nil {
 		return failf(exitUsage, "%v", err)
 	}

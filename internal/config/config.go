@@ -158,12 +158,23 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // Load reads, defaults and validates a config file.
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return LoadWith(path, Overrides{}) }
+
+// Overrides are settings given on serve's command line, which win over the
+// file's: what differs between replicas sharing one file (a ConfigMap).
+type Overrides struct {
+	// Listen replaces listen, before the replica's id and advertised URL
+	// are derived from it.
+	Listen string
+}
+
+// LoadWith is Load with o applied over the file.
+func LoadWith(path string, o Overrides) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading config: %w", err)
 	}
-	c, err := Parse(data)
+	c, err := parse(data, o)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -171,12 +182,17 @@ func Load(path string) (*Config, error) {
 }
 
 // Parse decodes and validates config text.
-func Parse(data []byte) (*Config, error) {
+func Parse(data []byte) (*Config, error) { return parse(data, Overrides{}) }
+
+func parse(data []byte, o Overrides) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
 		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if o.Listen != "" {
+		c.Listen = o.Listen
 	}
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"

@@ -155,3 +155,22 @@ func TestVolumeObjects(t *testing.T) {
 		assert.Contains(t, err.Error(), want, text)
 	}
 }
+
+// serve --listen: replicas sharing one ConfigMap each listen on their own
+// address, and name and advertise themselves by it.
+func TestListenOverride(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\n"+
+		"listen: 127.0.0.1:8082\nkubernetes:\n  volumeObjects: true\n"), 0o600))
+	c, err := LoadWith(path, Overrides{Listen: "10.0.0.7:8080"})
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.7:8080", c.Listen)
+	assert.Equal(t, "http://10.0.0.7:8080", c.Kubernetes.AdvertiseURL)
+	assert.Contains(t, c.Kubernetes.ReplicaID, ":8080")
+	_, err = LoadWith(path, Overrides{Listen: "8080"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "listen")
+	c, err = Load(path)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:8082", c.Listen, "no override: the file's")
+}

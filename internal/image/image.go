@@ -40,8 +40,10 @@ type File struct {
 
 // Spec says what goes in the image and how it runs.
 type Spec struct {
-	// Ref names the image in the tarball (repository:tag).
+	// Ref names the image in the tarball (repository:tag); Aliases are
+	// more names for the same image (repository:latest).
 	Ref        string
+	Aliases    []string
 	Files      []File
 	Entrypoint []string
 	Cmd        []string
@@ -57,9 +59,13 @@ type Spec struct {
 // Write saves the image as an OCI archive at out (a tar of an OCI image
 // layout, its index naming the image by Ref) and returns its digest.
 func Write(out string, s Spec) (v1.Hash, error) {
-	ref, err := name.ParseReference(s.Ref)
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("image reference %q: %w", s.Ref, err)
+	var refs []name.Reference
+	for _, r := range append([]string{s.Ref}, s.Aliases...) {
+		ref, err := name.ParseReference(r)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("image reference %q: %w", r, err)
+		}
+		refs = append(refs, ref)
 	}
 	img, err := Build(s)
 	if err != nil {
@@ -75,12 +81,14 @@ func Write(out string, s Spec) (v1.Hash, error) {
 		return v1.Hash{}, err
 	}
 	// containerd names an imported image by the first annotation, other
-	// tools by the second.
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"io.containerd.image.name":          ref.Name(),
-		"org.opencontainers.image.ref.name": ref.Identifier(),
-	})); err != nil {
-		return v1.Hash{}, err
+	// tools by the second; one index entry per name.
+	for _, ref := range refs {
+		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+			"io.containerd.image.name":          ref.Name(),
+			"org.opencontainers.image.ref.name": ref.Identifier(),
+		})); err != nil {
+			return v1.Hash{}, err
+		}
 	}
 	if err := archive(dir, out); err != nil {
 		return v1.Hash{}, fmt.Errorf("writing %s: %w", out, err)

@@ -113,9 +113,11 @@ func (e *Elector) observe(ctx context.Context, el *concurrency.Election) {
 	}
 }
 
-// Describe splits a leader value into its id and URL.
+// Describe splits a leader value ("ID URL", a Lease's "ID URL
+// INCARNATION") into its id and URL.
 func Describe(v string) (id, url string) {
-	id, url, _ = strings.Cut(v, " ")
+	id, rest, _ := strings.Cut(v, " ")
+	url, _, _ = strings.Cut(rest, " ")
 	return id, url
 }
 

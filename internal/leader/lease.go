@@ -2,6 +2,8 @@ package leader
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -56,7 +58,12 @@ func (l *Lease) Run(ctx context.Context, lead func(ctx context.Context, still fu
 	}
 	d := max(l.Duration, 3*time.Second)
 	renew, retry := d*2/3, d/5
-	id := l.ID + " " + l.URL
+	// The incarnation tells this process from an earlier one of the same
+	// replica (a container the kubelet restarted, same host and port) and
+	// from a replica configured with the same id by mistake: to
+	// client-go, a Lease holder of our identity is us, and it would take
+	// the Lease over at once, with the old holder perhaps still writing.
+	id := l.ID + " " + l.URL + " " + incarnation()
 	for ctx.Err() == nil {
 		var le *leaderelection.LeaderElector
 		// le.Run tells of a term from a goroutine of its own and returns
@@ -117,4 +124,10 @@ func (l *Lease) Run(ctx context.Context, lead func(ctx context.Context, still fu
 		<-runDone
 	}
 	return ctx.Err()
+}
+
+func incarnation() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

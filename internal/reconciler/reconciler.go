@@ -616,6 +616,15 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		}
 		r.Metrics.JobsFailed.Inc()
 		st.Phase, st.Reason, st.Message = volume.Failed, ReasonUnprepareFailed, out.Message
+		if v.DeletionMarked {
+			// kubectl delete cannot be taken back: try again, backing
+			// off (a kubelet unmounts a pod's volume a moment after the
+			// pod is gone).
+			r.log.Info("removal failed; the Volume is marked for deletion: trying again", "volume", name, "message", out.Message)
+			st.JobID = ""
+			r.delay(name)
+			return changed
+		}
 		v.DeleteRequested, v.Wipe = false, false
 		return changed
 	}

@@ -549,7 +549,9 @@ func TestStateRunsOfOthersAreTracked(t *testing.T) {
 	assert.Equal(t, "salt", ev.Volume.Origin)
 	assert.Equal(t, "node-1", ev.Volume.Spec.Node)
 	assert.Equal(t, spec.Size("1Gi"), ev.Volume.Spec.SparseLoopDevice.Size)
-	assert.EqualValues(t, 1, g.r.Metrics.Adopted.Value())
+	// The watch event comes from the store write; the counter follows it.
+	assert.Eventually(t, func() bool { return g.r.Metrics.Adopted.Value() == 1 }, 5*time.Second, 10*time.Millisecond,
+		"salt_volumes_adopted_total after one adoption")
 	assert.Empty(t, g.salt.launches(), "an adopted volume needs no job")
 
 	// A return from another node for the same name is not this volume.

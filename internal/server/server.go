@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		// The leader tells what happens to a Volume on the object itself.
 		stop := ks.Watch(func(ev store.Event) {
 			if elector.Leading() && ev.Volume != nil {
-				kc.VolumeEvent(ev, ks.UID(ev.Volume.Spec.Name))
+				kc.VolumeEvent(ev, ev.UID)
 			}
 		})
 		defer stop()

@@ -158,7 +158,7 @@ func (s *Kube) apply(u *unstructured.Unstructured, v *volume.Volume) {
 	if cur != nil {
 		typ = Modified
 	}
-	s.queue(Event{Type: typ, Volume: v, Prev: cur})
+	s.queue(Event{Type: typ, Volume: v, Prev: cur, UID: string(u.GetUID())})
 }
 
 func (s *Kube) remove(name string, rev int64) {
@@ -166,11 +166,15 @@ func (s *Kube) remove(name string, rev int64) {
 	if cur == nil || cur.Revision >= rev {
 		return
 	}
+	var uid string
+	if u := s.objs[name]; u != nil {
+		uid = string(u.GetUID())
+	}
 	delete(s.vols, name)
 	delete(s.objs, name)
 	gone := cur.Clone()
 	gone.Revision = rev
-	s.queue(Event{Type: Deleted, Volume: gone, Prev: cur})
+	s.queue(Event{Type: Deleted, Volume: gone, Prev: cur, UID: uid})
 }
 
 func (s *Kube) advance(rev int64) {
@@ -296,15 +300,6 @@ func (s *Kube) mark(set map[string]bool, name string, on bool) {
 	} else {
 		delete(set, name)
 	}
-}
-
-// UID is the object's uid of the named volume ("" when there is none).
-// Unlike the rest of the store, a Watch callback may call it.
-func (s *Kube) UID(name string) string {
-	if u := s.object(name); u != nil {
-		return string(u.GetUID())
-	}
-	return ""
 }
 
 // Held reports whether the volume's object carries our finalizer.

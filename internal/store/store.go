@@ -73,6 +73,9 @@ type Event struct {
 	// Prev is the volume before the change (nil for Added or when the
 	// cache did not hold it).
 	Prev *volume.Volume
+	// UID is the backend's own id of the volume's object, where it has
+	// one (Kubernetes: the Volume object's metadata.uid).
+	UID string
 }
 
 // Reader is the cached, read-only side.

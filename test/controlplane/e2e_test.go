@@ -84,7 +84,10 @@ func TestEndToEnd(t *testing.T) {
 				steps = append(steps, ev.Volume.Status.Step)
 			}
 		}
-		assert.Contains(t, steps, "partition-added", "progress steps reached the watch stream: %s", summary(evs))
+		// partition-added is skipped when the loop device the kernel hands
+		// out still knows a partition of that very extent (the machine's
+		// loop devices are shared and reused).
+		assert.Subset(t, steps, []string{"file-created", "partitioned", "attached", "linked"}, "progress steps reached the watch stream: %s", summary(evs))
 		last := evs[len(evs)-1].Volume
 		assert.Equal(t, "/dev/disk/by-partuuid/"+v.Spec.UUID, last.Status.PersistentPath)
 		dev, err := filepath.EvalSymlinks(last.Status.PersistentPath)

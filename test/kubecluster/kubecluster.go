@@ -2,8 +2,9 @@
 // the tests and the demo: etcd, kube-apiserver, kube-controller-manager (its
 // PV controller binds claims) and kube-scheduler (it picks nodes for
 // WaitForFirstConsumer claims), built from the Go module proxy by
-// scripts/kube-tools.sh. There is no kubelet: Node objects are created and
-// marked Ready by the harness, and pods are scheduled but never run.
+// scripts/kube-tools.sh. Start runs no kubelet: Node objects are created and
+// marked Ready by the harness, and pods are scheduled but never run;
+// StartWithKubelet adds a real kubelet on containerd, and pods run.
 package kubecluster
 
 import (
@@ -49,6 +50,17 @@ type Cluster struct {
 	Admin             *kubernetes.Clientset
 
 	procs []*exec.Cmd
+	// controllers are started besides the PV ones (StartWithKubelet: the
+	// node lifecycle controller, which lifts a new node's not-ready taint).
+	controllers string
+	// nodeDir and ctrSock: the kubelet's and containerd's, when started.
+	nodeDir, ctrSock string
+	// serviceAccounts: pods get their service account's token and the
+	// cluster's CA mounted (admission, token and CA publishing), as
+	// in-cluster clients expect (StartWithKubelet).
+	serviceAccounts bool
+	// APIPort is the API server's port on 127.0.0.1.
+	APIPort int
 }
 
 // Tools builds (first time only) and returns the directory holding the
@@ -114,7 +126,12 @@ func (c *Cluster) start(ctx context.Context, rbac string) error {
 		return err
 	}
 	c.URL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
-	if err := c.spawn("kube-apiserver", "--etcd-servers", etcdURL,
+	c.APIPort = ports[2]
+	admission := []string{"--disable-admission-plugins", "ServiceAccount"}
+	if c.serviceAccounts {
+		admission = nil
+	}
+	if err := c.spawn("kube-apiserver", append([]string{"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", fmt.Sprint(ports[2]),
 		// One address, no kubernetes Service endpoints to keep.
 		"--endpoint-reconciler-type", "none",
@@ -123,9 +140,10 @@ func (c *Cluster) start(ctx context.Context, rbac string) error {
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", p("sa.key"), "--service-account-signing-key-file", p("sa.key"),
 		"--service-cluster-ip-range", "10.96.0.0/24",
-		// No service-account token controller runs: pods get none.
-		"--disable-admission-plugins", "ServiceAccount",
-		"--cert-dir", p("certs")); err != nil {
+		"--cert-dir", p("certs")},
+		// Unless serviceAccounts, no service account exists to mount:
+		// pods get none.
+		admission...)...); err != nil {
 		return err
 	}
 	kc := func(name, user string) (string, error) {
@@ -160,9 +178,15 @@ func (c *Cluster) start(ctx context.Context, rbac string) error {
 	// Only the controllers a local volume's life involves: binding, the
 	// PV and PVC protection finalizers. Without the node lifecycle
 	// controller, Nodes the harness marked Ready stay Ready.
-	if err := c.spawn("kube-controller-manager", "--kubeconfig", kcm, "--leader-elect=false",
-		"--controllers", "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller",
-		"--secure-port", "0", "--v", "1"); err != nil {
+	controllers := "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller"
+	if c.controllers != "" {
+		controllers += "," + c.controllers
+	}
+	kcmArgs := []string{"--kubeconfig", kcm, "--leader-elect=false", "--controllers", controllers, "--secure-port", "0", "--v", "1"}
+	if c.serviceAccounts {
+		kcmArgs = append(kcmArgs, "--root-ca-file", p("ca.crt"))
+	}
+	if err := c.spawn("kube-controller-manager", kcmArgs...); err != nil {
 		return err
 	}
 	if err := c.spawn("kube-scheduler", "--kubeconfig", sched, "--leader-elect=false", "--secure-port", "0", "--v", "1"); err != nil {
@@ -275,12 +299,16 @@ func (c *Cluster) Stop() {
 		}
 	}
 	c.procs = nil
+	c.cleanNode()
 }
 
 // Logs returns the tail of each component's log (for failed tests).
 func (c *Cluster) Logs(n int) string {
 	var b strings.Builder
-	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"} {
+	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "containerd", "kubelet"} {
+		if _, err := os.Stat(filepath.Join(c.Dir, "log", name+".log")); err != nil {
+			continue
+		}
 		data, _ := os.ReadFile(filepath.Join(c.Dir, "log", name+".log"))
 		s := string(data)
 		if len(s) > n {

@@ -27,22 +27,11 @@ func run(args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ref := "salt-volumes.io/salt-volumes:" + *tag
-	d, err := image.Write(*dst, image.Spec{
-		Ref:   ref,
-		Files: []image.File{{Path: "/usr/local/bin/salt-volumes", Source: *bin, Mode: 0o755}},
-		// serve reads its configuration from a mounted ConfigMap; a pod's
-		// args replace the subcommand and flags.
-		Entrypoint: []string{"/usr/local/bin/salt-volumes"},
-		Cmd:        []string{"serve", "--config", "/etc/salt-volumes/config.yaml"},
-		// Nothing in serve needs root: the API server and salt-api are
-		// reached over the network.
-		User:   "65532:65532",
-		Labels: map[string]string{"org.opencontainers.image.title": "salt-volumes", "org.opencontainers.image.version": *tag},
-	})
+	spec := image.Serve(*bin, *tag)
+	d, err := image.Write(*dst, spec)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s %s %s\n", *dst, ref, d)
+	fmt.Fprintf(out, "%s %s %s\n", *dst, spec.Ref, d)
 	return nil
 }

@@ -38,7 +38,11 @@ func TestImageOfTheRealBinary(t *testing.T) {
 	require.NoError(t, err)
 	im, err := idx.IndexManifest()
 	require.NoError(t, err)
-	require.Len(t, im.Manifests, 1)
+	// One image under two names: the version and the manifest's latest.
+	require.Len(t, im.Manifests, 2)
+	assert.Equal(t, "salt-volumes.io/salt-volumes:v-test", im.Manifests[0].Annotations["io.containerd.image.name"])
+	assert.Equal(t, "salt-volumes.io/salt-volumes:latest", im.Manifests[1].Annotations["io.containerd.image.name"])
+	assert.Equal(t, im.Manifests[0].Digest, im.Manifests[1].Digest)
 	img, err := idx.Image(im.Manifests[0].Digest)
 	require.NoError(t, err)
 	cf, err := img.ConfigFile()

@@ -1,0 +1,207 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/salt-volumes/salt-volumes/test/kubecluster"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+)
+
+// TestPods: pods on a real kubelet use the volumes, as MetalK8s's own
+// scenarios check (tests/post/features/volume.feature): data that
+// outlives its pod, a Block volume through volumeDevices, a volume kept
+// while a running pod's claim holds it, and a provisioned claim whose pod
+// starts and writes. Volumes are Volume objects applied with kubectl.
+func TestPods(t *testing.T) {
+	s := saltstack.Start(t, bin("salt-volume-exec"), true)
+	out, code := s.SyncAll(s.MinionID)
+	require.Equal(t, 0, code, out)
+	tools, err := kubecluster.Tools(s.Repo)
+	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	ctx := context.Background()
+	start := time.Now()
+	k, err := kubecluster.StartWithKubelet(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"), s.MinionID)
+	if k != nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				out, _ := k.Kubectl("get", "volumes,pv,pvc,pods", "-A", "-o", "yaml")
+				t.Log(out)
+				t.Log(k.Logs(4000))
+			}
+			k.Stop()
+		})
+	}
+	require.NoError(t, err)
+	t.Logf("control plane, containerd and kubelet up, node Ready: %s", time.Since(start).Round(100*time.Millisecond))
+	var uuids []string
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
+	must := func(stdin string, args ...string) string {
+		t.Helper()
+		if stdin != "" {
+			f := filepath.Join(t.TempDir(), "in.yaml")
+			require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
+			args = append(args, "-f", f)
+		}
+		out, err := k.Kubectl(args...)
+		require.NoError(t, err, out)
+		return strings.TrimSpace(out)
+	}
+	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
+	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
+	p := newPlane(t, s)
+	p.StoreConfig = "# no store file: the volumes are Volume objects\n"
+	p.Start(fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n  volumeObjects: true\n", k.ControlKubeconfig))
+	class := "salt-volumes"
+	volumeMode := func(block bool) *corev1.PersistentVolumeMode {
+		m := corev1.PersistentVolumeFilesystem
+		if block {
+			m = corev1.PersistentVolumeBlock
+		}
+		return &m
+	}
+	apply := func(name, spec string) string {
+		must("apiVersion: salt-volumes.io/v1alpha1\nkind: Volume\nmetadata:\n  name: "+name+"\nspec:\n  node: "+s.MinionID+"\n  "+spec+"\n", "apply")
+		uuids = append(uuids, must("", "get", "volume", name, "-o", "jsonpath={.metadata.uid}"))
+		must("", "wait", "--for", "jsonpath={.status.phase}=Available", "--timeout", "2m", "volume/"+name)
+		return uuids[len(uuids)-1]
+	}
+	claim := func(name, volume, size string, block bool, sc *string) {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: sc, VolumeName: volume, VolumeMode: volumeMode(block),
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}}}}
+		_, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Create(ctx, pvc, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	// pod runs script in busybox with the claim at /data (or the block
+	// device at /dev/data) and returns the pod's phase once it ended.
+	pod := func(name, claimName string, block bool, script string) {
+		t.Helper()
+		c := corev1.Container{Name: "c", Image: kubecluster.BusyboxImage, ImagePullPolicy: corev1.PullNever, Command: []string{"/bin/sh", "-c", script}}
+		if block {
+			c.VolumeDevices = []corev1.VolumeDevice{{Name: "v", DevicePath: "/dev/data"}}
+		} else {
+			c.VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: "/data"}}
+		}
+		po := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: corev1.PodSpec{
+			HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{c},
+			TerminationGracePeriodSeconds: new(int64),
+			Volumes:                       []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claimName}}}},
+		}}
+		_, err := k.Admin.CoreV1().Pods("default").Create(ctx, po, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	podPhase := func(name string) corev1.PodPhase {
+		po, err := k.Admin.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return ""
+		}
+		return po.Status.Phase
+	}
+	waitPod := func(name string, want corev1.PodPhase) {
+		t.Helper()
+		eventually(t, 2*time.Minute, "pod "+name+" "+string(want), func() (bool, string) {
+			ph := podPhase(name)
+			if ph == corev1.PodFailed && want != corev1.PodFailed {
+				t.Fatalf("pod %s failed: %s", name, must("", "get", "pod", name, "-o", "jsonpath={.status}"))
+			}
+			return ph == want, string(ph)
+		})
+	}
+	deletePod := func(name string) {
+		t.Helper()
+		zero := int64(0)
+		require.NoError(t, k.Admin.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}))
+		eventually(t, time.Minute, "pod "+name+" gone", func() (bool, string) {
+			_, err := k.Admin.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+	}
+
+	t.Run("data written by one pod is read by the next", func(t *testing.T) {
+		apply("pod-fs", "sparseLoopDevice: {size: 16Mi}")
+		claim("fs-data", "pod-fs", "16Mi", false, &class)
+		started := time.Now()
+		pod("writer", "fs-data", false, "echo persisted > /data/file && sync")
+		waitPod("writer", corev1.PodSucceeded)
+		t.Logf("first pod on the volume: created -> Succeeded in %s", time.Since(started).Round(100*time.Millisecond))
+		deletePod("writer")
+		pod("reader", "fs-data", false, `test "$(cat /data/file)" = persisted`)
+		waitPod("reader", corev1.PodSucceeded)
+		deletePod("reader")
+	})
+
+	t.Run("a Block volume is a device in the pod", func(t *testing.T) {
+		apply("pod-block", "mode: Block\n  sparseLoopDevice: {size: 16Mi}")
+		claim("block-data", "pod-block", "8Mi", true, &class) // the GPT partition is the file less its tables
+		pod("block-writer", "block-data", true, "test -b /dev/data && echo raw-bytes | dd of=/dev/data bs=512 count=1 conv=sync,fsync")
+		waitPod("block-writer", corev1.PodSucceeded)
+		deletePod("block-writer")
+		pod("block-reader", "block-data", true, `test "$(dd if=/dev/data bs=9 count=1 2>/dev/null)" = raw-bytes`)
+		waitPod("block-reader", corev1.PodSucceeded)
+		deletePod("block-reader")
+	})
+
+	t.Run("a running pod's claim keeps its Volume and PV; both go once pod and claim are deleted", func(t *testing.T) {
+		pod("holder", "fs-data", false, "sleep 3600")
+		waitPod("holder", corev1.PodRunning)
+		must("", "delete", "volume", "pod-fs", "--wait=false")
+		eventually(t, 30*time.Second, "the deletion waits, saying why", func() (bool, string) {
+			out, _ := k.Kubectl("get", "volume", "pod-fs", "-o", "jsonpath={.status.step}")
+			return strings.Contains(out, "deletion waits: its PersistentVolume pod-fs is Bound to default/fs-data"), out
+		})
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, corev1.PodRunning, podPhase("holder"), "the pod runs on")
+		_, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "pod-fs", metav1.GetOptions{})
+		assert.NoError(t, err, "the PV is kept")
+		deletePod("holder")
+		require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "fs-data", metav1.DeleteOptions{}))
+		eventually(t, 2*time.Minute, "Volume pod-fs gone", func() (bool, string) {
+			out, _ := k.Kubectl("get", "volume", "pod-fs", "--ignore-not-found", "-o", "jsonpath={.metadata.name} {.status.phase} {.status.message}")
+			return strings.TrimSpace(out) == "", out
+		})
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", uuids[0]))
+		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+	})
+
+	t.Run("a provisioned claim's pod starts and writes", func(t *testing.T) {
+		wffc := storagev1.VolumeBindingWaitForFirstConsumer
+		reclaim := corev1.PersistentVolumeReclaimDelete
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sparse"}, Provisioner: "salt-volumes.io/sparse",
+			VolumeBindingMode: &wffc, ReclaimPolicy: &reclaim}
+		_, err := k.Admin.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
+		require.NoError(t, err)
+		name := "sparse"
+		claim("dyn", "", "32Mi", false, &name)
+		started := time.Now()
+		pod("dyn-writer", "dyn", false, "echo provisioned > /data/file && sync && cat /data/file")
+		waitPod("dyn-writer", corev1.PodSucceeded)
+		t.Logf("pod of a WaitForFirstConsumer claim: created -> Succeeded in %s", time.Since(started).Round(100*time.Millisecond))
+		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "dyn", metav1.GetOptions{})
+		require.NoError(t, err)
+		vol := pvc.Spec.VolumeName
+		uuids = append(uuids, strings.TrimPrefix(vol, "pvc-"))
+		assert.Equal(t, "Available", must("", "get", "volume", vol, "-o", "jsonpath={.status.phase}"), "the provisioned volume is a Volume object")
+		deletePod("dyn-writer")
+		require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "dyn", metav1.DeleteOptions{}))
+		eventually(t, 2*time.Minute, "the provisioned Volume goes with its claim (reclaim policy Delete)", func() (bool, string) {
+			out, _ := k.Kubectl("get", "volume", vol, "--ignore-not-found", "-o", "name")
+			return strings.TrimSpace(out) == "", out
+		})
+	})
+}
