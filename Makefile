@@ -31,7 +31,7 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	@if command -v shellcheck >/dev/null; then \
-	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh .ci/run vagrant/provision/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # A local Salt stack plus the control plane, two real volumes; Ctrl-C stops

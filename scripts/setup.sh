@@ -10,11 +10,13 @@ need=()
 # RAID-cache and image tools write the foreign signatures the adversarial
 # suite (test/nodeexec) must refuse to overwrite. containerd, runc, the CNI
 # plugins and a static busybox let the real kubelet of test/kubecluster run
-# the pods that mount our volumes.
+# the pods that mount our volumes. qemu and debootstrap build and boot the
+# Debian guests of the booted-machine tests (test/booted).
 for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv chromium vagrant vagrant-libvirt shellcheck \
   btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs \
   cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools \
-  containerd runc containernetworking-plugins busybox-static; do
+  containerd runc containernetworking-plugins busybox-static \
+  qemu-system-x86 qemu-utils debootstrap openssh-client; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -44,6 +46,10 @@ fi
 # DEMO_ARGS=--kubernetes` run against: built from the Go module proxy once,
 # cached outside the repository (scripts/kube-tools.sh).
 scripts/kube-tools.sh >/dev/null
+
+# The Debian guest the booted-machine tests boot under qemu: debootstrap
+# once (~7 minutes), cached outside the repository (scripts/guest-image.sh).
+scripts/guest-image.sh >/dev/null
 
 # promtool checks the alert rules in deploy/monitoring (make test). Only the
 # tool is taken out of Debian's prometheus package: installing the package
