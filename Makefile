@@ -43,7 +43,7 @@ demo: setup build
 # without them they skip and say why.
 test: setup lint pytest vagrant-validate promtool race
 	@rm -f test-results/adversarial.txt
-	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -timeout 30m ./...
 	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
 	@$(MAKE) --no-print-directory bench-smoke
 

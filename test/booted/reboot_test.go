@@ -6,9 +6,9 @@ package booted
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -19,21 +19,16 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/test/guest"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
+
+const guestID = "guest-1"
 
 func repoRoot(t *testing.T) string {
 	wd, err := os.Getwd()
 	require.NoError(t, err)
 	return filepath.Join(wd, "..", "..")
-}
-
-// restoreUnit is the unit salt_volumes.installed renders, with its
-// defaults (as make install renders it).
-func restoreUnit(t *testing.T, repo string) []byte {
-	b, err := os.ReadFile(filepath.Join(repo, "salt", "states", "salt_volumes", "files", "salt-volumes-restore.service"))
-	require.NoError(t, err)
-	return regexp.MustCompile(`\{\{ [a-z_]+ \| default\("([^"]*)"\) \}\}`).ReplaceAll(b, []byte("$1"))
 }
 
 // TestRebootKeepsVolumes: volumes prepared on a booted guest keep their
@@ -71,12 +66,39 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		return strings.TrimSpace(out)
 	}
 
-	// Installed as salt_volumes.installed installs it: the binary and the
-	// restore unit, enabled.
-	require.NoError(t, g.Put(exec, "/usr/local/bin/salt-volume-exec", 0o755))
-	require.NoError(t, g.Write("/etc/systemd/system/salt-volumes-restore.service", restoreUnit(t, repo), 0o644))
-	run("systemctl", "daemon-reload")
-	run("systemctl", "enable", "salt-volumes-restore.service")
+	// The guest is a minion of a master on this machine (10.0.2.2 is the
+	// host's 127.0.0.1 from inside), and salt-volume-exec is installed as an
+	// operator installs it: state.apply salt_volumes.installed.
+	s := saltstack.Start(t, exec, false)
+	pub, ret := s.Ports()
+	require.NoError(t, g.Write("/etc/salt/minion.d/master.conf", []byte(fmt.Sprintf(
+		"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\n", guestID, ret, pub)), 0o644))
+	run("systemctl", "restart", "salt-minion")
+	minionUp := func() {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			out, code := s.Salt("--timeout=20", guestID, "test.ping", "--out=json")
+			if code == 0 && strings.Contains(out, "true") {
+				return
+			}
+			require.True(t, time.Now().Before(deadline), "the guest's minion did not answer: %s", out)
+			time.Sleep(3 * time.Second)
+		}
+	}
+	minionUp()
+	t.Logf("the guest's minion answers: %s after boot", time.Since(started).Round(time.Second))
+	formulaBin := filepath.Join(repo, "salt", "states", "salt_volumes", "files", "salt-volume-exec")
+	if _, err := os.Stat(formulaBin); err != nil {
+		// What make salt-files does; the file is ignored by git.
+		require.NoError(t, testenv.BuildAs(filepath.Dir(formulaBin), "salt-volume-exec", "cmd/salt-volume-exec"))
+		t.Cleanup(func() { os.Remove(formulaBin) })
+	}
+	installed := time.Now()
+	out, code := s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.installed", "--out=json", "--static")
+	require.Equal(t, 0, code, out)
+	t.Logf("state.apply salt_volumes.installed on the guest: %s", time.Since(installed).Round(time.Second))
+	assert.Equal(t, "enabled", run("systemctl", "is-enabled", "salt-volumes-restore.service"))
 	disks := run("lsblk", "-dno", "NAME,TRAN")
 	assert.Regexp(t, `(?m)^nvme0n1\s+nvme$`, disks, "an NVMe disk")
 	assert.Regexp(t, `(?m)^sda\s+`, disks, "a SCSI disk")
@@ -91,7 +113,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// The physical volume is the operator's: a raw volume on it is refused
 	// and nothing on it changes.
 	pv := []byte(`{"name":"boot-pv","uuid":"` + uuid.NewString() + `","rawBlockDevice":{"devicePath":"/dev/vdb"}}`)
-	out, err := g.RunInput(pv, "salt-volume-exec", "prepare", "--spec", "-")
+	out, err = g.RunInput(pv, "salt-volume-exec", "prepare", "--spec", "-")
 	require.Error(t, err, "a raw volume on an LVM physical volume: %s", out)
 	assert.Contains(t, err.Error(), "exit status 3", "refused to protect data")
 	assert.Contains(t, out, "/dev/vdb is held by dm-", "the refusal names what holds it (the logical volume's device-mapper device)")
@@ -117,8 +139,17 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		}
 		return "/dev/disk/by-uuid/" + v.uuid
 	}
+	// The first through Salt, the way the control plane prepares volumes;
+	// the others with salt-volume-exec itself.
+	vols[0].uuid = uuid.NewString()
+	fsPillar := saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volume": map[string]any{
+		"name": vols[0].name, "uuid": vols[0].uuid, "node": guestID, "sparseLoopDevice": map[string]any{"size": "64Mi"}}}})
+	out, code = s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.prepared", fsPillar, "--out=json", "--static")
+	require.Equal(t, 0, code, out)
 	for _, v := range vols {
-		v.uuid = uuid.NewString()
+		if v.uuid == "" {
+			v.uuid = uuid.NewString()
+		}
 		out, err := g.RunInput(specOf(v), "salt-volume-exec", "prepare", "--spec", "-")
 		require.NoError(t, err, "prepare %s: %s", v.name, out)
 		var d saltvolumes.Device
@@ -160,6 +191,15 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	t.Logf("rebooted, ssh answering again: %s", time.Since(started).Round(time.Second))
 
 	assert.Equal(t, "active", run("systemctl", "is-active", "salt-volumes-restore.service"), "the restore unit ran at boot")
+	minionUp()
+	// Salt's view converges too: the same state again changes nothing.
+	out, code = s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.prepared", fsPillar, "--out=json", "--static")
+	require.Equal(t, 0, code, out)
+	for key, st := range saltstack.JSON(t, out)[guestID].(map[string]any) {
+		st := st.(map[string]any)
+		assert.Equal(t, true, st["result"], key)
+		assert.Empty(t, st["changes"], "%s: nothing to prepare again after the reboot", key)
+	}
 	var rep struct {
 		Restore struct {
 			Restored int `json:"restored"`

@@ -297,6 +297,10 @@ func (s *Stack) StopMinion(id string) { s.kill("minion-" + id) }
 // manager would).
 func (s *Stack) StopMaster() { s.kill("master") }
 
+// Ports are the master's publish and request server ports (on 127.0.0.1),
+// for minions that are not this machine's processes (booted guests).
+func (s *Stack) Ports() (publish, ret int) { return s.pubPort, s.retPort }
+
 // APIURL is the salt-api base URL.
 func (s *Stack) APIURL() string { return fmt.Sprintf("http://127.0.0.1:%d", s.APIPort) }
 
