@@ -38,6 +38,10 @@ func TestInCluster(t *testing.T) {
 	s := saltstack.Start(t, bin("salt-volume-exec"), true)
 	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
+	// Registered before the cluster's Stop, so it runs after it: the
+	// kubelet lets go of the volumes' devices first.
+	var uuids []string
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
 	tools, err := kubecluster.Tools(s.Repo)
 	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
 	ctx := context.Background()
@@ -54,8 +58,6 @@ func TestInCluster(t *testing.T) {
 		})
 	}
 	require.NoError(t, err)
-	var uuids []string
-	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
 	must := func(stdin string, args ...string) string {
 		t.Helper()
 		if stdin != "" {

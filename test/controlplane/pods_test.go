@@ -31,6 +31,10 @@ func TestPods(t *testing.T) {
 	s := saltstack.Start(t, bin("salt-volume-exec"), true)
 	out, code := s.SyncAll(s.MinionID)
 	require.Equal(t, 0, code, out)
+	// Registered before the cluster's Stop, so it runs after it: the
+	// kubelet lets go of the volumes' devices first.
+	var uuids []string
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
 	tools, err := kubecluster.Tools(s.Repo)
 	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
 	ctx := context.Background()
@@ -48,8 +52,6 @@ func TestPods(t *testing.T) {
 	}
 	require.NoError(t, err)
 	t.Logf("control plane, containerd and kubelet up, node Ready: %s", time.Since(start).Round(100*time.Millisecond))
-	var uuids []string
-	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
 	must := func(stdin string, args ...string) string {
 		t.Helper()
 		if stdin != "" {
