@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -135,7 +136,9 @@ func objectStatusOf(v *volume.Volume, prev []metav1.Condition, now time.Time) *o
 		os.Kind = "raw"
 	}
 	if os.SizeQuantity == "" && st.Size > 0 {
-		os.SizeQuantity = strconv.FormatInt(st.Size, 10)
+		// A raw device's size as kubectl prints quantities (32Mi, not
+		// 33554432).
+		os.SizeQuantity = resource.NewQuantity(st.Size, resource.BinarySI).String()
 	}
 	c := readyCondition(v)
 	c.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))

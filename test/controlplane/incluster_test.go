@@ -24,9 +24,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/salt-volumes/salt-volumes/internal/image"
-	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
-	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // TestInCluster: serve as its own manifest runs it (deploy/kubernetes/
@@ -35,44 +33,12 @@ import (
 // the master's bus: two replicas elect a leader, kubectl apply prepares a
 // volume, kill -9 of the leader's process hands the lead to the other.
 func TestInCluster(t *testing.T) {
-	s := saltstack.Start(t, bin("salt-volume-exec"), true)
-	out, code := s.SyncAll(s.MinionID)
-	require.Equal(t, 0, code, out)
-	// Registered before the cluster's Stop, so it runs after it: the
-	// kubelet lets go of the volumes' devices first.
-	var uuids []string
-	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
-	tools, err := kubecluster.Tools(s.Repo)
-	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	s, k, must, uuids := withKubelet(t, "volumes,pods,deploy,leases,events")
 	ctx := context.Background()
-	k, err := kubecluster.StartWithKubelet(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"), s.MinionID)
-	if k != nil {
-		t.Cleanup(func() {
-			if t.Failed() {
-				out, _ := k.Kubectl("get", "volumes,pods,deploy,leases,events", "-A", "-o", "wide")
-				t.Log(out)
-				t.Log(k.PodLogs("salt-volumes", 4000))
-				t.Log(k.Logs(3000))
-			}
-			k.Stop()
-		})
-	}
-	require.NoError(t, err)
-	must := func(stdin string, args ...string) string {
-		t.Helper()
-		if stdin != "" {
-			f := filepath.Join(t.TempDir(), "in.yaml")
-			require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
-			args = append(args, "-f", f)
-		}
-		out, err := k.Kubectl(args...)
-		require.NoError(t, err, out)
-		return strings.TrimSpace(out)
-	}
 
 	// make image's image, imported as an operator without a registry would.
 	archive := filepath.Join(t.TempDir(), "image.tar")
-	_, err = image.Write(archive, image.Serve(bin("salt-volumes"), "in-cluster-test"))
+	_, err := image.Write(archive, image.Serve(bin("salt-volumes"), "in-cluster-test"))
 	require.NoError(t, err)
 	require.NoError(t, k.ImportImage(archive))
 	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
@@ -148,7 +114,7 @@ func TestInCluster(t *testing.T) {
 		t.Helper()
 		must(manifest(name), "apply")
 		u := must("", "get", "volume", name, "-o", "jsonpath={.metadata.uid}")
-		uuids = append(uuids, u)
+		*uuids = append(*uuids, u)
 		must("", "wait", "--for", "jsonpath={.status.phase}=Available", "--timeout", "2m", "volume/"+name)
 		fi, err := os.Stat(filepath.Join(s.StateDir, "sparse", u))
 		require.NoError(t, err, "the sparse file on the node, named by the uuid")
@@ -190,7 +156,7 @@ func TestInCluster(t *testing.T) {
 		// after it at the earliest.
 		assert.GreaterOrEqual(t, took, 2*time.Second, "nobody led before the killed leader's Lease (3s) ran out")
 		t.Logf("%s led %s after kill -9 (leaseDuration 3s; the killed one: %s)", got.Log, took.Round(100*time.Millisecond), lead.Log)
-		uuids = append(uuids, must("", "get", "volume", "in-failover", "-o", "jsonpath={.metadata.uid}"))
+		*uuids = append(*uuids, must("", "get", "volume", "in-failover", "-o", "jsonpath={.metadata.uid}"))
 		must("", "wait", "--for", "jsonpath={.status.phase}=Available", "--timeout", "2m", "volume/in-failover")
 		t.Logf("the volume applied at the kill Available %s after it", time.Since(killed).Round(100*time.Millisecond))
 		eventually(t, 2*time.Minute, "the killed replica restarted by the kubelet and serving", func() (bool, string) {
@@ -207,7 +173,7 @@ func TestInCluster(t *testing.T) {
 
 	t.Run("kubectl delete: the new leader removes the volumes from the node", func(t *testing.T) {
 		must("", "delete", "volume", "in-fs", "in-failover", "--timeout", "2m")
-		for _, u := range uuids {
+		for _, u := range *uuids {
 			_, err := os.Stat(filepath.Join(s.StateDir, "sparse", u))
 			assert.True(t, os.IsNotExist(err), "sparse file %s removed: %v", u, err)
 		}

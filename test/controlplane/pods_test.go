@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,41 +29,8 @@ import (
 // while a running pod's claim holds it, and a provisioned claim whose pod
 // starts and writes. Volumes are Volume objects applied with kubectl.
 func TestPods(t *testing.T) {
-	s := saltstack.Start(t, bin("salt-volume-exec"), true)
-	out, code := s.SyncAll(s.MinionID)
-	require.Equal(t, 0, code, out)
-	// Registered before the cluster's Stop, so it runs after it: the
-	// kubelet lets go of the volumes' devices first.
-	var uuids []string
-	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
-	tools, err := kubecluster.Tools(s.Repo)
-	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	s, k, must, uuids := withKubelet(t, "volumes,pv,pvc,pods")
 	ctx := context.Background()
-	start := time.Now()
-	k, err := kubecluster.StartWithKubelet(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"), s.MinionID)
-	if k != nil {
-		t.Cleanup(func() {
-			if t.Failed() {
-				out, _ := k.Kubectl("get", "volumes,pv,pvc,pods", "-A", "-o", "yaml")
-				t.Log(out)
-				t.Log(k.Logs(4000))
-			}
-			k.Stop()
-		})
-	}
-	require.NoError(t, err)
-	t.Logf("control plane, containerd and kubelet up, node Ready: %s", time.Since(start).Round(100*time.Millisecond))
-	must := func(stdin string, args ...string) string {
-		t.Helper()
-		if stdin != "" {
-			f := filepath.Join(t.TempDir(), "in.yaml")
-			require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
-			args = append(args, "-f", f)
-		}
-		out, err := k.Kubectl(args...)
-		require.NoError(t, err, out)
-		return strings.TrimSpace(out)
-	}
 	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
 	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
 	p := newPlane(t, s)
@@ -78,9 +46,9 @@ func TestPods(t *testing.T) {
 	}
 	apply := func(name, spec string) string {
 		must("apiVersion: salt-volumes.io/v1alpha1\nkind: Volume\nmetadata:\n  name: "+name+"\nspec:\n  node: "+s.MinionID+"\n  "+spec+"\n", "apply")
-		uuids = append(uuids, must("", "get", "volume", name, "-o", "jsonpath={.metadata.uid}"))
+		*uuids = append(*uuids, must("", "get", "volume", name, "-o", "jsonpath={.metadata.uid}"))
 		must("", "wait", "--for", "jsonpath={.status.phase}=Available", "--timeout", "2m", "volume/"+name)
-		return uuids[len(uuids)-1]
+		return (*uuids)[len(*uuids)-1]
 	}
 	claim := func(name, volume, size string, block bool, sc *string) {
 		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
@@ -177,8 +145,23 @@ func TestPods(t *testing.T) {
 			out, _ := k.Kubectl("get", "volume", "pod-fs", "--ignore-not-found", "-o", "jsonpath={.metadata.name} {.status.phase} {.status.message}")
 			return strings.TrimSpace(out) == "", out
 		})
-		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", uuids[0]))
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", (*uuids)[0]))
 		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+	})
+
+	t.Run("a raw Volume on a disk of the node: applied with kubectl, used by a pod, deleted without wiping", func(t *testing.T) {
+		disk := testenv.FakeDisk(t, 32<<20)
+		u := apply("pod-raw", "rawBlockDevice: {devicePath: "+disk.Path+"}")
+		assert.Regexp(t, `(?m)^pod-raw\s+`+s.MinionID+`\s+raw\s+32Mi\s+Filesystem\s+Available\s+`, must("", "get", "volumes"))
+		claim("raw-data", "pod-raw", "32Mi", false, &class)
+		pod("raw-writer", "raw-data", false, "echo on-raw > /data/file && sync")
+		waitPod("raw-writer", corev1.PodSucceeded)
+		deletePod("raw-writer")
+		require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "raw-data", metav1.DeleteOptions{}))
+		must("", "delete", "volume", "pod-raw", "--timeout", "2m")
+		out, err := exec.Command("blkid", "-p", "-o", "value", "-s", "UUID", disk.Path).Output()
+		require.NoError(t, err)
+		assert.Equal(t, u, strings.TrimSpace(string(out)), "without the wipe annotation the filesystem stays on the disk")
 	})
 
 	t.Run("a provisioned claim's pod starts and writes", func(t *testing.T) {
@@ -197,7 +180,7 @@ func TestPods(t *testing.T) {
 		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "dyn", metav1.GetOptions{})
 		require.NoError(t, err)
 		vol := pvc.Spec.VolumeName
-		uuids = append(uuids, strings.TrimPrefix(vol, "pvc-"))
+		*uuids = append(*uuids, strings.TrimPrefix(vol, "pvc-"))
 		assert.Equal(t, "Available", must("", "get", "volume", vol, "-o", "jsonpath={.status.phase}"), "the provisioned volume is a Volume object")
 		deletePod("dyn-writer")
 		require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "dyn", metav1.DeleteOptions{}))
@@ -206,4 +189,47 @@ func TestPods(t *testing.T) {
 			return strings.TrimSpace(out) == "", out
 		})
 	})
+}
+
+// withKubelet starts real Salt and a Kubernetes control plane with a real
+// kubelet whose node is the Salt minion, and returns kubectl as must
+// (stdin, when given, is passed as -f) and the uuids to clean up. On
+// failure it logs kubectl get of dump, the pods' and the cluster's logs.
+func withKubelet(t *testing.T, dump string) (*saltstack.Stack, *kubecluster.Cluster, func(stdin string, args ...string) string, *[]string) {
+	s := saltstack.Start(t, bin("salt-volume-exec"), true)
+	out, code := s.SyncAll(s.MinionID)
+	require.Equal(t, 0, code, out)
+	// Registered before the cluster's Stop, so it runs after it: the
+	// kubelet lets go of the volumes' devices first.
+	uuids := new([]string)
+	t.Cleanup(func() { testenv.Cleanup(s.StateDir, *uuids, t.Logf) })
+	tools, err := kubecluster.Tools(s.Repo)
+	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	start := time.Now()
+	k, err := kubecluster.StartWithKubelet(context.Background(), filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"), s.MinionID)
+	if k != nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				out, _ := k.Kubectl("get", dump, "-A", "-o", "wide")
+				t.Log(out)
+				t.Log(k.PodLogs("salt-volumes", 4000))
+				t.Log(k.Logs(3000))
+			}
+			k.Stop()
+		})
+	}
+	require.NoError(t, err)
+	t.Logf("control plane, containerd and kubelet up, node Ready: %s", time.Since(start).Round(100*time.Millisecond))
+	must := func(stdin string, args ...string) string {
+		t.Helper()
+		if stdin != "" {
+			f := filepath.Join(t.TempDir(), "in.yaml")
+			require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
+			args = append(args, "-f", f)
+		}
+		out, err := k.Kubectl(args...)
+		require.NoError(t, err, out)
+		return strings.TrimSpace(out)
+	}
+	return s, k, must, uuids
 }
