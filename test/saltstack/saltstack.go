@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 )
 
 // T is what the stack needs from its caller: a *testing.T in tests, a
@@ -383,12 +385,31 @@ func (s *Stack) stop() {
 	for _, name := range []string{"api", "minion", "master"} {
 		s.kill(name)
 	}
+	s.detachLoops()
 	if s.t.Failed() {
 		s.dumpLogs()
 		s.t.Logf("salt root kept for inspection: %s", s.Root)
 		return
 	}
 	os.RemoveAll(s.Root)
+}
+
+// detachLoops detaches the loop devices backed by files of this stack
+// that are still attached once its minions are dead: a job a minion ran
+// after the test's own cleanup (a slow run on a busy machine) would
+// otherwise keep one of the machine's shared loop devices.
+func (s *Stack) detachLoops() {
+	devs, _ := loopdev.Bound()
+	for _, d := range devs {
+		if b, err := loopdev.BackingFile(d.Name); err == nil && strings.HasPrefix(b, s.Root+"/") {
+			_ = loopdev.RemovePartition(d.Name, 1)
+			if err := loopdev.Detach(context.Background(), d, 5*time.Second); err != nil {
+				s.t.Logf("saltstack: %s (%s) left attached: %v", d.Path, b, err)
+			} else {
+				s.t.Logf("saltstack: detached %s (%s), attached after the test's cleanup", d.Path, b)
+			}
+		}
+	}
 }
 
 func (s *Stack) dumpLogs() {
