@@ -25,19 +25,13 @@ import (
 
 const guestID = "guest-1"
 
-func repoRoot(t *testing.T) string {
-	wd, err := os.Getwd()
-	require.NoError(t, err)
-	return filepath.Join(wd, "..", "..")
-}
-
 // TestRebootKeepsVolumes: volumes prepared on a booted guest keep their
 // names across a real reboot. udev makes the /dev/disk links (the kernel
 // reads the GPT we write on an NVMe disk), and salt-volumes-restore.service
 // re-attaches sparse volumes at boot before local-fs.target, from the
 // node's state alone.
 func TestRebootKeepsVolumes(t *testing.T) {
-	repo := repoRoot(t)
+	repo := saltstack.Need(t)
 	img, err := guest.Image(repo)
 	require.NoError(t, err, "the guest image (scripts/guest-image.sh)")
 	exec, cleanupExec, err := testenv.BuildExec()
@@ -74,18 +68,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	require.NoError(t, g.Write("/etc/salt/minion.d/master.conf", []byte(fmt.Sprintf(
 		"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\n", guestID, ret, pub)), 0o644))
 	run("systemctl", "restart", "salt-minion")
-	minionUp := func() {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
-			out, code := s.Salt("--timeout=20", guestID, "test.ping", "--out=json")
-			if code == 0 && strings.Contains(out, "true") {
-				return
-			}
-			require.True(t, time.Now().Before(deadline), "the guest's minion did not answer: %s", out)
-			time.Sleep(3 * time.Second)
-		}
-	}
+	minionUp := func() { s.WaitForMinion(guestID, 20*time.Second, 5*time.Minute) }
 	minionUp()
 	t.Logf("the guest's minion answers: %s after boot", time.Since(started).Round(time.Second))
 	formulaBin := filepath.Join(repo, "salt", "states", "salt_volumes", "files", "salt-volume-exec")

@@ -47,13 +47,11 @@ func Binary(repo string) (string, error) {
 	if p, err := exec.LookPath("etcd"); err == nil {
 		return p, nil
 	}
-	cmd := exec.Command(filepath.Join(repo, "scripts", "kube-tools.sh"))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
+	dir, err := testenv.CachedBuild(repo, "kube-tools.sh")
 	if err != nil {
-		return "", fmt.Errorf("scripts/kube-tools.sh: %w", err)
+		return "", err
 	}
-	return filepath.Join(strings.TrimSpace(string(out)), "etcd"), nil
+	return filepath.Join(dir, "etcd"), nil
 }
 
 // Start starts n members under dir and waits until the cluster answers.

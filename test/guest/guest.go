@@ -19,19 +19,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // Image builds (first time only) and returns the directory of the guest
 // image: scripts/guest-image.sh.
-func Image(repo string) (string, error) {
-	cmd := exec.Command(filepath.Join(repo, "scripts", "guest-image.sh"))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("scripts/guest-image.sh: %w", err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
+func Image(repo string) (string, error) { return testenv.CachedBuild(repo, "guest-image.sh") }
 
 // Disk is an extra disk: a sparse raw file on the host.
 type Disk struct {
@@ -182,15 +176,6 @@ func (g *Guest) sshArgs() []string {
 		// One connection for every command: a handshake costs seconds
 		// under emulation.
 		"-o", "ControlMaster=auto", "-o", "ControlPath=" + filepath.Join(g.Dir, "ssh.sock"), "-o", "ControlPersist=120"}
-}
-
-// Put copies a host file into the guest with mode.
-func (g *Guest) Put(local, remote string, mode os.FileMode) error {
-	data, err := os.ReadFile(local)
-	if err != nil {
-		return err
-	}
-	return g.Write(remote, data, mode)
 }
 
 // Write writes data to a file in the guest with mode.

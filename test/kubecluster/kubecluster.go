@@ -65,15 +65,7 @@ type Cluster struct {
 
 // Tools builds (first time only) and returns the directory holding the
 // binaries: scripts/kube-tools.sh, which setup also runs.
-func Tools(repo string) (string, error) {
-	cmd := exec.Command(filepath.Join(repo, "scripts", "kube-tools.sh"))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("scripts/kube-tools.sh: %w", err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
+func Tools(repo string) (string, error) { return testenv.CachedBuild(repo, "kube-tools.sh") }
 
 // Start brings the control plane up under dir and applies the RBAC
 // manifest at rbac (deploy/kubernetes/rbac.yaml) with kubectl. Stop it with

@@ -266,9 +266,13 @@ acceptance_wait_time: 1
 `, root, id, s.retPort, s.pubPort, s.Root)
 }
 
-func (s *Stack) waitForMinion(id string) {
-	s.waitFor(id+" to answer", 90*time.Second, func() bool {
-		out, code := s.Salt("--timeout=5", id, "test.ping", "--out=json")
+func (s *Stack) waitForMinion(id string) { s.WaitForMinion(id, 5*time.Second, 90*time.Second) }
+
+// WaitForMinion waits up to limit until id answers test.ping, each ping
+// given up to ping (a minion in an emulated guest answers in seconds).
+func (s *Stack) WaitForMinion(id string, ping, limit time.Duration) {
+	s.waitFor(id+" to answer", limit, func() bool {
+		out, code := s.Salt(fmt.Sprintf("--timeout=%d", int(ping.Seconds())), id, "test.ping", "--out=json")
 		return code == 0 && strings.Contains(out, "true")
 	})
 }

@@ -186,3 +186,17 @@ func FreePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// CachedBuild runs one of the repository's scripts that build something
+// into the cache outside the repository once (scripts/kube-tools.sh,
+// scripts/guest-image.sh) and returns the directory it prints. The
+// script's progress goes to stderr.
+func CachedBuild(repo, script string) (string, error) {
+	cmd := exec.Command(filepath.Join(repo, "scripts", script))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("scripts/%s: %w", script, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
