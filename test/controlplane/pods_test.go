@@ -27,7 +27,9 @@ import (
 // scenarios check (tests/post/features/volume.feature): data that
 // outlives its pod, a Block volume through volumeDevices, a volume kept
 // while a running pod's claim holds it, and a provisioned claim whose pod
-// starts and writes. Volumes are Volume objects applied with kubectl.
+// starts and writes; and, also from there, PV protection and a Volume
+// whose StorageClass is gone. Volumes are Volume objects applied with
+// kubectl.
 func TestPods(t *testing.T) {
 	s, k, must, uuids := withKubelet(t, "volumes,pv,pvc,pods")
 	ctx := context.Background()
@@ -162,6 +164,60 @@ func TestPods(t *testing.T) {
 		out, err := exec.Command("blkid", "-p", "-o", "value", "-s", "UUID", disk.Path).Output()
 		require.NoError(t, err)
 		assert.Equal(t, u, strings.TrimSpace(string(out)), "without the wipe annotation the filesystem stays on the disk")
+	})
+
+	t.Run("PV protection: a PV deleted first stays while its Volume lives; both go with the Volume", func(t *testing.T) {
+		u := apply("pod-protect", "sparseLoopDevice: {size: 16Mi}")
+		must("", "delete", "pv", "pod-protect", "--wait=false")
+		time.Sleep(3 * time.Second)
+		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "pod-protect", metav1.GetOptions{})
+		require.NoError(t, err, "the PV is kept")
+		assert.NotNil(t, pv.DeletionTimestamp, "marked for deletion (Terminating)")
+		assert.Contains(t, pv.Finalizers, "salt-volumes.io/storage")
+		// The Volume stays, its data kept, and says why it can no longer
+		// be offered to claims and how to finish.
+		eventually(t, 30*time.Second, "the Volume says its PV is being deleted", func() (bool, string) {
+			out, _ := k.Kubectl("get", "volume", "pod-protect", "-o", "jsonpath={.status.phase} {.status.message}")
+			return strings.HasPrefix(out, "Failed ") && strings.Contains(out, "its PersistentVolume pod-protect is being deleted outside salt-volumes (kubectl delete pv); the data is kept"), out
+		})
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		require.NoError(t, err, "its storage is still there")
+		must("", "delete", "volume", "pod-protect", "--timeout", "2m")
+		eventually(t, time.Minute, "the PV goes with its Volume", func() (bool, string) {
+			_, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "pod-protect", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+	})
+
+	t.Run("a Volume whose StorageClass is gone is deleted cleanly", func(t *testing.T) {
+		wffc := storagev1.VolumeBindingWaitForFirstConsumer
+		retain := corev1.PersistentVolumeReclaimRetain
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "short-lived"}, Provisioner: "salt-volumes.io/sparse",
+			VolumeBindingMode: &wffc, ReclaimPolicy: &retain}
+		_, err := k.Admin.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
+		require.NoError(t, err)
+		claim("kept", "", "16Mi", false, &sc.Name)
+		pod("kept-writer", "kept", false, "echo kept > /data/file && sync")
+		waitPod("kept-writer", corev1.PodSucceeded)
+		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "kept", metav1.GetOptions{})
+		require.NoError(t, err)
+		vol := pvc.Spec.VolumeName
+		u := strings.TrimPrefix(vol, "pvc-")
+		*uuids = append(*uuids, u)
+		deletePod("kept-writer")
+		require.NoError(t, k.Admin.StorageV1().StorageClasses().Delete(ctx, "short-lived", metav1.DeleteOptions{}))
+		require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "kept", metav1.DeleteOptions{}))
+		eventually(t, time.Minute, "its PV Released (reclaim policy Retain keeps the Volume)", func() (bool, string) {
+			out, _ := k.Kubectl("get", "volume", vol, "-o", "jsonpath={.status.phase} {.status.persistentVolume.phase}")
+			return out == "Available Released", out
+		})
+		must("", "delete", "volume", vol, "--timeout", "2m")
+		_, err = k.Admin.CoreV1().PersistentVolumes().Get(ctx, vol, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "its PV gone: %v", err)
+		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
+		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
 	})
 
 	t.Run("a provisioned claim's pod starts and writes", func(t *testing.T) {

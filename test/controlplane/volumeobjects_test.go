@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -23,8 +24,8 @@ import (
 
 // TestVolumeObjects: volumes kept as Volume objects in a real API server,
 // prepared by real Salt, with two serve replicas electing a leader with a
-// Lease. kubectl is the client here; the REST API and CLI read the same
-// objects.
+// Lease. kubectl is the client here; the REST API, CLI and web UI read and
+// write the same objects.
 func TestVolumeObjects(t *testing.T) {
 	s := saltstack.Start(t, bin("salt-volume-exec"), true)
 	out, code := s.SyncAll(s.MinionID)
@@ -143,6 +144,30 @@ func TestVolumeObjects(t *testing.T) {
 		gone("obj-rest")
 		_, err := os.Stat(filepath.Join(s.StateDir, "sparse", v.Spec.UUID))
 		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
+	})
+
+	t.Run("the web UI shows the objects kubectl made, and what it makes and deletes kubectl sees", func(t *testing.T) {
+		b := newBrowser(t, follower)
+		row := func(name, phase string) string {
+			return `#volumes tbody tr[data-volume="` + name + `"][data-phase="` + phase + `"]`
+		}
+		b.login()
+		b.do(chromedp.Click(`#nodes tr[data-node="`+s.MinionID+`"] a`),
+			chromedp.WaitVisible(row("obj-fs", "Available")))
+		b.do(chromedp.Click("#show-create"),
+			chromedp.SendKeys("#f-name", "obj-ui"),
+			chromedp.SendKeys("#f-size", "16Mi"),
+			chromedp.Click(`#create-form button[type="submit"]`),
+			chromedp.WaitVisible(row("obj-ui", "Available")))
+		uuidOf("obj-ui")
+		assert.Equal(t, "Available", phase("obj-ui"), "kubectl sees the volume the UI made")
+		b.shot("objects-ui")
+		b.do(chromedp.Click(`#volumes tr[data-volume="obj-ui"] button.delete`),
+			chromedp.WaitVisible("#confirm"),
+			chromedp.Click("#confirm-ok"),
+			chromedp.WaitNotPresent(`#volumes tr[data-volume="obj-ui"]`))
+		gone("obj-ui")
+		b.noConsoleErrors()
 	})
 
 	t.Run("a spec the contract refuses goes Failed naming the field, and deletes cleanly", func(t *testing.T) {
