@@ -170,7 +170,7 @@ func TestKubeObjects(t *testing.T) {
 		assert.ErrorIs(t, err, ErrNotFound)
 	})
 
-	t.Run("migrating from bbolt into Volume objects", func(t *testing.T) {
+	t.Run("migrating from bbolt into Volume objects and back", func(t *testing.T) {
 		src, err := Open(filepath.Join(t.TempDir(), "v.db"))
 		require.NoError(t, err)
 		defer src.Close()
@@ -186,6 +186,14 @@ func TestKubeObjects(t *testing.T) {
 		assert.Contains(t, kubectl("", "get", "volumes"), "Available")
 		_, err = Migrate(src, dst)
 		assert.ErrorContains(t, err, "already holds 2 volumes")
+		// And back out of the objects into a new file: the same records.
+		back, err := Open(filepath.Join(t.TempDir(), "back.db"))
+		require.NoError(t, err)
+		defer back.Close()
+		n, err = Migrate(dst, back)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		require.NoError(t, Verify(src, back))
 	})
 }
 

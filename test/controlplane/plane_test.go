@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	if err == nil {
 		err = testenv.BuildAs(dir, "salt-volumes-e2e", "test/e2e")
 	}
+	if err == nil {
+		err = testenv.BuildAs(dir, "salt-volumes-demo", "test/demo")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -51,8 +51,9 @@ func step(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
 func main() {
 	once := flag.Bool("once", false, "tear down right after showing the volumes (smoke test)")
 	listen := flag.String("listen", "127.0.0.1:8080", "control plane address (a free port is used if taken)")
-	withKube := flag.Bool("kubernetes", false, "also run etcd, kube-apiserver, kube-controller-manager and kube-scheduler; serve in Kubernetes mode")
+	withKube := flag.Bool("kubernetes", false, "also run etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a kubelet on containerd; volumes are Volume objects")
 	ha := flag.Bool("ha", false, "three etcd members and two serve replicas sharing the volumes (one leads)")
+	binDir := flag.String("bin", "", "directory of salt-volume-exec and salt-volumes (default: the repository's bin/, where make build puts them)")
 	flag.Parse()
 	if *ha && *withKube {
 		fmt.Fprintln(os.Stderr, "demo: --ha and --kubernetes do not go together yet")
@@ -67,7 +68,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-	bin := func(n string) string { return filepath.Join(repo, "bin", n) }
+	if *binDir == "" {
+		*binDir = filepath.Join(repo, "bin")
+	}
+	bin := func(n string) string { return filepath.Join(*binDir, n) }
 	r := &runner{}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -89,29 +93,38 @@ func main() {
 	var kc *kubecluster.Cluster
 	kubeSection := ""
 	if *withKube {
-		step("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback")
+		step("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd and a kubelet on loopback")
 		tools, err := kubecluster.Tools(repo)
 		if err != nil {
 			r.Fatal(err)
 		}
-		kc, err = kubecluster.Start(context.Background(), filepath.Join(s.Root, "kube"), tools, filepath.Join(repo, "deploy", "kubernetes", "rbac.yaml"))
+		// The kubelet registers the minion as the node, so the demo's pod
+		// really runs and mounts its volume.
+		kc, err = kubecluster.StartWithKubelet(context.Background(), filepath.Join(s.Root, "kube"), tools, filepath.Join(repo, "deploy", "kubernetes", "rbac.yaml"), s.MinionID)
 		if err != nil {
 			r.Fatal(err)
 		}
 		r.Cleanup(kc.Stop)
-		// No kubelet here: the node is registered and marked Ready by the
-		// demo, pods are scheduled but never run.
-		if err := kc.AddNode(context.Background(), s.MinionID); err != nil {
-			r.Fatal(err)
-		}
 		fmt.Printf("  API server %s, binaries %s, logs %s\n", kc.URL, tools, filepath.Join(kc.Dir, "log"))
-		kubeSection = "kubernetes:\n  kubeconfig: " + kc.ControlKubeconfig + "\n"
+		step("the Volume custom resource: volumes are Kubernetes objects")
+		crd := filepath.Join(repo, "deploy", "kubernetes", "volume-crd.yaml")
+		fmt.Printf("  $ kubectl apply -f deploy/kubernetes/volume-crd.yaml\n")
+		if out, err := kc.Kubectl("apply", "-f", crd); err != nil {
+			r.Fatalf("%v: %s", err, out)
+		}
+		if out, err := kc.Kubectl("wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io"); err != nil {
+			r.Fatalf("%v: %s", err, out)
+		}
+		kubeSection = "kubernetes:\n  kubeconfig: " + kc.ControlKubeconfig + "\n  volumeObjects: true\n"
 	}
 
 	tok := make([]byte, 24)
 	_, _ = rand.Read(tok)
 	token := hex.EncodeToString(tok)
 	storeSection := fmt.Sprintf("store: %s/control/volumes.db\n", s.Root)
+	if *withKube {
+		storeSection = "" // the Volume objects are the store
+	}
 	if *ha {
 		step("starting three etcd members on loopback")
 		ebin, err := etcdcluster.Binary(repo)
@@ -181,11 +194,27 @@ func main() {
 			_ = cli("rm", n, "--wait", "--timeout", "2m")
 		}
 	})
-	step("creating a sparse ext4 filesystem volume and a sparse block volume")
-	for _, args := range [][]string{
+	creates := [][]string{
 		{"create", "demo-fs", "--node", s.MinionID, "--size", "1Gi", "--fs", "ext4"},
 		{"create", "demo-block", "--node", s.MinionID, "--size", "512Mi", "--mode", "Block"},
-	} {
+	}
+	if kc != nil {
+		step("a sparse ext4 Volume applied with kubectl")
+		manifest := filepath.Join(s.Root, "demo-fs.yaml")
+		if err := os.WriteFile(manifest, []byte(fmt.Sprintf(demoVolume, s.MinionID)), 0o600); err != nil {
+			r.Fatal(err)
+		}
+		fmt.Print(indent(fmt.Sprintf(demoVolume, s.MinionID)))
+		if _, err := kubectl("apply", "-f", manifest); err != nil {
+			r.Fatal(err)
+		}
+		created = append(created, "demo-fs")
+		creates = creates[1:]
+		step("a sparse block volume made with the CLI: it writes a Volume object too")
+	} else {
+		step("creating a sparse ext4 filesystem volume and a sparse block volume")
+	}
+	for _, args := range creates {
 		if err := cli(args...); err != nil {
 			r.Fatalf("create failed: %v", err)
 		}
@@ -206,11 +235,12 @@ func main() {
 		step("the same volume as a Kubernetes local PersistentVolume (docs/kubernetes.md)")
 		_ = cli("pv", "demo-fs")
 	} else {
-		step("their PersistentVolumes, made by salt-volumes before it called them Available")
+		step("the Volume objects, and the PersistentVolumes salt-volumes made before it called them Available")
+		_, _ = kubectl("get", "volumes")
 		_, _ = kubectl("get", "pv", "-L", "salt-volumes.io/node")
-		step("a claim and a pod: the scheduler picks the node, salt-volumes provisions a volume there")
+		step("a claim and a pod: the scheduler picks the node, salt-volumes provisions a volume there, the kubelet mounts it")
 		claim := filepath.Join(s.Root, "demo-claim.yaml")
-		if err := os.WriteFile(claim, []byte(demoClaim), 0o600); err != nil {
+		if err := os.WriteFile(claim, []byte(fmt.Sprintf(demoClaim, kubecluster.BusyboxImage)), 0o600); err != nil {
 			r.Fatal(err)
 		}
 		if _, err := kubectl("apply", "-f", claim); err != nil {
@@ -219,8 +249,7 @@ func main() {
 		r.Cleanup(func() {
 			step("deleting the pod and the claim (reclaim policy Delete: the volume goes with it)")
 			uid, _ := kc.Kubectl("get", "pvc", "demo-claim", "-o", "jsonpath={.metadata.uid}")
-			// No kubelet to confirm the pod stopped: delete it at once.
-			_, _ = kubectl("delete", "pod", "demo-app", "--grace-period=0", "--force")
+			_, _ = kubectl("delete", "pod", "demo-app", "--grace-period=0")
 			_, _ = kubectl("delete", "pvc", "demo-claim")
 			if uid != "" {
 				_ = cli("wait", "pvc-"+uid, "--for", "Deleted", "--timeout", "2m")
@@ -229,10 +258,15 @@ func main() {
 		if _, err := kubectl("wait", "--for=jsonpath={.status.phase}=Bound", "pvc/demo-claim", "--timeout=180s"); err != nil {
 			r.Fatalf("the claim was not bound: %v (kubectl describe pvc demo-claim)", err)
 		}
+		if _, err := kubectl("wait", "--for=condition=Ready", "pod/demo-app", "--timeout=180s"); err != nil {
+			r.Fatalf("the pod did not start: %v (kubectl describe pod demo-app)", err)
+		}
 		_, _ = kubectl("get", "pvc,pv")
 		_, _ = kubectl("get", "pod", "demo-app", "-o", "wide")
 		_, _ = kubectl("get", "events", "--field-selector", "involvedObject.name=demo-claim")
-		step("volumes")
+		step("what the pod wrote on its volume (its log; kubectl logs cannot reach a node without an address)")
+		fmt.Print(indent(kc.PodLogs("default", 2000)))
+		step("the same Volume objects through the CLI (and the web UI)")
 		_ = cli("ls")
 	}
 
@@ -243,7 +277,7 @@ func main() {
 	if kc != nil {
 		fmt.Printf("export KUBECONFIG=%s\n", kc.AdminKubeconfig)
 		fmt.Printf("export PATH=%s:$PATH\n", kc.BinDir)
-		fmt.Printf("  kubectl get pv,pvc\n")
+		fmt.Printf("  kubectl get volumes,pv,pvc\n")
 	}
 	fmt.Printf("  web UI: %s/ (paste the token when asked)\n", url)
 	if !*once {
@@ -263,10 +297,22 @@ func indent(s string) string {
 	return "    " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ") + "\n"
 }
 
+// demoVolume is the Volume object the demo applies (%s: the node).
+const demoVolume = `apiVersion: salt-volumes.io/v1alpha1
+kind: Volume
+metadata:
+  name: demo-fs
+spec:
+  node: %s
+  fsType: ext4
+  sparseLoopDevice:
+    size: 1Gi
+`
+
 // demoClaim is a claim of our class and a pod using it; 2Gi, larger than
-// the demo volumes, so that it is provisioned rather than bound to one. The pod is
-// scheduled (that is what makes the scheduler pick a node for the claim)
-// but never runs: there is no kubelet.
+// the demo volumes, so that it is provisioned rather than bound to one.
+// The pod (%s: the image the kubelet was given) writes on the volume and
+// stays up.
 const demoClaim = `apiVersion: v1
 kind: PersistentVolumeClaim
 metadata:
@@ -283,9 +329,13 @@ kind: Pod
 metadata:
   name: demo-app
 spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 0
   containers:
     - name: app
-      image: registry.invalid/demo-app
+      image: %s
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, 'echo "written by demo-app at $(date)" >> /data/log && cat /data/log && df -h /data && exec sleep 3600']
       volumeMounts:
         - name: data
           mountPath: /data
