@@ -67,7 +67,7 @@ promtool:
 # FUZZFLAGS=-parallel=1 leaves a core free; FUZZ_TARGETS=pkg:Fuzz picks some.
 FUZZTIME ?= 10m
 FUZZ_TARGETS = ./internal/spec:FuzzParse ./internal/gpt:FuzzRead ./internal/probe:FuzzDevice ./internal/probe:FuzzParseWipefs \
-               ./internal/events:FuzzDecoder ./internal/saltapi:FuzzParseListJob
+               ./internal/events:FuzzDecoder ./internal/saltapi:FuzzParseListJob ./internal/saltreq:FuzzReply
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz: $$fn ($$pkg) for $(FUZZTIME)"; \

@@ -132,7 +132,20 @@ type Salt struct {
 	// HashType is the master's hash_type, which names the cache's
 	// directories (default sha256).
 	HashType string `yaml:"hashType"`
+	// Publish is the door jobs are started through: "master" (the master's
+	// request server, Master; the default with events.source bus, i.e. on
+	// the master host) or "salt-api" (the default elsewhere).
+	Publish string `yaml:"publish"`
+	// Master is the master's request server (its ret_port), for publish:
+	// master.
+	Master string `yaml:"master"`
 }
+
+// The doors jobs can be published through (Salt.Publish).
+const (
+	PublishMaster  = "master"
+	PublishSaltAPI = "salt-api"
+)
 
 // Events selects the event source.
 type Events struct {
@@ -206,6 +219,17 @@ func parse(data []byte, o Overrides) (*Config, error) {
 	if c.Events.Source == "" {
 		c.Events.Source = "bus"
 	}
+	if c.Salt.Publish == "" {
+		// On the master host the request server is at hand, and faster:
+		// salt-api builds a client per request (docs/development.md).
+		c.Salt.Publish = PublishSaltAPI
+		if c.Events.Source == "bus" {
+			c.Salt.Publish = PublishMaster
+		}
+	}
+	if c.Salt.Master == "" {
+		c.Salt.Master = "tcp://127.0.0.1:4506"
+	}
 	if c.Events.Socket == "" && c.Events.TCP == "" {
 		c.Events.Socket = "/var/run/salt/master/master_event_pub.ipc"
 	}
@@ -264,6 +288,10 @@ func parse(data []byte, o Overrides) (*Config, error) {
 		return nil, errors.New("salt.url: missing: the salt-api address, e.g. https://127.0.0.1:8000")
 	case c.Salt.Username == "" || c.Salt.Password == "":
 		return nil, errors.New("salt.username/salt.password: missing: the eauth account the control plane logs in with")
+	case c.Salt.Publish != PublishMaster && c.Salt.Publish != PublishSaltAPI:
+		return nil, fmt.Errorf("salt.publish: %q: use master (the master's request server, on the master host) or salt-api", c.Salt.Publish)
+	case c.Salt.Publish == PublishMaster && !strings.HasPrefix(c.Salt.Master, "tcp://"):
+		return nil, fmt.Errorf("salt.master: %q: use tcp://HOST:PORT, the master's ret_port (default tcp://127.0.0.1:4506)", c.Salt.Master)
 	case c.Events.Source != "bus" && c.Events.Source != "sse":
 		return nil, fmt.Errorf("events.source: %q: use bus (on the master host) or sse (salt-api /events)", c.Events.Source)
 	case c.Workers < 0:

@@ -25,6 +25,8 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, "bus", c.Events.Source)
 	assert.Equal(t, "/var/run/salt/master/master_event_pub.ipc", c.Events.Socket)
 	assert.Equal(t, "file", c.Salt.Eauth)
+	assert.Equal(t, PublishMaster, c.Salt.Publish, "on the master host (bus), through its request server")
+	assert.Equal(t, "tcp://127.0.0.1:4506", c.Salt.Master)
 	assert.False(t, c.NonLoopback())
 }
 
@@ -39,6 +41,8 @@ func TestErrorsNameTheField(t *testing.T) {
 		base + "listen: 8080\n":           "listen:",
 		base + "workers: -1\n":            "workers",
 		base + "batchSize: -2\n":          "batchSize: must be positive",
+		strings.Replace(base, "salt:\n", "salt:\n  publish: zmq\n", 1):           "salt.publish: \"zmq\": use master",
+		strings.Replace(base, "salt:\n", "salt:\n  master: 127.0.0.1:4506\n", 1): "salt.master: \"127.0.0.1:4506\": use tcp://HOST:PORT",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text))
@@ -53,6 +57,7 @@ func TestValues(t *testing.T) {
 	assert.Equal(t, 90*time.Second, time.Duration(c.JobTimeout))
 	assert.True(t, c.NonLoopback())
 	assert.Equal(t, "sse", c.Events.Source)
+	assert.Equal(t, PublishSaltAPI, c.Salt.Publish, "away from the master host, through salt-api")
 }
 
 // The example operators copy (deploy/config.yaml) must load as shipped,
@@ -71,6 +76,7 @@ func TestShippedExample(t *testing.T) {
 	assert.Equal(t, "secret", c.Salt.Password)
 	assert.Equal(t, "bus", c.Events.Source)
 	assert.Equal(t, "/var/cache/salt/master/jobs", c.Salt.JobCache)
+	assert.Equal(t, PublishMaster, c.Salt.Publish)
 	assert.False(t, c.NonLoopback())
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/saltreq"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
 
@@ -78,6 +79,17 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		}
 		jobs = &jobcache.Overlay{Jobs: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
 	}
+	var req *saltreq.Client
+	if cfg.Salt.Publish == config.PublishMaster {
+		req, err = saltreq.New(saltreq.Config{URL: cfg.Salt.Master, Username: cfg.Salt.Username, Password: cfg.Salt.Password,
+			Eauth: cfg.Salt.Eauth, Log: log.With("component", "salt-master")})
+		if err != nil {
+			return err
+		}
+		defer req.Close()
+		jobs = saltreq.Jobs{Client: req, Lookup: jobs}
+		log.Info("jobs are published through the salt master's request server", "master", cfg.Salt.Master)
+	}
 	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
 	if kc != nil {
 		kc.SetVolumes(rec)
@@ -118,6 +130,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			}
 			w.Gauge("salt_volumes_event_source_connected", "1 while the event source is connected.", "", map[string]float64{"": conn})
 			w.Counter("salt_volumes_saltapi_logins_total", "Logins to salt-api.", int64(salt.LoginCount()))
+			if req != nil {
+				w.Counter("salt_volumes_master_tokens_total", "Tokens the salt master issued for publishing through its request server.", int64(req.Logins()))
+			}
 			if kc != nil {
 				m := kc.Metrics
 				w.Counter("salt_volumes_pvs_created_total", "PersistentVolumes created.", m.PVsCreated.Value())

@@ -137,7 +137,7 @@ func measureHA(b *testing.B) {
 	creates := sized(20, 2)
 
 	// Baseline: the same creates through a bbolt-backed serve.
-	c, stop := controlPlaneAt(b, s, s.APIURL(), 0, true)
+	c, stop := controlPlaneAt(b, s, s.APIURL(), 0, true, "salt-api")
 	var bolt []time.Duration
 	var names []string
 	for i := range creates {
@@ -158,7 +158,7 @@ func measureHA(b *testing.B) {
 	for n := 1; n <= 2; n++ {
 		l := freeAddr(b)
 		r := &replica{n: n, cfg: filepath.Join(binDir, fmt.Sprintf("replica-%d.yaml", n)), url: "http://" + l, token: token, bin: filepath.Join(binDir, "salt-volumes")}
-		text := fmt.Sprintf("listen: %s\ntoken: %s\netcd:\n  endpoints: [%s]\n  sessionTTL: %s\n  replicaID: replica-%d\nsalt:\n  url: %s\n  username: %s\n  password: %s\n  jobCache: %s\nevents:\n  socket: %s\n",
+		text := fmt.Sprintf("listen: %s\ntoken: %s\netcd:\n  endpoints: [%s]\n  sessionTTL: %s\n  replicaID: replica-%d\nsalt:\n  url: %s\n  username: %s\n  password: %s\n  publish: salt-api\n  jobCache: %s\nevents:\n  socket: %s\n",
 			l, token, strings.Join(ec.Endpoints, ", "), ttl, n, s.APIURL(), s.APIUser, s.APIPass,
 			filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs"), s.EventSocket())
 		if err := os.WriteFile(r.cfg, []byte(text), 0o600); err != nil {

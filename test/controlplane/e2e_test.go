@@ -309,7 +309,7 @@ func TestEndToEnd(t *testing.T) {
 		require.NoError(t, err)
 		evs := w.Until(t, time.Minute, func(ev saltvolumes.Event) bool { return ev.Volume.Status.JobID != "" })
 		uuids = append(uuids, evs[0].Volume.Spec.UUID)
-		w.cancel()
+		w.Stop()
 		p.Kill() // the job is running or done; its return event goes unseen
 		before := evs[len(evs)-1].Volume.Status.JobID
 
@@ -350,12 +350,20 @@ func TestEndToEnd(t *testing.T) {
 		w.Until(t, 4*time.Minute, phaseIs("Available"))
 		require.Eventually(t, func() bool { return p.Metric("salt_volumes_event_reconnects_total") > reconnects }, time.Minute, 200*time.Millisecond,
 			"the listener reconnected to the new master's bus")
+		// serve publishes through the master's request server (on the
+		// master host, the default): the next job goes to the restarted
+		// master over a new connection.
+		out, errs, code := p.CLI("create", "restart-2", "--node", "node-1", "--size", "16Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		uuids = append(uuids, getJSON(t, p, "restart-2").Spec.UUID)
+		assert.GreaterOrEqual(t, p.Metric("salt_volumes_master_tokens_total"), 1.0, "jobs went through the master's request server")
+		assert.Contains(t, p.LogText(), "jobs are published through the salt master's request server")
 	})
 
 	t.Run("salt-api event stream as the source", func(t *testing.T) {
 		p.Stop()
-		p.events = "events:\n  source: sse\n"
-		p.jobs = "" // and jobs confirmed through salt-api's jobs.list_job
+		p.Events = "events:\n  source: sse\n"
+		p.Jobs = "" // and jobs confirmed through salt-api's jobs.list_job
 		p.Start("")
 		out, errs, code := p.CLI("create", "sse-1", "--node", "node-1", "--size", "16Mi", "--wait", "--timeout", "2m")
 		require.Equal(t, 0, code, out+errs)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/serveproc"
 )
 
 // servePIDs lists the processes running salt-volumes serve with config.
@@ -70,7 +71,7 @@ engines:
 	})
 	p := newPlane(t, s)
 	p.Config = config
-	p.writeConfig("")
+	p.WriteConfig("")
 
 	// The master started the engine before the config existed: serve
 	// failed and is retried with backoff (capped at 2 s here; a serve that
@@ -81,7 +82,7 @@ engines:
 		for !ok() {
 			if time.Since(start) > limit {
 				b, _ := os.ReadFile(filepath.Join(s.Root, "log", "master"))
-				t.Fatalf("%s: not within %s\nmaster log (tail):\n%s", what, limit, tailStr(string(b), 4000))
+				t.Fatalf("%s: not within %s\nmaster log (tail):\n%s", what, limit, serveproc.Tail(string(b), 4000))
 			}
 			time.Sleep(100 * time.Millisecond)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 	"github.com/salt-volumes/salt-volumes/test/etcdcluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/serveproc"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -42,7 +43,7 @@ func startEtcd(t *testing.T) *etcdcluster.Cluster {
 		if t.Failed() {
 			for i := range 3 {
 				b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("m%d.log", i)))
-				t.Logf("--- etcd m%d log (tail)\n%s", i, tailStr(string(b), 2000))
+				t.Logf("--- etcd m%d log (tail)\n%s", i, serveproc.Tail(string(b), 2000))
 			}
 		}
 		os.RemoveAll(dir)
@@ -203,11 +204,11 @@ func TestHighAvailability(t *testing.T) {
 		// Paused while its job runs: the job's return reaches its bus
 		// socket while it sleeps, so it has something to write on waking.
 		w, jid := createUntilJob(t, follower, "ha-pause")
-		require.NoError(t, lead.cmd.Process.Signal(syscall.SIGSTOP))
+		require.NoError(t, lead.Cmd.Process.Signal(syscall.SIGSTOP))
 		resumed := false
 		defer func() {
 			if !resumed {
-				_ = lead.cmd.Process.Signal(syscall.SIGCONT)
+				_ = lead.Cmd.Process.Signal(syscall.SIGCONT)
 			}
 		}()
 		paused := time.Now()
@@ -220,7 +221,7 @@ func TestHighAvailability(t *testing.T) {
 		defer cli.Close()
 		before, err := cli.Get(ctx, "/sv-test/volumes/", clientv3.WithPrefix())
 		require.NoError(t, err)
-		require.NoError(t, lead.cmd.Process.Signal(syscall.SIGCONT))
+		require.NoError(t, lead.Cmd.Process.Signal(syscall.SIGCONT))
 		resumed = true
 		require.Eventually(t, func() bool { return strings.HasPrefix(role(lead), "ok: follower") }, 20*time.Second, 50*time.Millisecond,
 			"the resumed replica serves as a follower")

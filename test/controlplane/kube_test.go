@@ -68,21 +68,9 @@ func (e *kubeEnv) pv(t *testing.T, name string) (*corev1.PersistentVolume, error
 	return e.k.Admin.CoreV1().PersistentVolumes().Get(context.Background(), name, metav1.GetOptions{})
 }
 
-// eventually polls the API server (the test's view, not the product's)
-// until ok or the limit.
-func eventually(t *testing.T, limit time.Duration, what string, ok func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	last := ""
-	for time.Now().Before(deadline) {
-		var done bool
-		if done, last = ok(); done {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last: %s)", what, limit, last)
-}
+// eventually polls (the test's view, not the product's) until ok or the
+// limit.
+var eventually = testenv.Eventually
 
 func (e *kubeEnv) pvGone(t *testing.T, name string) {
 	t.Helper()
@@ -399,14 +387,14 @@ func TestKubernetes(t *testing.T) {
 		out, errs, code := e.p.CLI("create", "kv-crash", "--node", "node-1", "--size", "64Mi")
 		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
 		done := make(chan error, 1)
-		go func() { done <- e.p.cmd.Wait() }()
+		go func() { done <- e.p.Cmd.Wait() }()
 		select {
 		case <-done:
 		case <-time.After(2 * time.Minute):
 			t.Fatal("serve did not crash after creating the PV")
 		}
-		e.p.cmd = nil
-		e.p.logf.Close()
+		e.p.Cmd = nil
+		e.p.LogFile.Close()
 		pv, err := e.pv(t, "kv-crash")
 		require.NoError(t, err, "the PV was created before the crash")
 		e.p.Env = nil

@@ -60,6 +60,15 @@ func TestPods(t *testing.T) {
 		_, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Create(ctx, pvc, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
+	// newClass makes a StorageClass of ours (WaitForFirstConsumer).
+	newClass := func(name string, reclaim corev1.PersistentVolumeReclaimPolicy) string {
+		wffc := storagev1.VolumeBindingWaitForFirstConsumer
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: "salt-volumes.io/sparse",
+			VolumeBindingMode: &wffc, ReclaimPolicy: &reclaim}
+		_, err := k.Admin.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
+		require.NoError(t, err)
+		return name
+	}
 	// pod runs script in busybox with the claim at /data (or the block
 	// device at /dev/data) and returns the pod's phase once it ended.
 	pod := func(name, claimName string, block bool, script string) {
@@ -192,13 +201,8 @@ func TestPods(t *testing.T) {
 	})
 
 	t.Run("a Volume whose StorageClass is gone is deleted cleanly", func(t *testing.T) {
-		wffc := storagev1.VolumeBindingWaitForFirstConsumer
-		retain := corev1.PersistentVolumeReclaimRetain
-		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "short-lived"}, Provisioner: "salt-volumes.io/sparse",
-			VolumeBindingMode: &wffc, ReclaimPolicy: &retain}
-		_, err := k.Admin.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
-		require.NoError(t, err)
-		claim("kept", "", "16Mi", false, &sc.Name)
+		name := newClass("short-lived", corev1.PersistentVolumeReclaimRetain)
+		claim("kept", "", "16Mi", false, &name)
 		pod("kept-writer", "kept", false, "echo kept > /data/file && sync")
 		waitPod("kept-writer", corev1.PodSucceeded)
 		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "kept", metav1.GetOptions{})
@@ -221,13 +225,7 @@ func TestPods(t *testing.T) {
 	})
 
 	t.Run("a provisioned claim's pod starts and writes", func(t *testing.T) {
-		wffc := storagev1.VolumeBindingWaitForFirstConsumer
-		reclaim := corev1.PersistentVolumeReclaimDelete
-		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sparse"}, Provisioner: "salt-volumes.io/sparse",
-			VolumeBindingMode: &wffc, ReclaimPolicy: &reclaim}
-		_, err := k.Admin.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
-		require.NoError(t, err)
-		name := "sparse"
+		name := newClass("sparse", corev1.PersistentVolumeReclaimDelete)
 		claim("dyn", "", "32Mi", false, &name)
 		started := time.Now()
 		pod("dyn-writer", "dyn", false, "echo provisioned > /data/file && sync && cat /data/file")

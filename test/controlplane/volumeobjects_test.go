@@ -238,9 +238,9 @@ func TestVolumeObjects(t *testing.T) {
 			out, _ := kubectl("", "get", "volume", "obj-failover", "-o", "jsonpath={.status.job}")
 			return out != "", out
 		})
-		require.NoError(t, lead.cmd.Process.Signal(syscall.SIGKILL))
-		_, _ = lead.cmd.Process.Wait()
-		lead.cmd = nil
+		require.NoError(t, lead.Cmd.Process.Signal(syscall.SIGKILL))
+		_, _ = lead.Cmd.Process.Wait()
+		lead.Cmd = nil
 		got, took := leaderOf(t, 30*time.Second, other)
 		assert.Equal(t, other, got)
 		t.Logf("the other replica led %s after the kill", took)

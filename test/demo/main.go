@@ -365,6 +365,7 @@ func freeAddr(r *runner, addr string) string {
 func startServe(r *runner, s *saltstack.Stack, bin string, n int, listen, token, extra string) (string, int) {
 	step("starting salt-volumes serve (replica %d)", n)
 	cfg := filepath.Join(s.Root, fmt.Sprintf("control-%d.yaml", n))
+	_, ret := s.Ports()
 	err := os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: %s
 token: %s
 salt:
@@ -372,10 +373,12 @@ salt:
   username: %s
   password: %s
   eauth: file
+  publish: master
+  master: tcp://127.0.0.1:%d
 events:
   source: bus
   socket: %s
-%s`, listen, token, s.APIURL(), s.APIUser, s.APIPass, s.EventSocket(), extra)), 0o600)
+%s`, listen, token, s.APIURL(), s.APIUser, s.APIPass, ret, s.EventSocket(), extra)), 0o600)
 	if err != nil {
 		r.Fatal(err)
 	}

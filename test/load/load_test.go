@@ -64,7 +64,7 @@ func TestLoad(t *testing.T) {
 
 	token := strings.ReplaceAll(uuid.NewString(), "-", "")
 	port := freePort(t)
-	cfg := fmt.Sprintf("listen: 127.0.0.1:%d\ntoken: %s\nstore: %s\nsalt:\n  url: %s\n  username: u\n  password: p\nevents:\n  source: bus\n  socket: %s\nlogLevel: warn\n",
+	cfg := fmt.Sprintf("listen: 127.0.0.1:%d\ntoken: %s\nstore: %s\nsalt:\n  url: %s\n  username: u\n  password: p\n  publish: salt-api\nevents:\n  source: bus\n  socket: %s\nlogLevel: warn\n",
 		port, token, storePath, api.URL, bus.path)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	serve := exec.Command(filepath.Join(dir, "salt-volumes"), "serve", "--config", filepath.Join(dir, "config.yaml"))

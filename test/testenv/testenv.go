@@ -200,3 +200,19 @@ func CachedBuild(repo, script string) (string, error) {
 	}
 	return strings.TrimSpace(string(out)), nil
 }
+
+// Eventually polls ok until it says done, and fails the test naming what
+// did not happen within limit and ok's last word.
+func Eventually(t testing.TB, limit time.Duration, what string, ok func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	last := ""
+	for time.Now().Before(deadline) {
+		var done bool
+		if done, last = ok(); done {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s (last: %s)", what, limit, last)
+}
