@@ -160,8 +160,15 @@ def _run(command, spec=None, extra_args=()):
                 BINARY, command, retcode, (stdout or " ".join(stderr_tail))[:2000]
             )
         )
-    if retcode != 0 or (isinstance(doc, dict) and "error" in doc):
-        err = doc.get("error", {}) if isinstance(doc, dict) else {}
+    # A failure is an exit code or an error envelope ({"error": {"code",
+    # "message"}}); a volume's own "error" string (info of a volume whose
+    # device is gone: state "missing") is a report, not a failure.
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if retcode != 0 or isinstance(err, dict):
+        if isinstance(err, str):
+            err = {"message": err}
+        elif not isinstance(err, dict):
+            err = {}
         exc = CommandExecutionError(
             err.get("message") or "{} {} failed with exit {}".format(BINARY, command, retcode)
         )

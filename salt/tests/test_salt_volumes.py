@@ -82,6 +82,28 @@ def test_binary_error_is_raised_with_its_message_and_code(mod, tmp_path):
     assert [d["step"] for _, d in mod.events] == ["started", "failed"]
 
 
+def test_info_of_a_volume_whose_device_is_gone_is_a_report(mod, tmp_path):
+    # What salt-volume-exec info answers (exit 0) for a raw volume whose
+    # disk was pulled: the state says so; deleting it must go on from here.
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
+        print(json.dumps({"name": "v1", "state": "missing", "size": 0,
+                          "error": "no device on this node carries the volume 3f2504e0"}))
+    """)
+    doc = mod.info(spec=SPEC)
+    assert doc["state"] == "missing"
+    assert doc["error"].startswith("no device on this node")
+
+
+def test_a_failing_exit_with_an_error_string_keeps_its_message(mod, tmp_path):
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
+        print(json.dumps({"error": "the state directory is unreadable"}))
+        sys.exit(1)
+    """)
+    with pytest.raises(CommandExecutionError, match="the state directory is unreadable") as exc:
+        mod.info(spec=SPEC)
+    assert exc.value.code == "failed" and exc.value.retcode == 1
+
+
 def test_garbage_output_is_an_error(mod, tmp_path):
     mod.opts["exec_path"] = fake_binary(tmp_path, """
         print("segfault-ish noise")

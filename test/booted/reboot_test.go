@@ -20,16 +20,19 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/test/guest"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/serveproc"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 const guestID = "guest-1"
 
-// TestRebootKeepsVolumes: volumes prepared on a booted guest keep their
-// names across a real reboot. udev makes the /dev/disk links (the kernel
-// reads the GPT we write on an NVMe disk), and salt-volumes-restore.service
-// re-attaches sparse volumes at boot before local-fs.target, from the
-// node's state alone.
+// TestRebootKeepsVolumes: volumes the control plane prepares on a booted
+// guest keep their names across a real reboot. udev makes the /dev/disk
+// links (the kernel reads the GPT we write on an NVMe disk),
+// salt-volumes-restore.service re-attaches sparse volumes at boot before
+// local-fs.target from the node's state alone, and serve learns of it from
+// the node's beacon: every volume Available again without a state run. A
+// disk pulled out of the running guest fails its volume.
 func TestRebootKeepsVolumes(t *testing.T) {
 	repo := saltstack.Need(t)
 	img, err := guest.Image(repo)
@@ -62,11 +65,13 @@ func TestRebootKeepsVolumes(t *testing.T) {
 
 	// The guest is a minion of a master on this machine (10.0.2.2 is the
 	// host's 127.0.0.1 from inside), and salt-volume-exec is installed as an
-	// operator installs it: state.apply salt_volumes.installed.
-	s := saltstack.Start(t, exec, false)
+	// operator installs it: state.apply salt_volumes.installed (which also
+	// turns the beacon on, here every 2 s).
+	s := saltstack.StartOpts(t, exec, saltstack.Options{API: true})
 	pub, ret := s.Ports()
 	require.NoError(t, g.Write("/etc/salt/minion.d/master.conf", []byte(fmt.Sprintf(
-		"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\n", guestID, ret, pub)), 0o644))
+		"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\nsalt_volumes:\n  beacon_interval: %d\n  beacon_heartbeat: 60\n",
+		guestID, ret, pub, int(beaconInterval.Seconds()))), 0o644))
 	run("systemctl", "restart", "salt-minion")
 	minionUp := func() { s.WaitForMinion(guestID, 20*time.Second, 5*time.Minute) }
 	minionUp()
@@ -102,87 +107,81 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Contains(t, out, "/dev/vdb is held by dm-", "the refusal names what holds it (the logical volume's device-mapper device)")
 	assert.Equal(t, "vg0", run("pvs", "--noheadings", "-o", "vg_name", "/dev/vdb"), "the physical volume untouched")
 
+	// The control plane, on this machine beside the master: serve reads the
+	// master's bus and job cache and publishes through salt-api.
+	binDir := t.TempDir()
+	require.NoError(t, testenv.Build(binDir, "salt-volumes"))
+	p := serveproc.New(t, s, filepath.Join(binDir, "salt-volumes"))
+	p.Start("")
+
 	type vol struct {
-		name, uuid, spec, dev string
+		name  string
+		args  []string
+		block bool
+		uuid  string
+		dev   string
+		link  string
+		job   string
 	}
 	vols := []*vol{
-		{name: "boot-fs", spec: `"sparseLoopDevice":{"size":"64Mi"}`},
-		{name: "boot-blk", spec: `"mode":"Block","sparseLoopDevice":{"size":"32Mi"}`},
-		{name: "boot-nvme", spec: `"mode":"Block","rawBlockDevice":{"devicePath":"/dev/nvme0n1"}`},
-		{name: "boot-scsi", spec: `"fsType":"xfs","rawBlockDevice":{"devicePath":"/dev/sda"}`},
+		{name: "boot-fs", args: []string{"--size", "64Mi"}},
+		{name: "boot-blk", args: []string{"--mode", "Block", "--size", "32Mi"}, block: true},
+		{name: "boot-nvme", args: []string{"--mode", "Block", "--device", "/dev/nvme0n1"}, block: true},
+		{name: "boot-scsi", args: []string{"--fs", "xfs", "--device", "/dev/sda"}},
 		// An existing logical volume named as a raw device.
-		{name: "boot-lv", spec: `"rawBlockDevice":{"devicePath":"/dev/vg0/lv0"}`},
+		{name: "boot-lv", args: []string{"--device", "/dev/vg0/lv0"}},
 	}
-	specOf := func(v *vol) []byte {
-		return []byte(`{"name":"` + v.name + `","uuid":"` + v.uuid + `",` + v.spec + `}`)
-	}
-	link := func(v *vol) string {
-		if strings.Contains(v.spec, `"Block"`) {
-			return "/dev/disk/by-partuuid/" + v.uuid
-		}
-		return "/dev/disk/by-uuid/" + v.uuid
-	}
-	// The first through Salt, the way the control plane prepares volumes;
-	// the others with salt-volume-exec itself.
-	vols[0].uuid = uuid.NewString()
-	fsPillar := saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volume": map[string]any{
-		"name": vols[0].name, "uuid": vols[0].uuid, "node": guestID, "sparseLoopDevice": map[string]any{"size": "64Mi"}}}})
-	out, code = s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.prepared", fsPillar, "--out=json", "--static")
-	require.Equal(t, 0, code, out)
+	// All at once, as users do: one state run on the node prepares them.
+	created := time.Now()
 	for _, v := range vols {
-		if v.uuid == "" {
-			v.uuid = uuid.NewString()
-		}
-		out, err := g.RunInput(specOf(v), "salt-volume-exec", "prepare", "--spec", "-")
-		require.NoError(t, err, "prepare %s: %s", v.name, out)
-		var d saltvolumes.Device
-		require.NoError(t, json.Unmarshal([]byte(out), &d), out)
-		require.Equal(t, "prepared", d.State, out)
-		assert.Equal(t, link(v), d.PersistentPath, v.name)
-		v.dev = d.DevicePath
+		out, errs, code := p.CLI(append([]string{"create", v.name, "--node", guestID}, v.args...)...)
+		require.Equal(t, 0, code, "create %s: %s %s", v.name, out, errs)
 	}
+	for _, v := range vols {
+		out, errs, code := p.CLI("wait", v.name, "--for", "Available", "--timeout", "10m")
+		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
+		view, err := p.Client().Get(ctx, v.name)
+		require.NoError(t, err)
+		v.uuid, v.dev, v.link, v.job = view.Spec.UUID, view.Status.DevicePath, view.Status.PersistentPath, view.Status.JobID
+		if v.block {
+			assert.Equal(t, "/dev/disk/by-partuuid/"+v.uuid, v.link, v.name)
+		} else {
+			assert.Equal(t, "/dev/disk/by-uuid/"+v.uuid, v.link, v.name)
+		}
+	}
+	t.Logf("five volumes created through serve -> all Available: %s", time.Since(created).Round(time.Second))
 	run("udevadm", "settle")
 	for _, v := range vols {
-		assert.Equal(t, v.dev, run("readlink", "-f", link(v)), "%s: its link names its device", v.name)
+		assert.Equal(t, v.dev, run("readlink", "-f", v.link), "%s: its link names its device", v.name)
 	}
 	// The kernel itself read the GPT written on the NVMe disk, and udev
 	// made the partition's link.
 	nvme := vols[2]
 	assert.Equal(t, "/dev/nvme0n1p1", nvme.dev)
 	assert.Contains(t, run("udevadm", "info", "--query=symlink", "--name="+nvme.dev), "disk/by-partuuid/"+nvme.uuid, "udev's own link")
-
 	assert.Equal(t, "/dev/sda", vols[3].dev)
 	assert.Equal(t, lv, vols[4].dev)
 	assert.Equal(t, "xfs", run("blkid", "-o", "value", "-s", "TYPE", vols[3].dev))
 
 	// Data on each: a file in each filesystem, bytes on each block device.
-	block := func(v *vol) bool { return strings.Contains(v.spec, `"Block"`) }
 	before := run("cat", "/proc/sys/kernel/random/boot_id")
 	run("mkdir", "-p", "/mnt/v")
 	for _, v := range vols {
-		if block(v) {
-			run("dd", "if=/proc/sys/kernel/random/boot_id", "of="+link(v), "conv=fsync", "status=none")
+		if v.block {
+			run("dd", "if=/proc/sys/kernel/random/boot_id", "of="+v.link, "conv=fsync", "status=none")
 			continue
 		}
-		run("mount", link(v), "/mnt/v")
+		run("mount", v.link, "/mnt/v")
 		run("dd", "if=/proc/sys/kernel/random/boot_id", "of=/mnt/v/kept", "conv=fsync", "status=none")
 		run("umount", "/mnt/v")
 	}
 
+	restored := func() float64 { return p.Metric(`salt_volumes_restores_total{result="reconstructed"}`) }
+	restoredBefore := restored()
 	started = time.Now()
 	require.NoError(t, g.Reboot(ctx))
 	t.Logf("rebooted, ssh answering again: %s", time.Since(started).Round(time.Second))
-
 	assert.Equal(t, "active", run("systemctl", "is-active", "salt-volumes-restore.service"), "the restore unit ran at boot")
-	minionUp()
-	// Salt's view converges too: the same state again changes nothing.
-	out, code = s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.prepared", fsPillar, "--out=json", "--static")
-	require.Equal(t, 0, code, out)
-	for key, st := range saltstack.JSON(t, out)[guestID].(map[string]any) {
-		st := st.(map[string]any)
-		assert.Equal(t, true, st["result"], key)
-		assert.Empty(t, st["changes"], "%s: nothing to prepare again after the reboot", key)
-	}
 	var rep struct {
 		Restore struct {
 			Restored int `json:"restored"`
@@ -194,35 +193,84 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Equal(t, 0, rep.Restore.Failed, out)
 	assert.GreaterOrEqual(t, rep.Restore.Restored, 2, "both sparse volumes re-attached: %s", out)
 	t.Logf("the restore unit at boot: %d restored, %d failed", rep.Restore.Restored, rep.Restore.Failed)
+
+	// serve hears of it from the node's beacon once the minion is back:
+	// the restore counted, every volume Available, and no state run of
+	// ours started for any of them.
+	minionUp()
+	eventually(t, 3*time.Minute, "serve counts the restore at boot", func() (bool, string) {
+		got := restored()
+		return got >= restoredBefore+float64(rep.Restore.Restored), fmt.Sprint(got)
+	})
+	t.Logf("restore counted by serve: %s after the reboot started", time.Since(started).Round(time.Second))
+	for _, v := range vols {
+		eventually(t, 2*time.Minute, v.name+" Available after the reboot", func() (bool, string) {
+			view, err := p.Client().Get(ctx, v.name)
+			require.NoError(t, err)
+			return view.Status.Phase.String() == "Available", view.Status.Phase.String() + " " + view.Status.Reason + " " + view.Status.Message
+		})
+		view, err := p.Client().Get(ctx, v.name)
+		require.NoError(t, err)
+		assert.Equal(t, v.job, view.Status.JobID, "%s: no state run since its creation", v.name)
+	}
+
 	run("udevadm", "settle")
 	for _, v := range vols {
-		dev := run("readlink", "-f", link(v))
+		dev := run("readlink", "-f", v.link)
 		assert.Regexp(t, `^/dev/(loop\d+(p1)?|nvme0n1p1|sda|dm-\d+)$`, dev, "%s: its link is back after the reboot", v.name)
-		info, err := g.RunInput(specOf(v), "salt-volume-exec", "info", "--spec", "-")
-		require.NoError(t, err, info)
-		var d saltvolumes.Device
-		require.NoError(t, json.Unmarshal([]byte(info), &d), info)
-		assert.Equal(t, "prepared", d.State, "%s after the reboot: %s", v.name, info)
-		assert.Equal(t, dev, d.DevicePath, v.name)
+		view, err := p.Client().Get(ctx, v.name)
+		require.NoError(t, err)
+		assert.Equal(t, dev, view.Status.DevicePath, "%s: serve knows its device after the reboot", v.name)
 	}
 	for _, v := range vols {
-		if block(v) {
-			got := run("dd", "if="+link(v), "bs=36", "count=1", "status=none")
+		if v.block {
+			got := run("dd", "if="+v.link, "bs=36", "count=1", "status=none")
 			assert.Equal(t, before, got, "%s: the bytes written before the reboot", v.name)
 			continue
 		}
-		run("mount", link(v), "/mnt/v")
+		run("mount", v.link, "/mnt/v")
 		assert.Equal(t, before, run("cat", "/mnt/v/kept"), "%s: the file written before the reboot", v.name)
 		run("umount", "/mnt/v")
 	}
+	// Salt's view converges too: the node's state for the first volume,
+	// applied again by hand, changes nothing.
+	fs := vols[0]
+	fsPillar := saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volume": map[string]any{
+		"name": fs.name, "uuid": fs.uuid, "node": guestID, "sparseLoopDevice": map[string]any{"size": "64Mi"}}}})
+	out, code = s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.prepared", fsPillar, "--out=json", "--static")
+	require.Equal(t, 0, code, out)
+	for key, st := range saltstack.JSON(t, out)[guestID].(map[string]any) {
+		st := st.(map[string]any)
+		assert.Equal(t, true, st["result"], key)
+		assert.Empty(t, st["changes"], "%s: nothing to prepare again after the reboot", key)
+	}
 
+	// A disk pulled out of the running guest: its volume goes Failed
+	// (StorageLost) by the beacon's next report.
+	scsi := vols[3]
+	w := p.Watch(scsi.name)
+	pulled := time.Now()
+	require.NoError(t, g.RemoveDisk("scsi0"))
+	evs := w.Until(t, 2*time.Minute, func(ev saltvolumes.Event) bool { return ev.Volume.Status.Phase.String() == "Failed" })
+	lost := time.Since(pulled)
+	last := evs[len(evs)-1].Volume.Status
+	assert.Equal(t, "StorageLost", last.Reason, last.Message)
+	t.Logf("disk pulled -> %s Failed (%s): %s (beacon interval %s): %s", scsi.name, last.Reason, lost.Round(100*time.Millisecond), beaconInterval, last.Message)
+	// Said by the beacon's change report, not its heartbeat (60 s): the
+	// report itself comes within an interval, then serve confirms it with
+	// a salt_volumes.status job on the guest (seconds under emulation).
+	assert.Less(t, lost, 20*time.Second, "found by the beacon's next run, not by a heartbeat")
+	w.Stop()
+
+	// Everything deleted through serve: loop devices detached, links and
+	// records gone; the operator's LVM untouched.
 	for _, v := range vols {
-		out, err := g.RunInput(specOf(v), "salt-volume-exec", "unprepare", "--spec", "-")
-		require.NoError(t, err, "unprepare %s: %s", v.name, out)
+		out, errs, code := p.CLI("rm", v.name, "--wait", "--timeout", "5m")
+		require.Equal(t, 0, code, "rm %s: %s %s", v.name, out, errs)
 	}
 	run("udevadm", "settle")
 	for _, v := range vols[:2] {
-		_, err := g.Run("test", "-e", link(v))
+		_, err := g.Run("test", "-e", v.link)
 		assert.Error(t, err, "%s: its link is gone with its loop device", v.name)
 	}
 	assert.Empty(t, run("losetup", "-n", "-O", "NAME"), "no loop device left attached")
@@ -232,3 +280,9 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	}
 	assert.Equal(t, "vg0", run("pvs", "--noheadings", "-o", "vg_name", "/dev/vdb"), "the operator's LVM untouched")
 }
+
+// beaconInterval is the guest's beacon interval (default 10 s), short so
+// that the test sees reports without waiting.
+const beaconInterval = 2 * time.Second
+
+var eventually = testenv.Eventually

@@ -9,6 +9,7 @@
 package guest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -68,7 +69,7 @@ func Boot(ctx context.Context, image, dir string, disks ...Disk) (*Guest, error)
 	l.Close()
 	args := []string{
 		"-accel", "tcg,tb-size=128", "-smp", "1", "-cpu", "max", "-m", "768",
-		"-display", "none", "-monitor", "none", "-serial", "file:" + filepath.Join(dir, "console.log"),
+		"-display", "none", "-monitor", "unix:" + filepath.Join(dir, "monitor.sock") + ",server=on,wait=off", "-serial", "file:" + filepath.Join(dir, "console.log"),
 		"-kernel", filepath.Join(image, "vmlinuz"), "-initrd", filepath.Join(image, "initrd.img"),
 		"-append", "root=/dev/vda rw console=ttyS0 quiet",
 		"-drive", "file=" + overlay + ",if=virtio,format=qcow2",
@@ -86,13 +87,13 @@ func Boot(ctx context.Context, image, dir string, disks ...Disk) (*Guest, error)
 		case "", "virtio":
 			args = append(args, "-drive", "file="+f+",if=virtio,format=raw")
 		case "nvme":
-			args = append(args, "-drive", "file="+f+",if=none,id="+id+",format=raw", "-device", "nvme,serial="+d.Name+",drive="+id)
+			args = append(args, "-drive", "file="+f+",if=none,id="+id+",format=raw", "-device", "nvme,serial="+d.Name+",drive="+id+",id=disk-"+d.Name)
 		case "scsi":
 			if !scsi {
 				args = append(args, "-device", "virtio-scsi-pci,id=scsi0")
 				scsi = true
 			}
-			args = append(args, "-drive", "file="+f+",if=none,id="+id+",format=raw", "-device", "scsi-hd,drive="+id+",bus=scsi0.0")
+			args = append(args, "-drive", "file="+f+",if=none,id="+id+",format=raw", "-device", "scsi-hd,drive="+id+",bus=scsi0.0,id=disk-"+d.Name)
 		default:
 			return nil, fmt.Errorf("disk %s: bus %q: use virtio, nvme or scsi", d.Name, d.Bus)
 		}
@@ -197,6 +198,45 @@ func (g *Guest) Reboot(ctx context.Context) error {
 	// The connection may drop before systemctl answers.
 	_, _ = g.Run("systemctl", "reboot")
 	return g.waitSSH(ctx, strings.TrimSpace(old))
+}
+
+// RemoveDisk pulls an NVMe or SCSI disk out of the running guest, as a
+// failed or unplugged disk goes (qemu's device_del, through its monitor).
+func (g *Guest) RemoveDisk(name string) error {
+	c, err := net.DialTimeout("unix", filepath.Join(g.Dir, "monitor.sock"), 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("qemu monitor: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	prompt := func() (string, error) {
+		var got strings.Builder
+		for !strings.HasSuffix(got.String(), "(qemu) ") {
+			b, err := r.ReadByte()
+			if err != nil {
+				return got.String(), fmt.Errorf("qemu monitor: %w (read %q)", err, got.String())
+			}
+			got.WriteByte(b)
+		}
+		return got.String(), nil
+	}
+	if _, err := prompt(); err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(c, "device_del disk-%s\n", name); err != nil {
+		return fmt.Errorf("qemu monitor: %w", err)
+	}
+	out, err := prompt()
+	if err != nil {
+		return err
+	}
+	// The monitor echoes the command (with terminal escapes); qemu's
+	// refusals read "Error: ..." or "Device '...' not found".
+	if strings.Contains(out, "rror") || strings.Contains(out, "not found") {
+		return fmt.Errorf("device_del disk-%s: %q", name, out)
+	}
+	return nil
 }
 
 // Tail is the end of the guest's serial console.
