@@ -95,7 +95,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 			return true
 		}
 		st.Phase, st.JobID = volume.Failed, ""
-		st.Reason, st.Message = ReasonSaltRefused, fmt.Sprintf("salt-api refused %s on %s: %v", sls, v.Spec.Node, err)
+		st.Reason, st.Message = ReasonSaltRefused, fmt.Sprintf("Salt refused %s on %s: %v", sls, v.Spec.Node, err)
 		if errors.Is(err, saltapi.ErrNoMinions) {
 			st.Reason = ReasonNodeNotFound
 			st.Message = fmt.Sprintf("no Salt minion matches node %q: check the node name against salt-key -L", v.Spec.Node)

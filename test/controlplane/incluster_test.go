@@ -96,7 +96,7 @@ func TestInCluster(t *testing.T) {
 			corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: fmt.Sprint(k.APIPort)})
 		_, err := k.Admin.AppsV1().Deployments("salt-volumes").Create(ctx, d, metav1.CreateOptions{})
 		require.NoError(t, err)
-		replicas[i] = serveproc.At(t, fmt.Sprintf("http://127.0.0.1:%d", port), token, d.Name)
+		replicas[i] = serveproc.At(t, bin("salt-volumes"), fmt.Sprintf("http://127.0.0.1:%d", port), token, d.Name)
 	}
 	must("", "-n", "salt-volumes", "wait", "--for", "condition=Available", "--timeout", "3m", "deploy/salt-volumes-a", "deploy/salt-volumes-b")
 	t.Logf("both replicas Ready (readiness probe on /readyz) %s after their Deployments were created", time.Since(started).Round(100*time.Millisecond))

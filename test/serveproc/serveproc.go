@@ -73,9 +73,10 @@ func New(t *testing.T, s *saltstack.Stack, bin string) *Plane {
 }
 
 // At is a serve started elsewhere (in a pod), reached at url with token:
-// its API, CLI and metrics, nothing to start or stop; log names it.
-func At(t *testing.T, url, token, log string) *Plane {
-	return &Plane{t: t, URL: url, Token: token, Log: log}
+// its API, metrics and the CLI (binary bin), nothing to start or stop; log
+// names it.
+func At(t *testing.T, bin, url, token, log string) *Plane {
+	return &Plane{t: t, bin: bin, URL: url, Token: token, Log: log}
 }
 
 // Tail is the last n bytes of s.
