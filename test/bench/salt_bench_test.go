@@ -359,7 +359,7 @@ func measureWithSalt(b *testing.B) {
 	cp, stopP := controlPlane(b, s, 10*time.Second)
 	var pollLat []time.Duration
 	var pollNames []string
-	for i := range 3 {
+	for i := range sized(3, 1) {
 		// Sequential creates would land just after a tick, the worst
 		// case; a random arrival gives the typical wait.
 		time.Sleep(time.Duration(rand.Int64N(int64(10 * time.Second))))
@@ -376,7 +376,7 @@ func measureWithSalt(b *testing.B) {
 
 	// The floor: the same state, one volume, run by hand with the salt CLI.
 	var floors []time.Duration
-	for i := range 5 {
+	for i := range sized(5, 1) {
 		id := uuid.NewString()
 		vol := map[string]any{"name": fmt.Sprintf("floor-%d", i), "uuid": id, "node": s.MinionID, "sparseLoopDevice": map[string]any{"size": "16Mi"}}
 		start := time.Now()

@@ -41,21 +41,55 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(cleanupExec)
 	ctx := context.Background()
-	started := time.Now()
-	g, err := guest.Boot(ctx, img, t.TempDir(), guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme"},
-		guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi"}, guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"})
-	if g != nil {
-		t.Cleanup(func() {
-			if t.Failed() {
-				out, _ := g.Run("journalctl", "-b", "--no-pager", "-n", "80")
-				t.Logf("--- guest journal\n%s", out)
-				t.Logf("--- guest console\n%s", g.Tail(3000))
-			}
-			g.Stop()
-		})
+	// The guest boots (a minute or more under emulation) while the master,
+	// salt-api and serve start and the binaries build.
+	type booted struct {
+		g    *guest.Guest
+		err  error
+		took time.Duration
 	}
-	require.NoError(t, err)
-	t.Logf("guest booted, ssh answering: %s", time.Since(started).Round(time.Second))
+	bootc := make(chan booted, 1)
+	started := time.Now()
+	dir := t.TempDir()
+	go func() {
+		g, err := guest.Boot(ctx, img, dir, guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme"},
+			guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi"}, guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"})
+		bootc <- booted{g, err, time.Since(started)}
+	}()
+	var boot *booted
+	waitBoot := func() *booted {
+		if boot == nil {
+			b := <-bootc
+			boot = &b
+		}
+		return boot
+	}
+	// Registered before the stack starts, so run after it stops.
+	t.Cleanup(func() {
+		g := waitBoot().g
+		if g == nil {
+			return
+		}
+		if t.Failed() {
+			out, _ := g.Run("journalctl", "-b", "--no-pager", "-n", "80")
+			t.Logf("--- guest journal\n%s", out)
+			t.Logf("--- guest console\n%s", g.Tail(3000))
+		}
+		g.Stop()
+	})
+	s := saltstack.StartOpts(t, exec, saltstack.Options{API: true})
+	binDir := t.TempDir()
+	require.NoError(t, testenv.Build(binDir, "salt-volumes"))
+	formulaBin := filepath.Join(repo, "salt", "states", "salt_volumes", "files", "salt-volume-exec")
+	if _, err := os.Stat(formulaBin); err != nil {
+		// What make salt-files does; the file is ignored by git.
+		require.NoError(t, testenv.BuildAs(filepath.Dir(formulaBin), "salt-volume-exec", "cmd/salt-volume-exec"))
+		t.Cleanup(func() { os.Remove(formulaBin) })
+	}
+	b := waitBoot()
+	require.NoError(t, b.err)
+	g := b.g
+	t.Logf("guest booted, ssh answering: %s (Salt started meanwhile)", b.took.Round(time.Second))
 	run := func(args ...string) string {
 		t.Helper()
 		out, err := g.Run(args...)
@@ -66,8 +100,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// The guest is a minion of a master on this machine (10.0.2.2 is the
 	// host's 127.0.0.1 from inside), and salt-volume-exec is installed as an
 	// operator installs it: state.apply salt_volumes.installed (which also
-	// turns the beacon on, here every 2 s).
-	s := saltstack.StartOpts(t, exec, saltstack.Options{API: true})
+	// turns the beacon on).
 	pub, ret := s.Ports()
 	require.NoError(t, g.Write("/etc/salt/minion.d/master.conf", []byte(fmt.Sprintf(
 		"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\nsalt_volumes:\n  beacon_interval: %d\n",
@@ -78,12 +111,6 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	minionUp := func() { s.WaitForMinion(guestID, 20*time.Second, 10*time.Minute) }
 	minionUp()
 	t.Logf("the guest's minion answers: %s after boot", time.Since(started).Round(time.Second))
-	formulaBin := filepath.Join(repo, "salt", "states", "salt_volumes", "files", "salt-volume-exec")
-	if _, err := os.Stat(formulaBin); err != nil {
-		// What make salt-files does; the file is ignored by git.
-		require.NoError(t, testenv.BuildAs(filepath.Dir(formulaBin), "salt-volume-exec", "cmd/salt-volume-exec"))
-		t.Cleanup(func() { os.Remove(formulaBin) })
-	}
 	installed := time.Now()
 	out, code := s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.installed", "--out=json", "--static")
 	require.Equal(t, 0, code, out)
@@ -111,8 +138,6 @@ func TestRebootKeepsVolumes(t *testing.T) {
 
 	// The control plane, on this machine beside the master: serve reads the
 	// master's bus and job cache and publishes through salt-api.
-	binDir := t.TempDir()
-	require.NoError(t, testenv.Build(binDir, "salt-volumes"))
 	p := serveproc.New(t, s, filepath.Join(binDir, "salt-volumes"))
 	p.Start("")
 
@@ -266,9 +291,14 @@ func TestRebootKeepsVolumes(t *testing.T) {
 
 	// Everything deleted through serve: loop devices detached, links and
 	// records gone; the operator's LVM untouched.
+	// Asked at once, as the creates were: the removals share state runs.
 	for _, v := range vols {
-		out, errs, code := p.CLI("rm", v.name, "--wait", "--timeout", "5m")
+		out, errs, code := p.CLI("rm", v.name)
 		require.Equal(t, 0, code, "rm %s: %s %s", v.name, out, errs)
+	}
+	for _, v := range vols {
+		out, errs, code := p.CLI("wait", v.name, "--for", "Deleted", "--timeout", "10m")
+		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
 	}
 	run("udevadm", "settle")
 	for _, v := range vols[:2] {
