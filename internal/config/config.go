@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/salt-volumes/salt-volumes/internal/saltreq"
 )
 
 // Config is the whole file. Unknown keys are errors, so a typo never falls
@@ -228,7 +230,7 @@ func parse(data []byte, o Overrides) (*Config, error) {
 		}
 	}
 	if c.Salt.Master == "" {
-		c.Salt.Master = "tcp://127.0.0.1:4506"
+		c.Salt.Master = saltreq.DefaultURL
 	}
 	if c.Events.Socket == "" && c.Events.TCP == "" {
 		c.Events.Socket = "/var/run/salt/master/master_event_pub.ipc"
@@ -290,8 +292,8 @@ func parse(data []byte, o Overrides) (*Config, error) {
 		return nil, errors.New("salt.username/salt.password: missing: the eauth account the control plane logs in with")
 	case c.Salt.Publish != PublishMaster && c.Salt.Publish != PublishSaltAPI:
 		return nil, fmt.Errorf("salt.publish: %q: use master (the master's request server, on the master host) or salt-api", c.Salt.Publish)
-	case c.Salt.Publish == PublishMaster && !strings.HasPrefix(c.Salt.Master, "tcp://"):
-		return nil, fmt.Errorf("salt.master: %q: use tcp://HOST:PORT, the master's ret_port (default tcp://127.0.0.1:4506)", c.Salt.Master)
+	case c.Salt.Publish == PublishMaster && saltreq.CheckURL(c.Salt.Master) != nil:
+		return nil, saltreq.CheckURL(c.Salt.Master)
 	case c.Events.Source != "bus" && c.Events.Source != "sse":
 		return nil, fmt.Errorf("events.source: %q: use bus (on the master host) or sse (salt-api /events)", c.Events.Source)
 	case c.Workers < 0:

@@ -42,7 +42,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		base + "workers: -1\n":            "workers",
 		base + "batchSize: -2\n":          "batchSize: must be positive",
 		strings.Replace(base, "salt:\n", "salt:\n  publish: zmq\n", 1):           "salt.publish: \"zmq\": use master",
-		strings.Replace(base, "salt:\n", "salt:\n  master: 127.0.0.1:4506\n", 1): "salt.master: \"127.0.0.1:4506\": use tcp://HOST:PORT",
+		strings.Replace(base, "salt:\n", "salt:\n  master: 127.0.0.1:4506\n", 1): "salt.master: \"127.0.0.1:4506\" is not tcp://HOST:PORT",
 	}
 	for text, want := range cases {
 		_, err := Parse([]byte(text))

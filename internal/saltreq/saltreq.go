@@ -77,14 +77,23 @@ type Client struct {
 	logins int
 }
 
+// CheckURL is the one check of salt.master, shared with config loading so
+// a bad address is refused before serve starts anything.
+func CheckURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "tcp" || u.Port() == "" || u.Path != "" {
+		return fmt.Errorf("salt.master: %q is not tcp://HOST:PORT (the master's ret_port, e.g. %s)", s, DefaultURL)
+	}
+	return nil
+}
+
 // New checks cfg; nothing is dialled until the first request.
 func New(cfg Config) (*Client, error) {
 	if cfg.URL == "" {
 		cfg.URL = DefaultURL
 	}
-	u, err := url.Parse(cfg.URL)
-	if err != nil || u.Scheme != "tcp" || u.Port() == "" || u.Path != "" {
-		return nil, fmt.Errorf("salt.master: %q is not tcp://HOST:PORT (the master's ret_port, e.g. %s)", cfg.URL, DefaultURL)
+	if err := CheckURL(cfg.URL); err != nil {
+		return nil, err
 	}
 	if cfg.Username == "" || cfg.Password == "" || cfg.Eauth == "" {
 		return nil, errors.New("salt.username, salt.password and salt.eauth are needed to publish through the master (the same eauth account as for salt-api)")

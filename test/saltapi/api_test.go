@@ -5,7 +5,6 @@ package saltapi
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -22,17 +21,6 @@ import (
 var binary string
 
 func TestMain(m *testing.M) { testenv.MainWithExec(m, &binary) }
-
-// failingSalt stands for salt-api where the job cache must answer alone.
-type failingSalt struct{}
-
-func (failingSalt) LocalAsync(context.Context, string, string, []any, map[string]any) (saltapi.Job, error) {
-	return saltapi.Job{}, errors.New("asked salt-api")
-}
-
-func (failingSalt) ListJob(context.Context, string) (saltapi.JobInfo, error) {
-	return saltapi.JobInfo{}, errors.New("asked salt-api")
-}
 
 func TestRealSaltAPI(t *testing.T) {
 	s := saltstack.Start(t, binary, true)
@@ -75,7 +63,7 @@ func TestRealSaltAPI(t *testing.T) {
 	// The master's job cache read from disk answers as jobs.list_job does.
 	viaAPI, err := c.ListJob(ctx, job.JID)
 	require.NoError(t, err)
-	local := &jobcache.Overlay{Jobs: failingSalt{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
+	local := &jobcache.Overlay{Jobs: testenv.NoSaltAPI{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
 	viaDisk, err := local.ListJob(ctx, job.JID)
 	require.NoError(t, err, "read from disk, not passed on to salt-api")
 	assert.True(t, viaDisk.Known)

@@ -4,7 +4,6 @@ package saltreq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -44,7 +43,7 @@ func TestMasterRequestServer(t *testing.T) {
 		return c
 	}
 	c := newClient(s.APIPass)
-	jobs := &jobcache.Overlay{Jobs: failing{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
+	jobs := &jobcache.Overlay{Jobs: testenv.NoSaltAPI{}, Dir: filepath.Join(s.Root, "var", "cache", "salt", "master", "jobs")}
 	settled := func(jid string) saltapi.JobInfo {
 		t.Helper()
 		var info saltapi.JobInfo
@@ -160,13 +159,3 @@ func TestMasterRequestServer(t *testing.T) {
 	})
 }
 
-// failing stands for salt-api: the job cache on this host answers alone.
-type failing struct{}
-
-func (failing) LocalAsync(context.Context, string, string, []any, map[string]any) (saltapi.Job, error) {
-	return saltapi.Job{}, errors.New("asked salt-api")
-}
-
-func (failing) ListJob(context.Context, string) (saltapi.JobInfo, error) {
-	return saltapi.JobInfo{}, errors.New("asked salt-api")
-}

@@ -5,7 +5,6 @@
 package saltstack
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // T is what the stack needs from its caller: a *testing.T in tests, a
@@ -432,19 +432,11 @@ func (s *Stack) run(prog string, args ...string) (string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.bin(prog), append([]string{"-c", s.Conf}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		s.t.Fatalf("running %s: %v", prog, err)
+	out, errs, code := testenv.Run(s.t, cmd)
+	if code != 0 && errs != "" {
+		s.t.Logf("%s %s: exit %d: %s", prog, strings.Join(args, " "), code, tail(errs, 2000))
 	}
-	if code != 0 && errb.Len() > 0 {
-		s.t.Logf("%s %s: exit %d: %s", prog, strings.Join(args, " "), code, tail(errb.String(), 2000))
-	}
-	return out.String(), code
+	return out, code
 }
 
 func tail(s string, n int) string {

@@ -23,6 +23,7 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // Plane is one salt-volumes serve process.
@@ -177,16 +178,7 @@ func (p *Plane) Client() *client.Client { return &client.Client{URL: p.URL, Toke
 func (p *Plane) CLI(args ...string) (string, string, int) {
 	cmd := exec.Command(p.bin, args...)
 	cmd.Env = append(os.Environ(), "SALT_VOLUMES_URL="+p.URL, "SALT_VOLUMES_TOKEN="+p.Token)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		p.t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return testenv.Run(p.t, cmd)
 }
 
 // Metric returns one metric's value from /metrics.

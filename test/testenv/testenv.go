@@ -4,6 +4,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -215,4 +216,27 @@ func Eventually(t testing.TB, limit time.Duration, what string, ok func() (bool,
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("%s: not within %s (last: %s)", what, limit, last)
+}
+
+// Fataler is what Run needs of a test: the harnesses that are also driven
+// outside go test (the demo) pass their own.
+type Fataler interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// Run runs cmd to its end and returns its stdout, stderr and exit code; a
+// program that could not run at all fails the test.
+func Run(t Fataler, cmd *exec.Cmd) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running %s: %v", cmd.Path, err)
+	}
+	return out.String(), errb.String(), code
 }
