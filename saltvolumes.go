@@ -66,7 +66,11 @@ func (d *Device) Check(s *Spec) error {
 	if d == nil {
 		return fmt.Errorf("no device info")
 	}
-	if want := s.PersistentPath(); d.PersistentPath != want {
+	if !s.MatchesPersistentPath(d.PersistentPath) {
+		want := s.PersistentPath()
+		if want == "" {
+			want = spec.DMUUIDLinkPrefix + "LVM-<the LV's UUID>"
+		}
 		return fmt.Errorf("persistentPath %q is not %s", d.PersistentPath, want)
 	}
 	if d.UUID != "" && d.UUID != s.UUID {

@@ -10,8 +10,10 @@ import (
 func (c *cli) create(ctx context.Context, in []string) error {
 	fs := c.flags("create")
 	node := fs.String("node", "", "Salt minion id that holds the volume (required)")
-	size := fs.String("size", "", "sparse file size: 10Gi, 500M, bytes")
+	size := fs.String("size", "", "size of a sparse file or, with --vg, of the logical volume: 10Gi, 500M, bytes")
 	device := fs.String("device", "", "raw block device or partition on the node, e.g. /dev/sdb")
+	vg := fs.String("vg", "", "LVM volume group to create the volume's logical volume in (with --size)")
+	wipeSigs := fs.Bool("wipe-signatures", false, "with --vg: erase what an earlier LV left on the new LV's extents (refused otherwise)")
 	mode := fs.String("mode", "Filesystem", "Filesystem or Block")
 	fsType := fs.String("fs", "", "ext4 (default) or xfs; Filesystem mode only")
 	id := fs.String("uuid", "", "volume UUID (default: a new random one)")
@@ -30,7 +32,13 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		return failf(exitUsage, "create: --node: missing: the Salt minion id that will hold the volume")
 	}
 	if (*size == "") == (*device == "") {
-		return failf(exitUsage, "create: give exactly one of --size (sparse file) and --device (raw device)")
+		return failf(exitUsage, "create: give exactly one of --size (sparse file, or an LV with --vg) and --device (raw device)")
+	}
+	if *vg != "" && *size == "" {
+		return failf(exitUsage, "create: --vg needs --size, the logical volume's size")
+	}
+	if *wipeSigs && *vg == "" {
+		return failf(exitUsage, "create: --wipe-signatures is for a logical volume: give --vg too")
 	}
 	sp := map[string]any{"name": pos[0], "node": *node, "mode": *mode}
 	if *id != "" {
@@ -60,9 +68,16 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		}
 		sp["template"] = map[string]any{"metadata": md}
 	}
-	if *size != "" {
+	switch {
+	case *vg != "":
+		l := map[string]any{"vgName": *vg, "size": *size}
+		if *wipeSigs {
+			l["wipeSignatures"] = true
+		}
+		sp["lvmLogicalVolume"] = l
+	case *size != "":
 		sp["sparseLoopDevice"] = map[string]any{"size": *size}
-	} else {
+	default:
 		sp["rawBlockDevice"] = map[string]any{"devicePath": *device}
 	}
 	v, err := cl.Create(ctx, sp)

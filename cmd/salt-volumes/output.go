@@ -55,8 +55,11 @@ func detail(v saltvolumes.View) string {
 }
 
 func kind(v saltvolumes.View) string {
-	if v.Spec.SparseLoopDevice != nil {
+	switch {
+	case v.Spec.SparseLoopDevice != nil:
 		return "sparse"
+	case v.Spec.LVMLogicalVolume != nil:
+		return "lvm:" + v.Spec.LVMLogicalVolume.VGName
 	}
 	return "raw:" + v.Spec.RawBlockDevice.DevicePath
 }
@@ -97,6 +100,8 @@ func (c *cli) table(items []saltvolumes.View) {
 			size = spec.FormatSize(v.Status.Size)
 		} else if v.Spec.SparseLoopDevice != nil {
 			size = string(v.Spec.SparseLoopDevice.Size)
+		} else if v.Spec.LVMLogicalVolume != nil {
+			size = string(v.Spec.LVMLogicalVolume.Size)
 		}
 		fs := v.Spec.FSType
 		if fs == "" {

@@ -130,6 +130,16 @@ type op struct {
 	sigs *pendingSignatures
 	// final: the prepared record, staged while mkfs runs.
 	final *pendingStage
+	// link: the persistent path when the spec alone does not name it (an
+	// LVM Block volume's, named by its LV's UUID).
+	link string
+}
+
+func (o *op) persistentPath() string {
+	if o.link != "" {
+		return o.link
+	}
+	return o.s.PersistentPath()
 }
 
 func (o *op) step(name string, attrs ...any) {

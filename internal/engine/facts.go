@@ -102,6 +102,11 @@ func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record) []string {
 		for _, d := range idx.Find(e.State.SparseFile(r.Spec.UUID)) {
 			names = append(names, d.Name)
 		}
+	} else if r.Spec.LVMLogicalVolume != nil {
+		// dm numbers are given at activation: the UUID is what lasts.
+		if n := dmByUUID(r.DMUUID); n != "" {
+			names = append(names, n)
+		}
 	} else {
 		for _, num := range []string{r.DeviceNum, r.ParentNum} {
 			if d, ok := parseDev(num); ok {

@@ -72,9 +72,12 @@ func (e *Engine) orphans(known map[string]bool) []*Result {
 
 func (e *Engine) inspect(s *spec.Spec, rec *nodestate.Record) *Result {
 	res := baseResult(s)
-	if s.SparseLoopDevice != nil {
+	switch {
+	case s.SparseLoopDevice != nil:
 		e.inspectSparse(s, rec, res)
-	} else {
+	case s.LVMLogicalVolume != nil:
+		e.inspectLVM(s, rec, res)
+	default:
 		e.inspectRaw(s, rec, res)
 	}
 	if res.DeviceName != "" {
@@ -134,8 +137,8 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 
 // checkLink notes a persistent path that does not lead to the device.
 func (e *Engine) checkLink(s *spec.Spec, res *Result) {
-	if got := resolveLink(s.PersistentPath()); got != res.DeviceName {
-		res.Warnings = append(res.Warnings, s.PersistentPath()+" does not resolve to "+res.DeviceName+": run salt-volume-exec restore")
+	if got := resolveLink(res.PersistentPath); got != res.DeviceName {
+		res.Warnings = append(res.Warnings, res.PersistentPath+" does not resolve to "+res.DeviceName+": run salt-volume-exec restore")
 	}
 }
 
@@ -160,6 +163,9 @@ func (e *Engine) sparseCarries(s *spec.Spec) bool {
 
 func (e *Engine) inspectRaw(s *spec.Spec, rec *nodestate.Record, res *Result) {
 	var name string
+	if rec != nil && rec.DMUUID != "" {
+		res.PersistentPath = spec.DMUUIDLinkPrefix + rec.DMUUID
+	}
 	if rec != nil {
 		name = e.locateRaw(rec, false)
 	} else {

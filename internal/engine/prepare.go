@@ -31,6 +31,11 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 			res.Warnings = append(res.Warnings, warn)
 		}
 	}
+	if s.LVMLogicalVolume != nil {
+		if err := e.checkLVM(ctx, s); err != nil {
+			return nil, err
+		}
+	}
 	var raw *rawDevice
 	if s.RawBlockDevice != nil {
 		var err error
@@ -60,9 +65,12 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.SparseLoopDevice != nil {
+	switch {
+	case s.SparseLoopDevice != nil:
 		err = e.prepareSparse(ctx, o, rec, res)
-	} else {
+	case s.LVMLogicalVolume != nil:
+		err = e.prepareLVM(ctx, o, rec, res)
+	default:
 		err = e.prepareRaw(ctx, o, rec, raw, res)
 	}
 	if err != nil {
@@ -177,7 +185,7 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		if err := e.admitRaw(ctx, s, rec, raw, e.holdings(all, s.UUID), sigs, &o.probed); err != nil {
 			return nil, err
 		}
-	} else if rec == nil {
+	} else if rec == nil && s.SparseLoopDevice != nil {
 		// A sparse file that no record claims is an orphan: not ours to reuse.
 		if _, err := os.Lstat(e.State.SparseFile(s.UUID)); err == nil {
 			return nil, refused("orphan", "uuid: %s already exists but no record claims it (an orphan, see salt-volume-exec list): move it away or use another uuid", e.State.SparseFile(s.UUID))
@@ -292,7 +300,7 @@ func (e *Engine) linkDevice(ctx context.Context, o *op, name string, res *Result
 	}
 	res.DeviceName, res.DevicePath, res.Size = name, path, size
 
-	link := o.s.PersistentPath()
+	link := o.persistentPath()
 	if devlinks.Resolve(link) != name {
 		if l := gatherLink(o.s, link); !linkIsOurs(l, name) {
 			return refused("link_conflict", "%s names /dev/%s, which carries uuid %s too and is not this volume's device: not replacing it", link, l.Target, o.s.UUID)

@@ -111,6 +111,11 @@ func describeRaw(rec *nodestate.Record, raw *rawDevice) error {
 // still holds. A UUID alone proves nothing: a caller chooses it.
 func (e *Engine) recordMatches(rec *nodestate.Record, name string) bool {
 	s := rec.Spec
+	if rec.DMUUID != "" {
+		// An LV in Block mode carries nothing of ours: LVM's own UUID,
+		// recorded when it became the volume, is what identifies it.
+		return lvmUUIDOf(name) == rec.DMUUID
+	}
 	if rec.DeviceSize > 0 {
 		if size, err := blockdev.SizeOf(name); err != nil || size != rec.DeviceSize {
 			return false
@@ -137,6 +142,9 @@ func (e *Engine) recordMatches(rec *nodestate.Record, name string) bool {
 // in Block mode): the recorded device first, then the spec's path, then,
 // for disks renamed across a reboot, any device that matches the record.
 func (e *Engine) locateRaw(rec *nodestate.Record, fix bool) string {
+	if rec.DMUUID != "" {
+		return dmByUUID(rec.DMUUID)
+	}
 	var candidates []string
 	if d, ok := parseDev(rec.DeviceNum); ok {
 		if n, err := blockdev.Name(d); err == nil {
@@ -169,6 +177,9 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	}
 	if s.Mode == spec.ModeBlock && isPart {
 		return e.preparePartitionGUID(ctx, o, rec, raw, part, res)
+	}
+	if dm := lvmUUIDOf(raw.name); s.Mode == spec.ModeBlock && dm != "" {
+		return e.prepareRawLV(ctx, o, rec, raw, dm, res)
 	}
 	target := "/dev/" + raw.name
 	var r probe.Result

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
 // RestoreReport is restore's output.
@@ -98,6 +99,10 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 		res.Warnings = append(res.Warnings, "a prepare of this volume did not finish: run prepare again")
 		return res
 	case StateMissing:
+		if s.LVMLogicalVolume != nil {
+			res.Error = "" // an LV the boot did not activate: restoreLVM does
+			break
+		}
 		if s.RawBlockDevice == nil {
 			e.dropStaleLink(o, res)
 			return res
@@ -112,9 +117,12 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 		res.Error = ""
 	}
 	var err2 error
-	if s.SparseLoopDevice != nil {
+	switch {
+	case s.SparseLoopDevice != nil:
 		err2 = e.restoreSparse(ctx, o, res)
-	} else {
+	case s.LVMLogicalVolume != nil:
+		err2 = e.restoreLVM(ctx, o, rec, res)
+	default:
 		err2 = e.restoreRaw(ctx, o, rec, res)
 	}
 	if err2 != nil {
@@ -141,6 +149,9 @@ func (e *Engine) restoreRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	}
 	// findRaw returned the device that is the volume (the partition in
 	// Block mode, added to the kernel if it was missing): link it.
+	if rec.DMUUID != "" {
+		o.link = spec.DMUUIDLinkPrefix + rec.DMUUID
+	}
 	return e.linkDevice(ctx, o, name, res)
 }
 

@@ -47,9 +47,12 @@ func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOpti
 	if same, why := s.SameVolume(rec.Spec); !same {
 		return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
 	}
-	if s.SparseLoopDevice != nil {
+	switch {
+	case s.SparseLoopDevice != nil:
 		err = e.unprepareSparse(ctx, o, res)
-	} else {
+	case s.LVMLogicalVolume != nil:
+		err = e.unprepareLVM(ctx, o, rec, opts, res)
+	default:
 		err = e.unprepareRaw(ctx, o, rec, opts, res)
 	}
 	if err != nil {
@@ -133,7 +136,10 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 // removeLink deletes the persistent link if it is ours: it names our
 // device, dangles, or names a device that does not carry the UUID.
 func (e *Engine) removeLink(o *op, device string) error {
-	link := o.s.PersistentPath()
+	link := o.persistentPath()
+	if link == "" {
+		return nil
+	}
 	if _, err := os.Lstat(link); err != nil {
 		return nil
 	}
@@ -154,6 +160,20 @@ func (e *Engine) unprepareRaw(ctx context.Context, o *op, rec *nodestate.Record,
 	// With --wipe, a table whose partition the kernel lost (a reboot
 	// without restore) must still be found and wiped.
 	name := e.locateRaw(rec, opts.Wipe)
+	if rec.DMUUID != "" {
+		// An LV used as it is in Block mode: we wrote nothing on it and
+		// its dm-uuid link is udev's; the record is all there is to drop.
+		if name != "" {
+			res.DeviceName, res.DevicePath = name, "/dev/"+name
+			if err := e.refuseInUse(s, name, res); err != nil {
+				return err
+			}
+		}
+		if opts.Wipe {
+			res.Warnings = append(res.Warnings, "nothing to wipe: salt-volumes wrote nothing on this logical volume (it is not removed either: it was not created by salt-volumes)")
+		}
+		return nil
+	}
 	if name == "" && opts.Wipe {
 		res.Warnings = append(res.Warnings, "no device on this node matches the record of volume "+s.UUID+": nothing to wipe")
 	}

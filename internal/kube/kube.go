@@ -113,8 +113,8 @@ func NewPersistentVolume(v saltvolumes.View, o Options) (*PersistentVolume, erro
 	}
 	// A PV hands its path to kubelet, which mounts it as root: it must be
 	// the path the volume's own UUID names, whatever a node claimed.
-	if want := v.Spec.PersistentPath(); v.Status.PersistentPath != want {
-		return nil, fmt.Errorf("volume %s: its persistent path %q is not %s: refusing to publish it", v.Spec.Name, v.Status.PersistentPath, want)
+	if !v.Spec.MatchesPersistentPath(v.Status.PersistentPath) {
+		return nil, fmt.Errorf("volume %s: its persistent path %q is not the one its UUID names: refusing to publish it", v.Spec.Name, v.Status.PersistentPath)
 	}
 	if o.StorageClass == "" {
 		o.StorageClass = DefaultStorageClass

@@ -113,7 +113,7 @@ func TestPersistentVolumeRefusals(t *testing.T) {
 	forged := available(spec.ModeFilesystem)
 	forged.Status.PersistentPath = "/"
 	_, err = NewPersistentVolume(forged, Options{})
-	assert.ErrorContains(t, err, `its persistent path "/" is not /dev/disk/by-uuid/`)
+	assert.ErrorContains(t, err, `its persistent path "/" is not the one its UUID names`)
 }
 
 func TestStorageClass(t *testing.T) {

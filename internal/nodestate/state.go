@@ -47,12 +47,16 @@ type Record struct {
 	DiskGUID string `json:"diskGUID,omitempty"`
 	// For a raw Block volume on an existing partition: its disk, its index
 	// and the GUID it had, which --wipe puts back.
-	Parent     string    `json:"parent,omitempty"`
-	ParentNum  string    `json:"parentNum,omitempty"`
-	PartNumber int       `json:"partNumber,omitempty"`
-	OldGUID    string    `json:"oldGUID,omitempty"`
-	CreatedAt  time.Time `json:"createdAt"`
-	UpdatedAt  time.Time `json:"updatedAt"`
+	Parent     string `json:"parent,omitempty"`
+	ParentNum  string `json:"parentNum,omitempty"`
+	PartNumber int    `json:"partNumber,omitempty"`
+	OldGUID    string `json:"oldGUID,omitempty"`
+	// For an lvmLogicalVolume: the LVM UUID of the LV we created and its
+	// device-mapper UUID. With the LV's tag, they are what makes it ours.
+	LVUUID    string    `json:"lvUUID,omitempty"`
+	DMUUID    string    `json:"dmUUID,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // Formatted tells whether we finished writing the volume's signature.

@@ -72,3 +72,20 @@ func ParseWipefs(r io.Reader) ([]Signature, error) {
 	}
 	return doc.Signatures, nil
 }
+
+// WipeAll erases every signature libblkid finds on path (wipefs --all),
+// through wipefs's own exclusive open: a mounted device is refused.
+func WipeAll(ctx context.Context, path string) error {
+	bin, err := exec.LookPath("wipefs")
+	if err != nil {
+		return ErrNoProber
+	}
+	cmd := exec.CommandContext(ctx, bin, "--all", path)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("wipefs --all %s: %w: %s", path, err, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}

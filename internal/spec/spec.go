@@ -21,6 +21,14 @@ const (
 
 	TypeSparse = "sparseLoopDevice"
 	TypeRaw    = "rawBlockDevice"
+	TypeLVM    = "lvmLogicalVolume"
+
+	// LVMTagPrefix starts the tag on every LV we create; the volume UUID
+	// follows. With our record's LV UUID it is how an LV is known as ours.
+	LVMTagPrefix = "salt-volumes.io/uuid="
+	// DMUUIDLinkPrefix starts the persistent path of an LVM Block volume:
+	// udev's link named after the LV's device-mapper UUID.
+	DMUUIDLinkPrefix = "/dev/disk/by-id/dm-uuid-"
 
 	// MinXFSSize is the smallest device mkfs.xfs (xfsprogs 6.1) accepts: its
 	// "300MB" is 300 MiB (312475648 bytes fails, 314572800 works).
@@ -60,6 +68,16 @@ type RawBlockDevice struct {
 	DevicePath string `json:"devicePath"`
 }
 
+// LVMLogicalVolume is an LV we create in an existing volume group, named
+// after the volume.
+type LVMLogicalVolume struct {
+	VGName string `json:"vgName"`
+	Size   Size   `json:"size"`
+	// WipeSignatures lets prepare erase signatures that an earlier LV left
+	// on the new LV's extents; without it they are refused.
+	WipeSignatures bool `json:"wipeSignatures,omitempty"`
+}
+
 // Spec is the volume spec contract (see ARCHITECTURE.md).
 type Spec struct {
 	Name             string            `json:"name"`
@@ -70,10 +88,11 @@ type Spec struct {
 	MkfsOptions      []string          `json:"mkfsOptions,omitempty"`
 	SparseLoopDevice *SparseLoopDevice `json:"sparseLoopDevice,omitempty"`
 	RawBlockDevice   *RawBlockDevice   `json:"rawBlockDevice,omitempty"`
+	LVMLogicalVolume *LVMLogicalVolume `json:"lvmLogicalVolume,omitempty"`
 	// Template is for the volume's PersistentVolume (Kubernetes mode).
 	Template *Template `json:"template,omitempty"`
 
-	// SizeBytes is the parsed sparse size; filled in by Validate.
+	// SizeBytes is the parsed sparse or LV size; filled in by Validate.
 	SizeBytes int64 `json:"-"`
 }
 
@@ -192,8 +211,9 @@ func jsonKind(c byte) string {
 // free keys and are not listed.
 var knownKeys = map[string]map[string]bool{
 	"": {"name": true, "uuid": true, "node": true, "mode": true, "fsType": true, "mkfsOptions": true,
-		"sparseLoopDevice": true, "rawBlockDevice": true, "template": true},
+		"sparseLoopDevice": true, "rawBlockDevice": true, "lvmLogicalVolume": true, "template": true},
 	"sparseLoopDevice":  {"size": true},
+	"lvmLogicalVolume":  {"vgName": true, "size": true, "wipeSignatures": true},
 	"rawBlockDevice":    {"devicePath": true},
 	"template":          {"metadata": true},
 	"template.metadata": {"labels": true, "annotations": true},
@@ -335,11 +355,19 @@ func (s *Spec) Validate() error {
 		return err
 	}
 
+	kinds := 0
+	for _, given := range []bool{s.SparseLoopDevice != nil, s.RawBlockDevice != nil, s.LVMLogicalVolume != nil} {
+		if given {
+			kinds++
+		}
+	}
 	switch {
-	case s.SparseLoopDevice != nil && s.RawBlockDevice != nil:
-		return &FieldError{"sparseLoopDevice", "give exactly one of sparseLoopDevice and rawBlockDevice, not both"}
-	case s.SparseLoopDevice == nil && s.RawBlockDevice == nil:
-		return &FieldError{"sparseLoopDevice", "missing: give sparseLoopDevice: {size: 10Gi} or rawBlockDevice: {devicePath: /dev/sdb}"}
+	case kinds > 1:
+		return &FieldError{"sparseLoopDevice", "give exactly one of sparseLoopDevice, rawBlockDevice and lvmLogicalVolume, not several"}
+	case kinds == 0:
+		return &FieldError{"sparseLoopDevice", "missing: give sparseLoopDevice: {size: 10Gi}, rawBlockDevice: {devicePath: /dev/sdb} or lvmLogicalVolume: {vgName: vg0, size: 10Gi}"}
+	case s.LVMLogicalVolume != nil:
+		return s.validateLVM()
 	case s.SparseLoopDevice != nil:
 		n, err := ParseSize(string(s.SparseLoopDevice.Size))
 		if err != nil {
@@ -353,6 +381,39 @@ func (s *Spec) Validate() error {
 		return checkDevicePath(s.RawBlockDevice.DevicePath)
 	}
 	return nil
+}
+
+// validateLVM checks the VG name as LVM would and the size; the LV is
+// named after the volume, so the name must be one LVM accepts too.
+func (s *Spec) validateLVM() error {
+	l := s.LVMLogicalVolume
+	switch {
+	case l.VGName == "":
+		return &FieldError{"lvmLogicalVolume.vgName", "missing: give the volume group to create the LV in (vgs lists them)"}
+	case len(l.VGName) > 127 || l.VGName == "." || l.VGName == ".." || l.VGName[0] == '-' || !lvmName(l.VGName):
+		return &FieldError{"lvmLogicalVolume.vgName", fmt.Sprintf("%q is not a volume group name: use letters, digits and + _ . - (not starting with -), as vgs shows it", l.VGName)}
+	case strings.HasPrefix(s.Name, "snapshot") || strings.HasPrefix(s.Name, "pvmove"):
+		return &FieldError{"name", fmt.Sprintf("%q: LVM reserves LV names starting with snapshot or pvmove, and the LV is named after the volume: choose another name", s.Name)}
+	}
+	n, err := ParseSize(string(l.Size))
+	if err != nil {
+		return &FieldError{"lvmLogicalVolume.size", err.Error()}
+	}
+	if err := s.checkMinimum("lvmLogicalVolume.size", n); err != nil {
+		return err
+	}
+	s.SizeBytes = n
+	return nil
+}
+
+func lvmName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '+' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckMinimum refuses devices too small for the requested layout; the engine
@@ -393,19 +454,50 @@ func checkDevicePath(p string) error {
 
 // Type is the volume kind as reported in outputs.
 func (s *Spec) Type() string {
-	if s.SparseLoopDevice != nil {
+	switch {
+	case s.SparseLoopDevice != nil:
 		return TypeSparse
+	case s.LVMLogicalVolume != nil:
+		return TypeLVM
 	}
 	return TypeRaw
 }
 
 // PersistentPath is where the volume is always found, whatever its kernel
-// name today.
+// name today. An LVM Block volume's path is named by its LV's own UUID,
+// which only the node knows: "" here, see MatchesPersistentPath.
 func (s *Spec) PersistentPath() string {
+	if s.Mode == ModeBlock && s.LVMLogicalVolume != nil {
+		return ""
+	}
 	if s.Mode == ModeBlock {
 		return "/dev/disk/by-partuuid/" + s.UUID
 	}
 	return "/dev/disk/by-uuid/" + s.UUID
+}
+
+// MatchesPersistentPath tells whether a path a node reported can be this
+// volume's: its own UUID's link, or for a Block volume on an LV (ours, or
+// an existing one given as rawBlockDevice) udev's link of an LVM
+// device-mapper UUID (LVM- and 64 letters and digits).
+func (s *Spec) MatchesPersistentPath(p string) bool {
+	if p != "" && p == s.PersistentPath() {
+		return true
+	}
+	if s.Mode != ModeBlock || s.SparseLoopDevice != nil {
+		return false
+	}
+	rest, ok := strings.CutPrefix(p, DMUUIDLinkPrefix+"LVM-")
+	if !ok || len(rest) != 64 {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		c := rest[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // SameVolume tells whether two specs describe the same storage, ignoring
@@ -421,6 +513,10 @@ func (s *Spec) SameVolume(o *Spec) (bool, string) {
 	case s.FSType != o.FSType:
 		return false, fmt.Sprintf("fsType %s (recorded) vs %s", o.FSType, s.FSType)
 	case s.SparseLoopDevice != nil && s.SizeBytes != o.SizeBytes:
+		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes; resizing is not supported", o.SizeBytes, s.SizeBytes)
+	case s.LVMLogicalVolume != nil && s.LVMLogicalVolume.VGName != o.LVMLogicalVolume.VGName:
+		return false, fmt.Sprintf("vgName %s (recorded) vs %s", o.LVMLogicalVolume.VGName, s.LVMLogicalVolume.VGName)
+	case s.LVMLogicalVolume != nil && s.SizeBytes != o.SizeBytes:
 		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes; resizing is not supported", o.SizeBytes, s.SizeBytes)
 	case s.RawBlockDevice != nil && s.RawBlockDevice.DevicePath != o.RawBlockDevice.DevicePath:
 		return false, fmt.Sprintf("devicePath %s (recorded) vs %s", o.RawBlockDevice.DevicePath, s.RawBlockDevice.DevicePath)

@@ -138,7 +138,17 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{base(`"fsType":"xfs","mkfsOptions":["-p","/etc/proto"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "protofile"},
 		{base(`"fsType":"xfs","mkfsOptions":["-r","rtdev=/dev/sda"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[0]", "realtime"},
 		{base(`"fsType":"xfs","mkfsOptions":["-L","thirteen-char"],"sparseLoopDevice":{"size":"1Gi"}`), "mkfsOptions[1]", "longer than 12"},
-		{base(`"sparseLoopDevice":{"size":"1Gi"},"rawBlockDevice":{"devicePath":"/dev/sdb"}`), "sparseLoopDevice", "not both"},
+		{base(`"sparseLoopDevice":{"size":"1Gi"},"rawBlockDevice":{"devicePath":"/dev/sdb"}`), "sparseLoopDevice", "not several"},
+		{base(`"sparseLoopDevice":{"size":"1Gi"},"lvmLogicalVolume":{"vgName":"vg0","size":"1Gi"}`), "sparseLoopDevice", "not several"},
+		{base(`"lvmLogicalVolume":{"size":"1Gi"}`), "lvmLogicalVolume.vgName", "missing"},
+		{base(`"lvmLogicalVolume":{"vgName":"-vg","size":"1Gi"}`), "lvmLogicalVolume.vgName", "not a volume group name"},
+		{base(`"lvmLogicalVolume":{"vgName":"vg/0","size":"1Gi"}`), "lvmLogicalVolume.vgName", "not a volume group name"},
+		{base(`"lvmLogicalVolume":{"vgName":"..","size":"1Gi"}`), "lvmLogicalVolume.vgName", "not a volume group name"},
+		{base(`"lvmLogicalVolume":{"vgName":"vg0"}`), "lvmLogicalVolume.size", ""},
+		{base(`"lvmLogicalVolume":{"vgName":"vg0","size":"lots"}`), "lvmLogicalVolume.size", ""},
+		{base(`"fsType":"xfs","lvmLogicalVolume":{"vgName":"vg0","size":"100Mi"}`), "lvmLogicalVolume.size", "300Mi"},
+		{base(`"lvmLogicalVolume":{"vgName":"vg0","size":"1Gi","wipe":true}`), "lvmLogicalVolume", "unknown field"},
+		{`{"name":"snapshot-1","uuid":"` + u1 + `","lvmLogicalVolume":{"vgName":"vg0","size":"1Gi"}}`, "name", "reserves"},
 		{base(`"mode":"Filesystem"`), "sparseLoopDevice", "missing"},
 		{base(`"sparseLoopDevice":{"size":"0"}`), "sparseLoopDevice.size", "greater than zero"},
 		{base(`"sparseLoopDevice":{"size":"-5Gi"}`), "sparseLoopDevice.size", "greater than zero"},
@@ -163,6 +173,42 @@ func TestParseErrorsNameTheField(t *testing.T) {
 			assert.Contains(t, fe.Msg, c.hint, c.js)
 		}
 	}
+}
+
+func TestLVMLogicalVolume(t *testing.T) {
+	s, err := parse(t, `{"name":"a","uuid":"`+u1+`","lvmLogicalVolume":{"vgName":"vg_data-1.x+y","size":"64Mi"}}`)
+	require.NoError(t, err)
+	assert.Equal(t, TypeLVM, s.Type())
+	assert.Equal(t, int64(64<<20), s.SizeBytes)
+	assert.Equal(t, "/dev/disk/by-uuid/"+u1, s.PersistentPath())
+	assert.True(t, s.MatchesPersistentPath("/dev/disk/by-uuid/"+u1))
+
+	b, err := parse(t, `{"name":"a","uuid":"`+u1+`","mode":"Block","lvmLogicalVolume":{"vgName":"vg0","size":"64Mi"}}`)
+	require.NoError(t, err)
+	assert.Empty(t, b.PersistentPath(), "the LV's own UUID names it, which the spec does not know")
+	dm := "/dev/disk/by-id/dm-uuid-LVM-" + strings.Repeat("aB3", 21) + "x"
+	assert.True(t, b.MatchesPersistentPath(dm))
+	r, err := parse(t, `{"name":"a","uuid":"`+u1+`","mode":"Block","rawBlockDevice":{"devicePath":"/dev/vg0/lv"}}`)
+	require.NoError(t, err)
+	assert.True(t, r.MatchesPersistentPath(dm), "an existing LV given as a raw Block volume is named by LVM's UUID")
+	assert.True(t, r.MatchesPersistentPath("/dev/disk/by-partuuid/"+u1))
+	sp, err := parse(t, `{"name":"a","uuid":"`+u1+`","mode":"Block","sparseLoopDevice":{"size":"64Mi"}}`)
+	require.NoError(t, err)
+	assert.False(t, sp.MatchesPersistentPath(dm))
+	for _, bad := range []string{"", "/dev/disk/by-partuuid/" + u1, dm[:len(dm)-1], dm + "/../sda", "/dev/disk/by-id/dm-uuid-CRYPT-" + strings.Repeat("a", 64)} {
+		assert.False(t, b.MatchesPersistentPath(bad), bad)
+	}
+
+	c, err := parse(t, `{"name":"a","uuid":"`+u1+`","lvmLogicalVolume":{"vgName":"vg1","size":"64Mi"}}`)
+	require.NoError(t, err)
+	same, why := s.SameVolume(c)
+	assert.False(t, same)
+	assert.Contains(t, why, "vgName")
+	d, err := parse(t, `{"name":"a","uuid":"`+u1+`","lvmLogicalVolume":{"vgName":"vg_data-1.x+y","size":"128Mi"}}`)
+	require.NoError(t, err)
+	same, why = s.SameVolume(d)
+	assert.False(t, same)
+	assert.Contains(t, why, "size")
 }
 
 func TestXFSMinimumIsInclusive(t *testing.T) {

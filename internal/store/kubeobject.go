@@ -41,6 +41,7 @@ type objectSpec struct {
 	MkfsOptions      []string               `json:"mkfsOptions,omitempty"`
 	SparseLoopDevice *spec.SparseLoopDevice `json:"sparseLoopDevice,omitempty"`
 	RawBlockDevice   *spec.RawBlockDevice   `json:"rawBlockDevice,omitempty"`
+	LVMLogicalVolume *spec.LVMLogicalVolume `json:"lvmLogicalVolume,omitempty"`
 	Template         *spec.Template         `json:"template,omitempty"`
 }
 
@@ -134,6 +135,9 @@ func objectStatusOf(v *volume.Volume, prev []metav1.Condition, now time.Time) *o
 		os.SizeQuantity = string(v.Spec.SparseLoopDevice.Size)
 	case v.Spec.RawBlockDevice != nil:
 		os.Kind = "raw"
+	case v.Spec.LVMLogicalVolume != nil:
+		os.Kind = "lvm"
+		os.SizeQuantity = string(v.Spec.LVMLogicalVolume.Size)
 	}
 	if os.SizeQuantity == "" && st.Size > 0 {
 		// A raw device's size as kubectl prints quantities (32Mi, not
@@ -162,7 +166,7 @@ func newObject(v *volume.Volume) *unstructured.Unstructured {
 
 func specOf(s *spec.Spec) objectSpec {
 	return objectSpec{Node: s.Node, UUID: s.UUID, Mode: s.Mode, FSType: s.FSType, MkfsOptions: s.MkfsOptions,
-		SparseLoopDevice: s.SparseLoopDevice, RawBlockDevice: s.RawBlockDevice, Template: s.Template}
+		SparseLoopDevice: s.SparseLoopDevice, RawBlockDevice: s.RawBlockDevice, LVMLogicalVolume: s.LVMLogicalVolume, Template: s.Template}
 }
 
 func mustUnstructured(o any) *unstructured.Unstructured {
@@ -224,7 +228,8 @@ func volumeFromObject(u *unstructured.Unstructured) (*volume.Volume, error) {
 	}
 	s := o.Spec
 	v := &volume.Volume{Revision: rev, Spec: spec.Spec{Name: o.Metadata.Name, UUID: s.UUID, Node: s.Node, Mode: s.Mode,
-		FSType: s.FSType, MkfsOptions: s.MkfsOptions, SparseLoopDevice: s.SparseLoopDevice, RawBlockDevice: s.RawBlockDevice, Template: s.Template}}
+		FSType: s.FSType, MkfsOptions: s.MkfsOptions, SparseLoopDevice: s.SparseLoopDevice, RawBlockDevice: s.RawBlockDevice,
+		LVMLogicalVolume: s.LVMLogicalVolume, Template: s.Template}}
 	if v.Spec.UUID == "" {
 		// As MetalK8s does: the object's own uid, unique by construction.
 		v.Spec.UUID = string(o.Metadata.UID)

@@ -81,6 +81,10 @@ func (v *Volume) Clone() *Volume {
 		r := *v.Spec.RawBlockDevice
 		c.Spec.RawBlockDevice = &r
 	}
+	if v.Spec.LVMLogicalVolume != nil {
+		l := *v.Spec.LVMLogicalVolume
+		c.Spec.LVMLogicalVolume = &l
+	}
 	if v.Status.PersistentVolume != nil {
 		pv := *v.Status.PersistentVolume
 		c.Status.PersistentVolume = &pv

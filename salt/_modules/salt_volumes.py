@@ -314,7 +314,9 @@ def prepare(name=None, spec=None):
 def unprepare(name=None, spec=None, wipe=False):
     """
     Remove a volume from this minion. Sparse volumes lose their loop device
-    and file; raw volumes keep their data unless ``wipe=True``.
+    and file; raw volumes keep their data unless ``wipe=True``; an LVM
+    volume's logical volume is kept unless ``wipe=True``, which erases and
+    removes it.
 
     CLI Example:
 

@@ -56,7 +56,7 @@ def prepared(name, spec=None):
         Volume name; the spec comes from pillar when ``spec`` is not given.
     spec
         The volume spec (uuid, node, mode, fsType, mkfsOptions,
-        sparseLoopDevice or rawBlockDevice).
+        sparseLoopDevice, rawBlockDevice or lvmLogicalVolume).
     """
     ret = _ret(name)
     spec = _checked(name, spec, ret)

@@ -135,6 +135,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Contains(t, err.Error(), "exit status 3", "refused to protect data")
 	assert.Contains(t, out, "/dev/vdb is held by dm-", "the refusal names what holds it (the logical volume's device-mapper device)")
 	assert.Equal(t, "vg0", run("pvs", "--noheadings", "-o", "vg_name", "/dev/vdb"), "the physical volume untouched")
+	lvmRefusals(t, g, run)
 
 	// The control plane, on this machine beside the master: serve reads the
 	// master's bus and job cache and publishes through salt-api.
@@ -157,7 +158,13 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		{name: "boot-scsi", args: []string{"--fs", "xfs", "--device", "/dev/sda"}},
 		// An existing logical volume named as a raw device.
 		{name: "boot-lv", args: []string{"--device", "/dev/vg0/lv0"}},
+		// Logical volumes salt-volumes creates in the operator's VG, and
+		// an existing one taken as it is in Block mode.
+		{name: "boot-lvfs", args: []string{"--vg", "vg0", "--size", "32Mi"}},
+		{name: "boot-lvblk", args: []string{"--vg", "vg0", "--mode", "Block", "--size", "20Mi"}, block: true},
+		{name: "boot-lvraw", args: []string{"--mode", "Block", "--device", "/dev/vg0/lv1"}, block: true},
 	}
+	run("lvcreate", "-q", "-y", "-n", "lv1", "-L", "8M", "vg0")
 	// All at once, as users do: one state run on the node prepares them.
 	created := time.Now()
 	for _, v := range vols {
@@ -170,14 +177,26 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		view, err := p.Client().Get(ctx, v.name)
 		require.NoError(t, err)
 		v.uuid, v.dev, v.link, v.job = view.Spec.UUID, view.Status.DevicePath, view.Status.PersistentPath, view.Status.JobID
-		if v.block {
+		if v.block && strings.HasPrefix(v.name, "boot-lv") {
+			// An LV is named by LVM's own UUID (seed 000): dm-uuid-LVM-<VG UUID><LV UUID>.
+			assert.Regexp(t, `^/dev/disk/by-id/dm-uuid-LVM-[A-Za-z0-9]{64}$`, v.link, v.name)
+		} else if v.block {
 			assert.Equal(t, "/dev/disk/by-partuuid/"+v.uuid, v.link, v.name)
 		} else {
 			assert.Equal(t, "/dev/disk/by-uuid/"+v.uuid, v.link, v.name)
 		}
 	}
-	t.Logf("five volumes created through serve -> all Available: %s", time.Since(created).Round(time.Second))
+	t.Logf("%d volumes created through serve -> all Available: %s", len(vols), time.Since(created).Round(time.Second))
 	run("udevadm", "settle")
+	// The LVs we made are named after their volumes and tagged with their
+	// UUIDs; the operator's are left as they were.
+	tags := run("lvs", "--noheadings", "-o", "lv_name,lv_tags", "vg0")
+	for _, v := range vols[5:7] {
+		assert.Regexp(t, `(?m)^\s*`+v.name+`\s+salt-volumes.io/uuid=`+v.uuid+`$`, tags, "%s: an LV named and tagged as documented", v.name)
+	}
+	assert.Regexp(t, `(?m)^\s*lv0\s*$`, tags, "the operator's LV has no tag of ours")
+	assert.Equal(t, "ext4", run("blkid", "-o", "value", "-s", "TYPE", "/dev/vg0/boot-lvfs"))
+	assert.Equal(t, vols[5].uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-lvfs"), "the filesystem UUID is the volume's")
 	for _, v := range vols {
 		assert.Equal(t, v.dev, run("readlink", "-f", v.link), "%s: its link names its device", v.name)
 	}
@@ -293,7 +312,11 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// records gone; the operator's LVM untouched.
 	// Asked at once, as the creates were: the removals share state runs.
 	for _, v := range vols {
-		out, errs, code := p.CLI("rm", v.name)
+		args := []string{"rm", v.name}
+		if v.name == "boot-lvfs" {
+			args = append(args, "--wipe") // removes the LV; boot-lvblk's stays
+		}
+		out, errs, code := p.CLI(args...)
 		require.Equal(t, 0, code, "rm %s: %s %s", v.name, out, errs)
 	}
 	for _, v := range vols {
@@ -311,6 +334,50 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		assert.NotContains(t, listed, v.uuid, "%s: no record left", v.name)
 	}
 	assert.Equal(t, "vg0", run("pvs", "--noheadings", "-o", "vg_name", "/dev/vdb"), "the operator's LVM untouched")
+	lvs := run("lvs", "--noheadings", "-o", "lv_name", "vg0")
+	assert.NotContains(t, lvs, "boot-lvfs", "deleted with --wipe: its LV removed")
+	assert.Contains(t, lvs, "boot-lvblk", "deleted without --wipe: its LV and data kept")
+	assert.Contains(t, lvs, "lv0")
+	assert.Contains(t, lvs, "lv1", "an existing LV used as a raw volume is never removed")
+	assert.Equal(t, before, run("dd", "if=/dev/vg0/boot-lvblk", "bs=36", "count=1", "status=none"), "the kept LV's data")
+}
+
+// lvmRefusals: an LV that salt-volumes did not create is never taken or
+// formatted, and what an earlier LV left on a new LV's extents is refused
+// (the new LV removed again) unless the volume asks for it to be wiped.
+func lvmRefusals(t *testing.T, g *guest.Guest, run func(...string) string) {
+	prepare := func(spec string, args ...string) (string, error) {
+		return g.RunInput([]byte(spec), append([]string{"salt-volume-exec", "prepare", "--spec", "-"}, args...)...)
+	}
+	run("lvcreate", "-q", "-y", "-n", "boot-hand", "-L", "8M", "vg0")
+	run("mkfs.ext4", "-q", "/dev/vg0/boot-hand")
+	hand := run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-hand")
+	out, err := prepare(`{"name":"boot-hand","uuid":"` + uuid.NewString() + `","lvmLogicalVolume":{"vgName":"vg0","size":"8Mi"}}`)
+	require.Error(t, err, "an LV made by hand with a filesystem: %s", out)
+	assert.Contains(t, err.Error(), "exit status 3")
+	assert.Contains(t, out, "salt-volumes did not create it")
+	assert.Equal(t, hand, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-hand"), "its filesystem intact")
+
+	// A filesystem left on extents an LV no longer uses: the next LV there
+	// finds it.
+	run("lvcreate", "-q", "-y", "-n", "old", "-L", "16M", "vg0")
+	run("mkfs.ext4", "-q", "/dev/vg0/old")
+	run("lvremove", "-q", "-y", "vg0/old")
+	u := uuid.NewString()
+	fresh := `{"name":"boot-fresh","uuid":"` + u + `","lvmLogicalVolume":{"vgName":"vg0","size":"16Mi"%s}}`
+	out, err = prepare(fmt.Sprintf(fresh, ""))
+	require.Error(t, err, "a new LV holding an earlier LV's filesystem: %s", out)
+	assert.Contains(t, err.Error(), "exit status 3")
+	assert.Contains(t, out, "ext4 signature", "the refusal says what is there")
+	assert.NotContains(t, run("lvs", "--noheadings", "-o", "lv_name", "vg0"), "boot-fresh", "the new LV removed again")
+	assert.NotContains(t, run("salt-volume-exec", "list"), u, "no record left")
+	out, err = prepare(fmt.Sprintf(fresh, `,"wipeSignatures":true`))
+	require.NoError(t, err, "with wipeSignatures: %s", out)
+	assert.Equal(t, u, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-fresh"), "formatted after the wipe")
+	out, err = g.RunInput([]byte(fmt.Sprintf(fresh, `,"wipeSignatures":true`)), "salt-volume-exec", "unprepare", "--wipe", "--spec", "-")
+	require.NoError(t, err, "unprepare --wipe: %s", out)
+	assert.NotContains(t, run("lvs", "--noheadings", "-o", "lv_name", "vg0"), "boot-fresh", "unprepare --wipe removed our LV")
+	run("lvremove", "-q", "-y", "vg0/boot-hand")
 }
 
 // beaconInterval is the guest's beacon interval: the default. Shorter, the

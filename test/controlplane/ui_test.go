@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
@@ -164,6 +165,24 @@ func TestWebUI(t *testing.T) {
 	assert.Contains(t, reason, "/dev/salt-volumes-ui-missing")
 	assert.Contains(t, reason, "PrepareFailed")
 
+	// An LVM volume through the form, in a VG this node does not have: the
+	// node's refusal names the field.
+	do(chromedp.Click("#show-create"),
+		chromedp.SendKeys("#f-name", "ui-lvm"),
+		chromedp.Click(`input[name="kind"][value="lvm"]`),
+		chromedp.WaitVisible("#f-vg"),
+		chromedp.SendKeys("#f-vg", "vg-missing"),
+		chromedp.SendKeys("#f-size", "64Mi"),
+		chromedp.Click(`#create-form button[type="submit"]`),
+		chromedp.WaitVisible(row("ui-lvm", "Failed")))
+	reason = text(`#volumes tr[data-volume="ui-lvm"] td:nth-child(6) .reason`)
+	assert.Contains(t, reason, "lvmLogicalVolume.vgName")
+	assert.Contains(t, reason, `"vg-missing" does not exist`)
+	assert.Contains(t, text(`#volumes tr[data-volume="ui-lvm"]`), "lvm vg-missing", "the kind column")
+	lvm, err := p.Client().Get(context.Background(), "ui-lvm")
+	require.NoError(t, err)
+	assert.Equal(t, &spec.LVMLogicalVolume{VGName: "vg-missing", Size: "64Mi"}, lvm.Spec.LVMLogicalVolume, "the spec the form sent")
+
 	// Phone width: readable, the table scrolls inside its box.
 	do(chromedp.EmulateViewport(390, 844))
 	overflow, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth`))
@@ -183,7 +202,11 @@ func TestWebUI(t *testing.T) {
 		chromedp.Click(`#volumes tr[data-volume="ui-bad"] button.delete`),
 		chromedp.WaitVisible("#confirm"),
 		chromedp.Click("#confirm-ok"),
-		chromedp.WaitNotPresent(`#volumes tr[data-volume="ui-bad"]`))
+		chromedp.WaitNotPresent(`#volumes tr[data-volume="ui-bad"]`),
+		chromedp.Click(`#volumes tr[data-volume="ui-lvm"] button.delete`),
+		chromedp.WaitVisible("#confirm"),
+		chromedp.Click("#confirm-ok"),
+		chromedp.WaitNotPresent(`#volumes tr[data-volume="ui-lvm"]`))
 	shot("6-deleted")
 	assert.Contains(t, strings.Join(seenRows()["ui-1"], " | "), "Terminating:disabled:the volume is already being deleted")
 	mu.Lock()

@@ -55,14 +55,20 @@ func TestVolumeResource(t *testing.T) {
 		assert.Equal(t, "Filesystem", out, "mode defaults to Filesystem")
 		out, err = kubectl(volume("raw-block", "node: node-1.example.com\n  mode: Block\n  uuid: "+uuidA+"\n  rawBlockDevice: {devicePath: /dev/disk/by-id/nvme-x}"), "apply")
 		require.NoError(t, err, out)
+		out, err = kubectl(volume("lvm", "node: node-1\n  mode: Block\n  lvmLogicalVolume: {vgName: vg_data-1, size: 20Gi, wipeSignatures: true}"), "apply")
+		require.NoError(t, err, out)
 		out, err = kubectl(volume("bytes", "node: node-1\n  fsType: xfs\n  mkfsOptions: [-m, reflink=0]\n  sparseLoopDevice: {size: 1073741824}"), "apply")
 		require.NoError(t, err, out)
 	})
 
 	t.Run("invalid volumes are refused by the API server, naming the field", func(t *testing.T) {
 		for _, tc := range []struct{ name, spec, want string }{
-			{"both-kinds", "node: node-x\n  sparseLoopDevice: {size: 1Gi}\n  rawBlockDevice: {devicePath: /dev/sdb}", "give exactly one of sparseLoopDevice and rawBlockDevice"},
-			{"no-kind", "node: node-x", "give exactly one of sparseLoopDevice and rawBlockDevice"},
+			{"both-kinds", "node: node-x\n  sparseLoopDevice: {size: 1Gi}\n  rawBlockDevice: {devicePath: /dev/sdb}", "give exactly one of sparseLoopDevice, rawBlockDevice and lvmLogicalVolume"},
+			{"sparse-and-lvm", "node: node-x\n  sparseLoopDevice: {size: 1Gi}\n  lvmLogicalVolume: {vgName: vg0, size: 1Gi}", "give exactly one of sparseLoopDevice, rawBlockDevice and lvmLogicalVolume"},
+			{"no-kind", "node: node-x", "give exactly one of sparseLoopDevice, rawBlockDevice and lvmLogicalVolume"},
+			{"lvm-no-vg", "node: node-x\n  lvmLogicalVolume: {size: 1Gi}", "spec.lvmLogicalVolume.vgName: Required value"},
+			{"lvm-bad-vg", "node: node-x\n  lvmLogicalVolume: {vgName: -vg, size: 1Gi}", "spec.lvmLogicalVolume.vgName: Invalid value"},
+			{"lvm-bad-size", "node: node-x\n  lvmLogicalVolume: {vgName: vg0, size: 1GB}", "spec.lvmLogicalVolume.size"},
 			{"no-node", "sparseLoopDevice: {size: 1Gi}", "spec.node: Required value"},
 			{"bad-mode", "node: node-x\n  mode: Raw\n  sparseLoopDevice: {size: 1Gi}", "spec.mode: Unsupported value: \"Raw\""},
 			{"bad-fs", "node: node-x\n  fsType: btrfs\n  sparseLoopDevice: {size: 1Gi}", "spec.fsType: Unsupported value: \"btrfs\""},
@@ -88,6 +94,7 @@ func TestVolumeResource(t *testing.T) {
 			{"node", "node: node-2\n  sparseLoopDevice: {size: 10Gi}", "node cannot change"},
 			{"size", "node: node-1\n  sparseLoopDevice: {size: 20Gi}", "size cannot change"},
 			{"kind", "node: node-1\n  rawBlockDevice: {devicePath: /dev/sdb}", "the kind of a volume cannot change"},
+			{"lvm", "node: node-1\n  lvmLogicalVolume: {vgName: vg0, size: 10Gi}", "the kind of a volume cannot change"},
 			{"fsType", "node: node-1\n  fsType: xfs\n  sparseLoopDevice: {size: 10Gi}", "the spec cannot change once set"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

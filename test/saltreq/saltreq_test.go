@@ -158,4 +158,3 @@ func TestMasterRequestServer(t *testing.T) {
 		assert.Contains(t, err.Error(), "salt master")
 	})
 }
-

@@ -217,15 +217,27 @@ function pvText(pv) {
   return pv.claim ? pv.phase + " to " + pv.claim : pv.phase;
 }
 
+// kindText and specSize read the one kind a spec has.
+function kindText(sp) {
+  if (sp.sparseLoopDevice) return "sparse";
+  if (sp.lvmLogicalVolume) return "lvm " + sp.lvmLogicalVolume.vgName;
+  return "raw " + sp.rawBlockDevice.devicePath;
+}
+
+function specSize(sp) {
+  const k = sp.sparseLoopDevice || sp.lvmLogicalVolume;
+  return k ? String(k.size) : "";
+}
+
 function row(v) {
   const s = v.status, sp = v.spec;
   return {
     name: sp.name,
-    kind: sp.sparseLoopDevice ? "sparse" : "raw " + sp.rawBlockDevice.devicePath,
+    kind: kindText(sp),
     mode: sp.mode,
     fs: sp.fsType || "-",
-    size: s.size || parseSize(sp.sparseLoopDevice ? String(sp.sparseLoopDevice.size) : "") || 0,
-    sizeText: s.size ? formatSize(s.size) : (sp.sparseLoopDevice ? String(sp.sparseLoopDevice.size) : "-"),
+    size: s.size || parseSize(specSize(sp)) || 0,
+    sizeText: s.size ? formatSize(s.size) : (specSize(sp) || "-"),
     phase: s.phase,
     pv: pvText(s.persistentVolume),
     step: s.step || "",
@@ -304,12 +316,12 @@ function renderDetail() {
   del.disabled = !v.deletable;
   del.title = v.deletable ? "Delete " + name : v.deleteBlockedReason;
   $("#vol-blocked").textContent = v.deletable ? "" : v.deleteBlockedReason;
-  $("#vol-wipe").hidden = !sp.rawBlockDevice;
+  $("#vol-wipe").hidden = !sp.rawBlockDevice && !sp.lvmLogicalVolume;
   $("#vol-wipe").disabled = !v.deletable;
   $("#vol-forget").hidden = s.phase !== "Failed";
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
-    ["Kind", sp.sparseLoopDevice ? "sparse file" : "raw device " + sp.rawBlockDevice.devicePath],
-    ["Size", sp.sparseLoopDevice ? String(sp.sparseLoopDevice.size) : ""], ["Mode", sp.mode], ["Filesystem", sp.fsType],
+    ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
+    ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
     ["mkfs options", (sp.mkfsOptions || []).join(" ")], ["Created", v.createdAt], ["Origin", v.origin],
     ["Claim", v.claim ? v.claim.namespace + "/" + v.claim.name + " (" + v.claim.storageClass + ", " + v.claim.reclaimPolicy + ")" : ""]]);
   dl($("#vol-status"), [["Phase", s.phase], ["Reason", s.reason], ["Step", s.step], ["Device", s.devicePath],
@@ -342,7 +354,7 @@ function renderChart(v) {
   const span = Math.min(24 * 3600e3, Math.max(10 * 60e3, (now - first) * 1.1));
   const from = now - span;
   const ago = (ms) => ms >= 3600e3 ? "-" + +(ms / 3600e3).toFixed(1) + "h" : "-" + Math.round(ms / 60e3) + "m";
-  const size = v.status.size || parseSize(String(v.spec.sparseLoopDevice ? v.spec.sparseLoopDevice.size : "")) || 0;
+  const size = v.status.size || parseSize(specSize(v.spec)) || 0;
   const top = Math.max(size, ...samples.map((p) => Math.max(p.allocated, p.fsUsed || 0)), 1);
   const x = (t) => L + ((t - from) / (now - from)) * (W - L - R);
   const y = (b) => T + (1 - b / top) * (H - T - B);
@@ -395,8 +407,11 @@ function confirmAction(v, how) {
   const dlg = $("#confirm");
   const texts = {
     delete: `Delete volume ${v.spec.name} on node ${v.spec.node}? ` +
-      (v.spec.sparseLoopDevice ? "Its sparse file and all data in it are removed." : "The device is released; its data stays unless wiped."),
-    wipe: `Delete volume ${v.spec.name} and wipe its signatures on ${v.spec.rawBlockDevice ? v.spec.rawBlockDevice.devicePath : "its device"} (node ${v.spec.node})? The data on it becomes unreachable.`,
+      (v.spec.sparseLoopDevice ? "Its sparse file and all data in it are removed." :
+        v.spec.lvmLogicalVolume ? "Its logical volume and data stay unless wiped." : "The device is released; its data stays unless wiped."),
+    wipe: v.spec.lvmLogicalVolume ?
+      `Delete volume ${v.spec.name}, wipe its logical volume ${v.spec.lvmLogicalVolume.vgName}/${v.spec.name} and remove it (node ${v.spec.node})? Its data is gone.` :
+      `Delete volume ${v.spec.name} and wipe its signatures on ${v.spec.rawBlockDevice ? v.spec.rawBlockDevice.devicePath : "its device"} (node ${v.spec.node})? The data on it becomes unreachable.`,
     forget: `Forget volume ${v.spec.name}? Nothing runs on node ${v.spec.node}: whatever is there stays, and a later salt_volumes run there adopts it again.`,
   };
   $("#confirm-text").textContent = texts[how];
@@ -422,22 +437,27 @@ function alertError(r) {
 // ---- create ---------------------------------------------------------------
 
 const FIELD_MSG = { name: "#m-name", "sparseLoopDevice.size": "#m-size", "sparseLoopDevice": "#m-size",
-  "rawBlockDevice.devicePath": "#m-device", rawBlockDevice: "#m-device", fsType: "#m-fs", mkfsOptions: "#m-mkfs" };
+  "rawBlockDevice.devicePath": "#m-device", rawBlockDevice: "#m-device", fsType: "#m-fs", mkfsOptions: "#m-mkfs",
+  "lvmLogicalVolume.size": "#m-size", "lvmLogicalVolume.vgName": "#m-vg", lvmLogicalVolume: "#m-vg" };
 
 function formValues() {
   const kind = document.querySelector('input[name="kind"]:checked').value;
-  return { kind, name: $("#f-name").value.trim(), size: $("#f-size").value.trim(), device: $("#f-device").value.trim(),
+  return { kind, name: $("#f-name").value.trim(), size: $("#f-size").value.trim(), device: $("#f-device").value.trim(), vg: $("#f-vg").value.trim(),
     mode: $("#f-mode").value, fs: $("#f-fs").value, mkfs: $("#f-mkfs").value.trim() };
 }
 
 function validate() {
   const f = formValues();
-  const msgs = { name: "", size: "", device: "", fs: "" };
+  const msgs = { name: "", size: "", device: "", fs: "", vg: "" };
   if (!f.name) msgs.name = "Required: lowercase letters, digits and '-'.";
   else if (f.name.length > 63 || !/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(f.name))
     msgs.name = "Use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit.";
   else if (state.volumes.has(f.name)) msgs.name = `A volume named ${f.name} already exists.`;
-  if (f.kind === "sparse") {
+  if (f.kind === "lvm") {
+    if (!f.vg) msgs.vg = "Required: a volume group on the node (vgs lists them).";
+    else if (!/^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$/.test(f.vg)) msgs.vg = "Use letters, digits and + _ . - as vgs shows the name.";
+  }
+  if (f.kind === "sparse" || f.kind === "lvm") {
     const n = parseSize(f.size);
     if (!f.size) msgs.size = "Required, e.g. 10Gi or 500M.";
     else if (isNaN(n)) msgs.size = "Use a number with an optional unit: Ki Mi Gi Ti or k M G T (e.g. 10Gi).";
@@ -449,17 +469,20 @@ function validate() {
   $("#m-name").textContent = msgs.name;
   $("#m-size").textContent = msgs.size;
   $("#m-device").textContent = msgs.device;
+  $("#m-vg").textContent = msgs.vg;
   $("#m-fs").textContent = "";
   $("#m-mkfs").textContent = "";
   $("#f-name").setAttribute("aria-invalid", msgs.name ? "true" : "false");
   $("#f-size").setAttribute("aria-invalid", msgs.size ? "true" : "false");
   $("#f-device").setAttribute("aria-invalid", msgs.device ? "true" : "false");
-  return !msgs.name && !msgs.size && !msgs.device;
+  $("#f-vg").setAttribute("aria-invalid", msgs.vg ? "true" : "false");
+  return !msgs.name && !msgs.size && !msgs.device && !msgs.vg;
 }
 
 function syncForm() {
   const f = formValues();
-  $("#size-field").hidden = f.kind !== "sparse";
+  $("#size-field").hidden = f.kind === "raw";
+  $("#vg-field").hidden = f.kind !== "lvm";
   $("#device-field").hidden = f.kind !== "raw";
   $("#fs-field").hidden = f.mode === "Block";
   $("#mkfs-field").hidden = f.mode === "Block";
@@ -472,6 +495,7 @@ async function submitCreate(e) {
   const f = formValues();
   const body = { name: f.name, node: state.node, mode: f.mode };
   if (f.kind === "sparse") body.sparseLoopDevice = { size: f.size };
+  else if (f.kind === "lvm") body.lvmLogicalVolume = { vgName: f.vg, size: f.size };
   else body.rawBlockDevice = { devicePath: f.device };
   if (f.mode === "Filesystem") {
     body.fsType = f.fs;

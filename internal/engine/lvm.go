@@ -1,0 +1,377 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/lvm"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+const vgField = "lvmLogicalVolume.vgName"
+
+// writtenLV is what an LVM Block volume's record says we wrote: the LV
+// itself, and nothing on it.
+const writtenLV = "lv"
+
+func lvTag(s *spec.Spec) string { return spec.LVMTagPrefix + s.UUID }
+
+// checkLVM makes the refusals that need no lock, before anything is
+// recorded: the VG must exist, and an LV already named after the volume
+// must be one we tagged.
+func (e *Engine) checkLVM(ctx context.Context, s *spec.Spec) error {
+	l := s.LVMLogicalVolume
+	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
+	if errors.Is(err, lvm.ErrNoVG) {
+		return invalid("vg_not_found", "%s: volume group %q does not exist on this node: create it first (vgcreate) or choose one that vgs lists", vgField, l.VGName)
+	}
+	if err != nil {
+		return failed("lvm", err, "reading volume group %s", l.VGName)
+	}
+	if lv != nil && !lv.HasTag(lvTag(s)) {
+		return refused("lv_not_ours", "%s: logical volume %s/%s exists and salt-volumes did not create it for this volume (it lacks the tag %s): not touching it; choose another volume name, or give it as rawBlockDevice: {devicePath: /dev/%s/%s} to use it as it is",
+			vgField, l.VGName, s.Name, lvTag(s), l.VGName, s.Name)
+	}
+	return nil
+}
+
+// dmByUUID finds the device-mapper device with the given UUID in sysfs,
+// without running a process: the beacon inspects every interval.
+func dmByUUID(dmuuid string) string {
+	if dmuuid == "" {
+		return ""
+	}
+	ents, _ := os.ReadDir(blockdev.SysBlock)
+	for _, ent := range ents {
+		n := ent.Name()
+		if !strings.HasPrefix(n, "dm-") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(blockdev.SysBlock, n, "dm", "uuid"))
+		if err == nil && strings.TrimSpace(string(b)) == dmuuid {
+			return n
+		}
+	}
+	return ""
+}
+
+// lvmLink is the persistent path of an LVM volume: its filesystem UUID's,
+// or in Block mode udev's link of the LV's device-mapper UUID.
+func lvmLink(s *spec.Spec, rec *nodestate.Record) string {
+	if s.Mode == spec.ModeBlock {
+		if rec == nil || rec.DMUUID == "" {
+			return ""
+		}
+		return spec.DMUUIDLinkPrefix + rec.DMUUID
+	}
+	return s.PersistentPath()
+}
+
+// dropUnstarted forgets a new volume's record when nothing of it exists on
+// the machine yet, so that a refusal leaves the node as it was.
+func (e *Engine) dropUnstarted(rec *nodestate.Record) {
+	if rec.LVUUID == "" && !rec.Formatted() {
+		_ = e.State.Remove(rec.Spec.UUID)
+	}
+}
+
+func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
+	s := o.s
+	l := s.LVMLogicalVolume
+	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
+	if errors.Is(err, lvm.ErrNoVG) {
+		e.dropUnstarted(rec)
+		return invalid("vg_not_found", "%s: volume group %q does not exist on this node: create it first (vgcreate) or choose one that vgs lists", vgField, l.VGName)
+	}
+	if err != nil {
+		return failed("lvm", err, "reading volume group %s", l.VGName)
+	}
+	if lv != nil && (!lv.HasTag(lvTag(s)) || rec.LVUUID != "" && lv.UUID != rec.LVUUID) {
+		e.dropUnstarted(rec)
+		return refused("lv_not_ours", "%s: logical volume %s/%s is not the one salt-volumes created for this volume (tag %s, LVM UUID %s): not touching it",
+			vgField, l.VGName, s.Name, lvTag(s), rec.LVUUID)
+	}
+	if lv == nil {
+		if rec.LVUUID != "" {
+			return failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for this volume, is gone: its data is lost; delete the volume and create it again",
+				l.VGName, s.Name, rec.LVUUID)
+		}
+		vg, err := lvm.GetVG(ctx, l.VGName)
+		if err != nil {
+			return failed("lvm", err, "reading volume group %s", l.VGName)
+		}
+		if need := roundUp(s.SizeBytes, vg.ExtentSize); need > vg.Free {
+			e.dropUnstarted(rec)
+			return invalid("size_too_large", "lvmLogicalVolume.size: %s is more than volume group %s has free (%s): use a smaller size or extend the VG (vgextend)",
+				spec.FormatSize(s.SizeBytes), l.VGName, spec.FormatSize(vg.Free))
+		}
+		if err := lvm.Create(ctx, l.VGName, s.Name, s.SizeBytes, lvTag(s)); err != nil {
+			return failed("lvcreate", err, "creating logical volume %s/%s", l.VGName, s.Name)
+		}
+		o.changed = true
+		o.step("lv-created", "lv", l.VGName+"/"+s.Name, "tag", lvTag(s))
+		if lv, err = lvm.GetLV(ctx, l.VGName, s.Name); err != nil || lv == nil {
+			return failed("lvm", err, "reading logical volume %s/%s back", l.VGName, s.Name)
+		}
+	}
+	if rec.LVUUID != lv.UUID {
+		// Saved at once: from now on the LV is ours by record as well as by
+		// tag, whatever happens next.
+		rec.LVUUID, rec.DMUUID = lv.UUID, lv.DMUUID()
+		if err := e.State.Save(rec); err != nil {
+			return failed("state", err, "saving state of %s", s.Name)
+		}
+	}
+	name := dmByUUID(rec.DMUUID)
+	if name == "" {
+		if err := lvm.Activate(ctx, l.VGName, lv.UUID); err != nil {
+			return failed("lvchange", err, "activating logical volume %s/%s", l.VGName, s.Name)
+		}
+		o.changed = true
+		o.step("lv-activated", "lv", l.VGName+"/"+s.Name)
+		if name = dmByUUID(rec.DMUUID); name == "" {
+			return failed("lvm", nil, "logical volume %s/%s is active but no device-mapper device has UUID %s", l.VGName, s.Name, rec.DMUUID)
+		}
+	}
+	path, err := blockdev.EnsureNode(name)
+	if err != nil {
+		return failed("node", err, "making /dev/%s", name)
+	}
+	raw, err := resolveRaw(path)
+	if err != nil {
+		return err
+	}
+	raw.path = "/dev/" + l.VGName + "/" + s.Name
+	if !rec.Formatted() {
+		if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
+			return err
+		}
+	}
+	if s.Mode == spec.ModeFilesystem {
+		r, _, _, err := openProbe(path)
+		if err != nil {
+			return failed("probe", err, "reading %s", raw.path)
+		}
+		act, err := decideContent(s, contentFacts{Where: raw.path, Ours: ours(s, r), Found: r, Formatted: rec.Formatted()})
+		if err != nil {
+			return err
+		}
+		if act == writeContent {
+			if err := e.writeRaw(ctx, o, rec, raw); err != nil {
+				return err
+			}
+		}
+		o.markWritten(rec, s.FSType)
+	} else {
+		o.markWritten(rec, writtenLV)
+	}
+	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
+	}
+	o.link = lvmLink(s, rec)
+	res.PersistentPath = o.link
+	return e.linkDevice(ctx, o, name, res)
+}
+
+// checkFreshLV: an LV we have not written yet must hold nothing, or only
+// our own filesystem (a prepare killed after mkfs). What an earlier LV left
+// on the same extents is someone's data: refused, and the new LV removed
+// again so the refusal changes nothing, unless the volume asks to wipe it.
+func (e *Engine) checkFreshLV(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice) error {
+	s := o.s
+	if r, _, _, err := openProbe(raw.real); err == nil && s.Mode == spec.ModeFilesystem && ours(s, r) {
+		return nil
+	}
+	sigs, err := probe.Signatures(ctx, raw.real)
+	if err != nil {
+		return failed("probe", err, "reading %s", raw.path)
+	}
+	if len(sigs) == 0 {
+		return nil
+	}
+	found := make([]string, len(sigs))
+	for i, sg := range sigs {
+		found[i] = sg.String()
+	}
+	what := strings.Join(found, ", ")
+	if s.LVMLogicalVolume.WipeSignatures {
+		if err := probe.WipeAll(ctx, raw.real); err != nil {
+			return failed("wipe", err, "erasing what %s holds", raw.path)
+		}
+		o.changed = true
+		o.step("signatures-wiped", "lv", raw.path, "found", what)
+		return nil
+	}
+	if err := lvm.Remove(ctx, s.LVMLogicalVolume.VGName, rec.LVUUID); err != nil {
+		return failed("lvremove", err, "removing the new logical volume %s after finding %s on it", raw.path, what)
+	}
+	o.step("lv-removed", "lv", raw.path, "found", what)
+	if err := e.State.Remove(s.UUID); err != nil {
+		return failed("state", err, "removing state of %s", s.Name)
+	}
+	return refused("lv_signatures", "lvmLogicalVolume: the new logical volume %s held %s, left by an earlier LV on the same extents: it was removed again and nothing changed; set lvmLogicalVolume.wipeSignatures: true to erase that and use the space",
+		raw.path, what)
+}
+
+func roundUp(n, unit int64) int64 {
+	if unit <= 0 {
+		return n
+	}
+	return (n + unit - 1) / unit * unit
+}
+
+// locateLVM is the recorded LV's device-mapper device, if active and ours.
+func (e *Engine) locateLVM(rec *nodestate.Record) string {
+	return dmByUUID(rec.DMUUID)
+}
+
+func (e *Engine) inspectLVM(s *spec.Spec, rec *nodestate.Record, res *Result) {
+	if p := lvmLink(s, rec); p != "" {
+		res.PersistentPath = p
+	}
+	var name string
+	if rec != nil {
+		name = e.locateLVM(rec)
+	}
+	if name != "" {
+		res.DeviceName, res.DevicePath = name, "/dev/"+name
+		res.Size, _ = blockdev.SizeOf(name)
+	}
+	switch {
+	case rec == nil:
+		res.State = StateAbsent
+	case rec.Phase != nodestate.PhasePrepared:
+		res.State = StateIncomplete
+	case name == "":
+		res.State = StateMissing
+		res.Error = "logical volume " + s.LVMLogicalVolume.VGName + "/" + s.Name + " (LVM UUID " + rec.LVUUID + ") is not active or is gone: run salt-volume-exec restore"
+	case s.Mode == spec.ModeFilesystem && !carriesUUID(s, name):
+		res.State = StateDamaged
+		res.Error = "/dev/" + name + " no longer carries the volume's " + expectedSignature(s) + ": " + recovery(s, "/dev/"+s.LVMLogicalVolume.VGName+"/"+s.Name)
+	default:
+		res.State = StatePrepared
+		e.checkLink(s, res)
+	}
+}
+
+// restoreLVM activates our LV if the boot did not, and links it.
+func (e *Engine) restoreLVM(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
+	s := o.s
+	name := e.locateLVM(rec)
+	if name == "" {
+		lv, err := lvm.GetLV(ctx, s.LVMLogicalVolume.VGName, s.Name)
+		if err != nil || lv == nil || lv.UUID != rec.LVUUID || !lv.HasTag(lvTag(s)) {
+			return failed("lv_missing", err, "logical volume %s/%s (LVM UUID %s) is not on this node", s.LVMLogicalVolume.VGName, s.Name, rec.LVUUID)
+		}
+		if err := lvm.Activate(ctx, s.LVMLogicalVolume.VGName, rec.LVUUID); err != nil {
+			return failed("lvchange", err, "activating %s/%s", s.LVMLogicalVolume.VGName, s.Name)
+		}
+		o.changed = true
+		o.step("lv-activated", "lv", s.LVMLogicalVolume.VGName+"/"+s.Name)
+		if name = e.locateLVM(rec); name == "" {
+			return failed("lvm", nil, "no device-mapper device has UUID %s after activation", rec.DMUUID)
+		}
+	}
+	o.link = lvmLink(s, rec)
+	return e.linkDevice(ctx, o, name, res)
+}
+
+// unprepareLVM keeps the LV and its data unless Wipe is set; with Wipe it
+// erases every signature on the LV and removes it, only if the LV is the
+// one we created (our tag and the recorded LVM UUID).
+func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record, opts UnprepareOptions, res *Result) error {
+	s := o.s
+	l := s.LVMLogicalVolume
+	o.link = lvmLink(s, rec)
+	name := e.locateLVM(rec)
+	if name != "" {
+		res.DeviceName, res.DevicePath = name, "/dev/"+name
+		if err := e.refuseInUse(s, name, res); err != nil {
+			return err
+		}
+	}
+	if !opts.Wipe {
+		if name != "" {
+			res.Warnings = append(res.Warnings, "logical volume "+l.VGName+"/"+s.Name+" and its data are kept (delete with --wipe to remove it)")
+		}
+		if s.Mode == spec.ModeFilesystem {
+			return e.removeLink(o, name)
+		}
+		return nil
+	}
+	if rec.LVUUID == "" {
+		return nil // the prepare never created it
+	}
+	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
+	if err != nil && !errors.Is(err, lvm.ErrNoVG) {
+		return failed("lvm", err, "reading logical volume %s/%s", l.VGName, s.Name)
+	}
+	if lv == nil || lv.UUID != rec.LVUUID {
+		res.Warnings = append(res.Warnings, "logical volume "+l.VGName+"/"+s.Name+" with LVM UUID "+rec.LVUUID+" is gone: nothing to remove")
+		return e.removeLink(o, "")
+	}
+	if !lv.HasTag(lvTag(s)) {
+		return refused("lv_not_ours", "logical volume %s/%s has lost the tag %s that salt-volumes put on it: not removing it (lvchange --addtag %s %s/%s if it is this volume's)",
+			l.VGName, s.Name, lvTag(s), lvTag(s), l.VGName, s.Name)
+	}
+	if name == "" {
+		if err := lvm.Activate(ctx, l.VGName, rec.LVUUID); err != nil {
+			return failed("lvchange", err, "activating %s/%s to wipe it", l.VGName, s.Name)
+		}
+		if name = e.locateLVM(rec); name == "" {
+			return failed("lvm", nil, "no device-mapper device has UUID %s after activation", rec.DMUUID)
+		}
+		if err := e.refuseInUse(s, name, res); err != nil {
+			return err
+		}
+	}
+	if err := probe.WipeAll(ctx, "/dev/"+name); err != nil {
+		return failed("wipe", err, "erasing the signatures of %s/%s", l.VGName, s.Name)
+	}
+	o.changed = true
+	o.step("wiped", "device", name, "what", "all signatures")
+	if err := lvm.Remove(ctx, l.VGName, rec.LVUUID); err != nil {
+		return failed("lvremove", err, "removing logical volume %s/%s", l.VGName, s.Name)
+	}
+	o.step("lv-removed", "lv", l.VGName+"/"+s.Name)
+	if s.Mode == spec.ModeFilesystem {
+		return e.removeLink(o, "")
+	}
+	return nil
+}
+
+// lvmUUIDOf is the device-mapper UUID of device name if it is an LVM LV
+// ("LVM-..."), else "".
+func lvmUUIDOf(name string) string {
+	b, err := os.ReadFile(filepath.Join(blockdev.SysBlock, name, "dm", "uuid"))
+	if err != nil {
+		return ""
+	}
+	u := strings.TrimSpace(string(b))
+	if !strings.HasPrefix(u, "LVM-") {
+		return ""
+	}
+	return u
+}
+
+// prepareRawLV takes an existing LV as a Block volume as it is (seed 000):
+// a device-mapper device has no partitions for a GPT of ours to name, and
+// LVM's own UUID names it already. admitRaw found it blank and unused.
+func (e *Engine) prepareRawLV(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, dm string, res *Result) error {
+	if rec.DMUUID != dm {
+		rec.DMUUID, o.unsaved = dm, true
+	}
+	o.markWritten(rec, writtenLV)
+	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
+	}
+	o.link = spec.DMUUIDLinkPrefix + dm
+	res.PersistentPath = o.link
+	return e.linkDevice(ctx, o, raw.name, res)
+}

@@ -1,0 +1,195 @@
+// Package lvm runs the LVM tools (vgs, lvs, lvcreate, lvchange, lvremove)
+// with argument lists and reads their JSON reports. It never picks what to
+// act on by name alone where a UUID can say it: removal selects the LV by
+// its LVM UUID.
+package lvm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// ErrNoVG: the volume group does not exist on this machine.
+var ErrNoVG = errors.New("volume group not found")
+
+// VG is what we read of a volume group.
+type VG struct {
+	Name       string
+	UUID       string
+	Size, Free int64
+	ExtentSize int64
+}
+
+// LV is what we read of a logical volume.
+type LV struct {
+	Name, VG   string
+	UUID       string // LVM's own UUID of the LV (with dashes)
+	VGUUID     string
+	Size       int64
+	Tags       []string
+	Active     bool
+	DevicePath string // /dev/<vg>/<lv>, when active
+}
+
+// DMUUID is the device-mapper UUID of an LV, the name udev gives its
+// /dev/disk/by-id/dm-uuid-* link: "LVM-" and both UUIDs without dashes.
+func (l *LV) DMUUID() string {
+	return "LVM-" + strings.ReplaceAll(l.VGUUID, "-", "") + strings.ReplaceAll(l.UUID, "-", "")
+}
+
+// HasTag tells whether the LV carries tag t.
+func (l *LV) HasTag(t string) bool {
+	for _, x := range l.Tags {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+// run runs an LVM tool; its stderr goes into the error, which LVM keeps
+// free of secrets.
+func run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	path, err := exec.LookPath(prog)
+	if err != nil {
+		return nil, fmt.Errorf("%s not found: install lvm2: %w", prog, err)
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	// LVM warns about descriptors it inherits; none of ours are meant for it.
+	cmd.Env = append(cmd.Environ(), "LVM_SUPPRESS_FD_WARNINGS=1")
+	if err := cmd.Run(); err != nil {
+		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", prog, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.Bytes(), nil
+}
+
+type report struct {
+	Report []struct {
+		VG []map[string]string `json:"vg"`
+		LV []map[string]string `json:"lv"`
+	} `json:"report"`
+}
+
+func parseReport(b []byte) (vgs, lvs []map[string]string, err error) {
+	var r report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, nil, fmt.Errorf("reading an LVM report: %w", err)
+	}
+	for _, x := range r.Report {
+		vgs = append(vgs, x.VG...)
+		lvs = append(lvs, x.LV...)
+	}
+	return vgs, lvs, nil
+}
+
+func num(s string) int64 {
+	n, _ := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	return n
+}
+
+// ParseVGs reads `vgs --reportformat json` output.
+func ParseVGs(b []byte) ([]VG, error) {
+	rows, _, err := parseReport(b)
+	if err != nil {
+		return nil, err
+	}
+	var out []VG
+	for _, r := range rows {
+		out = append(out, VG{Name: r["vg_name"], UUID: r["vg_uuid"], Size: num(r["vg_size"]), Free: num(r["vg_free"]), ExtentSize: num(r["vg_extent_size"])})
+	}
+	return out, nil
+}
+
+// ParseLVs reads `lvs --reportformat json` output.
+func ParseLVs(b []byte) ([]LV, error) {
+	_, rows, err := parseReport(b)
+	if err != nil {
+		return nil, err
+	}
+	var out []LV
+	for _, r := range rows {
+		l := LV{Name: r["lv_name"], VG: r["vg_name"], UUID: r["lv_uuid"], VGUUID: r["vg_uuid"], Size: num(r["lv_size"]),
+			Active: r["lv_active"] == "active", DevicePath: r["lv_path"]}
+		if t := r["lv_tags"]; t != "" {
+			l.Tags = strings.Split(t, ",")
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+var units = []string{"--reportformat", "json", "--units", "b", "--nosuffix"}
+
+// GetVG reads one volume group; ErrNoVG if there is none by that name.
+func GetVG(ctx context.Context, name string) (*VG, error) {
+	b, err := run(ctx, "vgs", append(units, "-o", "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size", name)...)
+	if err != nil {
+		if strings.Contains(err.Error(), "not found") {
+			return nil, fmt.Errorf("%q: %w", name, ErrNoVG)
+		}
+		return nil, err
+	}
+	vgs, err := ParseVGs(b)
+	if err != nil {
+		return nil, err
+	}
+	for i := range vgs {
+		if vgs[i].Name == name {
+			return &vgs[i], nil
+		}
+	}
+	return nil, fmt.Errorf("%q: %w", name, ErrNoVG)
+}
+
+const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path"
+
+// GetLV reads the LV named name in vg; nil if there is none.
+func GetLV(ctx context.Context, vg, name string) (*LV, error) {
+	b, err := run(ctx, "lvs", append(units, "-o", lvFields, vg)...)
+	if err != nil {
+		if strings.Contains(err.Error(), "not found") {
+			return nil, fmt.Errorf("%q: %w", vg, ErrNoVG)
+		}
+		return nil, err
+	}
+	lvs, err := ParseLVs(b)
+	if err != nil {
+		return nil, err
+	}
+	for i := range lvs {
+		if lvs[i].Name == name && lvs[i].VG == vg {
+			return &lvs[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// Create makes a linear LV of at least size bytes (LVM rounds up to its
+// extent size) carrying tag. It neither wipes signatures nor zeroes the
+// start: what the extents held is the caller's to find and judge.
+func Create(ctx context.Context, vg, name string, size int64, tag string) error {
+	_, err := run(ctx, "lvcreate", "--yes", "--wipesignatures", "n", "--zero", "n", "--activate", "y",
+		"--name", name, "--size", strconv.FormatInt(size, 10)+"b", "--addtag", tag, vg)
+	return err
+}
+
+// Activate activates the LV whose LVM UUID is uuid, in vg.
+func Activate(ctx context.Context, vg, uuid string) error {
+	_, err := run(ctx, "lvchange", "--activate", "y", "--select", "lv_uuid="+uuid, vg)
+	return err
+}
+
+// Remove removes the LV whose LVM UUID is uuid, in vg: a name could have
+// been given to another LV since we looked.
+func Remove(ctx context.Context, vg, uuid string) error {
+	_, err := run(ctx, "lvremove", "--yes", "--select", "lv_uuid="+uuid, vg)
+	return err
+}

@@ -1,0 +1,38 @@
+package lvm
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Reports as lvm2 2.03 prints them (Debian 12's guest).
+func TestParseReports(t *testing.T) {
+	lvs, err := ParseLVs([]byte(`  {
+      "report": [
+          {
+              "lv": [
+                  {"lv_name":"data", "vg_name":"vg0", "lv_uuid":"Jf1V2d-0d9Q-yZ9y-5c1u-R1xH-2yVb-8XwQ1b", "vg_uuid":"aaaaaa-bbbb-cccc-dddd-eeee-ffff-gggggg", "lv_size":"67108864", "lv_tags":"salt-volumes.io/uuid=3f2504e0-4f89-41d3-9a0c-0305e82c3301,other", "lv_active":"active", "lv_path":"/dev/vg0/data"},
+                  {"lv_name":"hand", "vg_name":"vg0", "lv_uuid":"x", "vg_uuid":"y", "lv_size":"4194304", "lv_tags":"", "lv_active":"", "lv_path":""}
+              ]
+          }
+      ]
+  }`))
+	require.NoError(t, err)
+	require.Len(t, lvs, 2)
+	assert.Equal(t, int64(64<<20), lvs[0].Size)
+	assert.True(t, lvs[0].Active)
+	assert.True(t, lvs[0].HasTag("salt-volumes.io/uuid=3f2504e0-4f89-41d3-9a0c-0305e82c3301"))
+	assert.False(t, lvs[0].HasTag("salt-volumes.io/uuid="))
+	assert.Equal(t, "LVM-aaaaaabbbbccccddddeeeeffffggggggJf1V2d0d9QyZ9y5c1uR1xH2yVb8XwQ1b", lvs[0].DMUUID())
+	assert.False(t, lvs[1].Active)
+	assert.Empty(t, lvs[1].Tags)
+
+	vgs, err := ParseVGs([]byte(`{"report":[{"vg":[{"vg_name":"vg0","vg_uuid":"u","vg_size":"1069547520","vg_free":"998244352","vg_extent_size":"4194304"}]}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, []VG{{Name: "vg0", UUID: "u", Size: 1069547520, Free: 998244352, ExtentSize: 4 << 20}}, vgs)
+
+	_, err = ParseLVs([]byte("  WARNING: not json"))
+	assert.Error(t, err)
+}
