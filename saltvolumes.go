@@ -43,6 +43,17 @@ type Device struct {
 	Changed  bool     `json:"changed"`
 	Warnings []string `json:"warnings,omitempty"`
 	Error    string   `json:"error,omitempty"`
+	// Wiped says how a --wipe was checked: every byte of Device zeroed,
+	// then the blocks at Offsets (drawn from Seed) read back as zeros.
+	Wiped *WipeCheck `json:"wiped,omitempty"`
+}
+
+// WipeCheck is the evidence of a verified wipe.
+type WipeCheck struct {
+	Device  string  `json:"device"`
+	Bytes   int64   `json:"bytes"`
+	Seed    uint64  `json:"seed"`
+	Offsets []int64 `json:"offsets"`
 }
 
 // Capacity is what a node's sparse volumes may use: the filesystem that

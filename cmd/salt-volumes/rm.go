@@ -11,7 +11,7 @@ import (
 // rm asks for a deletion (or, with --forget, drops a Failed volume).
 func (c *cli) rm(ctx context.Context, in []string) error {
 	fs := c.flags("rm")
-	wipe := fs.Bool("wipe", false, "raw devices: also erase the signatures the volume wrote; LVM volumes: erase and remove the logical volume")
+	wipe := fs.Bool("wipe", false, "raw devices: also zero the whole device and read a sample back (WipeUnverified if it is not zero); LVM volumes: zero and remove the logical volume")
 	forget := fs.Bool("forget", false, "a Failed volume whose node is gone: drop it without running anything on the node")
 	wait := fs.Bool("wait", false, "wait until the volume is gone")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")

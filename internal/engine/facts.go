@@ -81,7 +81,10 @@ func (e *Engine) holdings(recs []*nodestate.Record, except string) map[string]st
 		if r.Spec.UUID == except {
 			continue
 		}
-		for _, n := range e.devicesIn(idx, r) {
+		// Without the disk of a partition whose GUID a volume set: its
+		// sibling partitions may be volumes too, while the whole disk is
+		// still refused (it contains the volume's partition).
+		for _, n := range e.devicesIn(idx, r, false) {
 			held[n] = r.Spec.Name
 		}
 	}
@@ -93,10 +96,13 @@ func (e *Engine) holdings(recs []*nodestate.Record, except string) map[string]st
 // partition whose GUID we set), each with its partitions.
 func (e *Engine) devicesOf(r *nodestate.Record) []string {
 	idx, _ := loopdev.NewIndex()
-	return e.devicesIn(idx, r)
+	return e.devicesIn(idx, r, true)
 }
 
-func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record) []string {
+// devicesIn is devicesOf with a loop index at hand; withParent adds the
+// disk (and its partitions) of a partition whose GUID the volume set,
+// which carries the volume's UUID in its table.
+func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record, withParent bool) []string {
 	var names []string
 	if r.Spec.SparseLoopDevice != nil {
 		for _, d := range idx.Find(e.State.SparseFile(r.Spec.UUID)) {
@@ -108,7 +114,11 @@ func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record) []string {
 			names = append(names, n)
 		}
 	} else {
-		for _, num := range []string{r.DeviceNum, r.ParentNum} {
+		nums := []string{r.DeviceNum}
+		if withParent {
+			nums = append(nums, r.ParentNum)
+		}
+		for _, num := range nums {
 			if d, ok := parseDev(num); ok {
 				if n, err := blockdev.Name(d); err == nil {
 					names = append(names, n)

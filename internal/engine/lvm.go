@@ -283,8 +283,8 @@ func (e *Engine) restoreLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 }
 
 // unprepareLVM keeps the LV and its data unless Wipe is set; with Wipe it
-// erases every signature on the LV and removes it, only if the LV is the
-// one we created (our tag and the recorded LVM UUID).
+// zeroes the whole LV (verified) and removes it, only if the LV is the one
+// we created (our tag and the recorded LVM UUID).
 func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record, opts UnprepareOptions, res *Result) error {
 	s := o.s
 	l := s.LVMLogicalVolume
@@ -331,11 +331,9 @@ func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record,
 			return err
 		}
 	}
-	if err := probe.WipeAll(ctx, "/dev/"+name); err != nil {
-		return failed("wipe", err, "erasing the signatures of %s/%s", l.VGName, s.Name)
+	if err := e.zeroAndVerify(o, nil, name, res); err != nil {
+		return err
 	}
-	o.changed = true
-	o.step("wiped", "device", name, "what", "all signatures")
 	if err := lvm.Remove(ctx, l.VGName, rec.LVUUID); err != nil {
 		return failed("lvremove", err, "removing logical volume %s/%s", l.VGName, s.Name)
 	}

@@ -257,6 +257,15 @@ func (e *Engine) writeRaw(ctx context.Context, o *op, rec *nodestate.Record, raw
 	return nil
 }
 
+// lockDisk serialises writes to one disk's partition table.
+func (e *Engine) lockDisk(name string) (*nodestate.Lock, error) {
+	l, err := e.State.Lock("disk-" + name)
+	if err != nil {
+		return nil, failed("lock", err, "locking the partition table of %s", name)
+	}
+	return l, nil
+}
+
 // rememberDevice records which device the volume is on, to notice a path
 // that later names another one.
 func (e *Engine) rememberDevice(rec *nodestate.Record, raw *rawDevice) error {
@@ -280,6 +289,13 @@ func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate
 			return err
 		}
 		parentPath := "/dev/" + part.Parent
+		// Other partitions of this disk may be volumes whose GUIDs are set
+		// in the same table: one read-modify-write of it at a time.
+		dl, err := e.lockDisk(part.Parent)
+		if err != nil {
+			return err
+		}
+		defer dl.Unlock()
 		// The disk is not opened exclusively: its other partitions may be
 		// mounted. The partition itself was checked exclusively in admit.
 		f, err := os.OpenFile(parentPath, os.O_RDWR|unix.O_CLOEXEC, 0)

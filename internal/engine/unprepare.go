@@ -169,8 +169,10 @@ func (e *Engine) unprepareRaw(ctx context.Context, o *op, rec *nodestate.Record,
 				return err
 			}
 		}
-		if opts.Wipe {
-			res.Warnings = append(res.Warnings, "nothing to wipe: salt-volumes wrote nothing on this logical volume (it is not removed either: it was not created by salt-volumes)")
+		if opts.Wipe && name != "" {
+			// The LV stays (salt-volumes did not create it); what the
+			// volume held on it goes.
+			return e.zeroAndVerify(o, nil, name, res)
 		}
 		return nil
 	}
@@ -183,7 +185,7 @@ func (e *Engine) unprepareRaw(ctx context.Context, o *op, rec *nodestate.Record,
 			return err
 		}
 		if opts.Wipe {
-			if err := e.wipe(o, rec, name); err != nil {
+			if err := e.wipe(o, rec, name, res); err != nil {
 				return err
 			}
 		}
@@ -191,8 +193,11 @@ func (e *Engine) unprepareRaw(ctx context.Context, o *op, rec *nodestate.Record,
 	return e.removeLink(o, name)
 }
 
-// wipe erases only what we wrote, re-checking it right before writing.
-func (e *Engine) wipe(o *op, rec *nodestate.Record, name string) error {
+// wipe zeroes the volume's whole device and proves it by reading back a
+// sample, then erases what else carries the volume (a partition's GUID in
+// its disk's table). What it acts on is re-checked right before: only a
+// device that still carries what we wrote is ours to zero.
+func (e *Engine) wipe(o *op, rec *nodestate.Record, name string, res *Result) error {
 	s := o.s
 	disk := name
 	var part blockdev.PartitionInfo
@@ -203,6 +208,13 @@ func (e *Engine) wipe(o *op, rec *nodestate.Record, name string) error {
 		}
 		part, disk = p, p.Parent
 	}
+	if part.Parent != "" {
+		dl, err := e.lockDisk(part.Parent)
+		if err != nil {
+			return err
+		}
+		defer dl.Unlock()
+	}
 	// A superblock is wiped through an exclusive open of the device; a
 	// table through the disk (whose other partitions may be mounted).
 	flags := os.O_RDWR | unix.O_CLOEXEC
@@ -210,6 +222,9 @@ func (e *Engine) wipe(o *op, rec *nodestate.Record, name string) error {
 		flags |= os.O_EXCL
 	}
 	f, err := os.OpenFile("/dev/"+disk, flags, 0)
+	if errors.Is(err, unix.EROFS) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return wipeUnverified(disk, err)
+	}
 	if err != nil {
 		return refused("in_use", "opening /dev/%s to wipe it: %v", disk, err)
 	}
@@ -236,25 +251,29 @@ func (e *Engine) wipe(o *op, rec *nodestate.Record, name string) error {
 	if err != nil {
 		return err
 	}
+	// The volume's device is the partition whose GUID we set, else the
+	// whole device we formatted or partitioned: all of it was the volume's.
+	switch act {
+	case resetGUID:
+		err = e.zeroAndVerify(o, nil, name, res)
+	case wipeTable:
+		// The kernel forgets our partition first: once the table is
+		// zeroed nothing would find it again after a crash, while a table
+		// still there is found (and its partition re-added) by a rerun.
+		_ = loopdev.RemovePartition(disk, 1)
+		err = e.zeroAndVerify(o, f, disk, res)
+	default:
+		err = e.zeroAndVerify(o, f, disk, res)
+	}
+	if err != nil {
+		return err
+	}
 	switch act {
 	case wipeSuperblock:
-		// The primary superblock is all blkid and mkfs look at.
-		off, n := int64(1024), 1024 // ext2/3/4
-		if r.Kind == "xfs" {
-			off, n = 0, 512
-		}
-		if _, err := f.WriteAt(make([]byte, n), off); err != nil {
-			return failed("wipe", err, "erasing the superblock of /dev/%s", name)
-		}
-		if err := f.Sync(); err != nil {
-			return failed("wipe", err, "syncing /dev/%s", name)
-		}
+		// Zeroed with the rest.
 		o.step("wiped", "device", name, "what", r.Kind)
 	case wipeTable:
-		if err := gpt.Wipe(f, size, ss); err != nil {
-			return failed("wipe", err, "erasing the GPT of /dev/%s", disk)
-		}
-		_ = loopdev.RemovePartition(disk, 1)
+		// Both tables zeroed with the rest.
 		o.step("wiped", "device", disk, "what", "gpt")
 	case resetGUID:
 		// The partition gets back the GUID it had before it became a volume;

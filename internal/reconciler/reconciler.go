@@ -43,6 +43,10 @@ const (
 const (
 	ReasonPrepareFailed   = "PrepareFailed"
 	ReasonUnprepareFailed = "UnprepareFailed"
+	// ReasonWipeUnverified: a --wipe could not zero the device or read
+	// zeros back; the node keeps the volume's record, so the device is not
+	// offered again. The node's message starts with it.
+	ReasonWipeUnverified  = "WipeUnverified"
 	ReasonNodeNotFound    = "NodeNotFound"
 	ReasonSaltUnavailable = "SaltUnavailable"
 	ReasonSaltRefused     = "SaltRefused"
@@ -616,6 +620,9 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		}
 		r.Metrics.JobsFailed.Inc()
 		st.Phase, st.Reason, st.Message = volume.Failed, ReasonUnprepareFailed, out.Message
+		if strings.Contains(out.Message, ReasonWipeUnverified+": ") {
+			st.Reason = ReasonWipeUnverified
+		}
 		if v.DeletionMarked {
 			// kubectl delete cannot be taken back: try again, backing
 			// off (a kubelet unmounts a pod's volume a moment after the

@@ -52,8 +52,11 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	started := time.Now()
 	dir := t.TempDir()
 	go func() {
-		g, err := guest.Boot(ctx, img, dir, guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme"},
-			guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi"}, guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"})
+		// An operator's partitioned NVMe and SCSI disks, a disk for LVM and
+		// a blank one.
+		g, err := guest.Boot(ctx, img, dir, guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme", Partitions: []int64{256 << 20, 256 << 20, 400 << 20}},
+			guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi", Partitions: []int64{320 << 20, 100 << 20}},
+			guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"}, guest.Disk{Name: "vdc", Size: 64 << 20, Bus: "virtio"})
 		bootc <- booted{g, err, time.Since(started)}
 	}()
 	var boot *booted
@@ -154,8 +157,16 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	vols := []*vol{
 		{name: "boot-fs", args: []string{"--size", "64Mi"}},
 		{name: "boot-blk", args: []string{"--mode", "Block", "--size", "32Mi"}, block: true},
-		{name: "boot-nvme", args: []string{"--mode", "Block", "--device", "/dev/nvme0n1"}, block: true},
-		{name: "boot-scsi", args: []string{"--fs", "xfs", "--device", "/dev/sda"}},
+		// Partitions of the operator's disks, in both modes: a Block
+		// volume's partition gets the volume UUID as its GUID, nothing
+		// else on the disk changes.
+		{name: "boot-nvme", args: []string{"--mode", "Block", "--device", "/dev/nvme0n1p2"}, block: true},
+		{name: "boot-nvmefs", args: []string{"--device", "/dev/nvme0n1p3"}},
+		{name: "boot-scsi", args: []string{"--fs", "xfs", "--device", "/dev/sda1"}},
+		{name: "boot-scsiblk", args: []string{"--mode", "Block", "--device", "/dev/sda2"}, block: true},
+		// A blank whole disk in Block mode: the GPT we write, read by the
+		// guest's kernel.
+		{name: "boot-disk", args: []string{"--mode", "Block", "--device", "/dev/vdc"}, block: true},
 		// An existing logical volume named as a raw device.
 		{name: "boot-lv", args: []string{"--device", "/dev/vg0/lv0"}},
 		// Logical volumes salt-volumes creates in the operator's VG, and
@@ -166,6 +177,16 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	}
 	run("lvcreate", "-q", "-y", "-n", "lv1", "-L", "8M", "vg0")
 	// All at once, as users do: one state run on the node prepares them.
+	byName := map[string]*vol{}
+	for _, v := range vols {
+		byName[v.name] = v
+	}
+	// What the operator's partition tables say, besides GUIDs.
+	layout := func() string {
+		return run("partx", "-g", "-o", "NR,START,END,TYPE,NAME", "/dev/nvme0n1") + "\n" + run("partx", "-g", "-o", "NR,START,END,TYPE,NAME", "/dev/sda")
+	}
+	tables := layout()
+	require.Len(t, strings.Split(tables, "\n"), 5, tables)
 	created := time.Now()
 	for _, v := range vols {
 		out, errs, code := p.CLI(append([]string{"create", v.name, "--node", guestID}, v.args...)...)
@@ -191,23 +212,33 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// The LVs we made are named after their volumes and tagged with their
 	// UUIDs; the operator's are left as they were.
 	tags := run("lvs", "--noheadings", "-o", "lv_name,lv_tags", "vg0")
-	for _, v := range vols[5:7] {
+	for _, v := range []*vol{byName["boot-lvfs"], byName["boot-lvblk"]} {
 		assert.Regexp(t, `(?m)^\s*`+v.name+`\s+salt-volumes.io/uuid=`+v.uuid+`$`, tags, "%s: an LV named and tagged as documented", v.name)
 	}
 	assert.Regexp(t, `(?m)^\s*lv0\s*$`, tags, "the operator's LV has no tag of ours")
 	assert.Equal(t, "ext4", run("blkid", "-o", "value", "-s", "TYPE", "/dev/vg0/boot-lvfs"))
-	assert.Equal(t, vols[5].uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-lvfs"), "the filesystem UUID is the volume's")
+	assert.Equal(t, byName["boot-lvfs"].uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-lvfs"), "the filesystem UUID is the volume's")
 	for _, v := range vols {
 		assert.Equal(t, v.dev, run("readlink", "-f", v.link), "%s: its link names its device", v.name)
 	}
-	// The kernel itself read the GPT written on the NVMe disk, and udev
-	// made the partition's link.
-	nvme := vols[2]
-	assert.Equal(t, "/dev/nvme0n1p1", nvme.dev)
-	assert.Contains(t, run("udevadm", "info", "--query=symlink", "--name="+nvme.dev), "disk/by-partuuid/"+nvme.uuid, "udev's own link")
-	assert.Equal(t, "/dev/sda", vols[3].dev)
-	assert.Equal(t, lv, vols[4].dev)
-	assert.Equal(t, "xfs", run("blkid", "-o", "value", "-s", "TYPE", vols[3].dev))
+	// The kernel itself read the GPT written on the blank disk; udev made
+	// the links of the partitions and filesystems: the links udev makes
+	// are the ones we asked for, on the same devices.
+	assert.Equal(t, "/dev/vdc1", byName["boot-disk"].dev)
+	for _, n := range []string{"boot-disk", "boot-nvme", "boot-scsiblk", "boot-nvmefs", "boot-scsi"} {
+		v := byName[n]
+		assert.Contains(t, run("udevadm", "info", "--query=symlink", "--name="+v.dev), strings.TrimPrefix(v.link, "/dev/"), "%s: udev's own link", n)
+	}
+	assert.Equal(t, "/dev/nvme0n1p2", byName["boot-nvme"].dev)
+	assert.Equal(t, "/dev/nvme0n1p3", byName["boot-nvmefs"].dev)
+	assert.Equal(t, "/dev/sda1", byName["boot-scsi"].dev)
+	assert.Equal(t, "/dev/sda2", byName["boot-scsiblk"].dev)
+	assert.Equal(t, lv, byName["boot-lv"].dev)
+	assert.Equal(t, "xfs", run("blkid", "-o", "value", "-s", "TYPE", byName["boot-scsi"].dev))
+	// Only the GUIDs of the Block volumes' partitions changed in the
+	// operator's tables: same partitions, same places.
+	assert.Equal(t, tables, layout(), "the partition tables' layout untouched")
+	assert.Equal(t, byName["boot-nvme"].uuid, strings.ToLower(run("blkid", "-o", "value", "-s", "PARTUUID", "/dev/nvme0n1p2")))
 
 	// Data on each: a file in each filesystem, bytes on each block device.
 	before := run("cat", "/proc/sys/kernel/random/boot_id")
@@ -263,7 +294,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	run("udevadm", "settle")
 	for _, v := range vols {
 		dev := run("readlink", "-f", v.link)
-		assert.Regexp(t, `^/dev/(loop\d+(p1)?|nvme0n1p1|sda|dm-\d+)$`, dev, "%s: its link is back after the reboot", v.name)
+		assert.Regexp(t, `^/dev/(loop\d+(p1)?|nvme0n1p[23]|sda[12]|vdc1|dm-\d+)$`, dev, "%s: its link is back after the reboot", v.name)
 		view, err := p.Client().Get(ctx, v.name)
 		require.NoError(t, err)
 		assert.Equal(t, dev, view.Status.DevicePath, "%s: serve knows its device after the reboot", v.name)
@@ -293,7 +324,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 
 	// A disk pulled out of the running guest: its volume goes Failed
 	// (StorageLost) by the beacon's next report.
-	scsi := vols[3]
+	scsi := byName["boot-scsi"]
 	w := p.Watch(scsi.name)
 	pulled := time.Now()
 	require.NoError(t, g.RemoveDisk("scsi0"))
@@ -324,7 +355,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
 	}
 	run("udevadm", "settle")
-	for _, v := range vols[:2] {
+	for _, v := range []*vol{byName["boot-fs"], byName["boot-blk"]} {
 		_, err := g.Run("test", "-e", v.link)
 		assert.Error(t, err, "%s: its link is gone with its loop device", v.name)
 	}

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -244,6 +245,41 @@ func TestEndToEnd(t *testing.T) {
 		assert.True(t, v.Deletable)
 		_, errs, code = p.CLI("rm", "raw-missing", "--wait", "--timeout", "2m")
 		assert.Equal(t, 0, code, errs)
+	})
+
+	t.Run("delete --wipe zeroes the raw device and proves it; a device that cannot be zeroed is WipeUnverified", func(t *testing.T) {
+		disk := testenv.FakeDisk(t, 32<<20)
+		_, errs, code := p.CLI("create", "wipe-1", "--node", "node-1", "--device", disk.Path, "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+		junk := bytes.Repeat([]byte("tenant data "), 1<<16)
+		f, err := os.OpenFile(disk.Path, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, err = f.WriteAt(junk, 4<<20)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+
+		// Read-only: the node cannot zero it.
+		require.NoError(t, exec.Command("blockdev", "--setro", disk.Path).Run())
+		t.Cleanup(func() { _ = exec.Command("blockdev", "--setrw", disk.Path).Run() })
+		_, _, code = p.CLI("rm", "wipe-1", "--wipe", "--wait", "--timeout", "2m")
+		assert.Equal(t, 1, code)
+		v := getJSON(t, p, "wipe-1")
+		assert.Equal(t, volume.Failed, v.Status.Phase)
+		assert.Equal(t, "WipeUnverified", v.Status.Reason, v.Status.Message)
+		assert.Contains(t, v.Status.Message, disk.Path)
+		// Its device is still the volume's: no other volume gets it.
+		_, _, code = p.CLI("create", "wipe-2", "--node", "node-1", "--device", disk.Path, "--wait", "--timeout", "2m")
+		assert.Equal(t, 1, code)
+		assert.Contains(t, getJSON(t, p, "wipe-2").Status.Message, "wipe-1")
+		_, errs, code = p.CLI("rm", "wipe-2", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+
+		require.NoError(t, exec.Command("blockdev", "--setrw", disk.Path).Run())
+		_, errs, code = p.CLI("rm", "wipe-1", "--wipe", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+		b, err := os.ReadFile(disk.Path)
+		require.NoError(t, err)
+		assert.Equal(t, -1, bytes.IndexFunc(b, func(r rune) bool { return r != 0 }), "every byte of the device zero")
 	})
 
 	t.Run("a volume whose node Salt does not know can only be forgotten", func(t *testing.T) {

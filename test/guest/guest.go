@@ -35,6 +35,9 @@ type Disk struct {
 	// Bus is "virtio" (/dev/vdX), "nvme" (/dev/nvmeXn1) or "scsi"
 	// (/dev/sdX, on virtio-scsi).
 	Bus string
+	// Partitions, if any, are laid out in a GPT (sgdisk, before the boot),
+	// in order, each of that many bytes: an operator's partitioned disk.
+	Partitions []int64
 }
 
 // Guest is one running guest.
@@ -81,6 +84,15 @@ func Boot(ctx context.Context, image, dir string, disks ...Disk) (*Guest, error)
 		f := filepath.Join(dir, d.Name+".raw")
 		if err := makeSparse(f, d.Size); err != nil {
 			return nil, err
+		}
+		if len(d.Partitions) > 0 {
+			sg := []string{"-o"}
+			for i, n := range d.Partitions {
+				sg = append(sg, "-n", fmt.Sprintf("%d:0:+%dK", i+1, n>>10))
+			}
+			if out, err := exec.Command("sgdisk", append(sg, f)...).CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("partitioning disk %s: %v: %s", d.Name, err, out)
+			}
 		}
 		id := fmt.Sprintf("d%d", i)
 		switch d.Bus {

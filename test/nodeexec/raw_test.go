@@ -1,10 +1,12 @@
 package nodeexec
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
@@ -135,6 +137,43 @@ func TestRawPartitions(t *testing.T) {
 	assert.Equal(t, string(before), string(after))
 	n.ok("unprepare", fs, "--wipe")
 	assert.Empty(t, blkid(t, p1)["TYPE"])
+}
+
+// Block volumes on sibling partitions of one disk, prepared at once: each
+// gets its GUID (the table is rewritten by one prepare at a time, none
+// lost), and the whole disk is still refused.
+func TestSiblingPartitions(t *testing.T) {
+	n := newNode(t)
+	disk := fakeDisk(t, 64<<20, "-n", "1:2048:+8M", "-n", "2:0:+8M", "-n", "3:0:+8M", "-n", "4:0:+8M")
+	const mib = 1 << 20
+	parts := addPartitions(t, disk, [2]int64{1 * mib, 8 * mib}, [2]int64{9 * mib, 8 * mib}, [2]int64{17 * mib, 8 * mib}, [2]int64{25 * mib, 8 * mib})
+	specs := make([]map[string]any, len(parts))
+	uuids := make([]string, len(parts))
+	for i, p := range parts {
+		uuids[i] = n.newUUID()
+		specs[i] = rawSpec(fmt.Sprintf("sib-%d", i+1), uuids[i], p, map[string]any{"mode": "Block"})
+	}
+	results := make([]run, len(parts))
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i] = n.do("prepare", specs[i]) }()
+	}
+	wg.Wait()
+	for i, r := range results {
+		require.Equal(t, 0, r.Code, "sib-%d: %s %s", i+1, r.Stdout, r.Stderr)
+	}
+	for i, p := range parts {
+		assert.Equal(t, uuids[i], blkid(t, p)["PART_ENTRY_UUID"], "partition %d carries its volume's GUID", i+1)
+		resolves(t, "/dev/disk/by-partuuid/"+uuids[i], p)
+	}
+	v, err := exec.Command("sgdisk", "-v", disk.Path).CombinedOutput()
+	require.NoError(t, err)
+	assert.Contains(t, string(v), "No problems found")
+	refuse(t, n, rawSpec("whole", n.newUUID(), disk.Path, map[string]any{"mode": "Block"}), disk.Path, "device_conflict", "sib-")
+	for _, sp := range specs {
+		n.ok("unprepare", sp, "--wipe")
+	}
 }
 
 func TestRefusalsWriteNothing(t *testing.T) {

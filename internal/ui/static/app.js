@@ -410,8 +410,8 @@ function confirmAction(v, how) {
       (v.spec.sparseLoopDevice ? "Its sparse file and all data in it are removed." :
         v.spec.lvmLogicalVolume ? "Its logical volume and data stay unless wiped." : "The device is released; its data stays unless wiped."),
     wipe: v.spec.lvmLogicalVolume ?
-      `Delete volume ${v.spec.name}, wipe its logical volume ${v.spec.lvmLogicalVolume.vgName}/${v.spec.name} and remove it (node ${v.spec.node})? Its data is gone.` :
-      `Delete volume ${v.spec.name} and wipe its signatures on ${v.spec.rawBlockDevice ? v.spec.rawBlockDevice.devicePath : "its device"} (node ${v.spec.node})? The data on it becomes unreachable.`,
+      `Delete volume ${v.spec.name}, zero its logical volume ${v.spec.lvmLogicalVolume.vgName}/${v.spec.name} and remove it (node ${v.spec.node})? Its data is gone.` :
+      `Delete volume ${v.spec.name} and zero all of ${v.spec.rawBlockDevice ? v.spec.rawBlockDevice.devicePath : "its device"} (node ${v.spec.node}), checking it reads back zeros? Its data is gone.`,
     forget: `Forget volume ${v.spec.name}? Nothing runs on node ${v.spec.node}: whatever is there stays, and a later salt_volumes run there adopts it again.`,
   };
   $("#confirm-text").textContent = texts[how];
