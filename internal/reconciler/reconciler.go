@@ -203,6 +203,7 @@ type Reconciler struct {
 	cache       *jobCache
 	jobLog      jobLog
 	nodeConfirm nodeConfirm
+	modSync     moduleSync
 	ctx         context.Context // Run's, for work started from Handle
 	// warn logs what could repeat without end (forged events, salt-api
 	// down) at most once a minute per message.
@@ -599,6 +600,10 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		result = "failed"
 	}
 	r.jobLog.ended(name, st.JobID, result, out.Message, time.Now().UTC())
+	if out.ModulesMissing && r.syncModules(v.Spec.Node) {
+		out.Retryable = true
+		out.Message += "; asked the node to sync them (saltutil.sync_all), running again"
+	}
 	if out.Retryable {
 		// The run did not happen: another state run held the minion.
 		st.JobID, st.Reason, st.Message = "", ReasonRetrying, out.Message

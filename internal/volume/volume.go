@@ -156,6 +156,10 @@ type Outcome struct {
 	// Retryable marks a run that did not happen (another state run was in
 	// progress), as opposed to one that failed.
 	Retryable bool
+	// ModulesMissing: the run did not render because the salt_volumes
+	// modules are not on the minion (a new minion cache: a reinstalled
+	// node), which saltutil.sync_all mends.
+	ModulesMissing bool
 }
 
 // stateEntry is one state's result in a state run's return.
@@ -239,10 +243,11 @@ func ParseStateReturn(retcode int, raw json.RawMessage) Outcome {
 			msgs = append(msgs, fmt.Sprint(m))
 		}
 		msg := strings.Join(msgs, "; ")
-		if strings.Contains(msg, "no attribute 'salt_volumes.") {
+		missing := strings.Contains(msg, "no attribute 'salt_volumes.")
+		if missing {
 			msg += " (the salt_volumes modules are not on the minion: run salt <node> saltutil.sync_all)"
 		}
-		return Outcome{Message: "the state did not render: " + msg, Retryable: strings.Contains(msg, "is running as PID")}
+		return Outcome{Message: "the state did not render: " + msg, Retryable: strings.Contains(msg, "is running as PID"), ModulesMissing: missing}
 	}
 	var str string
 	if json.Unmarshal(raw, &str) == nil {

@@ -86,6 +86,13 @@ func TestParseStateReturn(t *testing.T) {
 	o = ParseStateReturn(1, decode(t, `["Rendering SLS 'base:salt_volumes.prepared' failed: mapping values are not allowed"]`))
 	assert.False(t, o.OK)
 	assert.Contains(t, o.Message, "did not render")
+	assert.False(t, o.ModulesMissing)
+
+	// A reinstalled minion's new cache: the message Salt 3008 gives.
+	o = ParseStateReturn(1, decode(t, `["Rendering SLS 'base:salt_volumes.unprepared' failed: Jinja variable 'salt.utils.templates.AliasedLoader object' has no attribute 'salt_volumes.volumes'; line 4"]`))
+	assert.True(t, o.ModulesMissing)
+	assert.False(t, o.Retryable, "the reconciler decides whether to sync and run again")
+	assert.Contains(t, o.Message, "saltutil.sync_all")
 
 	o = ParseStateReturn(1, decode(t, `["The function \"state.apply\" is running as PID 4242 and was started at 2026 with jid 1"]`))
 	assert.True(t, o.Retryable, "a concurrent state run is retried, not failed")

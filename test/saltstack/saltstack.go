@@ -299,6 +299,32 @@ func (s *Stack) AddMinion(id string) string {
 // without a return.
 func (s *Stack) StopMinion(id string) { s.kill("minion-" + id) }
 
+// ReinstallMinion stands for a node reinstalled with its disks (and its
+// salt-volume-exec state dir) intact: the minion started with AddMinion
+// stops, its key is deleted on the master and its own keys and cache are
+// gone, and it starts again with a new key under the same id, which the
+// master accepts. It returns the key's fingerprints before and after.
+func (s *Stack) ReinstallMinion(id string) (before, after string) {
+	root := filepath.Join(s.Root, id)
+	finger := func() string {
+		out, _ := s.run("salt-key", "--finger", id, "--out=json")
+		return strings.TrimSpace(out)
+	}
+	before = finger()
+	s.kill("minion-" + id)
+	if out, code := s.run("salt-key", "-y", "-d", id); code != 0 {
+		s.t.Fatalf("salt-key -d %s: %s", id, out)
+	}
+	for _, d := range []string{filepath.Join(root, "etc", "salt", "pki"), filepath.Join(root, "var", "cache", "salt", "minion")} {
+		if err := os.RemoveAll(d); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	s.spawn("minion-"+id, "salt-minion")
+	s.waitForMinion(id)
+	return before, finger()
+}
+
 // StopMaster stops salt-master (SIGTERM to its process group, as a service
 // manager would).
 func (s *Stack) StopMaster() { s.kill("master") }
