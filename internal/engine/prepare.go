@@ -180,6 +180,11 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		if same, why := s.SameVolume(rec.Spec); !same {
 			return nil, refused("conflict", "volume %s is already on this node with a different spec (%s): delete it first, or use a new uuid", s.UUID, why)
 		}
+		if growing(s, rec) {
+			if err := e.checkGrowth(s, rec, all); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if raw != nil {
 		if err := e.admitRaw(ctx, s, rec, raw, e.holdings(all, s.UUID), sigs, &o.probed); err != nil {

@@ -17,8 +17,10 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	s := o.s
 	file := e.State.SparseFile(s.UUID)
 	res.BackingFile = file
+	grow := growing(s, rec)
 
-	f, created, fresh, err := e.openSparseFile(s)
+	before, _ := os.Stat(file)
+	f, created, fresh, err := e.openSparseFile(s, grow)
 	if err != nil {
 		return err
 	}
@@ -26,6 +28,9 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	if created {
 		o.changed = true
 		o.step("file-created", "path", file)
+	} else if grow && before != nil && before.Size() < s.SizeBytes {
+		o.changed = true
+		o.step("file-grown", "path", file, "size", s.SizeBytes)
 	}
 
 	// Format (or partition) the file before attaching it, so that udev, where
@@ -46,14 +51,37 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 			return err
 		}
 	}
+	if grow && s.Mode == spec.ModeBlock {
+		if err := e.growTable(o, f); err != nil {
+			return err
+		}
+	}
 	o.markWritten(rec, written(s, false))
 
 	dev, err := e.ensureLoop(ctx, o, file, fresh)
 	if err != nil {
 		return err
 	}
+	if grow {
+		if err := e.growLoop(o, dev); err != nil {
+			return err
+		}
+	}
 	res.DeviceName, res.DevicePath = dev.Name, dev.Path
-	return e.finishDevice(ctx, o, dev.Name, res)
+	if err := e.finishDevice(ctx, o, dev.Name, res); err != nil {
+		return err
+	}
+	if grow && s.Mode == spec.ModeFilesystem {
+		if err := e.growFS(ctx, o, res.DeviceName); err != nil {
+			return err
+		}
+	}
+	if grow {
+		// Last: until now the record's size says a growth is unfinished.
+		rec.Spec, o.unsaved = s, true
+		o.step("grown", "size", s.SizeBytes)
+	}
+	return nil
 }
 
 // ensureLoop returns the loop device of the sparse file, attaching one if
@@ -125,7 +153,7 @@ func verifyWritten(s *spec.Spec, f interface {
 // volume's sparse file. A zero-length file is what a crash between create
 // and truncate leaves behind. fresh tells that this run created the file:
 // a new inode, which no loop device can be bound to yet.
-func (e *Engine) openSparseFile(s *spec.Spec) (f *os.File, created, fresh bool, err error) {
+func (e *Engine) openSparseFile(s *spec.Spec, grow bool) (f *os.File, created, fresh bool, err error) {
 	file := e.State.SparseFile(s.UUID)
 	f, err = e.State.OpenSparse(s.UUID, os.O_RDWR|os.O_CREATE|os.O_EXCL)
 	fresh = err == nil
@@ -153,8 +181,19 @@ func (e *Engine) openSparseFile(s *spec.Spec) (f *os.File, created, fresh bool, 
 		}
 		return f, true, fresh, nil
 	}
+	if grow && st.Size() < s.SizeBytes {
+		// Synced before anything is laid out over the new room.
+		if err := f.Truncate(s.SizeBytes); err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			f.Close()
+			return nil, false, false, failed("file", err, "growing %s", file)
+		}
+		return f, false, false, nil
+	}
 	f.Close()
-	return nil, false, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes; resizing is not supported", file, st.Size(), s.SizeBytes)
+	return nil, false, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes: a volume only grows, and only through prepare with its new size", file, st.Size(), s.SizeBytes)
 }
 
 // written names what prepare writes for a spec: the filesystem type, a GPT

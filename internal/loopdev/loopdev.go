@@ -224,6 +224,14 @@ func EnsurePartition(disk string, pno int, start, length int64) (string, error) 
 		if err == nil && p.Start == start && p.Size == length {
 			return name, nil
 		}
+		if err == nil && p.Start == start {
+			// A grown volume: the partition grows in place, open or
+			// mounted as it may be (deleting it would need it unused).
+			if err := blkpg(disk, unix.BLKPG_RESIZE_PARTITION, pno, start, length); err != nil {
+				return "", err
+			}
+			return name, nil
+		}
 		if err := blkpg(disk, unix.BLKPG_DEL_PARTITION, pno, 0, 0); err != nil {
 			return "", err
 		}
@@ -236,6 +244,20 @@ func EnsurePartition(disk string, pno int, start, length int64) (string, error) 
 		return "", fmt.Errorf("partition %d of %s did not appear after BLKPG", pno, disk)
 	}
 	return name, nil
+}
+
+// SetCapacity makes the loop device take its backing file's new size
+// (LOOP_SET_CAPACITY), while it stays attached and in use.
+func SetCapacity(d Device) error {
+	fd, err := unix.Open(d.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.LOOP_SET_CAPACITY, 0); e != 0 {
+		return fmt.Errorf("LOOP_SET_CAPACITY on %s: %w", d.Path, e)
+	}
+	return nil
 }
 
 // RemovePartition drops a partition from the kernel's view (not the disk).

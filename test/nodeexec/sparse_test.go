@@ -152,9 +152,9 @@ func TestSpecConflictsAreRefused(t *testing.T) {
 	assert.Equal(t, "conflict", r.errCode())
 	assert.Contains(t, r.errMsg(), "mode")
 
-	r = n.do("prepare", sparseSpec("a", u, "64Mi", nil))
+	r = n.do("prepare", sparseSpec("a", u, "16Mi", nil))
 	assert.Equal(t, 3, r.Code)
-	assert.Contains(t, r.errMsg(), "resizing is not supported")
+	assert.Contains(t, r.errMsg(), "shrinking is refused")
 
 	other := n.newUUID()
 	r = n.do("prepare", sparseSpec("a", other, "32Mi", nil))
