@@ -36,7 +36,9 @@ func TestGrowSparse(t *testing.T) {
 	// booted guest grows a mounted ext4 (test/booted).
 	t.Run("xfs, mounted", func(t *testing.T) {
 		u := n.newUUID()
-		spec := func(size string) map[string]any { return sparseSpec("grow-xfs", u, size, map[string]any{"fsType": "xfs"}) }
+		spec := func(size string) map[string]any {
+			return sparseSpec("grow-xfs", u, size, map[string]any{"fsType": "xfs"})
+		}
 		r := n.ok("prepare", spec("300Mi"))
 		mp := mount(t, r.str("persistentPath"))
 		data := make([]byte, 1<<20)
@@ -83,7 +85,9 @@ func TestGrowSparse(t *testing.T) {
 
 	t.Run("Block: table and kernel agree", func(t *testing.T) {
 		u := n.newUUID()
-		spec := func(size string) map[string]any { return sparseSpec("grow-blk", u, size, map[string]any{"mode": "Block"}) }
+		spec := func(size string) map[string]any {
+			return sparseSpec("grow-blk", u, size, map[string]any{"mode": "Block"})
+		}
 		r := n.ok("prepare", spec("16Mi"))
 		part := r.str("devicePath")
 		data := make([]byte, 1<<20)
