@@ -107,6 +107,7 @@ const (
 	CodeNotFound        = "not_found"        // 404
 	CodeExists          = "exists"           // 409: name or uuid taken
 	CodeDeleteForbidden = "delete_forbidden" // 409: the deletion criteria say no, with the reason
+	CodeResizeForbidden = "resize_forbidden" // 409: the volume cannot grow now, with the reason
 	CodeLimit           = "limit"            // 429/503: a limit of the control plane
 	CodeInternal        = "internal"         // 500
 	CodeUnavailable     = "unavailable"      // 503: the store (etcd) is out of reach; retry

@@ -41,6 +41,7 @@ SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
   salt-volumes ls [--node N] [-o table|json]
   salt-volumes get NAME [-o table|json]
   salt-volumes rm NAME [--wipe | --forget] [--wait] [--timeout D]
+  salt-volumes resize NAME --size Q [--wait] [--timeout D]   grow a sparse volume (never shrinks)
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
@@ -67,6 +68,7 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 	"list":         (*cli).list,
 	"get":          (*cli).get,
 	"rm":           (*cli).rm,
+	"resize":       (*cli).resize,
 	"delete":       (*cli).rm,
 	"wait":         (*cli).wait,
 	"watch":        (*cli).watch,

@@ -105,6 +105,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(query(s.fromLeader(s.usage), "since")))
 	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(query(s.fromLeader(s.jobs))))
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(query(s.delete, "wipe", "forget")))
+	mux.Handle("POST /api/v1/volumes/{name}/resize", s.auth(query(s.resize)))
 	mux.Handle("GET /api/v1/watch", s.authQuery(query(s.watch, "node", "name", "access_token")))
 	mux.Handle("GET /api/v1/nodes", s.auth(query(s.fromLeader(s.nodes))))
 	mux.Handle("POST /api/v1/nodes/{node}/forget", s.auth(query(s.forgetNode)))
@@ -510,6 +511,36 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		storeErr(w, err)
 	default:
 		s.Log.Info("volume deletion requested", "volume", name, "wipe", wipe, "forget", forget)
+		writeJSON(w, http.StatusAccepted, v.View())
+	}
+}
+
+// resize asks a sparse volume to grow: {"size": "20Gi"}.
+func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var body struct {
+		Size *spec.Size `json:"size"`
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil || dec.More() || body.Size == nil {
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "size",
+			Message: `the body must be {"size": "20Gi"}: the size the volume grows to (a quantity or a number of bytes)`})
+		return
+	}
+	v, err := s.Reconciler.Resize(name, string(*body.Size))
+	var re *reconciler.ResizeError
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		notFound(w, name)
+	case errors.As(err, &re) && re.Conflict:
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeResizeForbidden, Field: re.Field, Message: fmt.Sprintf("volume %q: %s", name, re.Reason)})
+	case errors.As(err, &re):
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: re.Field, Message: fmt.Sprintf("volume %q: %s", name, re.Reason)})
+	case err != nil:
+		storeErr(w, err)
+	default:
+		s.Log.Info("volume growth requested", "volume", name, "size", string(*body.Size))
 		writeJSON(w, http.StatusAccepted, v.View())
 	}
 }

@@ -114,6 +114,13 @@ func (c *Client) Delete(ctx context.Context, name string, wipe bool) (saltvolume
 	return v, err
 }
 
+// Resize asks a sparse volume to grow to size (a quantity).
+func (c *Client) Resize(ctx context.Context, name, size string) (saltvolumes.View, error) {
+	var v saltvolumes.View
+	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(name)+"/resize", map[string]any{"size": size}, &v)
+	return v, err
+}
+
 // ForgetNode forgets the named volumes of a node that is gone for good,
 // whatever their phase, without running anything on it.
 func (c *Client) ForgetNode(ctx context.Context, node string, names []string) ([]saltvolumes.View, error) {

@@ -46,7 +46,10 @@ const (
 	// ReasonWipeUnverified: a --wipe could not zero the device or read
 	// zeros back; the node keeps the volume's record, so the device is not
 	// offered again. The node's message starts with it.
-	ReasonWipeUnverified  = "WipeUnverified"
+	ReasonWipeUnverified = "WipeUnverified"
+	// ReasonResizing: a grow was asked for; the prepare state runs with
+	// the new size.
+	ReasonResizing        = "Resizing"
 	ReasonNodeNotFound    = "NodeNotFound"
 	ReasonSaltUnavailable = "SaltUnavailable"
 	ReasonSaltRefused     = "SaltRefused"

@@ -144,3 +144,55 @@ func (r *Reconciler) ForgetNode(node string, names []string) ([]*volume.Volume, 
 	}
 	return out, nil
 }
+
+// ResizeError refuses a resize, naming the field and the fix.
+type ResizeError struct {
+	Field  string
+	Reason string
+	// Conflict: the volume cannot grow now (its phase), as opposed to a
+	// request that is wrong whenever it is made.
+	Conflict bool
+}
+
+func (e *ResizeError) Error() string { return e.Field + ": " + e.Reason }
+
+// Resize asks a sparse volume to grow to the quantity q: its spec takes
+// the new size and the prepare state runs with it, as for a creation; the
+// node grows the file, the loop device and the filesystem or partition.
+// Asking again for the size it has is accepted and changes nothing.
+func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
+	n, err := spec.ParseSize(q)
+	if err != nil {
+		return nil, &ResizeError{Field: "size", Reason: err.Error()}
+	}
+	return r.request(name, func(v *volume.Volume) error {
+		cur := v.Spec.SizeBytes
+		if v.Spec.SparseLoopDevice != nil && cur == 0 {
+			cur, _ = spec.ParseSize(string(v.Spec.SparseLoopDevice.Size))
+		}
+		switch {
+		case v.Spec.SparseLoopDevice == nil:
+			return &ResizeError{Field: "size", Reason: "only sparse volumes grow so far: a raw volume is the size of its device, and an lvmLogicalVolume cannot grow yet"}
+		case r.opt.Kube != nil:
+			return &ResizeError{Field: "size", Reason: "growing a volume is not supported in Kubernetes mode yet (its PersistentVolume's capacity would not follow)", Conflict: true}
+		case n == cur:
+			return nil
+		case n < cur:
+			return &ResizeError{Field: "size", Reason: fmt.Sprintf("%s is smaller than the volume (%s): shrinking is refused", spec.FormatSize(n), spec.FormatSize(cur))}
+		case v.DeleteRequested:
+			return &ResizeError{Field: "size", Reason: "the volume is being deleted", Conflict: true}
+		case v.Status.Phase != volume.Available:
+			return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
+		}
+		grown := v.Spec
+		grown.SparseLoopDevice = &spec.SparseLoopDevice{Size: spec.Size(q)}
+		if err := grown.Validate(); err != nil {
+			return &ResizeError{Field: "size", Reason: err.Error()}
+		}
+		v.Spec = grown
+		st := &v.Status
+		st.Phase, st.JobID, st.Step = volume.Pending, "", ""
+		st.Reason, st.Message = ReasonResizing, "growing to "+spec.FormatSize(n)
+		return nil
+	})
+}

@@ -23,6 +23,8 @@ func (r *Reconciler) noticed(ev store.Event) {
 	case ev.Type == store.Added && v.Status.Phase == volume.Unknown:
 	case ev.Type == store.Modified && prev != nil &&
 		(v.DeleteRequested && !prev.DeleteRequested || v.ForgetRequested && !prev.ForgetRequested):
+	case ev.Type == store.Modified && prev != nil && v.Status.Reason == ReasonResizing && prev.Status.Reason != ReasonResizing:
+		// A growth asked for (through any replica): its run starts.
 	default:
 		return
 	}

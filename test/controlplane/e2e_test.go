@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
@@ -280,6 +281,53 @@ func TestEndToEnd(t *testing.T) {
 		b, err := os.ReadFile(disk.Path)
 		require.NoError(t, err)
 		assert.Equal(t, -1, bytes.IndexFunc(b, func(r rune) bool { return r != 0 }), "every byte of the device zero")
+	})
+
+	t.Run("resize grows a mounted sparse volume through Salt; shrinking and raw volumes are refused", func(t *testing.T) {
+		_, errs, code := p.CLI("create", "grow-1", "--node", "node-1", "--size", "300Mi", "--fs", "xfs", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+		v := getJSON(t, p, "grow-1")
+		uuids = append(uuids, v.Spec.UUID)
+		job := v.Status.JobID
+		mp := t.TempDir()
+		require.NoError(t, exec.Command("mount", v.Status.PersistentPath, mp).Run())
+		t.Cleanup(func() { _ = exec.Command("umount", mp).Run() })
+		require.NoError(t, os.WriteFile(filepath.Join(mp, "kept"), []byte("before the growth"), 0o600))
+		var before, after unix.Statfs_t
+		require.NoError(t, unix.Statfs(mp, &before))
+
+		out, errs, code := p.CLI("resize", "grow-1", "--size", "400Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		v = getJSON(t, p, "grow-1")
+		assert.Equal(t, volume.Available, v.Status.Phase)
+		assert.Equal(t, int64(400<<20), v.Status.Size, "the node's new size")
+		assert.Equal(t, spec.Size("400Mi"), v.Spec.SparseLoopDevice.Size)
+		assert.NotEqual(t, job, v.Status.JobID, "a state run grew it")
+		require.NoError(t, unix.Statfs(mp, &after))
+		assert.Greater(t, int64(after.Blocks)*after.Bsize, int64(before.Blocks)*before.Bsize+90<<20, "df shows the growth while mounted")
+		b, err := os.ReadFile(filepath.Join(mp, "kept"))
+		require.NoError(t, err)
+		assert.Equal(t, "before the growth", string(b))
+
+		_, errs, code = p.CLI("resize", "grow-1", "--size", "300Mi")
+		assert.Equal(t, 2, code)
+		assert.Contains(t, errs, "shrinking is refused")
+		job = getJSON(t, p, "grow-1").Status.JobID
+		out, errs, code = p.CLI("resize", "grow-1", "--size", "400Mi", "--wait")
+		assert.Equal(t, 0, code, "asking again for the size it has: %s", out+errs)
+		assert.Equal(t, job, getJSON(t, p, "grow-1").Status.JobID, "changes nothing: no state run")
+		_, errs, code = p.CLI("resize", "raw-nope", "--size", "1Gi")
+		assert.Equal(t, 4, code, errs)
+		// Unmounted, it grows offline (xfs on a private mount of the
+		// node's), and its report says it is no longer in use.
+		require.NoError(t, exec.Command("umount", mp).Run())
+		out, errs, code = p.CLI("resize", "grow-1", "--size", "420Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		v = getJSON(t, p, "grow-1")
+		assert.Equal(t, int64(420<<20), v.Status.Size)
+		assert.False(t, v.Status.InUse)
+		_, errs, code = p.CLI("rm", "grow-1", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
 	})
 
 	t.Run("a volume whose node Salt does not know can only be forgotten", func(t *testing.T) {
