@@ -87,7 +87,11 @@ func TestWebUI(t *testing.T) {
 				consoleErrors = append(consoleErrors, "console.error")
 			}
 		case *runtime.EventExceptionThrown:
-			consoleErrors = append(consoleErrors, e.ExceptionDetails.Text)
+			d := e.ExceptionDetails.Text
+			if x := e.ExceptionDetails.Exception; x != nil {
+				d += " " + x.Description
+			}
+			consoleErrors = append(consoleErrors, d)
 		}
 	}))
 	shot := func(name string) {
@@ -152,6 +156,25 @@ func TestWebUI(t *testing.T) {
 	joined := strings.Join(seenRows()["ui-1"], " | ")
 	assert.Contains(t, joined, "Pending:enabled", "a volume being created may be deleted (the deletion waits for the creation)")
 	assert.Contains(t, joined, "Available:enabled")
+
+	// Grown from its page: a smaller size is refused in the form, a larger
+	// one runs the prepare state and the page shows the node's new size.
+	do(chromedp.Navigate(p.URL+"/#/volume/ui-1"),
+		chromedp.WaitVisible("#grow-form"),
+		chromedp.SendKeys("#grow-size", "32Mi"),
+		chromedp.Click("#vol-grow"))
+	assert.Contains(t, text("#m-grow"), "only grow")
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#grow-size').value = ''; true`))
+	require.NoError(t, err)
+	do(chromedp.SendKeys("#grow-size", "96Mi"),
+		chromedp.Click("#vol-grow"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#vol-status').textContent.includes('96Mi') && document.querySelector('#vol-phase').textContent === 'Available'`, chromedp.WithPollingTimeout(2*time.Minute)))
+	shot("3b-grown")
+	grown, err := p.Client().Get(context.Background(), "ui-1")
+	require.NoError(t, err)
+	assert.Equal(t, int64(96<<20), grown.Status.Size)
+	do(chromedp.Navigate(p.URL+"/#/node/node-1"),
+		chromedp.WaitVisible(row("ui-1", "Available")))
 
 	// A failing create shows Salt's reason.
 	do(chromedp.Click("#show-create"),

@@ -304,7 +304,7 @@ function renderDetail() {
   if (!v) {
     $("#vol-phase").textContent = "";
     $("#vol-reason").textContent = state.volumes.size ? "This volume does not exist (any more)." : "";
-    for (const b of ["#vol-delete", "#vol-wipe", "#vol-forget"]) $(b).hidden = true;
+    for (const b of ["#vol-delete", "#vol-wipe", "#vol-forget", "#grow-form"]) $(b).hidden = true;
     return;
   }
   const s = v.status, sp = v.spec;
@@ -319,6 +319,10 @@ function renderDetail() {
   $("#vol-wipe").hidden = !sp.rawBlockDevice && !sp.lvmLogicalVolume;
   $("#vol-wipe").disabled = !v.deletable;
   $("#vol-forget").hidden = s.phase !== "Failed";
+  // Only sparse volumes grow; only once Available (the node's answer
+  // otherwise names why).
+  $("#grow-form").hidden = !sp.sparseLoopDevice;
+  $("#vol-grow").disabled = s.phase !== "Available" || !!v.deleting;
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
     ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
@@ -391,7 +395,8 @@ function renderJobs() {
   for (const j of jobs) {
     const t0 = Date.parse(j.started);
     const secs = (iso) => ((Date.parse(iso) - t0) / 1000).toFixed(2);
-    const steps = j.steps.map((st) => `${st.name} +${secs(st.at)}`).join(", ");
+    // A job just started has no steps yet (null in its JSON).
+    const steps = (j.steps || []).map((st) => `${st.name} +${secs(st.at)}`).join(", ");
     const done = j.finished && !j.finished.startsWith("0001") ? ` (+${secs(j.finished)})` : "";
     tbody.append(el("tr", { "data-jid": j.jid },
       el("td", {}, el("code", { text: j.jid })), el("td", { text: j.sls }), el("td", { text: new Date(t0).toLocaleString() }),
@@ -400,6 +405,34 @@ function renderJobs() {
 }
 
 // ---- delete ---------------------------------------------------------------
+
+// submitGrow asks for the volume to grow; the watch stream shows it go
+// Pending and back to Available with its new size.
+async function submitGrow(e) {
+  e.preventDefault();
+  const v = state.volumes.get(state.volume);
+  const size = $("#grow-size").value.trim();
+  const n = parseSize(size);
+  const cur = v ? parseSize(specSize(v.spec)) : NaN;
+  $("#m-grow").textContent = "";
+  if (!v) return;
+  if (!size || isNaN(n)) {
+    $("#m-grow").textContent = "Give the new size, e.g. 20Gi.";
+    return;
+  }
+  if (!isNaN(cur) && n < cur) {
+    $("#m-grow").textContent = `Volumes only grow: ${size} is smaller than ${specSize(v.spec)}.`;
+    return;
+  }
+  const r = await api("POST", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/resize", { size });
+  if (r.ok) {
+    state.volumes.set(v.spec.name, r.data);
+    $("#grow-size").value = "";
+    renderDetail();
+  } else {
+    $("#m-grow").textContent = (r.data && r.data.message) || "The control plane refused (HTTP " + r.status + ").";
+  }
+}
 
 // confirmAction asks before a destructive action: delete, delete and wipe
 // (raw devices), or forget (Failed volumes whose node is gone).
@@ -557,6 +590,7 @@ function init() {
       if (v) confirmAction(v, how);
     });
   }
+  $("#grow-form").addEventListener("submit", submitGrow);
   window.addEventListener("hashchange", route);
   // Ages move on even when nothing else does; node reports and usage
   // arrive from the beacons, not on the watch stream.
