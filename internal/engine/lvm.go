@@ -158,14 +158,8 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 		if err != nil {
 			return failed("probe", err, "reading %s", raw.path)
 		}
-		act, err := decideContent(s, contentFacts{Where: raw.path, Ours: ours(s, r), Found: r, Formatted: rec.Formatted()})
-		if err != nil {
+		if err := e.writeIfBlank(ctx, o, rec, raw, r); err != nil {
 			return err
-		}
-		if act == writeContent {
-			if err := e.writeRaw(ctx, o, rec, raw); err != nil {
-				return err
-			}
 		}
 		o.markWritten(rec, s.FSType)
 	} else {

@@ -188,14 +188,8 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	} else if r, _, _, err = openProbe(target); err != nil {
 		return failed("probe", err, "reading %s", raw.path)
 	}
-	act, err := decideContent(s, contentFacts{Where: raw.path, Ours: ours(s, r), Found: r, Formatted: rec.Formatted()})
-	if err != nil {
+	if err := e.writeIfBlank(ctx, o, rec, raw, r); err != nil {
 		return err
-	}
-	if act == writeContent {
-		if err := e.writeRaw(ctx, o, rec, raw); err != nil {
-			return err
-		}
 	}
 	if s.Mode == spec.ModeBlock && rec.DiskGUID == "" {
 		if r, _, _, err := openProbe(target); err == nil && r.GPT != nil {
@@ -207,6 +201,17 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 		return err
 	}
 	return e.finishDevice(ctx, o, raw.name, res)
+}
+
+// writeIfBlank writes the volume on a raw device that probed as r, unless
+// it carries the volume already; a device we wrote that lost its signature
+// is refused as damaged, and someone else's data as foreign.
+func (e *Engine) writeIfBlank(ctx context.Context, o *op, rec *nodestate.Record, raw *rawDevice, r probe.Result) error {
+	act, err := decideContent(o.s, contentFacts{Where: raw.path, Ours: ours(o.s, r), Found: r, Formatted: rec.Formatted()})
+	if err != nil || act != writeContent {
+		return err
+	}
+	return e.writeRaw(ctx, o, rec, raw)
 }
 
 // writeRaw formats a blank raw device or writes our GPT on it. mkfs opens

@@ -128,13 +128,19 @@ func ParseLVs(b []byte) ([]LV, error) {
 
 var units = []string{"--reportformat", "json", "--units", "b", "--nosuffix"}
 
+// reportOn runs vgs or lvs on one volume group; ErrNoVG if there is none.
+func reportOn(ctx context.Context, prog, vg, fields string) ([]byte, error) {
+	b, err := run(ctx, prog, append(units, "-o", fields, vg)...)
+	if err != nil && strings.Contains(err.Error(), "not found") {
+		return nil, fmt.Errorf("%q: %w", vg, ErrNoVG)
+	}
+	return b, err
+}
+
 // GetVG reads one volume group; ErrNoVG if there is none by that name.
 func GetVG(ctx context.Context, name string) (*VG, error) {
-	b, err := run(ctx, "vgs", append(units, "-o", "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size", name)...)
+	b, err := reportOn(ctx, "vgs", name, "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size")
 	if err != nil {
-		if strings.Contains(err.Error(), "not found") {
-			return nil, fmt.Errorf("%q: %w", name, ErrNoVG)
-		}
 		return nil, err
 	}
 	vgs, err := ParseVGs(b)
@@ -153,11 +159,8 @@ const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_p
 
 // GetLV reads the LV named name in vg; nil if there is none.
 func GetLV(ctx context.Context, vg, name string) (*LV, error) {
-	b, err := run(ctx, "lvs", append(units, "-o", lvFields, vg)...)
+	b, err := reportOn(ctx, "lvs", vg, lvFields)
 	if err != nil {
-		if strings.Contains(err.Error(), "not found") {
-			return nil, fmt.Errorf("%q: %w", vg, ErrNoVG)
-		}
 		return nil, err
 	}
 	lvs, err := ParseLVs(b)

@@ -322,6 +322,26 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		assert.Empty(t, st["changes"], "%s: nothing to prepare again after the reboot", key)
 	}
 
+	// Grown while mounted, through serve: online, as only a root with
+	// CAP_SYS_RESOURCE can (this guest's; not the host's).
+	run("mount", fs.link, "/mnt/v")
+	dfBefore := run("df", "--output=size", "-B1", "/mnt/v")
+	out, errs, code := p.CLI("resize", fs.name, "--size", "96Mi", "--wait", "--timeout", "5m")
+	require.Equal(t, 0, code, out+errs)
+	grown, err := p.Client().Get(ctx, fs.name)
+	require.NoError(t, err)
+	assert.Equal(t, int64(96<<20), grown.Status.Size)
+	dfAfter := run("df", "--output=size", "-B1", "/mnt/v")
+	assert.NotEqual(t, dfBefore, dfAfter, "df shows the growth at once")
+	assert.Equal(t, before, run("cat", "/mnt/v/kept"), "the file written before is intact")
+	run("umount", "/mnt/v")
+	t.Logf("grown online from 64Mi to 96Mi through serve: df %s -> %s", strings.Fields(dfBefore)[1], strings.Fields(dfAfter)[1])
+	eventually(t, 2*time.Minute, fs.name+" reported unmounted by the beacon", func() (bool, string) {
+		v, err := p.Client().Get(ctx, fs.name)
+		require.NoError(t, err)
+		return !v.Status.InUse, fmt.Sprint(v.Status.InUse)
+	})
+
 	// A disk pulled out of the running guest: its volume goes Failed
 	// (StorageLost) by the beacon's next report.
 	scsi := byName["boot-scsi"]
