@@ -115,6 +115,8 @@ type Registry struct {
 	nodes    map[string]*node
 	history  map[string][]saltvolumes.UsageSample // by volume uuid
 	restores map[string]string                    // node -> last restore id counted
+	// changed: history moved since the last UsageSnapshot (keep saves it).
+	changed bool
 
 	Reports       metrics.Counter
 	Reconstructed metrics.Counter
@@ -162,6 +164,46 @@ func (g *Registry) Record(rep *Report) {
 			drop++
 		}
 		g.history[d.UUID] = append(h[drop:], s)
+		g.changed = true
+	}
+}
+
+// UsageSnapshot copies the history, each flat run reduced to its ends (see
+// keep.Compact), and tells whether it changed since the last call.
+func (g *Registry) UsageSnapshot(compact func([]saltvolumes.UsageSample) []saltvolumes.UsageSample) (map[string][]saltvolumes.UsageSample, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string][]saltvolumes.UsageSample, len(g.history))
+	for u, h := range g.history {
+		out[u] = compact(h)
+	}
+	changed := g.changed
+	g.changed = false
+	return out, changed
+}
+
+// RestoreUsage puts back a saved history (at start, before any report),
+// dropping what is older than the window.
+func (g *Registry) RestoreUsage(saved map[string][]saltvolumes.UsageSample) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cut := g.Now().Add(-HistoryWindow)
+	for u, h := range saved {
+		if _, ok := g.history[u]; ok {
+			continue
+		}
+		kept := make([]saltvolumes.UsageSample, 0, len(h))
+		for _, s := range h {
+			if !s.At.Before(cut) {
+				kept = append(kept, s)
+			}
+		}
+		if n := len(kept); n > MaxSamples {
+			kept = kept[n-MaxSamples:]
+		}
+		if len(kept) > 0 {
+			g.history[u] = kept
+		}
 	}
 }
 
@@ -190,6 +232,7 @@ func (g *Registry) CountRestore(nodeName string, r Restore) bool {
 func (g *Registry) Forget(uuid string) {
 	g.mu.Lock()
 	delete(g.history, uuid)
+	g.changed = true
 	g.mu.Unlock()
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/keep"
 )
 
 // Bounds of the in-memory job log: it is for people looking at a volume,
@@ -18,6 +19,8 @@ const (
 type jobLog struct {
 	mu sync.Mutex
 	m  map[string][]*saltvolumes.Job
+	// changed since the last snapshot (keep saves it).
+	changed bool
 }
 
 func (l *jobLog) find(name, jid string) *saltvolumes.Job {
@@ -40,6 +43,7 @@ func (l *jobLog) started(name, jid, sls string, at time.Time) {
 		jobs = jobs[len(jobs)-jobsPerVolume:]
 	}
 	l.m[name] = jobs
+	l.changed = true
 }
 
 func (l *jobLog) step(name, jid, step string, at time.Time) {
@@ -47,6 +51,7 @@ func (l *jobLog) step(name, jid, step string, at time.Time) {
 	defer l.mu.Unlock()
 	if j := l.find(name, jid); j != nil && len(j.Steps) < stepsPerJob {
 		j.Steps = append(j.Steps, saltvolumes.JobStep{Name: step, At: at})
+		l.changed = true
 	}
 }
 
@@ -55,12 +60,14 @@ func (l *jobLog) ended(name, jid, result, msg string, at time.Time) {
 	defer l.mu.Unlock()
 	if j := l.find(name, jid); j != nil && j.Finished.IsZero() {
 		j.Finished, j.Result, j.Message = at, result, msg
+		l.changed = true
 	}
 }
 
 func (l *jobLog) forget(name string) {
 	l.mu.Lock()
 	delete(l.m, name)
+	l.changed = true
 	l.mu.Unlock()
 }
 
@@ -77,4 +84,46 @@ func (r *Reconciler) Jobs(name string) []saltvolumes.Job {
 		out = append(out, c)
 	}
 	return out
+}
+
+// Snapshot is what keep saves of the control plane's memory: the last jobs
+// of every volume and the usage history; changed tells whether either moved
+// since the last call.
+func (r *Reconciler) Snapshot() (keep.Snapshot, bool) {
+	l := &r.jobLog
+	l.mu.Lock()
+	jobs := make(map[string][]saltvolumes.Job, len(l.m))
+	for name, js := range l.m {
+		for _, j := range js {
+			c := *j
+			c.Steps = append([]saltvolumes.JobStep(nil), j.Steps...)
+			jobs[name] = append(jobs[name], c)
+		}
+	}
+	changed := l.changed
+	l.changed = false
+	l.mu.Unlock()
+	usage, uchanged := r.Nodes.UsageSnapshot(keep.Compact)
+	return keep.Snapshot{Usage: usage, Jobs: jobs}, changed || uchanged
+}
+
+// Restore puts back what keep saved, at start: a job that was running when
+// serve stopped is shown as such, its result learned again from Salt.
+func (r *Reconciler) Restore(s keep.Snapshot) {
+	l := &r.jobLog
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string][]*saltvolumes.Job{}
+	}
+	for name, js := range s.Jobs {
+		if _, ok := l.m[name]; ok {
+			continue
+		}
+		for i := range js {
+			j := js[i]
+			l.m[name] = append(l.m[name], &j)
+		}
+	}
+	l.mu.Unlock()
+	r.Nodes.RestoreUsage(s.Usage)
 }

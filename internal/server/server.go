@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/jobcache"
+	"github.com/salt-volumes/salt-volumes/internal/keep"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/internal/leader"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
@@ -28,6 +30,10 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/saltreq"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
+
+// keepEvery is how often usage history and job logs are saved when they
+// changed (a crash loses at most this much of them).
+const keepEvery = time.Minute
 
 // Run serves until ctx ends. ready, when not nil, gets the bound address
 // once the API listens.
@@ -91,6 +97,20 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		log.Info("jobs are published through the salt master's request server", "master", cfg.Salt.Master)
 	}
 	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
+	if _, ok := st.(*store.Bolt); ok {
+		// One replica on a local store: its memory of usage and jobs is
+		// kept beside the store, saved each minute and at shutdown.
+		path := filepath.Join(filepath.Dir(cfg.Store), "history.json")
+		saved, err := keep.Load(path)
+		if err != nil {
+			log.Warn("usage history and job logs not restored", "error", err)
+		}
+		rec.Restore(saved)
+		kctx, stopKeep := context.WithCancel(context.Background())
+		kept := make(chan struct{})
+		go func() { defer close(kept); keep.Run(kctx, path, rec, keepEvery, log.With("component", "keep")) }()
+		defer func() { stopKeep(); <-kept }()
+	}
 	if kc != nil {
 		kc.SetVolumes(rec)
 		if err := kc.Start(ctx, time.Duration(cfg.Kubernetes.SyncTimeout)); err != nil {

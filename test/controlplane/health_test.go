@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -201,6 +202,38 @@ func TestNodeHealth(t *testing.T) {
 		assert.True(t, hidden, "forget is only for Failed volumes")
 		b.shot("volume-detail")
 		b.noConsoleErrors()
+	})
+
+	t.Run("usage history and job steps survive a restart of serve", func(t *testing.T) {
+		get := func(path string, out any) {
+			t.Helper()
+			req, _ := http.NewRequest(http.MethodGet, p.URL+path, nil)
+			req.Header.Set("Authorization", "Bearer "+p.Token)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(out))
+		}
+		var usage struct{ Samples []saltvolumes.UsageSample }
+		var jobs struct{ Items []saltvolumes.Job }
+		get("/api/v1/volumes/hv1/usage", &usage)
+		get("/api/v1/volumes/hv1/jobs", &jobs)
+		require.NotEmpty(t, usage.Samples)
+		require.NotEmpty(t, jobs.Items)
+		first, job := usage.Samples[0], jobs.Items[0]
+		require.NotEmpty(t, job.Steps)
+
+		p.Stop()
+		p.Start("")
+		usage.Samples, jobs.Items = nil, nil
+		get("/api/v1/volumes/hv1/usage", &usage)
+		get("/api/v1/volumes/hv1/jobs", &jobs)
+		require.NotEmpty(t, usage.Samples, "the history is back at once, before any new report")
+		assert.True(t, first.At.Equal(usage.Samples[0].At), "the oldest sample is the one from before the restart")
+		require.NotEmpty(t, jobs.Items)
+		assert.Equal(t, job.JID, jobs.Items[0].JID)
+		assert.Equal(t, job.Steps, jobs.Items[0].Steps, "with its steps")
 	})
 
 	t.Run("orphans are listed per node, never deleted", func(t *testing.T) {
