@@ -59,3 +59,33 @@ func TestParseNeedsTimings(t *testing.T) {
 	assert.Equal(t, 5*time.Minute, r.Heartbeat)
 	assert.Equal(t, "detached", r.Find("u1").State)
 }
+
+// What keep saves comes back, minus what has aged out; a volume that
+// reported since the start keeps its own samples.
+func TestUsageSnapshotRestore(t *testing.T) {
+	g := New()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 5 {
+		g.Record(report(t0.Add(time.Duration(i)*time.Minute), 7))
+	}
+	ident := func(h []saltvolumes.UsageSample) []saltvolumes.UsageSample { return h }
+	snap, changed := g.UsageSnapshot(ident)
+	assert.True(t, changed)
+	require.Len(t, snap["u1"], 5)
+	_, changed = g.UsageSnapshot(ident)
+	assert.False(t, changed, "nothing new since")
+
+	old := saltvolumes.UsageSample{At: t0.Add(-25 * time.Hour), Allocated: 1}
+	snap["u1"] = append([]saltvolumes.UsageSample{old}, snap["u1"]...)
+	snap["u2"] = []saltvolumes.UsageSample{{At: t0, Allocated: 3}}
+	h := New()
+	h.Now = func() time.Time { return t0.Add(10 * time.Minute) }
+	h.Record(&Report{Node: "n1", Received: t0.Add(9 * time.Minute), Volumes: []saltvolumes.Device{{UUID: "u2", State: "prepared", Allocated: 9}}})
+	h.RestoreUsage(snap)
+	got := h.History("u1", time.Time{})
+	require.Len(t, got, 5, "the sample older than a day is dropped")
+	assert.Equal(t, t0, got[0].At)
+	u2 := h.History("u2", time.Time{})
+	require.Len(t, u2, 1)
+	assert.Equal(t, int64(9), u2[0].Allocated, "what arrived after the start wins")
+}
