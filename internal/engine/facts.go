@@ -114,8 +114,11 @@ func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record, withParent bo
 			names = append(names, n)
 		}
 	} else {
-		nums := []string{r.DeviceNum}
-		if withParent {
+		if n := deviceOf(r); n != "" {
+			names = append(names, n)
+		}
+		var nums []string
+		if withParent && r.Spec.Mode == spec.ModeBlock {
 			nums = append(nums, r.ParentNum)
 		}
 		for _, num := range nums {

@@ -201,12 +201,8 @@ func (e *Engine) inspectRaw(s *spec.Spec, rec *nodestate.Record, res *Result) {
 // same size, but without the signature we wrote on it (rather than with it,
 // waiting for restore to tell the kernel about its partition).
 func (e *Engine) recordedDeviceDamaged(rec *nodestate.Record) bool {
-	d, ok := parseDev(rec.DeviceNum)
-	if !ok || !rec.Formatted() {
-		return false
-	}
-	n, err := blockdev.Name(d)
-	if err != nil {
+	n := deviceOf(rec)
+	if n == "" || !rec.Formatted() {
 		return false
 	}
 	size, err := blockdev.SizeOf(n)

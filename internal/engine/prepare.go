@@ -172,7 +172,7 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		case r.Spec.UUID == s.UUID:
 		case r.Spec.Name == s.Name:
 			return nil, refused("name_conflict", "name: volume %q already exists on this node with uuid %s: choose another name or delete that volume first", s.Name, r.Spec.UUID)
-		case raw != nil && r.Spec.RawBlockDevice != nil && r.DeviceNum == raw.dev.String():
+		case raw != nil && r.Spec.RawBlockDevice != nil && deviceOf(r) == raw.name:
 			return nil, refused("device_conflict", "%s: %s is already used by volume %q (%s)", devicePathField, s.RawBlockDevice.DevicePath, r.Spec.Name, r.Spec.UUID)
 		}
 	}
@@ -238,7 +238,7 @@ func (e *Engine) admitRaw(ctx context.Context, s *spec.Spec, rec *nodestate.Reco
 		return nil // already this volume (or our own unfinished write): prepare re-links it
 	}
 	if rec != nil && rec.Formatted() {
-		if rec.DeviceNum != "" && rec.DeviceNum != raw.dev.String() {
+		if rec.DeviceNum != "" && deviceOf(rec) != raw.name {
 			return refused("device_changed", "%s: %s now points at %s, not the device %s this volume was prepared on, and %s does not carry the volume",
 				devicePathField, raw.path, raw.name, rec.Device, raw.name)
 		}

@@ -90,12 +90,16 @@ func describeRaw(rec *nodestate.Record, raw *rawDevice) error {
 	}
 	rec.DeviceSize = size
 	part, isPart, err := blockdev.Partition(raw.name)
-	if err != nil || !isPart || rec.Spec.Mode != spec.ModeBlock {
+	if err != nil || !isPart {
 		return nil
 	}
+	// A partition is known by its disk and index too (see deviceOf).
 	rec.Parent, rec.PartNumber = part.Parent, part.Number
 	if d, err := blockdev.DevOf(part.Parent); err == nil {
 		rec.ParentNum = d.String()
+	}
+	if rec.Spec.Mode != spec.ModeBlock {
+		return nil
 	}
 	if r, _, _, err := openProbe("/dev/" + part.Parent); err == nil && r.GPT != nil {
 		if ent, ok := r.GPT.Partition(part.Number); ok {
@@ -146,10 +150,8 @@ func (e *Engine) locateRaw(rec *nodestate.Record, fix bool) string {
 		return dmByUUID(rec.DMUUID)
 	}
 	var candidates []string
-	if d, ok := parseDev(rec.DeviceNum); ok {
-		if n, err := blockdev.Name(d); err == nil {
-			candidates = append(candidates, n)
-		}
+	if n := deviceOf(rec); n != "" {
+		candidates = append(candidates, n)
 	}
 	if raw, err := resolveRaw(rec.Spec.RawBlockDevice.DevicePath); err == nil {
 		candidates = append(candidates, raw.name)
@@ -269,6 +271,33 @@ func (e *Engine) lockDisk(name string) (*nodestate.Lock, error) {
 		return nil, failed("lock", err, "locking the partition table of %s", name)
 	}
 	return l, nil
+}
+
+// deviceOf is the kernel name of the raw device a record names now. A
+// partition is found by its disk and index: the kernel numbers the
+// partitions of some disks (NVMe, and loop devices, on the extended major)
+// anew whenever it reads their table again, which udev has it do once a
+// table was written (a GUID set on a sibling partition, say), so a
+// recorded device number may name a sibling by then.
+func deviceOf(rec *nodestate.Record) string {
+	if rec.PartNumber != 0 && rec.Parent != "" {
+		parent := rec.Parent
+		if d, ok := parseDev(rec.ParentNum); ok {
+			if n, err := blockdev.Name(d); err == nil {
+				parent = n
+			}
+		}
+		if p, ok, _ := partitionAt(parent, rec.PartNumber); ok {
+			return p.name
+		}
+		return ""
+	}
+	if d, ok := parseDev(rec.DeviceNum); ok {
+		if n, err := blockdev.Name(d); err == nil {
+			return n
+		}
+	}
+	return ""
 }
 
 // rememberDevice records which device the volume is on, to notice a path

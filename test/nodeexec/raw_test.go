@@ -1,6 +1,7 @@
 package nodeexec
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -174,6 +175,44 @@ func TestSiblingPartitions(t *testing.T) {
 	for _, sp := range specs {
 		n.ok("unprepare", sp, "--wipe")
 	}
+}
+
+// The kernel numbers a disk's partitions anew when it reads the table
+// again (udev has it do so after a table is written): a volume on one
+// partition is still found by its disk and index, and the sibling that
+// took its old device number is not mistaken for it.
+func TestPartitionsRenumbered(t *testing.T) {
+	n := newNode(t)
+	disk := fakeDisk(t, 48<<20, "-n", "1:2048:+16M", "-n", "2:0:+16M")
+	ext := [][2]int64{{1 << 20, 16 << 20}, {17 << 20, 16 << 20}}
+	parts := addPartitions(t, disk, ext...)
+	fs := rawSpec("renum-fs", n.newUUID(), parts[1], nil)
+	n.ok("prepare", fs)
+	// What a re-read leaves: the number recorded for partition 2 now names
+	// partition 1 (the kernel gave it out again). Numbers are not handed
+	// out again at will here, so the record is made to say it.
+	p1num, err := os.ReadFile("/sys/class/block/" + filepath.Base(parts[0]) + "/dev")
+	require.NoError(t, err)
+	recPath := filepath.Join(n.dir, "volumes", fs["uuid"].(string)+".json")
+	b, err := os.ReadFile(recPath)
+	require.NoError(t, err)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal(b, &rec))
+	require.Equal(t, float64(2), rec["partNumber"], "a partition is recorded with its index")
+	rec["deviceNum"] = strings.TrimSpace(string(p1num))
+	b, err = json.Marshal(rec)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(recPath, b, 0o600))
+
+	blk := rawSpec("renum-blk", n.newUUID(), parts[0], map[string]any{"mode": "Block"})
+	r := n.ok("prepare", blk)
+	assert.Equal(t, parts[0], r.str("devicePath"))
+	info := n.ok("info", fs)
+	assert.Equal(t, "prepared", info.str("state"))
+	assert.Equal(t, parts[1], info.str("devicePath"), "found by its disk and index")
+	assert.Equal(t, false, n.ok("prepare", fs).Out["changed"])
+	n.ok("unprepare", blk, "--wipe")
+	n.ok("unprepare", fs, "--wipe")
 }
 
 func TestRefusalsWriteNothing(t *testing.T) {
