@@ -480,3 +480,36 @@ func TestForgetNodeTakesExactlyTheListedVolumes(t *testing.T) {
 	require.Equal(t, 202, code, m)
 	assert.Len(t, m["items"], 1)
 }
+
+// A resize body is read strictly, and what cannot grow is refused naming
+// the field; nothing changes.
+func TestResizeRefusals(t *testing.T) {
+	ts, st := newServer(t)
+	code, _ := do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"a","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	require.Equal(t, 201, code)
+	code, _ = do(t, ts, "POST", "/api/v1/volumes", token, `{"name":"r","node":"node-1","rawBlockDevice":{"devicePath":"/dev/sdb"}}`)
+	require.Equal(t, 201, code)
+	for _, c := range []struct {
+		path, body string
+		code       int
+		msg        string
+	}{
+		{"/api/v1/volumes/a/resize", ``, 400, `{"size": "20Gi"}`},
+		{"/api/v1/volumes/a/resize", `{"sise":"2Gi"}`, 400, `{"size": "20Gi"}`},
+		{"/api/v1/volumes/a/resize", `{"size":"2Gi"} {}`, 400, `{"size": "20Gi"}`},
+		{"/api/v1/volumes/a/resize", `{"size":"lots"}`, 400, "lots"},
+		{"/api/v1/volumes/a/resize", `{"size":"512Mi"}`, 400, "shrinking is refused"},
+		{"/api/v1/volumes/r/resize", `{"size":"2Gi"}`, 400, "only sparse volumes grow"},
+		{"/api/v1/volumes/a/resize", `{"size":"2Gi"}`, 409, "only an Available volume grows"},
+	} {
+		code, m := do(t, ts, "POST", c.path, token, c.body)
+		assert.Equal(t, c.code, code, c.body)
+		assert.Equal(t, "size", errField(m, "field"), c.body)
+		assert.Contains(t, errField(m, "message"), c.msg, c.body)
+	}
+	code, _ = do(t, ts, "POST", "/api/v1/volumes/nope/resize", token, `{"size":"2Gi"}`)
+	assert.Equal(t, 404, code)
+	v, err := st.Get("a")
+	require.NoError(t, err)
+	assert.Equal(t, "1Gi", string(v.Spec.SparseLoopDevice.Size), "nothing changed")
+}
