@@ -100,6 +100,11 @@ func (d *Device) Check(s *Spec) error {
 	return nil
 }
 
+// ReasonWipeUnverified is the reason of a volume whose --wipe could not be
+// done or proven. The node's message starts with it followed by ": ": Salt's
+// state comment carries the node's message, not its error code.
+const ReasonWipeUnverified = "WipeUnverified"
+
 // Error codes of API answers (Error.Code).
 const (
 	CodeInvalid         = "invalid"          // 400: the field is named

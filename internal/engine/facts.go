@@ -108,24 +108,13 @@ func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record, withParent bo
 		for _, d := range idx.Find(e.State.SparseFile(r.Spec.UUID)) {
 			names = append(names, d.Name)
 		}
-	} else if r.Spec.LVMLogicalVolume != nil {
-		// dm numbers are given at activation: the UUID is what lasts.
-		if n := dmByUUID(r.DMUUID); n != "" {
-			names = append(names, n)
-		}
 	} else {
 		if n := deviceOf(r); n != "" {
 			names = append(names, n)
 		}
-		var nums []string
-		if withParent && r.Spec.Mode == spec.ModeBlock {
-			nums = append(nums, r.ParentNum)
-		}
-		for _, num := range nums {
-			if d, ok := parseDev(num); ok {
-				if n, err := blockdev.Name(d); err == nil {
-					names = append(names, n)
-				}
+		if d, ok := parseDev(r.ParentNum); ok && withParent && r.Spec.Mode == spec.ModeBlock {
+			if n, err := blockdev.Name(d); err == nil {
+				names = append(names, n)
 			}
 		}
 	}

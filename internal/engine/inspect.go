@@ -163,9 +163,7 @@ func (e *Engine) sparseCarries(s *spec.Spec) bool {
 
 func (e *Engine) inspectRaw(s *spec.Spec, rec *nodestate.Record, res *Result) {
 	var name string
-	if rec != nil && rec.DMUUID != "" {
-		res.PersistentPath = spec.DMUUIDLinkPrefix + rec.DMUUID
-	}
+	res.PersistentPath = persistentPath(s, rec)
 	if rec != nil {
 		name = e.locateRaw(rec, false)
 	} else {

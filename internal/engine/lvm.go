@@ -22,25 +22,6 @@ const writtenLV = "lv"
 
 func lvTag(s *spec.Spec) string { return spec.LVMTagPrefix + s.UUID }
 
-// checkLVM makes the refusals that need no lock, before anything is
-// recorded: the VG must exist, and an LV already named after the volume
-// must be one we tagged.
-func (e *Engine) checkLVM(ctx context.Context, s *spec.Spec) error {
-	l := s.LVMLogicalVolume
-	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
-	if errors.Is(err, lvm.ErrNoVG) {
-		return invalid("vg_not_found", "%s: volume group %q does not exist on this node: create it first (vgcreate) or choose one that vgs lists", vgField, l.VGName)
-	}
-	if err != nil {
-		return failed("lvm", err, "reading volume group %s", l.VGName)
-	}
-	if lv != nil && !lv.HasTag(lvTag(s)) {
-		return refused("lv_not_ours", "%s: logical volume %s/%s exists and salt-volumes did not create it for this volume (it lacks the tag %s): not touching it; choose another volume name, or give it as rawBlockDevice: {devicePath: /dev/%s/%s} to use it as it is",
-			vgField, l.VGName, s.Name, lvTag(s), l.VGName, s.Name)
-	}
-	return nil
-}
-
 // dmByUUID finds the device-mapper device with the given UUID in sysfs,
 // without running a process: the beacon inspects every interval.
 func dmByUUID(dmuuid string) string {
@@ -49,28 +30,53 @@ func dmByUUID(dmuuid string) string {
 	}
 	ents, _ := os.ReadDir(blockdev.SysBlock)
 	for _, ent := range ents {
-		n := ent.Name()
-		if !strings.HasPrefix(n, "dm-") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(blockdev.SysBlock, n, "dm", "uuid"))
-		if err == nil && strings.TrimSpace(string(b)) == dmuuid {
+		if n := ent.Name(); strings.HasPrefix(n, "dm-") && dmUUID(n) == dmuuid {
 			return n
 		}
 	}
 	return ""
 }
 
-// lvmLink is the persistent path of an LVM volume: its filesystem UUID's,
-// or in Block mode udev's link of the LV's device-mapper UUID.
-func lvmLink(s *spec.Spec, rec *nodestate.Record) string {
-	if s.Mode == spec.ModeBlock {
-		if rec == nil || rec.DMUUID == "" {
-			return ""
-		}
+// dmUUID is the device-mapper UUID of device name ("" for another device).
+func dmUUID(name string) string {
+	b, err := os.ReadFile(filepath.Join(blockdev.SysBlock, name, "dm", "uuid"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// lvmUUIDOf is the device-mapper UUID of device name if it is an LVM LV
+// ("LVM-..."), else "".
+func lvmUUIDOf(name string) string {
+	if u := dmUUID(name); strings.HasPrefix(u, "LVM-") {
+		return u
+	}
+	return ""
+}
+
+// persistentPath is where a recorded volume is found: the link its UUID
+// names, or for a Block volume on an LV (ours, or given as a raw device)
+// udev's link of the LV's device-mapper UUID, which only the record knows.
+func persistentPath(s *spec.Spec, rec *nodestate.Record) string {
+	if s.Mode == spec.ModeBlock && rec != nil && rec.DMUUID != "" {
 		return spec.DMUUIDLinkPrefix + rec.DMUUID
 	}
 	return s.PersistentPath()
+}
+
+// activateLV activates the recorded LV and returns its device-mapper device.
+func (e *Engine) activateLV(ctx context.Context, o *op, rec *nodestate.Record) (string, error) {
+	vg, lv := o.s.LVMLogicalVolume.VGName, o.s.Name
+	if err := lvm.Activate(ctx, vg, rec.LVUUID); err != nil {
+		return "", failed("lvchange", err, "activating logical volume %s/%s", vg, lv)
+	}
+	o.changed = true
+	o.step("lv-activated", "lv", vg+"/"+lv)
+	if name := dmByUUID(rec.DMUUID); name != "" {
+		return name, nil
+	}
+	return "", failed("lvm", nil, "logical volume %s/%s is active but no device-mapper device has UUID %s", vg, lv, rec.DMUUID)
 }
 
 // dropUnstarted forgets a new volume's record when nothing of it exists on
@@ -84,59 +90,13 @@ func (e *Engine) dropUnstarted(rec *nodestate.Record) {
 func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
 	s := o.s
 	l := s.LVMLogicalVolume
-	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
-	if errors.Is(err, lvm.ErrNoVG) {
-		e.dropUnstarted(rec)
-		return invalid("vg_not_found", "%s: volume group %q does not exist on this node: create it first (vgcreate) or choose one that vgs lists", vgField, l.VGName)
-	}
-	if err != nil {
-		return failed("lvm", err, "reading volume group %s", l.VGName)
-	}
-	if lv != nil && (!lv.HasTag(lvTag(s)) || rec.LVUUID != "" && lv.UUID != rec.LVUUID) {
-		e.dropUnstarted(rec)
-		return refused("lv_not_ours", "%s: logical volume %s/%s is not the one salt-volumes created for this volume (tag %s, LVM UUID %s): not touching it",
-			vgField, l.VGName, s.Name, lvTag(s), rec.LVUUID)
-	}
-	if lv == nil {
-		if rec.LVUUID != "" {
-			return failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for this volume, is gone: its data is lost; delete the volume and create it again",
-				l.VGName, s.Name, rec.LVUUID)
-		}
-		vg, err := lvm.GetVG(ctx, l.VGName)
-		if err != nil {
-			return failed("lvm", err, "reading volume group %s", l.VGName)
-		}
-		if need := roundUp(s.SizeBytes, vg.ExtentSize); need > vg.Free {
-			e.dropUnstarted(rec)
-			return invalid("size_too_large", "lvmLogicalVolume.size: %s is more than volume group %s has free (%s): use a smaller size or extend the VG (vgextend)",
-				spec.FormatSize(s.SizeBytes), l.VGName, spec.FormatSize(vg.Free))
-		}
-		if err := lvm.Create(ctx, l.VGName, s.Name, s.SizeBytes, lvTag(s)); err != nil {
-			return failed("lvcreate", err, "creating logical volume %s/%s", l.VGName, s.Name)
-		}
-		o.changed = true
-		o.step("lv-created", "lv", l.VGName+"/"+s.Name, "tag", lvTag(s))
-		if lv, err = lvm.GetLV(ctx, l.VGName, s.Name); err != nil || lv == nil {
-			return failed("lvm", err, "reading logical volume %s/%s back", l.VGName, s.Name)
-		}
-	}
-	if rec.LVUUID != lv.UUID {
-		// Saved at once: from now on the LV is ours by record as well as by
-		// tag, whatever happens next.
-		rec.LVUUID, rec.DMUUID = lv.UUID, lv.DMUUID()
-		if err := e.State.Save(rec); err != nil {
-			return failed("state", err, "saving state of %s", s.Name)
-		}
-	}
-	name := dmByUUID(rec.DMUUID)
+	// Ours by record and active: every state run prepares the volume
+	// again, and needs no LVM tool for that.
+	name := deviceOf(rec)
 	if name == "" {
-		if err := lvm.Activate(ctx, l.VGName, lv.UUID); err != nil {
-			return failed("lvchange", err, "activating logical volume %s/%s", l.VGName, s.Name)
-		}
-		o.changed = true
-		o.step("lv-activated", "lv", l.VGName+"/"+s.Name)
-		if name = dmByUUID(rec.DMUUID); name == "" {
-			return failed("lvm", nil, "logical volume %s/%s is active but no device-mapper device has UUID %s", l.VGName, s.Name, rec.DMUUID)
+		var err error
+		if name, err = e.ensureLV(ctx, o, rec); err != nil {
+			return err
 		}
 	}
 	path, err := blockdev.EnsureNode(name)
@@ -168,9 +128,66 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 	if err := e.rememberDevice(rec, raw); err != nil {
 		return err
 	}
-	o.link = lvmLink(s, rec)
+	o.link = persistentPath(s, rec)
 	res.PersistentPath = o.link
 	return e.linkDevice(ctx, o, name, res)
+}
+
+// ensureLV finds the volume's LV, creating it if there is none yet, and
+// returns its device once active. The refusals come first: a VG that is
+// not there, an LV of that name we did not create; a refused new volume
+// leaves no record.
+func (e *Engine) ensureLV(ctx context.Context, o *op, rec *nodestate.Record) (string, error) {
+	s := o.s
+	l := s.LVMLogicalVolume
+	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
+	switch {
+	case errors.Is(err, lvm.ErrNoVG):
+		e.dropUnstarted(rec)
+		return "", invalid("vg_not_found", "%s: volume group %q does not exist on this node: create it first (vgcreate) or choose one that vgs lists", vgField, l.VGName)
+	case err != nil:
+		return "", failed("lvm", err, "reading volume group %s", l.VGName)
+	case lv != nil && !lv.HasTag(lvTag(s)):
+		e.dropUnstarted(rec)
+		return "", refused("lv_not_ours", "%s: logical volume %s/%s exists and salt-volumes did not create it for this volume (it lacks the tag %s): not touching it; choose another volume name, or give it as rawBlockDevice: {devicePath: /dev/%s/%s} to use it as it is",
+			vgField, l.VGName, s.Name, lvTag(s), l.VGName, s.Name)
+	case lv != nil && rec.LVUUID != "" && lv.UUID != rec.LVUUID:
+		return "", refused("lv_not_ours", "%s: logical volume %s/%s has LVM UUID %s, not %s, the one salt-volumes created for this volume: not touching it",
+			vgField, l.VGName, s.Name, lv.UUID, rec.LVUUID)
+	case lv == nil && rec.LVUUID != "":
+		return "", failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for this volume, is gone: its data is lost; delete the volume and create it again",
+			l.VGName, s.Name, rec.LVUUID)
+	case lv == nil:
+		vg, err := lvm.GetVG(ctx, l.VGName)
+		if err != nil {
+			return "", failed("lvm", err, "reading volume group %s", l.VGName)
+		}
+		if need := roundUp(s.SizeBytes, vg.ExtentSize); need > vg.Free {
+			e.dropUnstarted(rec)
+			return "", invalid("size_too_large", "lvmLogicalVolume.size: %s is more than volume group %s has free (%s): use a smaller size or extend the VG (vgextend)",
+				spec.FormatSize(s.SizeBytes), l.VGName, spec.FormatSize(vg.Free))
+		}
+		if err := lvm.Create(ctx, l.VGName, s.Name, s.SizeBytes, lvTag(s)); err != nil {
+			return "", failed("lvcreate", err, "creating logical volume %s/%s", l.VGName, s.Name)
+		}
+		o.changed = true
+		o.step("lv-created", "lv", l.VGName+"/"+s.Name, "tag", lvTag(s))
+		if lv, err = lvm.GetLV(ctx, l.VGName, s.Name); err != nil || lv == nil {
+			return "", failed("lvm", err, "reading logical volume %s/%s back", l.VGName, s.Name)
+		}
+	}
+	if rec.LVUUID != lv.UUID {
+		// Saved at once: from now on the LV is ours by record as well as by
+		// tag, whatever happens next.
+		rec.LVUUID, rec.DMUUID = lv.UUID, lv.DMUUID()
+		if err := e.State.Save(rec); err != nil {
+			return "", failed("state", err, "saving state of %s", s.Name)
+		}
+	}
+	if name := dmByUUID(rec.DMUUID); name != "" {
+		return name, nil
+	}
+	return e.activateLV(ctx, o, rec)
 }
 
 // checkFreshLV: an LV we have not written yet must hold nothing, or only
@@ -220,18 +237,11 @@ func roundUp(n, unit int64) int64 {
 	return (n + unit - 1) / unit * unit
 }
 
-// locateLVM is the recorded LV's device-mapper device, if active and ours.
-func (e *Engine) locateLVM(rec *nodestate.Record) string {
-	return dmByUUID(rec.DMUUID)
-}
-
 func (e *Engine) inspectLVM(s *spec.Spec, rec *nodestate.Record, res *Result) {
-	if p := lvmLink(s, rec); p != "" {
-		res.PersistentPath = p
-	}
+	res.PersistentPath = persistentPath(s, rec)
 	var name string
 	if rec != nil {
-		name = e.locateLVM(rec)
+		name = deviceOf(rec)
 	}
 	if name != "" {
 		res.DeviceName, res.DevicePath = name, "/dev/"+name
@@ -257,22 +267,17 @@ func (e *Engine) inspectLVM(s *spec.Spec, rec *nodestate.Record, res *Result) {
 // restoreLVM activates our LV if the boot did not, and links it.
 func (e *Engine) restoreLVM(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
 	s := o.s
-	name := e.locateLVM(rec)
+	name := deviceOf(rec)
 	if name == "" {
 		lv, err := lvm.GetLV(ctx, s.LVMLogicalVolume.VGName, s.Name)
 		if err != nil || lv == nil || lv.UUID != rec.LVUUID || !lv.HasTag(lvTag(s)) {
 			return failed("lv_missing", err, "logical volume %s/%s (LVM UUID %s) is not on this node", s.LVMLogicalVolume.VGName, s.Name, rec.LVUUID)
 		}
-		if err := lvm.Activate(ctx, s.LVMLogicalVolume.VGName, rec.LVUUID); err != nil {
-			return failed("lvchange", err, "activating %s/%s", s.LVMLogicalVolume.VGName, s.Name)
-		}
-		o.changed = true
-		o.step("lv-activated", "lv", s.LVMLogicalVolume.VGName+"/"+s.Name)
-		if name = e.locateLVM(rec); name == "" {
-			return failed("lvm", nil, "no device-mapper device has UUID %s after activation", rec.DMUUID)
+		if name, err = e.activateLV(ctx, o, rec); err != nil {
+			return err
 		}
 	}
-	o.link = lvmLink(s, rec)
+	o.link = persistentPath(s, rec)
 	return e.linkDevice(ctx, o, name, res)
 }
 
@@ -282,8 +287,8 @@ func (e *Engine) restoreLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record, opts UnprepareOptions, res *Result) error {
 	s := o.s
 	l := s.LVMLogicalVolume
-	o.link = lvmLink(s, rec)
-	name := e.locateLVM(rec)
+	o.link = persistentPath(s, rec)
+	name := deviceOf(rec)
 	if name != "" {
 		res.DeviceName, res.DevicePath = name, "/dev/"+name
 		if err := e.refuseInUse(s, name, res); err != nil {
@@ -315,11 +320,8 @@ func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record,
 			l.VGName, s.Name, lvTag(s), lvTag(s), l.VGName, s.Name)
 	}
 	if name == "" {
-		if err := lvm.Activate(ctx, l.VGName, rec.LVUUID); err != nil {
-			return failed("lvchange", err, "activating %s/%s to wipe it", l.VGName, s.Name)
-		}
-		if name = e.locateLVM(rec); name == "" {
-			return failed("lvm", nil, "no device-mapper device has UUID %s after activation", rec.DMUUID)
+		if name, err = e.activateLV(ctx, o, rec); err != nil {
+			return err
 		}
 		if err := e.refuseInUse(s, name, res); err != nil {
 			return err
@@ -338,20 +340,6 @@ func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record,
 	return nil
 }
 
-// lvmUUIDOf is the device-mapper UUID of device name if it is an LVM LV
-// ("LVM-..."), else "".
-func lvmUUIDOf(name string) string {
-	b, err := os.ReadFile(filepath.Join(blockdev.SysBlock, name, "dm", "uuid"))
-	if err != nil {
-		return ""
-	}
-	u := strings.TrimSpace(string(b))
-	if !strings.HasPrefix(u, "LVM-") {
-		return ""
-	}
-	return u
-}
-
 // prepareRawLV takes an existing LV as a Block volume as it is (seed 000):
 // a device-mapper device has no partitions for a GPT of ours to name, and
 // LVM's own UUID names it already. admitRaw found it blank and unused.
@@ -363,7 +351,7 @@ func (e *Engine) prepareRawLV(ctx context.Context, o *op, rec *nodestate.Record,
 	if err := e.rememberDevice(rec, raw); err != nil {
 		return err
 	}
-	o.link = spec.DMUUIDLinkPrefix + dm
+	o.link = persistentPath(o.s, rec)
 	res.PersistentPath = o.link
 	return e.linkDevice(ctx, o, raw.name, res)
 }

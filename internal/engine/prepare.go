@@ -31,11 +31,6 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 			res.Warnings = append(res.Warnings, warn)
 		}
 	}
-	if s.LVMLogicalVolume != nil {
-		if err := e.checkLVM(ctx, s); err != nil {
-			return nil, err
-		}
-	}
 	var raw *rawDevice
 	if s.RawBlockDevice != nil {
 		var err error

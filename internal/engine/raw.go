@@ -147,7 +147,7 @@ func (e *Engine) recordMatches(rec *nodestate.Record, name string) bool {
 // for disks renamed across a reboot, any device that matches the record.
 func (e *Engine) locateRaw(rec *nodestate.Record, fix bool) string {
 	if rec.DMUUID != "" {
-		return dmByUUID(rec.DMUUID)
+		return deviceOf(rec) // an LV: its UUID names it, no scan finds more
 	}
 	var candidates []string
 	if n := deviceOf(rec); n != "" {
@@ -273,13 +273,17 @@ func (e *Engine) lockDisk(name string) (*nodestate.Lock, error) {
 	return l, nil
 }
 
-// deviceOf is the kernel name of the raw device a record names now. A
-// partition is found by its disk and index: the kernel numbers the
+// deviceOf is the kernel name of the raw device or LV a record names now.
+// An LV is found by its device-mapper UUID (dm numbers are given at each
+// activation). A partition is found by its disk and index: the kernel numbers the
 // partitions of some disks (NVMe, and loop devices, on the extended major)
 // anew whenever it reads their table again, which udev has it do once a
 // table was written (a GUID set on a sibling partition, say), so a
 // recorded device number may name a sibling by then.
 func deviceOf(rec *nodestate.Record) string {
+	if rec.DMUUID != "" {
+		return dmByUUID(rec.DMUUID)
+	}
 	if rec.PartNumber != 0 && rec.Parent != "" {
 		parent := rec.Parent
 		if d, ok := parseDev(rec.ParentNum); ok {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
-	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
 // RestoreReport is restore's output.
@@ -149,9 +148,7 @@ func (e *Engine) restoreRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	}
 	// findRaw returned the device that is the volume (the partition in
 	// Block mode, added to the kernel if it was missing): link it.
-	if rec.DMUUID != "" {
-		o.link = spec.DMUUIDLinkPrefix + rec.DMUUID
-	}
+	o.link = persistentPath(o.s, rec)
 	return e.linkDevice(ctx, o, name, res)
 }
 

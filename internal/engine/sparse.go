@@ -19,8 +19,7 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	res.BackingFile = file
 	grow := growing(s, rec)
 
-	before, _ := os.Stat(file)
-	f, created, fresh, err := e.openSparseFile(s, grow)
+	f, created, fresh, grown, err := e.openSparseFile(s, grow)
 	if err != nil {
 		return err
 	}
@@ -28,7 +27,7 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	if created {
 		o.changed = true
 		o.step("file-created", "path", file)
-	} else if grow && before != nil && before.Size() < s.SizeBytes {
+	} else if grown {
 		o.changed = true
 		o.step("file-grown", "path", file, "size", s.SizeBytes)
 	}
@@ -153,7 +152,7 @@ func verifyWritten(s *spec.Spec, f interface {
 // volume's sparse file. A zero-length file is what a crash between create
 // and truncate leaves behind. fresh tells that this run created the file:
 // a new inode, which no loop device can be bound to yet.
-func (e *Engine) openSparseFile(s *spec.Spec, grow bool) (f *os.File, created, fresh bool, err error) {
+func (e *Engine) openSparseFile(s *spec.Spec, grow bool) (f *os.File, created, fresh, grown bool, err error) {
 	file := e.State.SparseFile(s.UUID)
 	f, err = e.State.OpenSparse(s.UUID, os.O_RDWR|os.O_CREATE|os.O_EXCL)
 	fresh = err == nil
@@ -161,25 +160,25 @@ func (e *Engine) openSparseFile(s *spec.Spec, grow bool) (f *os.File, created, f
 		f, err = e.State.OpenSparse(s.UUID, os.O_RDWR)
 	}
 	if err != nil {
-		return nil, false, false, refused("sparse_file", "opening %s: %v", file, err)
+		return nil, false, false, false, refused("sparse_file", "opening %s: %v", file, err)
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, false, false, failed("file", err, "reading %s", file)
+		return nil, false, false, false, failed("file", err, "reading %s", file)
 	}
 	switch st.Size() {
 	case s.SizeBytes:
-		return f, false, false, nil
+		return f, false, false, false, nil
 	case 0:
 		// Not synced here: what is written into the file next is synced
 		// before the record says so, and a size lost to a crash is the
 		// zero-length case above.
 		if err := f.Truncate(s.SizeBytes); err != nil {
 			f.Close()
-			return nil, false, false, failed("file", err, "sizing %s", file)
+			return nil, false, false, false, failed("file", err, "sizing %s", file)
 		}
-		return f, true, fresh, nil
+		return f, true, fresh, false, nil
 	}
 	if grow && st.Size() < s.SizeBytes {
 		// Synced before anything is laid out over the new room.
@@ -188,12 +187,12 @@ func (e *Engine) openSparseFile(s *spec.Spec, grow bool) (f *os.File, created, f
 		}
 		if err != nil {
 			f.Close()
-			return nil, false, false, failed("file", err, "growing %s", file)
+			return nil, false, false, false, failed("file", err, "growing %s", file)
 		}
-		return f, false, false, nil
+		return f, false, false, true, nil
 	}
 	f.Close()
-	return nil, false, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes: a volume only grows, and only through prepare with its new size", file, st.Size(), s.SizeBytes)
+	return nil, false, false, false, refused("size_mismatch", "%s is %d bytes, but the volume is %d bytes: a volume only grows, and only through prepare with its new size", file, st.Size(), s.SizeBytes)
 }
 
 // written names what prepare writes for a spec: the filesystem type, a GPT

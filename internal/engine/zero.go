@@ -11,18 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ReasonWipeUnverified starts the message of a wipe that could not be done
-// or proven: the control plane reads it as the volume's reason (Salt's
-// state comment carries the message, not our error code).
-const ReasonWipeUnverified = "WipeUnverified"
-
 // sampleCount is how many drawn blocks a verification reads, besides the
 // first and the last.
 const sampleCount = 16
 
 func wipeUnverified(name string, err error) error {
 	return &Error{KindFailed, "wipe_unverified", fmt.Sprintf("%s: /dev/%s could not be zeroed and verified (%v): the volume keeps its node record, so its device is offered to no other volume; make the device writable (blockdev --setrw) or replace it, then delete again",
-		ReasonWipeUnverified, name, err)}
+		saltvolumes.ReasonWipeUnverified, name, err)}
 }
 
 // zeroAndVerify zeroes every byte of /dev/<name> (through f when the

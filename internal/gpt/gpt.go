@@ -330,26 +330,3 @@ func SetPartitionGUID(f ReadWriterAt, size int64, ss int, index int, guid string
 	}
 	return nil
 }
-
-// Wipe erases what Create wrote: the protective MBR entry and signature, both
-// headers and both partition arrays. The rest of the device is left alone.
-func Wipe(f io.WriterAt, size int64, ss int) error {
-	zero := make([]byte, ss+entriesBytes)
-	// MBR partition table and 0x55AA signature; keep any boot code.
-	if _, err := f.WriteAt(zero[:66], 446); err != nil {
-		return err
-	}
-	if _, err := f.WriteAt(zero, int64(ss)); err != nil { // primary header + array
-		return err
-	}
-	back := size/int64(ss)*int64(ss) - int64(len(zero)) // backup array + header
-	if back > int64(ss) {
-		if _, err := f.WriteAt(zero, back); err != nil {
-			return err
-		}
-	}
-	if s, ok := f.(interface{ Sync() error }); ok {
-		return s.Sync()
-	}
-	return nil
-}

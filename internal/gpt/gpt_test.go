@@ -131,23 +131,6 @@ func TestSetPartitionGUIDRefusesDamagedTable(t *testing.T) {
 	assert.True(t, bytes.Equal(before, after), "nothing written on refusal")
 }
 
-func TestWipe(t *testing.T) {
-	const size = 16 << 20
-	f := newImage(t, size)
-	_, _, err := Create(f, size, 512, "3f2504e0-4f89-41d3-9a0c-0305e82c3301", "x")
-	require.NoError(t, err)
-	payload := []byte("user data in the partition")
-	_, err = f.WriteAt(payload, 1<<20)
-	require.NoError(t, err)
-	require.NoError(t, Wipe(f, size, 512))
-	_, err = Read(f, size, 512)
-	assert.ErrorIs(t, err, ErrNoGPT)
-	got := make([]byte, len(payload))
-	_, err = f.ReadAt(got, 1<<20)
-	require.NoError(t, err)
-	assert.Equal(t, payload, got, "wipe erases the table, not the data")
-}
-
 func TestHeaderCRCIsChecked(t *testing.T) {
 	const size = 16 << 20
 	f := newImage(t, size)

@@ -12,10 +12,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 )
 
 // Snapshot is the file's content.
@@ -49,39 +49,14 @@ func Load(path string) (Snapshot, error) {
 	return s, nil
 }
 
-// Save writes the snapshot atomically (a temporary file synced, renamed,
-// the directory synced).
+// Save writes the snapshot atomically.
 func Save(path string, s Snapshot) error {
 	s.Version = 1
 	b, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return nodestate.WriteFileAtomic(path, b, 0o600)
 }
 
 // Run saves src to path every interval when it changed, and once more

@@ -45,8 +45,8 @@ const (
 	ReasonUnprepareFailed = "UnprepareFailed"
 	// ReasonWipeUnverified: a --wipe could not zero the device or read
 	// zeros back; the node keeps the volume's record, so the device is not
-	// offered again. The node's message starts with it.
-	ReasonWipeUnverified = "WipeUnverified"
+	// offered again.
+	ReasonWipeUnverified = saltvolumes.ReasonWipeUnverified
 	// ReasonResizing: a grow was asked for; the prepare state runs with
 	// the new size.
 	ReasonResizing        = "Resizing"

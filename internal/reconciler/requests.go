@@ -166,13 +166,12 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 		return nil, &ResizeError{Field: "size", Reason: err.Error()}
 	}
 	return r.request(name, func(v *volume.Volume) error {
-		cur := v.Spec.SizeBytes
-		if v.Spec.SparseLoopDevice != nil && cur == 0 {
-			cur, _ = spec.ParseSize(string(v.Spec.SparseLoopDevice.Size))
-		}
-		switch {
-		case v.Spec.SparseLoopDevice == nil:
+		if v.Spec.SparseLoopDevice == nil {
 			return &ResizeError{Field: "size", Reason: "only sparse volumes grow so far: a raw volume is the size of its device, and an lvmLogicalVolume cannot grow yet"}
+		}
+		// Spec.SizeBytes is not stored: the size is read from the spec.
+		cur, _ := spec.ParseSize(string(v.Spec.SparseLoopDevice.Size))
+		switch {
 		case r.opt.Kube != nil:
 			return &ResizeError{Field: "size", Reason: "growing a volume is not supported in Kubernetes mode yet (its PersistentVolume's capacity would not follow)", Conflict: true}
 		case n == cur:

@@ -283,7 +283,7 @@ func TestEndToEnd(t *testing.T) {
 		assert.Equal(t, -1, bytes.IndexFunc(b, func(r rune) bool { return r != 0 }), "every byte of the device zero")
 	})
 
-	t.Run("resize grows a mounted sparse volume through Salt; shrinking and raw volumes are refused", func(t *testing.T) {
+	t.Run("resize grows a mounted sparse volume through Salt; shrinking is refused, an unknown volume not found", func(t *testing.T) {
 		_, errs, code := p.CLI("create", "grow-1", "--node", "node-1", "--size", "300Mi", "--fs", "xfs", "--wait", "--timeout", "2m")
 		require.Equal(t, 0, code, errs)
 		v := getJSON(t, p, "grow-1")
@@ -316,7 +316,7 @@ func TestEndToEnd(t *testing.T) {
 		out, errs, code = p.CLI("resize", "grow-1", "--size", "400Mi", "--wait")
 		assert.Equal(t, 0, code, "asking again for the size it has: %s", out+errs)
 		assert.Equal(t, job, getJSON(t, p, "grow-1").Status.JobID, "changes nothing: no state run")
-		_, errs, code = p.CLI("resize", "raw-nope", "--size", "1Gi")
+		_, errs, code = p.CLI("resize", "no-such-volume", "--size", "1Gi")
 		assert.Equal(t, 4, code, errs)
 		// Unmounted, it grows offline (xfs on a private mount of the
 		// node's), and its report says it is no longer in use.
