@@ -4,12 +4,15 @@ package blockdev
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -401,19 +404,65 @@ func Geometry(fd int) (size int64, sectorSize int, err error) {
 	return int64(sz), ss, nil
 }
 
+// AwaitNode is EnsureNode followed by the device's size, for a device that
+// may be in the middle of a partition-table re-read (udev's, after a writer
+// of its disk closed it): its partitions vanish for a moment and come back,
+// perhaps under new numbers. A missing or stale partition is given up to
+// wait to come back.
+func AwaitNode(ctx context.Context, name string, wait time.Duration) (string, int64, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		path, err := EnsureNode(name)
+		if err == nil {
+			var size int64
+			if size, err = SizeOf(name); err == nil {
+				return path, size, nil
+			}
+			err = fmt.Errorf("reading the size of %s: %w", name, err)
+		}
+		vanishing := errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENODEV)
+		if !vanishing || time.Now().After(deadline) {
+			return "", 0, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", 0, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // EnsureNode makes /dev/<name> exist as the right block node. devtmpfs
-// normally creates it; a container's /dev may not.
+// normally creates it; a container's /dev may not. A node of that name with
+// other numbers is replaced: the kernel's name is what we were given, and a
+// node devtmpfs did not create (ours, made while it was catching up) stays
+// behind when a table re-read renumbers the partition.
 func EnsureNode(name string) (string, error) {
 	d, err := DevOf(name)
 	if err != nil {
 		return "", err
 	}
 	p := "/dev/" + name
-	if got, err := Stat(p); err == nil {
-		if got == d {
-			return p, nil
+	got, err := Stat(p)
+	if err == nil && got == d {
+		return p, nil
+	}
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		// Stale, or not a block node at all: never write over a
+		// directory or a regular file.
+		if st, lerr := os.Lstat(p); lerr != nil || st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice != 0 {
+			return "", fmt.Errorf("%s is not the block node of %s (%s): not replacing it", p, name, d)
 		}
-		return "", fmt.Errorf("%s is device %s, but the kernel says %s is %s", p, got, name, d)
+		tmp := fmt.Sprintf("/dev/.%s.%d", name, os.Getpid())
+		_ = os.Remove(tmp)
+		if err := unix.Mknod(tmp, unix.S_IFBLK|0o660, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
+			return "", fmt.Errorf("creating %s: %w", tmp, err)
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			os.Remove(tmp)
+			return "", fmt.Errorf("replacing stale %s: %w", p, err)
+		}
+		return p, nil
 	}
 	if err := unix.Mknod(p, unix.S_IFBLK|0o660, int(unix.Mkdev(d.Major, d.Minor))); err != nil && !errors.Is(err, unix.EEXIST) {
 		return "", fmt.Errorf("creating %s: %w", p, err)

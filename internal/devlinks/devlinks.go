@@ -60,6 +60,22 @@ func trigger(ctx context.Context, name, link string, wait time.Duration) {
 	_ = exec.CommandContext(ctx, udevadm, "settle", fmt.Sprintf("--timeout=%d", int(wait.Seconds())+1), "--exit-if-exists="+link).Run()
 }
 
+// Settle waits (bounded) until udev has handled the events queued so far,
+// among them the partition-table re-read its watch rule starts when a writer
+// of a disk closes it; without udev it returns at once.
+func Settle(ctx context.Context, wait time.Duration) {
+	if !UdevRunning() {
+		return
+	}
+	udevadm, err := exec.LookPath("udevadm")
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait+2*time.Second)
+	defer cancel()
+	_ = exec.CommandContext(ctx, udevadm, "settle", fmt.Sprintf("--timeout=%d", int(wait.Seconds())+1)).Run()
+}
+
 // Remove deletes link if it exists; it never follows it.
 func Remove(link string) error {
 	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -290,13 +290,9 @@ func (e *Engine) finishDevice(ctx context.Context, o *op, disk string, res *Resu
 // linkDevice makes /dev/<name> and the persistent link exist, and fills in
 // the device fields of res.
 func (e *Engine) linkDevice(ctx context.Context, o *op, name string, res *Result) error {
-	path, err := blockdev.EnsureNode(name)
+	path, size, err := e.node(ctx, o, name)
 	if err != nil {
-		return failed("node", err, "making /dev/%s", name)
-	}
-	size, err := blockdev.SizeOf(name)
-	if err != nil {
-		return failed("sysfs", err, "reading the size of %s", name)
+		return err
 	}
 	res.DeviceName, res.DevicePath, res.Size = name, path, size
 
@@ -312,6 +308,20 @@ func (e *Engine) linkDevice(ctx context.Context, o *op, name string, res *Result
 		o.step("linked", "link", link, "device", name)
 	}
 	return nil
+}
+
+// node makes /dev/<name> exist and reads its size. Where udev runs, closing
+// a disk we wrote (a GPT, a loop device's configuration) has udev re-read its
+// table: wait for udev after a change this run made.
+func (e *Engine) node(ctx context.Context, o *op, name string) (string, int64, error) {
+	if o.changed {
+		devlinks.Settle(ctx, e.UdevWait)
+	}
+	path, size, err := blockdev.AwaitNode(ctx, name, e.UdevWait)
+	if err != nil {
+		return "", 0, failed("node", err, "making /dev/%s", name)
+	}
+	return path, size, nil
 }
 
 type namedPartition struct {

@@ -237,6 +237,13 @@ func EnsurePartition(disk string, pno int, start, length int64) (string, error) 
 		}
 	}
 	if err := blkpg(disk, unix.BLKPG_ADD_PARTITION, pno, start, length); err != nil {
+		// A re-read of the table (udev's, after a writer closed the
+		// disk) may have added the same partition meanwhile.
+		if name, ok := findPartition(disk, pno); ok && errors.Is(err, unix.EBUSY) {
+			if p, _, perr := blockdev.Partition(name); perr == nil && p.Start == start && p.Size == length {
+				return name, nil
+			}
+		}
 		return "", err
 	}
 	name, ok := findPartition(disk, pno)

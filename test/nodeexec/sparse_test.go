@@ -6,10 +6,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -258,4 +262,61 @@ func TestOvercommitRatioRefuses(t *testing.T) {
 	assert.Equal(t, 2, r.Code)
 	assert.Contains(t, r.errMsg(), "--overcommit-ratio")
 	n.ok("unprepare", first)
+}
+
+// Where udev runs, closing a disk that was opened for writing (a loop
+// device being configured, a table being written) has udev re-read its
+// partition table: the partitions vanish for a moment and come back. A
+// prepare (or restore) that meets that moment waits for them instead of
+// failing the volume; here a goroutine plays udev's re-read over and over.
+func TestPrepareRidesOutTableRereads(t *testing.T) {
+	n := newNode(t)
+	s := sparseSpec("reread", n.newUUID(), "32Mi", map[string]any{"mode": "Block"})
+	r := n.ok("prepare", s)
+	dev := r.str("devicePath")
+	part := filepath.Base(dev)
+	disk := strings.TrimSuffix(part, "p1")
+	info, ok, err := blockdev.Partition(part)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var rereads atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				_, _ = loopdev.EnsurePartition(disk, 1, info.Start, info.Size)
+				return
+			default:
+			}
+			if loopdev.RemovePartition(disk, 1) == nil {
+				rereads.Add(1)
+			}
+			time.Sleep(15 * time.Millisecond)
+			_, _ = loopdev.EnsurePartition(disk, 1, info.Start, info.Size)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		r := n.do("prepare", s)
+		if !assert.Equal(t, 0, r.Code, "prepare %d during re-reads: %s", i, r.Stdout) {
+			break
+		}
+		assert.Equal(t, dev, r.str("devicePath"))
+		r = n.exec(nil, "", "restore")
+		if !assert.Equal(t, 0, r.Code, "restore %d during re-reads: %s", i, r.Stdout) {
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("partition dropped and re-added %d times meanwhile", rereads.Load())
+	require.Positive(t, rereads.Load())
+	r = n.ok("prepare", s)
+	resolves(t, r.str("persistentPath"), dev)
+	n.ok("unprepare", s, "--wipe")
 }
