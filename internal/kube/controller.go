@@ -59,6 +59,7 @@ const (
 type Volumes interface {
 	Get(name string) (*volume.Volume, error)
 	Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error)
+	Resize(name, size string) (*volume.Volume, error)
 	Touch(name string)
 }
 
@@ -285,6 +286,8 @@ func (c *Controller) Publish(ctx context.Context, v *volume.Volume) error {
 			return fmt.Errorf("a PersistentVolume named %s already exists and was not made for this volume (its %s label is %q): delete or rename it", want.Name, LabelUUID, got.Labels[LabelUUID])
 		case got.DeletionTimestamp != nil:
 			return fmt.Errorf("the previous PersistentVolume %s is still being deleted", want.Name)
+		default:
+			got, err = c.grow(ctx, got, want.Spec.Capacity.Storage())
 		}
 	} else if err == nil {
 		if os.Getenv(CrashEnv) == "pv-created" {
@@ -303,6 +306,78 @@ func (c *Controller) Publish(ctx context.Context, v *volume.Volume) error {
 			v.Spec.Name, spec.FormatSize(v.Status.Size), v.Spec.Node, v.Status.PersistentPath))
 	}
 	return nil
+}
+
+// grow raises the capacity of a volume's PV to what the volume grew to,
+// and then that of its claim, as the external resizer does for CSI
+// volumes: the in-tree local volume plugin expands nothing, and the
+// filesystem was grown online on the node already.
+func (c *Controller) grow(ctx context.Context, pv *corev1.PersistentVolume, size *resource.Quantity) (*corev1.PersistentVolume, error) {
+	api := c.cs.CoreV1().PersistentVolumes()
+	raised := pv.Spec.Capacity.Storage().Cmp(*size) < 0
+	if raised {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := api.Get(ctx, pv.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if cur.Spec.Capacity.Storage().Cmp(*size) >= 0 {
+				pv = cur
+				return nil
+			}
+			cur.Spec.Capacity = corev1.ResourceList{corev1.ResourceStorage: *size}
+			pv, err = api.Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("raising the capacity of PersistentVolume %s to %s: %w", pv.Name, size, err)
+		}
+		c.log.Info("PersistentVolume capacity raised", "pv", pv.Name, "size", size.String())
+	}
+	ref := pv.Spec.ClaimRef
+	if ref == nil || ref.Name == "" {
+		return pv, nil
+	}
+	pvcs := c.cs.CoreV1().PersistentVolumeClaims(ref.Namespace)
+	var grown *corev1.PersistentVolumeClaim
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pvc, err := pvcs.Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err != nil:
+			return err
+		case pvc.UID != ref.UID || pvc.Spec.VolumeName != pv.Name:
+			return nil
+		}
+		if cur, ok := pvc.Status.Capacity[corev1.ResourceStorage]; !ok || cur.Cmp(*size) >= 0 {
+			return nil // not bound yet (the binder sets it), or as large
+		}
+		pvc.Status.Capacity[corev1.ResourceStorage] = *size
+		if pvc.Status.AllocatedResources != nil {
+			pvc.Status.AllocatedResources[corev1.ResourceStorage] = *size
+		}
+		delete(pvc.Status.AllocatedResourceStatuses, corev1.ResourceStorage)
+		pvc.Status.Conditions = slices.DeleteFunc(pvc.Status.Conditions, func(c corev1.PersistentVolumeClaimCondition) bool {
+			return c.Type == corev1.PersistentVolumeClaimResizing || c.Type == corev1.PersistentVolumeClaimFileSystemResizePending
+		})
+		grown, err = pvcs.UpdateStatus(ctx, pvc, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raising the capacity of claim %s/%s to %s: %w", ref.Namespace, ref.Name, size, err)
+	}
+	if grown != nil {
+		c.log.Info("claim capacity raised", "claim", ref.Namespace+"/"+ref.Name, "size", size.String())
+	}
+	// Once per growth, whoever raised the claim's capacity: kubelet may,
+	// seeing the PV larger than the claim (its local plugin "expands" a
+	// filesystem we grew already).
+	if raised || grown != nil {
+		c.event(&saltvolumes.Claim{Namespace: ref.Namespace, Name: ref.Name, UID: string(ref.UID)}, corev1.EventTypeNormal,
+			"VolumeResizeSuccessful", fmt.Sprintf("volume %s grown to %s", pv.Name, size))
+	}
+	return pv, nil
 }
 
 // build is the PV of a volume whose storage is ready.
@@ -549,7 +624,7 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		return true
 	}
 	err := c.syncClaim(ctx, key)
-	if errors.Is(err, errVolumeLeaving) {
+	if errors.Is(err, errVolumeLeaving) || errors.Is(err, errVolumeBusy) {
 		c.claims.Forget(key)
 		c.claims.AddAfter(key, time.Second)
 		return true
@@ -561,6 +636,50 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 	}
 	c.claims.Forget(key)
 	return true
+}
+
+// errVolumeBusy: the claim's volume cannot grow yet (being prepared,
+// published or grown): asked again in a moment.
+var errVolumeBusy = errors.New("the claim's volume is busy")
+
+// expand grows a bound claim's volume when the claim asks for more than it
+// has (kubectl edit of spec.resources.requests.storage; the API server
+// lets that through only for classes with allowVolumeExpansion). The
+// volume's PV and the claim's capacity follow once the node is done
+// (Publish).
+func (c *Controller) expand(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, v *volume.Volume) error {
+	if pvc.Spec.VolumeName != v.Spec.Name || v.Spec.SparseLoopDevice == nil {
+		return nil
+	}
+	req, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if !ok {
+		return nil
+	}
+	want, err := sparseSizeFor(&v.Spec, req.Value())
+	if err != nil {
+		return nil // the request was checked when provisioned; a change the sizing refuses shows on the resize
+	}
+	cur, _ := spec.ParseSize(string(v.Spec.SparseLoopDevice.Size))
+	if want <= cur {
+		return nil
+	}
+	cl := &saltvolumes.Claim{Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)}
+	if sc.AllowVolumeExpansion == nil || !*sc.AllowVolumeExpansion {
+		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("StorageClass %s does not set allowVolumeExpansion: true", sc.Name))
+		return nil
+	}
+	if _, err := c.vols.Resize(v.Spec.Name, spec.FormatSize(want)); err != nil {
+		var re *reconciler.ResizeError
+		if errors.As(err, &re) && re.Conflict {
+			return errVolumeBusy
+		}
+		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("growing volume %s to %s: %v", v.Spec.Name, spec.FormatSize(want), err))
+		return nil
+	}
+	c.log.Info("claim asks for more: growing its volume", "claim", pvc.Namespace+"/"+pvc.Name, "volume", v.Spec.Name, "size", want)
+	c.event(cl, corev1.EventTypeNormal, "Resizing", fmt.Sprintf("salt-volumes is growing volume %s to %s (asked: %s) on Salt minion %s",
+		v.Spec.Name, spec.FormatSize(want), req.String(), v.Spec.Node))
+	return nil
 }
 
 // errVolumeLeaving: the claim's previous volume is still being deleted.
@@ -597,7 +716,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			// anew once it is gone.
 			return errVolumeLeaving
 		}
-		return nil // provisioning already
+		return c.expand(pvc, sc, v)
 	}
 	minion := ""
 	if node := pvc.Annotations[annSelectedNode]; node != "" {
@@ -639,6 +758,10 @@ func (c *Controller) report(v *volume.Volume) {
 	st := v.Status
 	var kind, reason, msg string
 	switch {
+	case st.Phase == volume.Failed && st.Reason == reconciler.ReasonResizeFailed:
+		kind, reason, msg = corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("growing volume %s on %s failed: %s", v.Spec.Name, v.Spec.Node, st.Message)
+	case st.Phase == volume.Pending && st.Reason == reconciler.ReasonResizing:
+		return // said when the growth started (Resizing)
 	case st.Phase == volume.Failed:
 		kind, reason, msg = corev1.EventTypeWarning, "ProvisioningFailed", fmt.Sprintf("volume %s failed on %s (%s): %s", v.Spec.Name, v.Spec.Node, st.Reason, st.Message)
 	case st.Phase == volume.Pending && st.Reason != "":

@@ -26,6 +26,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -49,7 +50,10 @@ const (
 	ReasonWipeUnverified = saltvolumes.ReasonWipeUnverified
 	// ReasonResizing: a grow was asked for; the prepare state runs with
 	// the new size.
-	ReasonResizing        = "Resizing"
+	ReasonResizing = "Resizing"
+	// ReasonResizeFailed: the growth's state run failed; asking again (the
+	// same size, or any size from the one it had) runs it again.
+	ReasonResizeFailed    = "ResizeFailed"
 	ReasonNodeNotFound    = "NodeNotFound"
 	ReasonSaltUnavailable = "SaltUnavailable"
 	ReasonSaltRefused     = "SaltRefused"
@@ -514,6 +518,7 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
 			Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}}
 		v.Status.ApplyDevice(o.result.Device)
+		v.Status.PreparedSize = sparseSize(s)
 		if r.opt.Kube != nil {
 			v.Status.Phase, v.Status.Publishing, v.Status.Step = volume.Pending, true, stepPublish
 		}
@@ -654,6 +659,7 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		r.Metrics.JobsSucceeded.Inc()
 		st.Phase, st.Reason, st.Message = volume.Available, "", ""
 		st.ApplyDevice(out.Device)
+		st.PreparedSize = sparseSize(&v.Spec)
 		if r.opt.Kube != nil {
 			// Available means the storage is ready and its PV exists.
 			st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
@@ -664,7 +670,13 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		return changed
 	}
 	r.Metrics.JobsFailed.Inc()
-	st.Phase, st.Reason, st.Message = volume.Failed, ReasonPrepareFailed, out.Message
+	reason := ReasonPrepareFailed
+	if growthAsked(v) {
+		// The volume was prepared before, at a smaller size: this run
+		// was a growth, and the volume's data is as the node left it.
+		reason = ReasonResizeFailed
+	}
+	st.Phase, st.Reason, st.Message = volume.Failed, reason, out.Message
 	if v.DeleteRequested {
 		// The removal starts in this same pass and its step replaces the
 		// message: say here why the creation ended.
@@ -722,6 +734,14 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 		return r.launch(ctx, v, SLSUnprepared, volume.Terminating)
 	case !v.DeleteRequested && st.Phase == volume.Pending && st.Publishing && r.opt.Kube != nil:
 		return r.publish(ctx, v)
+	case !v.DeleteRequested && st.Phase == volume.Available && growthAsked(v):
+		// A spec edited to more than was prepared (kubectl edit of a
+		// Volume object): the same growth salt-volumes resize starts.
+		r.log.Info("volume spec asks for more: growing it", "volume", v.Spec.Name, "size", v.Spec.SparseLoopDevice.Size)
+		st.Phase, st.JobID, st.Step = volume.Pending, "", ""
+		st.Reason, st.Message = ReasonResizing, "growing to "+spec.FormatSize(sparseSize(&v.Spec))
+		r.q.add(v.Spec.Name)
+		return true
 	case needsPrepareRun(v):
 		if st.Phase == volume.Unknown {
 			if err := v.Spec.Validate(); err != nil {

@@ -159,7 +159,10 @@ func (e *ResizeError) Error() string { return e.Field + ": " + e.Reason }
 // Resize asks a sparse volume to grow to the quantity q: its spec takes
 // the new size and the prepare state runs with it, as for a creation; the
 // node grows the file, the loop device and the filesystem or partition.
-// Asking again for the size it has is accepted and changes nothing.
+// Asking again for the size it has is accepted and changes nothing. A
+// growth that failed may be asked for again, from the size the volume had.
+// In Kubernetes mode its PersistentVolume's capacity (and its claim's)
+// follow once the node is done.
 func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 	n, err := spec.ParseSize(q)
 	if err != nil {
@@ -169,18 +172,20 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 		if v.Spec.SparseLoopDevice == nil {
 			return &ResizeError{Field: "size", Reason: "only sparse volumes grow so far: a raw volume is the size of its device, and an lvmLogicalVolume cannot grow yet"}
 		}
-		// Spec.SizeBytes is not stored: the size is read from the spec.
-		cur, _ := spec.ParseSize(string(v.Spec.SparseLoopDevice.Size))
+		cur := sparseSize(&v.Spec)
+		retry := v.Status.Phase == volume.Failed && v.Status.Reason == ReasonResizeFailed
+		if retry && v.Status.PreparedSize > 0 {
+			// The growth failed: any size from the one last prepared.
+			cur = v.Status.PreparedSize
+		}
 		switch {
-		case r.opt.Kube != nil:
-			return &ResizeError{Field: "size", Reason: "growing a volume is not supported in Kubernetes mode yet (its PersistentVolume's capacity would not follow)", Conflict: true}
-		case n == cur:
+		case n == cur && !retry:
 			return nil
 		case n < cur:
 			return &ResizeError{Field: "size", Reason: fmt.Sprintf("%s is smaller than the volume (%s): shrinking is refused", spec.FormatSize(n), spec.FormatSize(cur))}
 		case v.DeleteRequested:
 			return &ResizeError{Field: "size", Reason: "the volume is being deleted", Conflict: true}
-		case v.Status.Phase != volume.Available:
+		case v.Status.Phase != volume.Available && !retry:
 			return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
 		}
 		grown := v.Spec
@@ -194,4 +199,20 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 		st.Reason, st.Message = ReasonResizing, "growing to "+spec.FormatSize(n)
 		return nil
 	})
+}
+
+// sparseSize is a sparse volume's size in bytes as its spec says (the
+// stored spec keeps the quantity only); 0 for other kinds.
+func sparseSize(s *spec.Spec) int64 {
+	if s.SparseLoopDevice == nil {
+		return 0
+	}
+	n, _ := spec.ParseSize(string(s.SparseLoopDevice.Size))
+	return n
+}
+
+// growthAsked tells whether a prepared sparse volume's spec asks for more
+// than its last prepare had.
+func growthAsked(v *volume.Volume) bool {
+	return v.Status.PreparedSize > 0 && sparseSize(&v.Spec) > v.Status.PreparedSize
 }

@@ -23,8 +23,10 @@ func (r *Reconciler) noticed(ev store.Event) {
 	case ev.Type == store.Added && v.Status.Phase == volume.Unknown:
 	case ev.Type == store.Modified && prev != nil &&
 		(v.DeleteRequested && !prev.DeleteRequested || v.ForgetRequested && !prev.ForgetRequested):
-	case ev.Type == store.Modified && prev != nil && v.Status.Reason == ReasonResizing && prev.Status.Reason != ReasonResizing:
-		// A growth asked for (through any replica): its run starts.
+	case ev.Type == store.Modified && prev != nil && v.Status.Reason == ReasonResizing && prev.Status.Reason != ReasonResizing,
+		ev.Type == store.Modified && v.Status.Phase == volume.Available && growthAsked(v):
+		// A growth asked for (through any replica, or in the spec of a
+		// Volume object): its run starts.
 	default:
 		return
 	}

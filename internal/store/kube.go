@@ -441,13 +441,28 @@ func (s *Kube) update(v *volume.Volume, still func() error) error {
 	defer cancel()
 	u := cur.DeepCopy()
 	u.SetResourceVersion(fmt.Sprint(v.Revision))
+	write := false
 	if !hasFinalizer(u) && u.GetDeletionTimestamp() == nil {
 		// Taken with the first write of ours, before anything runs for
 		// the volume: from then on a kubectl delete waits for us.
 		u.SetFinalizers(append(u.GetFinalizers(), Finalizer))
+		write = true
+	}
+	if l := v.Spec.SparseLoopDevice; l != nil {
+		// The one spec field the control plane writes: a growth asked
+		// through its API (salt-volumes resize), which the object's
+		// schema lets only grow.
+		if old, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", "sparseLoopDevice", "size"); fmt.Sprint(old) != string(l.Size) {
+			if err := unstructured.SetNestedField(u.Object, string(l.Size), "spec", "sparseLoopDevice", "size"); err != nil {
+				return fmt.Errorf("volume %s: %w", name, err)
+			}
+			write = true
+		}
+	}
+	if write {
 		nu, err := s.api.Update(ctx, u, metav1.UpdateOptions{})
 		if err != nil {
-			return s.writeError(name, "adding the finalizer of", err)
+			return s.writeError(name, "updating", err)
 		}
 		u = nu
 	}

@@ -35,6 +35,10 @@ type Status struct {
 	// and whose PersistentVolume is still to be created (Kubernetes mode):
 	// it becomes Available once the PV exists.
 	Publishing bool `json:"publishing,omitempty"`
+	// PreparedSize is the sparse size (bytes) the volume's last successful
+	// prepare had: a spec asking for more (a Volume object edited with
+	// kubectl) is a growth to carry out.
+	PreparedSize int64 `json:"preparedSize,omitempty"`
 }
 
 // Volume is one volume object.

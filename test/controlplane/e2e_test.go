@@ -326,6 +326,28 @@ func TestEndToEnd(t *testing.T) {
 		v = getJSON(t, p, "grow-1")
 		assert.Equal(t, int64(420<<20), v.Status.Size)
 		assert.False(t, v.Status.InUse)
+
+		// More than the node holds: the node refuses, the volume is Failed
+		// (ResizeFailed) with the node's reason, and asking again for the
+		// size it had brings it back, data and all.
+		out, errs, code = p.CLI("resize", "grow-1", "--size", "100Ti", "--wait", "--timeout", "2m")
+		assert.NotEqual(t, 0, code, out+errs)
+		v = getJSON(t, p, "grow-1")
+		assert.Equal(t, volume.Failed, v.Status.Phase)
+		assert.Equal(t, "ResizeFailed", v.Status.Reason)
+		assert.Contains(t, v.Status.Message, "larger than the whole filesystem", "the node says why")
+		_, errs, code = p.CLI("resize", "grow-1", "--size", "300Mi")
+		assert.Equal(t, 2, code, "below the size it had: %s", errs)
+		out, errs, code = p.CLI("resize", "grow-1", "--size", "420Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		v = getJSON(t, p, "grow-1")
+		assert.Equal(t, volume.Available, v.Status.Phase)
+		assert.Equal(t, int64(420<<20), v.Status.Size)
+		require.NoError(t, exec.Command("mount", v.Status.PersistentPath, mp).Run())
+		b, err = os.ReadFile(filepath.Join(mp, "kept"))
+		require.NoError(t, err)
+		assert.Equal(t, "before the growth", string(b))
+		require.NoError(t, exec.Command("umount", mp).Run())
 		_, errs, code = p.CLI("rm", "grow-1", "--wait", "--timeout", "2m")
 		require.Equal(t, 0, code, errs)
 	})

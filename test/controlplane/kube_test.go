@@ -315,6 +315,30 @@ func TestKubernetes(t *testing.T) {
 		_, err = e.pv(t, "kv-bound")
 		require.NoError(t, err, "refused: the PV is still there")
 
+		// Growing it through the CLI: the PV's capacity follows, and the
+		// bound claim's (no kubelet here: that is salt-volumes' doing).
+		out, errs, code = e.p.CLI("resize", "kv-bound", "--size", "96Mi", "--wait", "--timeout", "1m")
+		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		eventually(t, 30*time.Second, "PV and claim at 96Mi", func() (bool, string) {
+			pv, err := e.pv(t, "kv-bound")
+			if err != nil {
+				return false, err.Error()
+			}
+			pvc, err := e.k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "c-bound", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			got := pv.Spec.Capacity.Storage().String() + " " + pvc.Status.Capacity.Storage().String()
+			return got == "96Mi 96Mi", got
+		})
+		grown := getJSON(t, e.p, "kv-bound")
+		assert.Equal(t, int64(96<<20), grown.Status.Size)
+		assert.Equal(t, saltvolumes.Available, grown.Status.Phase)
+		eventually(t, 10*time.Second, "the claim's VolumeResizeSuccessful event", func() (bool, string) {
+			evs := e.claimEvents(t, "c-bound")
+			return hasEvent(evs, "VolumeResizeSuccessful", "kv-bound grown to 96Mi"), reasons(evs)
+		})
+
 		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "c-bound", metav1.DeleteOptions{}))
 		eventually(t, 30*time.Second, "PV Released", func() (bool, string) {
 			got := getJSON(t, e.p, "kv-bound")

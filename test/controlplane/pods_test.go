@@ -243,6 +243,87 @@ func TestPods(t *testing.T) {
 			return strings.TrimSpace(out) == "", out
 		})
 	})
+
+	pvCapacity := func(name string) string {
+		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		return pv.Spec.Capacity.Storage().String()
+	}
+	claimCapacity := func(name string) string {
+		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		return pvc.Status.Capacity.Storage().String()
+	}
+
+	t.Run("a claim that asks for more grows its volume under the running pod", func(t *testing.T) {
+		// xfs: this host's root may not grow a mounted ext4 (resize2fs
+		// needs CAP_SYS_RESOURCE there); xfs_growfs needs no more than
+		// mounting did.
+		wffc, del, yes := storagev1.VolumeBindingWaitForFirstConsumer, corev1.PersistentVolumeReclaimDelete, true
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "growable"}, Provisioner: "salt-volumes.io/sparse",
+			VolumeBindingMode: &wffc, ReclaimPolicy: &del, AllowVolumeExpansion: &yes, Parameters: map[string]string{"fsType": "xfs"}}
+		_, err := k.Admin.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
+		require.NoError(t, err)
+		claim("grows", "", "300Mi", false, &sc.Name)
+		// The pod ends once its mounted filesystem is larger than 300 MB
+		// (xfs of 300Mi: 241664 KiB; of 400Mi: 344064), with the file
+		// written before intact: what its user would see.
+		pod("grower", "grows", false, `echo before > /data/f && sync && while :; do s=$(df -Pk /data | awk 'NR==2{print $2}'); echo "size $s"; [ "$s" -gt 300000 ] && break; sleep 1; done; test "$(cat /data/f)" = before`)
+		waitPod("grower", corev1.PodRunning)
+		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "grows", metav1.GetOptions{})
+		require.NoError(t, err)
+		vol := pvc.Spec.VolumeName
+		*uuids = append(*uuids, strings.TrimPrefix(vol, "pvc-"))
+		require.Equal(t, "300Mi", pvCapacity(vol))
+
+		started := time.Now()
+		must("", "patch", "pvc", "grows", "--type", "merge", "-p", `{"spec":{"resources":{"requests":{"storage":"400Mi"}}}}`)
+		eventually(t, 2*time.Minute, "the running pod sees its filesystem grown", func() (bool, string) {
+			logs, _ := k.Kubectl("logs", "grower")
+			return podPhase("grower") == corev1.PodSucceeded, string(podPhase("grower")) + ": " + logs
+		})
+		t.Logf("claim asked for 400Mi -> the running pod saw its filesystem grow: %s", time.Since(started).Round(100*time.Millisecond))
+		eventually(t, time.Minute, "PV and claim at 400Mi", func() (bool, string) {
+			got := pvCapacity(vol) + " " + claimCapacity("grows")
+			return got == "400Mi 400Mi", got
+		})
+		assert.Equal(t, "400Mi", must("", "get", "volume", vol, "-o", "jsonpath={.spec.sparseLoopDevice.size}"), "the Volume object says the new size")
+		assert.Equal(t, "Available", must("", "get", "volume", vol, "-o", "jsonpath={.status.phase}"))
+		eventually(t, 10*time.Second, "the claim's resize events", func() (bool, string) {
+			evs := must("", "get", "events", "--field-selector", "involvedObject.name=grows", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}")
+			return strings.Contains(evs, "Resizing: salt-volumes is growing volume "+vol+" to 400Mi") && strings.Contains(evs, "VolumeResizeSuccessful"), evs
+		})
+		deletePod("grower")
+
+		// Asking for less is the API server's to refuse (claims never shrink).
+		out, err := k.Kubectl("patch", "pvc", "grows", "--type", "merge", "-p", `{"spec":{"resources":{"requests":{"storage":"300Mi"}}}}`)
+		require.Error(t, err, out)
+		assert.Contains(t, out, "can not be less than status.capacity")
+	})
+
+	t.Run("a Volume object edited to a larger size grows, its PV and claim too", func(t *testing.T) {
+		apply("edited", "sparseLoopDevice: {size: 16Mi}")
+		claim("edited-data", "edited", "16Mi", false, &class)
+		pod("edited-writer", "edited-data", false, "echo persisted > /data/file && sync")
+		waitPod("edited-writer", corev1.PodSucceeded)
+		deletePod("edited-writer")
+		// No pod mounts it now: the ext4 grows offline.
+		must("", "patch", "volume", "edited", "--type", "merge", "-p", `{"spec":{"sparseLoopDevice":{"size":"32Mi"}}}`)
+		eventually(t, 2*time.Minute, "Volume Available, PV and claim at 32Mi", func() (bool, string) {
+			got := must("", "get", "volume", "edited", "-o", "jsonpath={.status.phase}") + " " + pvCapacity("edited") + " " + claimCapacity("edited-data")
+			return got == "Available 32Mi 32Mi", got
+		})
+		pod("edited-reader", "edited-data", false, `test "$(cat /data/file)" = persisted && test "$(df -k /data | awk 'NR==2{print $2}')" -gt 24000`)
+		waitPod("edited-reader", corev1.PodSucceeded)
+		deletePod("edited-reader")
+		out, err := k.Kubectl("patch", "volume", "edited", "--type", "merge", "-p", `{"spec":{"sparseLoopDevice":{"size":"16Mi"}}}`)
+		require.Error(t, err, out)
+		assert.Contains(t, out, "size can only grow")
+	})
 }
 
 // withKubelet starts real Salt and a Kubernetes control plane with a real

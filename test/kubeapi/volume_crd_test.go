@@ -92,7 +92,8 @@ func TestVolumeResource(t *testing.T) {
 	t.Run("the spec cannot change once set", func(t *testing.T) {
 		for _, tc := range []struct{ name, spec, want string }{
 			{"node", "node: node-2\n  sparseLoopDevice: {size: 10Gi}", "node cannot change"},
-			{"size", "node: node-1\n  sparseLoopDevice: {size: 20Gi}", "size cannot change"},
+			{"size", "node: node-1\n  sparseLoopDevice: {size: 5Gi}", "size can only grow"},
+			{"size in bytes", "node: node-1\n  sparseLoopDevice: {size: 10737418239}", "size can only grow"},
 			{"kind", "node: node-1\n  rawBlockDevice: {devicePath: /dev/sdb}", "the kind of a volume cannot change"},
 			{"lvm", "node: node-1\n  lvmLogicalVolume: {vgName: vg0, size: 10Gi}", "the kind of a volume cannot change"},
 			{"fsType", "node: node-1\n  fsType: xfs\n  sparseLoopDevice: {size: 10Gi}", "the spec cannot change once set"},
@@ -103,9 +104,18 @@ func TestVolumeResource(t *testing.T) {
 				assert.Contains(t, out, tc.want)
 			})
 		}
+		// A sparse volume's size grows (the control plane carries it out),
+		// written either way; it never shrinks back.
+		for _, size := range []string{"10240Mi", "20Gi", "21474836481"} {
+			out, err := kubectl(volume("good", "node: node-1\n  sparseLoopDevice: {size: "+size+"}"), "apply")
+			require.NoError(t, err, "growing to %s: %s", size, out)
+		}
+		out, err := kubectl(volume("good", "node: node-1\n  sparseLoopDevice: {size: 20Gi}"), "apply")
+		require.Error(t, err, out)
+		assert.Contains(t, out, "size can only grow")
 		// uuid: set once (the control plane defaults it to metadata.uid),
 		// then fixed.
-		out, err := kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"spec":{"uuid":"`+uuidA+`"}}`)
+		out, err = kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"spec":{"uuid":"`+uuidA+`"}}`)
 		require.NoError(t, err, out)
 		out, err = kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"spec":{"uuid":"5d9e3f0a-8b7c-4e21-a3d4-6f1b2c3d4e5f"}}`)
 		require.Error(t, err, out)

@@ -262,11 +262,20 @@ func (c *Cluster) cleanNode() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	// Containers of those shims: processes whose root is under ours.
+	// Containers of those shims: processes whose root is under ours, or
+	// (a container in its own mount namespace, whose root reads as "/")
+	// that see bind mounts from our node's directory (/etc/hosts and the
+	// volumes the kubelet mounted for the pod).
+	self, _ := os.Readlink("/proc/self/ns/mnt")
 	for _, p := range procs {
 		pidDir := filepath.Dir(p)
 		root, err := os.Readlink(filepath.Join(pidDir, "root"))
-		if err == nil && strings.HasPrefix(root, c.nodeDir) {
+		ours := err == nil && strings.HasPrefix(root, c.nodeDir)
+		if ns, err := os.Readlink(filepath.Join(pidDir, "ns", "mnt")); !ours && err == nil && ns != self {
+			mi, _ := os.ReadFile(filepath.Join(pidDir, "mountinfo"))
+			ours = strings.Contains(string(mi), c.nodeDir)
+		}
+		if ours {
 			var pid int
 			if _, err := fmt.Sscanf(filepath.Base(pidDir), "%d", &pid); err == nil {
 				_ = syscall.Kill(pid, syscall.SIGKILL)

@@ -320,9 +320,9 @@ function renderDetail() {
   $("#vol-wipe").disabled = !v.deletable;
   $("#vol-forget").hidden = s.phase !== "Failed";
   // Only sparse volumes grow; only once Available (the node's answer
-  // otherwise names why).
+  // otherwise names why), or again after a growth that failed.
   $("#grow-form").hidden = !sp.sparseLoopDevice;
-  $("#vol-grow").disabled = s.phase !== "Available" || !!v.deleting;
+  $("#vol-grow").disabled = !(s.phase === "Available" || growthFailed(v)) || !!v.deleting;
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
     ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
@@ -406,6 +406,11 @@ function renderJobs() {
 
 // ---- delete ---------------------------------------------------------------
 
+// growthFailed: the volume's last growth failed on its node.
+function growthFailed(v) {
+  return v.status.phase === "Failed" && v.status.reason === "ResizeFailed";
+}
+
 // submitGrow asks for the volume to grow; the watch stream shows it go
 // Pending and back to Available with its new size.
 async function submitGrow(e) {
@@ -420,7 +425,9 @@ async function submitGrow(e) {
     $("#m-grow").textContent = "Give the new size, e.g. 20Gi.";
     return;
   }
-  if (!isNaN(cur) && n < cur) {
+  // After a failed growth the size it had before is allowed again: the
+  // control plane knows it, and says so when refusing.
+  if (!isNaN(cur) && n < cur && !growthFailed(v)) {
     $("#m-grow").textContent = `Volumes only grow: ${size} is smaller than ${specSize(v.spec)}.`;
     return;
   }
