@@ -41,7 +41,8 @@ SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
   salt-volumes ls [--node N] [-o table|json]
   salt-volumes get NAME [-o table|json]
   salt-volumes rm NAME [--wipe | --forget] [--wait] [--timeout D]
-  salt-volumes resize NAME --size Q [--wait] [--timeout D]   grow a sparse volume (never shrinks)
+  salt-volumes resize NAME --size Q | --to-device [--wait] [--timeout D]
+                                 grow a sparse volume to Q, or a raw one to its grown device (never shrinks)
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]

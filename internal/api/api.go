@@ -515,20 +515,26 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// resize asks a sparse volume to grow: {"size": "20Gi"}.
+// resize asks a volume to grow: a sparse one to {"size": "20Gi"}, a raw
+// one to what its device has become, {"toDevice": true}.
 func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var body struct {
-		Size *spec.Size `json:"size"`
+		Size     *spec.Size `json:"size"`
+		ToDevice bool       `json:"toDevice"`
 	}
 	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil || dec.More() || body.Size == nil {
+	if err := dec.Decode(&body); err != nil || dec.More() || (body.Size == nil) == !body.ToDevice || body.Size != nil && *body.Size == "" {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "size",
-			Message: `the body must be {"size": "20Gi"}: the size the volume grows to (a quantity or a number of bytes)`})
+			Message: `the body must be {"size": "20Gi"} (a sparse volume: the size it grows to, a quantity or a number of bytes) or {"toDevice": true} (a raw volume: to what its device has become)`})
 		return
 	}
-	v, err := s.Reconciler.Resize(name, string(*body.Size))
+	size := ""
+	if body.Size != nil {
+		size = string(*body.Size)
+	}
+	v, err := s.Reconciler.Resize(name, size)
 	var re *reconciler.ResizeError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -540,7 +546,7 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		storeErr(w, err)
 	default:
-		s.Log.Info("volume growth requested", "volume", name, "size", string(*body.Size))
+		s.Log.Info("volume growth requested", "volume", name, "size", size, "toDevice", body.ToDevice)
 		writeJSON(w, http.StatusAccepted, v.View())
 	}
 }

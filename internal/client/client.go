@@ -115,9 +115,14 @@ func (c *Client) Delete(ctx context.Context, name string, wipe bool) (saltvolume
 }
 
 // Resize asks a sparse volume to grow to size (a quantity).
+// An empty size grows a raw volume to what its device has become.
 func (c *Client) Resize(ctx context.Context, name, size string) (saltvolumes.View, error) {
 	var v saltvolumes.View
-	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(name)+"/resize", map[string]any{"size": size}, &v)
+	body := map[string]any{"size": size}
+	if size == "" {
+		body = map[string]any{"toDevice": true}
+	}
+	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(name)+"/resize", body, &v)
 	return v, err
 }
 

@@ -36,30 +36,73 @@ func (e *Engine) checkGrowth(s *spec.Spec, rec *nodestate.Record, all []*nodesta
 	return e.checkOvercommit(&more, all)
 }
 
-// growTable lays our GPT out again over the grown file: the same partition
-// GUID and start, the partition to the new end, the backup table moved
-// there. The partition's data is not touched.
-func (e *Engine) growTable(o *op, f *os.File) error {
+// growTable lays our GPT out again over the grown file or disk f of size
+// bytes: the same partition GUID and start, the partition to the new end,
+// the backup table moved there, the disk GUID kept. The partition's data
+// is not touched.
+func (e *Engine) growTable(o *op, f *os.File, size int64, ss int) error {
 	s := o.s
-	t, err := gpt.Read(f, s.SizeBytes, 512)
+	t, err := gpt.Read(f, size, ss)
 	if err != nil {
 		return failed("gpt", err, "reading the GPT of %s", f.Name())
 	}
-	start, length, err := gpt.Extent(s.SizeBytes, 512)
+	start, length, err := gpt.Extent(size, ss)
 	if err != nil {
 		return failed("gpt", err, "laying out %s", f.Name())
 	}
-	if p, ok := t.Partition(1); ok && !t.FromBackup && p.Start(512) == start && p.Size(512) == length {
+	if p, ok := t.Partition(1); ok && !t.FromBackup && p.Start(ss) == start && p.Size(ss) == length {
 		return nil
 	}
-	if p, ok := t.Partition(1); !ok || p.Start(512) != start || p.GUID != s.UUID {
+	if p, ok := t.Partition(1); !ok || p.Start(ss) != start || p.GUID != s.UUID {
 		return refused("damaged", "volume %s: the GPT of %s is not the one salt-volumes wrote (partition 1 at %d, GUID %s): not growing it", s.Name, f.Name(), start, s.UUID)
 	}
-	if _, _, err := gpt.Create(f, s.SizeBytes, 512, s.UUID, s.Name); err != nil {
+	if _, _, err := gpt.Relay(f, size, ss, s.UUID, s.Name, t.DiskGUID); err != nil {
 		return failed("gpt", err, "growing the GPT of %s", f.Name())
 	}
 	o.changed = true
-	o.step("table-grown", "size", s.SizeBytes)
+	o.step("table-grown", "size", size)
+	return nil
+}
+
+// growRaw grows a raw volume to what its device has become: the device is
+// the recorded one (recordMatches took it larger only as itself), and all
+// of it is the volume's. A whole disk in Block mode gets our GPT laid out to
+// its new end (the kernel's partition follows in finishDevice); a
+// filesystem grows to its device. The record takes the new size last.
+func (e *Engine) growRaw(ctx context.Context, o *op, rec *nodestate.Record, name string) error {
+	if !rec.Formatted() || rec.DeviceSize == 0 {
+		return nil
+	}
+	size, err := blockdev.SizeOf(name)
+	if err != nil {
+		return failed("sysfs", err, "reading the size of %s", name)
+	}
+	if size <= rec.DeviceSize {
+		return nil
+	}
+	s := o.s
+	_, isPart, _ := blockdev.Partition(name)
+	switch {
+	case s.Mode == spec.ModeBlock && !isPart:
+		path := "/dev/" + name
+		// Not exclusive: the volume's partition may be open (a pod).
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return failed("gpt", err, "opening %s", path)
+		}
+		err = e.growTable(o, f, size, sectorSize(name))
+		f.Close()
+		if err != nil {
+			return err
+		}
+	case s.Mode == spec.ModeFilesystem:
+		if err := e.growFS(ctx, o, name); err != nil {
+			return err
+		}
+	}
+	rec.DeviceSize, o.unsaved = size, true
+	o.changed = true
+	o.step("grown", "device", name, "size", size)
 	return nil
 }
 

@@ -204,7 +204,7 @@ func (e *Engine) recordedDeviceDamaged(rec *nodestate.Record) bool {
 		return false
 	}
 	size, err := blockdev.SizeOf(n)
-	return err == nil && (rec.DeviceSize == 0 || size == rec.DeviceSize) && !e.recordMatches(rec, n)
+	return err == nil && (rec.DeviceSize == 0 || size >= rec.DeviceSize) && !e.recordMatches(rec, n)
 }
 
 // findRaw returns the kernel name of the device that is the volume: the

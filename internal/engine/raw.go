@@ -121,7 +121,11 @@ func (e *Engine) recordMatches(rec *nodestate.Record, name string) bool {
 		return lvmUUIDOf(name) == rec.DMUUID
 	}
 	if rec.DeviceSize > 0 {
-		if size, err := blockdev.SizeOf(name); err != nil || size != rec.DeviceSize {
+		// A device that grew (a virtual disk enlarged, a partition's end
+		// moved) is still the volume when it is the recorded device
+		// itself; a copy of the volume elsewhere must have its size.
+		size, err := blockdev.SizeOf(name)
+		if err != nil || size < rec.DeviceSize || size > rec.DeviceSize && name != deviceOf(rec) {
 			return false
 		}
 	}
@@ -200,6 +204,9 @@ func (e *Engine) prepareRaw(ctx context.Context, o *op, rec *nodestate.Record, r
 	}
 	o.markWritten(rec, written(s, false))
 	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
+	}
+	if err := e.growRaw(ctx, o, rec, raw.name); err != nil {
 		return err
 	}
 	return e.finishDevice(ctx, o, raw.name, res)
@@ -353,6 +360,9 @@ func (e *Engine) preparePartitionGUID(ctx context.Context, o *op, rec *nodestate
 	}
 	o.markWritten(rec, written(s, true))
 	if err := e.rememberDevice(rec, raw); err != nil {
+		return err
+	}
+	if err := e.growRaw(ctx, o, rec, raw.name); err != nil {
 		return err
 	}
 	return e.linkDevice(ctx, o, raw.name, res)

@@ -51,7 +51,7 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 		}
 	}
 	if grow && s.Mode == spec.ModeBlock {
-		if err := e.growTable(o, f); err != nil {
+		if err := e.growTable(o, f, s.SizeBytes, 512); err != nil {
 			return err
 		}
 	}

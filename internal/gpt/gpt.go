@@ -231,17 +231,25 @@ func Extent(size int64, ss int) (start, length int64, err error) {
 // part is synced before the next (backup before primary), so a crash leaves
 // either the old primary table or the whole new one: what a disk needs.
 func Create(f *os.File, size int64, ss int, guid, name string) (start, length int64, err error) {
-	return create(f, f, size, ss, guid, name)
+	return create(f, f, size, ss, guid, name, "")
+}
+
+// Relay is Create for a table laid out again over a grown disk or file: the
+// same partition GUID and start, the partition to the new end, the backup
+// table moved there, and the disk GUID kept (a raw volume's record names
+// its disk by it).
+func Relay(f *os.File, size int64, ss int, guid, name, diskGUID string) (start, length int64, err error) {
+	return create(f, f, size, ss, guid, name, diskGUID)
 }
 
 // CreateFresh is Create for a file only this volume uses, whose interrupted
 // write is simply written again: the parts need no order among themselves,
 // so one sync at the end replaces Create's five.
 func CreateFresh(f *os.File, size int64, ss int, guid, name string) (start, length int64, err error) {
-	return create(unsynced{f}, f, size, ss, guid, name)
+	return create(unsynced{f}, f, size, ss, guid, name, "")
 }
 
-func create(w backend.WritableFile, f *os.File, size int64, ss int, guid, name string) (start, length int64, err error) {
+func create(w backend.WritableFile, f *os.File, size int64, ss int, guid, name, diskGUID string) (start, length int64, err error) {
 	start, length, err = Extent(size, ss)
 	if err != nil {
 		return 0, 0, err
@@ -252,6 +260,7 @@ func create(w backend.WritableFile, f *os.File, size int64, ss int, guid, name s
 	t := &dgpt.Table{
 		LogicalSectorSize:  ss,
 		PhysicalSectorSize: ss,
+		GUID:               strings.ToUpper(diskGUID),
 		ProtectiveMBR:      true,
 		Partitions: []*dgpt.Partition{{
 			Index: 1,

@@ -659,7 +659,7 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		r.Metrics.JobsSucceeded.Inc()
 		st.Phase, st.Reason, st.Message = volume.Available, "", ""
 		st.ApplyDevice(out.Device)
-		st.PreparedSize = sparseSize(&v.Spec)
+		st.PreparedSize, st.Growing = sparseSize(&v.Spec), false
 		if r.opt.Kube != nil {
 			// Available means the storage is ready and its PV exists.
 			st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
@@ -671,11 +671,12 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 	}
 	r.Metrics.JobsFailed.Inc()
 	reason := ReasonPrepareFailed
-	if growthAsked(v) {
-		// The volume was prepared before, at a smaller size: this run
-		// was a growth, and the volume's data is as the node left it.
+	if st.Growing || growthAsked(v) {
+		// The volume was prepared before: this run was a growth, and the
+		// volume's data is as the node left it.
 		reason = ReasonResizeFailed
 	}
+	st.Growing = false
 	st.Phase, st.Reason, st.Message = volume.Failed, reason, out.Message
 	if v.DeleteRequested {
 		// The removal starts in this same pass and its step replaces the

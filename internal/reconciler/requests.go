@@ -156,24 +156,46 @@ type ResizeError struct {
 
 func (e *ResizeError) Error() string { return e.Field + ": " + e.Reason }
 
-// Resize asks a sparse volume to grow to the quantity q: its spec takes
-// the new size and the prepare state runs with it, as for a creation; the
-// node grows the file, the loop device and the filesystem or partition.
-// Asking again for the size it has is accepted and changes nothing. A
-// growth that failed may be asked for again, from the size the volume had.
-// In Kubernetes mode its PersistentVolume's capacity (and its claim's)
-// follow once the node is done.
+// Resize asks a volume to grow. A sparse volume grows to the quantity q:
+// its spec takes the new size and the prepare state runs with it, as for a
+// creation; the node grows the file, the loop device and the filesystem or
+// partition. A raw volume (q empty) grows to what its device has become:
+// the prepare state runs, and the node grows the filesystem, or our GPT on
+// a whole disk, to the device. Asking again for the size it has is
+// accepted and changes nothing. A growth that failed may be asked for
+// again, from the size the volume had. In Kubernetes mode its
+// PersistentVolume's capacity (and its claim's) follow once the node is
+// done.
 func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
-	n, err := spec.ParseSize(q)
-	if err != nil {
-		return nil, &ResizeError{Field: "size", Reason: err.Error()}
+	var n int64
+	if q != "" {
+		var err error
+		if n, err = spec.ParseSize(q); err != nil {
+			return nil, &ResizeError{Field: "size", Reason: err.Error()}
+		}
 	}
 	return r.request(name, func(v *volume.Volume) error {
-		if v.Spec.SparseLoopDevice == nil {
-			return &ResizeError{Field: "size", Reason: "only sparse volumes grow so far: a raw volume is the size of its device, and an lvmLogicalVolume cannot grow yet"}
+		retry := v.Status.Phase == volume.Failed && v.Status.Reason == ReasonResizeFailed
+		switch {
+		case v.Spec.LVMLogicalVolume != nil:
+			return &ResizeError{Field: "size", Reason: "an lvmLogicalVolume cannot grow yet"}
+		case v.Spec.RawBlockDevice != nil && q != "":
+			return &ResizeError{Field: "size", Reason: "a raw volume is the size of its device: grow the device (or its partition), then ask without a size (salt-volumes resize NAME --to-device; {\"toDevice\": true})"}
+		case v.Spec.SparseLoopDevice != nil && q == "":
+			return &ResizeError{Field: "size", Reason: "missing: the size the sparse volume grows to, e.g. 20Gi"}
+		case v.DeleteRequested:
+			return &ResizeError{Field: "size", Reason: "the volume is being deleted", Conflict: true}
+		}
+		if v.Spec.RawBlockDevice != nil {
+			if v.Status.Phase != volume.Available && !retry {
+				return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
+			}
+			st := &v.Status
+			st.Phase, st.JobID, st.Step, st.Growing = volume.Pending, "", "", true
+			st.Reason, st.Message = ReasonResizing, "growing to what its device has become"
+			return nil
 		}
 		cur := sparseSize(&v.Spec)
-		retry := v.Status.Phase == volume.Failed && v.Status.Reason == ReasonResizeFailed
 		if retry && v.Status.PreparedSize > 0 {
 			// The growth failed: any size from the one last prepared.
 			cur = v.Status.PreparedSize
@@ -183,8 +205,6 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			return nil
 		case n < cur:
 			return &ResizeError{Field: "size", Reason: fmt.Sprintf("%s is smaller than the volume (%s): shrinking is refused", spec.FormatSize(n), spec.FormatSize(cur))}
-		case v.DeleteRequested:
-			return &ResizeError{Field: "size", Reason: "the volume is being deleted", Conflict: true}
 		case v.Status.Phase != volume.Available && !retry:
 			return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
 		}
@@ -195,7 +215,7 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 		}
 		v.Spec = grown
 		st := &v.Status
-		st.Phase, st.JobID, st.Step = volume.Pending, "", ""
+		st.Phase, st.JobID, st.Step, st.Growing = volume.Pending, "", "", true
 		st.Reason, st.Message = ReasonResizing, "growing to "+spec.FormatSize(n)
 		return nil
 	})

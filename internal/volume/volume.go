@@ -39,6 +39,9 @@ type Status struct {
 	// prepare had: a spec asking for more (a Volume object edited with
 	// kubectl) is a growth to carry out.
 	PreparedSize int64 `json:"preparedSize,omitempty"`
+	// Growing marks the prepare run a resize asked for (for a raw volume
+	// the spec does not change: its device grew), until it returns.
+	Growing bool `json:"growing,omitempty"`
 }
 
 // Volume is one volume object.

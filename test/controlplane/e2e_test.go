@@ -352,6 +352,38 @@ func TestEndToEnd(t *testing.T) {
 		require.Equal(t, 0, code, errs)
 	})
 
+	t.Run("a raw volume grows to its grown device through Salt", func(t *testing.T) {
+		disk := testenv.FakeDisk(t, 32<<20)
+		_, errs, code := p.CLI("create", "grow-raw", "--node", "node-1", "--device", disk.Path, "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+		v := getJSON(t, p, "grow-raw")
+		uuids = append(uuids, v.Spec.UUID)
+		require.Equal(t, int64(32<<20), v.Status.Size)
+		_, errs, code = p.CLI("resize", "grow-raw", "--size", "64Mi")
+		assert.Equal(t, 2, code)
+		assert.Contains(t, errs, "a raw volume is the size of its device", "the error says what to do instead")
+
+		// The operator enlarges the disk (here: its image and the loop
+		// device), then asks the volume to follow.
+		b, err := os.ReadFile(filepath.Join("/sys/block", disk.Name, "loop", "backing_file"))
+		require.NoError(t, err)
+		require.NoError(t, os.Truncate(strings.TrimSpace(string(b)), 64<<20))
+		require.NoError(t, loopdev.SetCapacity(disk))
+		out, errs, code := p.CLI("resize", "grow-raw", "--to-device", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		v = getJSON(t, p, "grow-raw")
+		assert.Equal(t, volume.Available, v.Status.Phase)
+		assert.Equal(t, int64(64<<20), v.Status.Size, "the node's new size")
+		mp := t.TempDir()
+		require.NoError(t, exec.Command("mount", v.Status.PersistentPath, mp).Run())
+		var st unix.Statfs_t
+		require.NoError(t, unix.Statfs(mp, &st))
+		require.NoError(t, exec.Command("umount", mp).Run())
+		assert.Greater(t, int64(st.Blocks)*st.Bsize, int64(48<<20), "the filesystem fills the grown disk (ext4 of 32Mi: 27 MiB)")
+		_, errs, code = p.CLI("rm", "grow-raw", "--wipe", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+	})
+
 	t.Run("a volume whose node Salt does not know can only be forgotten", func(t *testing.T) {
 		out, errs, code := p.CLI("create", "ghost-1", "--node", "ghost-node", "--size", "16Mi", "--wait", "--timeout", "1m")
 		assert.Equal(t, 1, code, out+errs)

@@ -319,9 +319,12 @@ function renderDetail() {
   $("#vol-wipe").hidden = !sp.rawBlockDevice && !sp.lvmLogicalVolume;
   $("#vol-wipe").disabled = !v.deletable;
   $("#vol-forget").hidden = s.phase !== "Failed";
-  // Only sparse volumes grow; only once Available (the node's answer
-  // otherwise names why), or again after a growth that failed.
-  $("#grow-form").hidden = !sp.sparseLoopDevice;
+  // Sparse volumes grow to a size, raw ones to their grown device; only
+  // once Available (the node's answer otherwise names why), or again after
+  // a growth that failed.
+  $("#grow-form").hidden = !sp.sparseLoopDevice && !sp.rawBlockDevice;
+  $("#grow-size").hidden = $("label[for=grow-size]").hidden = !sp.sparseLoopDevice;
+  $("#vol-grow").textContent = sp.sparseLoopDevice ? "Grow" : "Grow to its device";
   $("#vol-grow").disabled = !(s.phase === "Available" || growthFailed(v)) || !!v.deleting;
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
@@ -416,6 +419,17 @@ function growthFailed(v) {
 async function submitGrow(e) {
   e.preventDefault();
   const v = state.volumes.get(state.volume);
+  if (v && v.spec.rawBlockDevice) {
+    // A raw volume follows its device, which the operator grew.
+    const r = await api("POST", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/resize", { toDevice: true });
+    if (r.ok) {
+      state.volumes.set(v.spec.name, r.data);
+      renderDetail();
+    } else {
+      $("#m-grow").textContent = (r.data && r.data.message) || "The control plane refused (HTTP " + r.status + ").";
+    }
+    return;
+  }
   const size = $("#grow-size").value.trim();
   const n = parseSize(size);
   const cur = v ? parseSize(specSize(v.spec)) : NaN;
