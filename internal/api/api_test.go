@@ -500,7 +500,7 @@ func TestResizeRefusals(t *testing.T) {
 		{"/api/v1/volumes/a/resize", `{"size":"lots"}`, 400, "lots"},
 		{"/api/v1/volumes/a/resize", `{"size":"512Mi"}`, 400, "shrinking is refused"},
 		{"/api/v1/volumes/r/resize", `{"size":"2Gi"}`, 400, "a raw volume is the size of its device"},
-		{"/api/v1/volumes/a/resize", `{"toDevice":true}`, 400, "missing: the size the sparse volume grows to"},
+		{"/api/v1/volumes/a/resize", `{"toDevice":true}`, 400, "missing: the size the volume grows to"},
 		{"/api/v1/volumes/a/resize", `{"size":"2Gi","toDevice":true}`, 400, `{"toDevice": true}`},
 		{"/api/v1/volumes/a/resize", `{"size":""}`, 400, `{"size": "20Gi"}`},
 		{"/api/v1/volumes/a/resize", `{"size":"2Gi"}`, 409, "only an Available volume grows"},

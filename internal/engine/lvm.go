@@ -113,6 +113,7 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 			return err
 		}
 	}
+	grow := rec.Formatted() && s.SizeBytes > rec.Spec.SizeBytes
 	if s.Mode == spec.ModeFilesystem {
 		r, _, _, err := openProbe(path)
 		if err != nil {
@@ -125,12 +126,58 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 	} else {
 		o.markWritten(rec, writtenLV)
 	}
+	if grow {
+		if err := e.growLV(ctx, o, rec, name); err != nil {
+			return err
+		}
+	}
 	if err := e.rememberDevice(rec, raw); err != nil {
 		return err
 	}
 	o.link = persistentPath(s, rec)
 	res.PersistentPath = o.link
 	return e.linkDevice(ctx, o, name, res)
+}
+
+// growLV grows the volume's LV to the spec's size (the VG must have the
+// room: refused before anything changes otherwise), then its filesystem;
+// the record takes the new size last, so a run killed at any step is
+// finished by the next.
+func (e *Engine) growLV(ctx context.Context, o *op, rec *nodestate.Record, name string) error {
+	s := o.s
+	l := s.LVMLogicalVolume
+	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
+	switch {
+	case err != nil:
+		return failed("lvm", err, "reading logical volume %s/%s", l.VGName, s.Name)
+	case lv == nil || lv.UUID != rec.LVUUID:
+		return refused("lv_not_ours", "%s: logical volume %s/%s is not the one salt-volumes created for this volume (LVM UUID %s): not growing it", vgField, l.VGName, s.Name, rec.LVUUID)
+	}
+	vg, err := lvm.GetVG(ctx, l.VGName)
+	if err != nil {
+		return failed("lvm", err, "reading volume group %s", l.VGName)
+	}
+	want := roundUp(s.SizeBytes, vg.ExtentSize)
+	if lv.Size < want {
+		if more := want - lv.Size; more > vg.Free {
+			return invalid("size_too_large", "lvmLogicalVolume.size: growing to %s needs %s more, and volume group %s has %s free: use a smaller size or extend the VG (vgextend)",
+				spec.FormatSize(s.SizeBytes), spec.FormatSize(more), l.VGName, spec.FormatSize(vg.Free))
+		}
+		if err := lvm.Extend(ctx, l.VGName, s.Name, s.SizeBytes); err != nil {
+			return failed("lvextend", err, "growing logical volume %s/%s", l.VGName, s.Name)
+		}
+		o.changed = true
+		o.step("lv-extended", "lv", l.VGName+"/"+s.Name, "size", want)
+	}
+	if s.Mode == spec.ModeFilesystem {
+		if err := e.growFS(ctx, o, name); err != nil {
+			return err
+		}
+	}
+	rec.Spec, o.unsaved = s, true
+	o.changed = true
+	o.step("grown", "size", s.SizeBytes)
+	return nil
 }
 
 // ensureLV finds the volume's LV, creating it if there is none yet, and

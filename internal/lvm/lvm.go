@@ -1,4 +1,4 @@
-// Package lvm runs the LVM tools (vgs, lvs, lvcreate, lvchange, lvremove)
+// Package lvm runs the LVM tools (vgs, lvs, lvcreate, lvextend, lvchange, lvremove)
 // with argument lists and reads their JSON reports. It never picks what to
 // act on by name alone where a UUID can say it: removal selects the LV by
 // its LVM UUID.
@@ -181,6 +181,14 @@ func GetLV(ctx context.Context, vg, name string) (*LV, error) {
 func Create(ctx context.Context, vg, name string, size int64, tag string) error {
 	_, err := run(ctx, "lvcreate", "--yes", "--wipesignatures", "n", "--zero", "n", "--activate", "y",
 		"--name", name, "--size", strconv.FormatInt(size, 10)+"b", "--addtag", tag, vg)
+	return err
+}
+
+// Extend grows the LV vg/name to at least size bytes (LVM rounds up to its
+// extent size). lvextend takes no --select: the caller checks the LV's UUID
+// just before.
+func Extend(ctx context.Context, vg, name string, size int64) error {
+	_, err := run(ctx, "lvextend", "--yes", "--size", strconv.FormatInt(size, 10)+"b", vg+"/"+name)
 	return err
 }
 

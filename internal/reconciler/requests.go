@@ -177,12 +177,10 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 	return r.request(name, func(v *volume.Volume) error {
 		retry := v.Status.Phase == volume.Failed && v.Status.Reason == ReasonResizeFailed
 		switch {
-		case v.Spec.LVMLogicalVolume != nil:
-			return &ResizeError{Field: "size", Reason: "an lvmLogicalVolume cannot grow yet"}
 		case v.Spec.RawBlockDevice != nil && q != "":
 			return &ResizeError{Field: "size", Reason: "a raw volume is the size of its device: grow the device (or its partition), then ask without a size (salt-volumes resize NAME --to-device; {\"toDevice\": true})"}
-		case v.Spec.SparseLoopDevice != nil && q == "":
-			return &ResizeError{Field: "size", Reason: "missing: the size the sparse volume grows to, e.g. 20Gi"}
+		case v.Spec.RawBlockDevice == nil && q == "":
+			return &ResizeError{Field: "size", Reason: "missing: the size the volume grows to, e.g. 20Gi"}
 		case v.DeleteRequested:
 			return &ResizeError{Field: "size", Reason: "the volume is being deleted", Conflict: true}
 		}
@@ -195,7 +193,7 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			st.Reason, st.Message = ReasonResizing, "growing to what its device has become"
 			return nil
 		}
-		cur := sparseSize(&v.Spec)
+		cur := specSize(&v.Spec)
 		if retry && v.Status.PreparedSize > 0 {
 			// The growth failed: any size from the one last prepared.
 			cur = v.Status.PreparedSize
@@ -209,7 +207,13 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
 		}
 		grown := v.Spec
-		grown.SparseLoopDevice = &spec.SparseLoopDevice{Size: spec.Size(q)}
+		if l := v.Spec.LVMLogicalVolume; l != nil {
+			c := *l
+			c.Size = spec.Size(q)
+			grown.LVMLogicalVolume = &c
+		} else {
+			grown.SparseLoopDevice = &spec.SparseLoopDevice{Size: spec.Size(q)}
+		}
 		if err := grown.Validate(); err != nil {
 			return &ResizeError{Field: "size", Reason: err.Error()}
 		}
@@ -221,18 +225,24 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 	})
 }
 
-// sparseSize is a sparse volume's size in bytes as its spec says (the
-// stored spec keeps the quantity only); 0 for other kinds.
-func sparseSize(s *spec.Spec) int64 {
-	if s.SparseLoopDevice == nil {
+// specSize is a sparse or LVM volume's size in bytes as its spec says (the
+// stored spec keeps the quantity only); 0 for raw volumes.
+func specSize(s *spec.Spec) int64 {
+	var q spec.Size
+	switch {
+	case s.SparseLoopDevice != nil:
+		q = s.SparseLoopDevice.Size
+	case s.LVMLogicalVolume != nil:
+		q = s.LVMLogicalVolume.Size
+	default:
 		return 0
 	}
-	n, _ := spec.ParseSize(string(s.SparseLoopDevice.Size))
+	n, _ := spec.ParseSize(string(q))
 	return n
 }
 
-// growthAsked tells whether a prepared sparse volume's spec asks for more
-// than its last prepare had.
+// growthAsked tells whether a prepared sparse or LVM volume's spec asks for
+// more than its last prepare had.
 func growthAsked(v *volume.Volume) bool {
-	return v.Status.PreparedSize > 0 && sparseSize(&v.Spec) > v.Status.PreparedSize
+	return v.Status.PreparedSize > 0 && specSize(&v.Spec) > v.Status.PreparedSize
 }

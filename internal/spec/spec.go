@@ -516,8 +516,8 @@ func (s *Spec) SameVolume(o *Spec) (bool, string) {
 		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes: shrinking is refused (a volume only grows)", o.SizeBytes, s.SizeBytes)
 	case s.LVMLogicalVolume != nil && s.LVMLogicalVolume.VGName != o.LVMLogicalVolume.VGName:
 		return false, fmt.Sprintf("vgName %s (recorded) vs %s", o.LVMLogicalVolume.VGName, s.LVMLogicalVolume.VGName)
-	case s.LVMLogicalVolume != nil && s.SizeBytes != o.SizeBytes:
-		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes: resizing an lvmLogicalVolume is not supported yet", o.SizeBytes, s.SizeBytes)
+	case s.LVMLogicalVolume != nil && s.SizeBytes < o.SizeBytes:
+		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes: shrinking is refused (a volume only grows)", o.SizeBytes, s.SizeBytes)
 	case s.RawBlockDevice != nil && s.RawBlockDevice.DevicePath != o.RawBlockDevice.DevicePath:
 		return false, fmt.Sprintf("devicePath %s (recorded) vs %s", o.RawBlockDevice.DevicePath, s.RawBlockDevice.DevicePath)
 	}

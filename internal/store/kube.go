@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
@@ -448,12 +449,19 @@ func (s *Kube) update(v *volume.Volume, still func() error) error {
 		u.SetFinalizers(append(u.GetFinalizers(), Finalizer))
 		write = true
 	}
-	if l := v.Spec.SparseLoopDevice; l != nil {
-		// The one spec field the control plane writes: a growth asked
-		// through its API (salt-volumes resize), which the object's
-		// schema lets only grow.
-		if old, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", "sparseLoopDevice", "size"); fmt.Sprint(old) != string(l.Size) {
-			if err := unstructured.SetNestedField(u.Object, string(l.Size), "spec", "sparseLoopDevice", "size"); err != nil {
+	// The one spec field the control plane writes: a growth asked through
+	// its API (salt-volumes resize), which the object's schema lets only
+	// grow.
+	kind, size := "", spec.Size("")
+	switch {
+	case v.Spec.SparseLoopDevice != nil:
+		kind, size = "sparseLoopDevice", v.Spec.SparseLoopDevice.Size
+	case v.Spec.LVMLogicalVolume != nil:
+		kind, size = "lvmLogicalVolume", v.Spec.LVMLogicalVolume.Size
+	}
+	if kind != "" {
+		if old, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", kind, "size"); fmt.Sprint(old) != string(size) {
+			if err := unstructured.SetNestedField(u.Object, string(size), "spec", kind, "size"); err != nil {
 				return fmt.Errorf("volume %s: %w", name, err)
 			}
 			write = true

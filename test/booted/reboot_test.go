@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -336,6 +337,22 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Equal(t, before, run("cat", "/mnt/v/kept"), "the file written before is intact")
 	run("umount", "/mnt/v")
 	t.Logf("grown online from 64Mi to 96Mi through serve: df %s -> %s", strings.Fields(dfBefore)[1], strings.Fields(dfAfter)[1])
+
+	// An lvmLogicalVolume grows too: lvextend, then its ext4 (offline:
+	// nothing mounts it), through serve.
+	out, errs, code = p.CLI("resize", "boot-lvfs", "--size", "64Mi", "--wait", "--timeout", "5m")
+	require.Equal(t, 0, code, out+errs)
+	lvGrown, err := p.Client().Get(ctx, "boot-lvfs")
+	require.NoError(t, err)
+	assert.Equal(t, int64(64<<20), lvGrown.Status.Size)
+	assert.Equal(t, "67108864", run("lvs", "--noheadings", "--units", "b", "--nosuffix", "-o", "lv_size", "vg0/boot-lvfs"), "the LV grew")
+	run("mount", "/dev/vg0/boot-lvfs", "/mnt/v")
+	lvDF := run("df", "--output=size", "-B1", "/mnt/v")
+	run("umount", "/mnt/v")
+	lvFS, _ := strconv.ParseInt(strings.Fields(lvDF)[1], 10, 64)
+	assert.Greater(t, lvFS, int64(48<<20), "its filesystem fills the grown LV: %s", lvDF)
+	_, errs, code = p.CLI("resize", "boot-lvfs", "--size", "32Mi")
+	assert.Equal(t, 2, code, "shrinking refused: %s", errs)
 	eventually(t, 2*time.Minute, fs.name+" reported unmounted by the beacon", func() (bool, string) {
 		v, err := p.Client().Get(ctx, fs.name)
 		require.NoError(t, err)

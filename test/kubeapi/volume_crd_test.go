@@ -113,6 +113,18 @@ func TestVolumeResource(t *testing.T) {
 		out, err := kubectl(volume("good", "node: node-1\n  sparseLoopDevice: {size: 20Gi}"), "apply")
 		require.Error(t, err, out)
 		assert.Contains(t, out, "size can only grow")
+		// An LVM volume's size grows too; its VG and wipeSignatures stay.
+		out, err = kubectl(volume("lvm", "node: node-1\n  mode: Block\n  lvmLogicalVolume: {vgName: vg_data-1, size: 30Gi, wipeSignatures: true}"), "apply")
+		require.NoError(t, err, out)
+		for _, tc := range []struct{ spec, want string }{
+			{"lvmLogicalVolume: {vgName: vg_data-1, size: 25Gi, wipeSignatures: true}", "size can only grow"},
+			{"lvmLogicalVolume: {vgName: vg1, size: 30Gi, wipeSignatures: true}", "cannot change but for a larger size"},
+			{"lvmLogicalVolume: {vgName: vg_data-1, size: 30Gi}", "cannot change but for a larger size"},
+		} {
+			out, err = kubectl(volume("lvm", "node: node-1\n  mode: Block\n  "+tc.spec), "apply")
+			require.Error(t, err, "accepted: %s", tc.spec)
+			assert.Contains(t, out, tc.want, tc.spec)
+		}
 		// uuid: set once (the control plane defaults it to metadata.uid),
 		// then fixed.
 		out, err = kubectl("", "patch", "volume", "good", "--type", "merge", "-p", `{"spec":{"uuid":"`+uuidA+`"}}`)

@@ -14,11 +14,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 var binary string
@@ -204,10 +207,32 @@ func mount(t *testing.T, dev string) string {
 	return mp
 }
 
+// umount unmounts mp and waits (up to 10 s) until nothing holds its device
+// any more: make test runs the pod tests beside these, and a container's
+// mount namespace created at that moment starts with a copy of this mount,
+// which keeps the device busy until the runtime drops its old root.
 func umount(t *testing.T, mp string) {
 	t.Helper()
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(mp, &st))
 	out, err := exec.Command("umount", mp).CombinedOutput()
 	require.NoError(t, err, "umount: %s", out)
+	name, err := blockdev.Name(blockdev.Dev{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev)})
+	if err != nil {
+		return
+	}
+	dev := "/dev/" + name
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+			return
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return
+		}
+	}
+	t.Logf("%s still busy 10 s after unmounting %s", dev, mp)
 }
 
 func steps(stderr string) []string {

@@ -319,12 +319,12 @@ function renderDetail() {
   $("#vol-wipe").hidden = !sp.rawBlockDevice && !sp.lvmLogicalVolume;
   $("#vol-wipe").disabled = !v.deletable;
   $("#vol-forget").hidden = s.phase !== "Failed";
-  // Sparse volumes grow to a size, raw ones to their grown device; only
-  // once Available (the node's answer otherwise names why), or again after
-  // a growth that failed.
-  $("#grow-form").hidden = !sp.sparseLoopDevice && !sp.rawBlockDevice;
-  $("#grow-size").hidden = $("label[for=grow-size]").hidden = !sp.sparseLoopDevice;
-  $("#vol-grow").textContent = sp.sparseLoopDevice ? "Grow" : "Grow to its device";
+  // Sparse and LVM volumes grow to a size, raw ones to their grown device;
+  // only once Available (the node's answer otherwise names why), or again
+  // after a growth that failed.
+  $("#grow-form").hidden = false;
+  $("#grow-size").hidden = $("label[for=grow-size]").hidden = !!sp.rawBlockDevice;
+  $("#vol-grow").textContent = sp.rawBlockDevice ? "Grow to its device" : "Grow";
   $("#vol-grow").disabled = !(s.phase === "Available" || growthFailed(v)) || !!v.deleting;
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
