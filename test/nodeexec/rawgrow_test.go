@@ -12,7 +12,6 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 )
 
 // growDisk makes a fake disk larger, as enlarging a virtual disk does: its
@@ -23,13 +22,6 @@ func growDisk(t *testing.T, d loopdev.Device, size int64) {
 	require.NoError(t, err)
 	require.NoError(t, os.Truncate(strings.TrimSpace(string(b)), size))
 	require.NoError(t, loopdev.SetCapacity(d))
-}
-
-func statfsSize(t *testing.T, mp string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	require.NoError(t, unix.Statfs(mp, &st))
-	return int64(st.Blocks) * st.Bsize
 }
 
 // Raw volumes grow to what their device has become, once prepare runs
@@ -44,7 +36,7 @@ func TestGrowRaw(t *testing.T) {
 		n.ok("prepare", s)
 		mp := mount(t, disk.Path)
 		require.NoError(t, os.WriteFile(filepath.Join(mp, "kept"), []byte("before"), 0o600))
-		before := statfsSize(t, mp)
+		before := fsSize(t, mp)
 		umount(t, mp)
 
 		growDisk(t, disk, 64<<20)
@@ -55,7 +47,7 @@ func TestGrowRaw(t *testing.T) {
 		assert.Equal(t, float64(64<<20), r.Out["size"])
 		assert.Equal(t, false, n.ok("prepare", s).Out["changed"], "grown once: converged")
 		mp = mount(t, disk.Path)
-		assert.Greater(t, statfsSize(t, mp), before+28<<20, "the filesystem fills the grown disk")
+		assert.Greater(t, fsSize(t, mp), before+28<<20, "the filesystem fills the grown disk")
 		b, err := os.ReadFile(filepath.Join(mp, "kept"))
 		require.NoError(t, err)
 		assert.Equal(t, "before", string(b))
@@ -71,11 +63,11 @@ func TestGrowRaw(t *testing.T) {
 		s := rawSpec("grow-raw-xfs", n.newUUID(), disk.Path, map[string]any{"fsType": "xfs"})
 		n.ok("prepare", s)
 		mp := mount(t, disk.Path)
-		before := statfsSize(t, mp)
+		before := fsSize(t, mp)
 		growDisk(t, disk, 400<<20)
 		r := n.ok("prepare", s)
 		assert.Equal(t, float64(400<<20), r.Out["size"])
-		assert.Greater(t, statfsSize(t, mp), before+90<<20, "df shows the growth while mounted")
+		assert.Greater(t, fsSize(t, mp), before+90<<20, "df shows the growth while mounted")
 		umount(t, mp)
 		n.ok("unprepare", s, "--wipe")
 	})
@@ -135,7 +127,7 @@ func TestGrowRaw(t *testing.T) {
 		assert.Contains(t, steps(r.Stderr), "fs-grown")
 		assert.Equal(t, float64(40<<20), r.Out["size"])
 		mp := mount(t, parts[0])
-		assert.Greater(t, statfsSize(t, mp), int64(36<<20))
+		assert.Greater(t, fsSize(t, mp), int64(36<<20))
 		umount(t, mp)
 		n.ok("unprepare", s, "--wipe")
 	})
