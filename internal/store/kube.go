@@ -460,7 +460,11 @@ func (s *Kube) update(v *volume.Volume, still func() error) error {
 		kind, size = "lvmLogicalVolume", v.Spec.LVMLogicalVolume.Size
 	}
 	if kind != "" {
-		if old, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", kind, "size"); fmt.Sprint(old) != string(size) {
+		// Only ever larger: a copy of v older than the object (its size
+		// edited with kubectl meanwhile) must not write the old size back.
+		old, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", kind, "size")
+		was, _ := spec.ParseSize(fmt.Sprint(old))
+		if now, err := spec.ParseSize(string(size)); err == nil && now > was {
 			if err := unstructured.SetNestedField(u.Object, string(size), "spec", kind, "size"); err != nil {
 				return fmt.Errorf("volume %s: %w", name, err)
 			}
