@@ -27,6 +27,11 @@ import (
 
 const guestID = "guest-1"
 
+// secondID is a second guest booted at the same time, a node of the same
+// master: serve runs both nodes' state runs side by side, and the first
+// one's reboot leaves the second's volumes alone.
+const secondID = "guest-2"
+
 // TestRebootKeepsVolumes: volumes the control plane prepares on a booted
 // guest keep their names across a real reboot. udev makes the /dev/disk
 // links (the kernel reads the GPT we write on an NVMe disk),
@@ -49,18 +54,23 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		err  error
 		took time.Duration
 	}
-	bootc := make(chan booted, 1)
+	bootc, boot2c := make(chan booted, 1), make(chan booted, 1)
 	started := time.Now()
 	dir := t.TempDir()
 	go func() {
+		// A small node: one blank virtio disk.
+		g, err := guest.Boot(ctx, img, filepath.Join(dir, secondID), guest.Disk{Name: "vdb", Size: 64 << 20, Bus: "virtio"})
+		boot2c <- booted{g, err, time.Since(started)}
+	}()
+	go func() {
 		// An operator's partitioned NVMe and SCSI disks, a disk for LVM and
 		// a blank one.
-		g, err := guest.Boot(ctx, img, dir, guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme", Partitions: []int64{256 << 20, 256 << 20, 400 << 20}},
+		g, err := guest.Boot(ctx, img, filepath.Join(dir, guestID), guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme", Partitions: []int64{256 << 20, 256 << 20, 400 << 20}},
 			guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi", Partitions: []int64{320 << 20, 100 << 20}},
 			guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"}, guest.Disk{Name: "vdc", Size: 64 << 20, Bus: "virtio"})
 		bootc <- booted{g, err, time.Since(started)}
 	}()
-	var boot *booted
+	var boot, boot2 *booted
 	waitBoot := func() *booted {
 		if boot == nil {
 			b := <-bootc
@@ -68,19 +78,28 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		}
 		return boot
 	}
+	waitBoot2 := func() *booted {
+		if boot2 == nil {
+			b := <-boot2c
+			boot2 = &b
+		}
+		return boot2
+	}
 	// Registered before the stack starts, so run after it stops.
-	t.Cleanup(func() {
-		g := waitBoot().g
-		if g == nil {
-			return
-		}
-		if t.Failed() {
-			out, _ := g.Run("journalctl", "-b", "--no-pager", "-n", "80")
-			t.Logf("--- guest journal\n%s", out)
-			t.Logf("--- guest console\n%s", g.Tail(3000))
-		}
-		g.Stop()
-	})
+	for _, w := range []func() *booted{waitBoot, waitBoot2} {
+		t.Cleanup(func() {
+			g := w().g
+			if g == nil {
+				return
+			}
+			if t.Failed() {
+				out, _ := g.Run("journalctl", "-b", "--no-pager", "-n", "80")
+				t.Logf("--- journal of the guest in %s\n%s", g.Dir, out)
+				t.Logf("--- its console\n%s", g.Tail(3000))
+			}
+			g.Stop()
+		})
+	}
 	s := saltstack.StartOpts(t, exec, saltstack.Options{API: true})
 	binDir := t.TempDir()
 	require.NoError(t, testenv.Build(binDir, "salt-volumes"))
@@ -90,10 +109,11 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		require.NoError(t, testenv.BuildAs(filepath.Dir(formulaBin), "salt-volume-exec", "cmd/salt-volume-exec"))
 		t.Cleanup(func() { os.Remove(formulaBin) })
 	}
-	b := waitBoot()
+	b, b2 := waitBoot(), waitBoot2()
 	require.NoError(t, b.err)
-	g := b.g
-	t.Logf("guest booted, ssh answering: %s (Salt started meanwhile)", b.took.Round(time.Second))
+	require.NoError(t, b2.err)
+	g, g2 := b.g, b2.g
+	t.Logf("two guests booted at once, ssh answering: %s and %s (Salt started meanwhile)", b.took.Round(time.Second), b2.took.Round(time.Second))
 	run := func(args ...string) string {
 		t.Helper()
 		out, err := g.Run(args...)
@@ -106,20 +126,31 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// operator installs it: state.apply salt_volumes.installed (which also
 	// turns the beacon on).
 	pub, ret := s.Ports()
-	require.NoError(t, g.Write("/etc/salt/minion.d/master.conf", []byte(fmt.Sprintf(
-		"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\nsalt_volumes:\n  beacon_interval: %d\n",
-		guestID, ret, pub, int(beaconInterval.Seconds()))), 0o644))
-	run("systemctl", "restart", "salt-minion")
+	for id, gg := range map[string]*guest.Guest{guestID: g, secondID: g2} {
+		require.NoError(t, gg.Write("/etc/salt/minion.d/master.conf", []byte(fmt.Sprintf(
+			"id: %s\nmaster: 10.0.2.2\nmaster_port: %d\npublish_port: %d\nacceptance_wait_time: 2\nsalt_volumes:\n  beacon_interval: %d\n",
+			id, ret, pub, int(beaconInterval.Seconds()))), 0o644))
+		_, err := gg.Run("systemctl", "restart", "salt-minion")
+		require.NoError(t, err)
+	}
 	// Minutes, not seconds: an emulated guest sharing two cores with the
 	// rest of make test answers slowly, most of all just after a boot.
 	minionUp := func() { s.WaitForMinion(guestID, 20*time.Second, 10*time.Minute) }
 	minionUp()
-	t.Logf("the guest's minion answers: %s after boot", time.Since(started).Round(time.Second))
+	s.WaitForMinion(secondID, 20*time.Second, 10*time.Minute)
+	t.Logf("both guests' minions answer: %s after the boots started", time.Since(started).Round(time.Second))
 	installed := time.Now()
-	out, code := s.Salt("--timeout=600", guestID, "state.apply", "salt_volumes.installed", "--out=json", "--static")
+	out, code := s.Salt("--timeout=600", "-L", guestID+","+secondID, "state.apply", "salt_volumes.installed", "--out=json", "--static")
 	require.Equal(t, 0, code, out)
-	t.Logf("state.apply salt_volumes.installed on the guest: %s", time.Since(installed).Round(time.Second))
+	t.Logf("state.apply salt_volumes.installed on both guests at once: %s", time.Since(installed).Round(time.Second))
 	assert.Equal(t, "enabled", run("systemctl", "is-enabled", "salt-volumes-restore.service"))
+	run2 := func(args ...string) string {
+		t.Helper()
+		out, err := g2.Run(args...)
+		require.NoError(t, err)
+		return strings.TrimSpace(out)
+	}
+	assert.Equal(t, "enabled", run2("systemctl", "is-enabled", "salt-volumes-restore.service"))
 	disks := run("lsblk", "-dno", "NAME,TRAN")
 	assert.Regexp(t, `(?m)^nvme0n1\s+nvme$`, disks, "an NVMe disk")
 	assert.Regexp(t, `(?m)^sda\s+`, disks, "a SCSI disk")
@@ -176,8 +207,14 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		{name: "boot-lvblk", args: []string{"--vg", "vg0", "--mode", "Block", "--size", "20Mi"}, block: true},
 		{name: "boot-lvraw", args: []string{"--mode", "Block", "--device", "/dev/vg0/lv1"}, block: true},
 	}
+	// On the second node, in the same breath: a sparse volume, and a Block
+	// volume on its blank disk.
+	seconds := []*vol{
+		{name: "two-fs", args: []string{"--size", "32Mi"}},
+		{name: "two-disk", args: []string{"--mode", "Block", "--device", "/dev/vdb"}, block: true},
+	}
 	run("lvcreate", "-q", "-y", "-n", "lv1", "-L", "8M", "vg0")
-	// All at once, as users do: one state run on the node prepares them.
+	// All at once, as users do: one state run on each node prepares them.
 	byName := map[string]*vol{}
 	for _, v := range vols {
 		byName[v.name] = v
@@ -193,6 +230,33 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		out, errs, code := p.CLI(append([]string{"create", v.name, "--node", guestID}, v.args...)...)
 		require.Equal(t, 0, code, "create %s: %s %s", v.name, out, errs)
 	}
+	for _, v := range seconds {
+		out, errs, code := p.CLI(append([]string{"create", v.name, "--node", secondID}, v.args...)...)
+		require.Equal(t, 0, code, "create %s: %s %s", v.name, out, errs)
+	}
+	for _, v := range seconds {
+		out, errs, code := p.CLI("wait", v.name, "--for", "Available", "--timeout", "10m")
+		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
+		view, err := p.Client().Get(ctx, v.name)
+		require.NoError(t, err)
+		v.uuid, v.dev, v.link, v.job = view.Spec.UUID, view.Status.DevicePath, view.Status.PersistentPath, view.Status.JobID
+		run2("udevadm", "settle")
+		assert.Equal(t, v.dev, run2("readlink", "-f", v.link), "%s: its link names its device on %s", v.name, secondID)
+		_, err = g.Run("test", "-e", v.link)
+		assert.Error(t, err, "%s: nothing of it on %s", v.name, guestID)
+	}
+	assert.Equal(t, "/dev/vdb1", seconds[1].dev, "the second guest's kernel read our GPT")
+	for _, v := range seconds {
+		if v.block {
+			run2("dd", "if=/proc/sys/kernel/random/boot_id", "of="+v.link, "conv=fsync", "status=none")
+		} else {
+			run2("mkdir", "-p", "/mnt/v")
+			run2("mount", v.link, "/mnt/v")
+			run2("dd", "if=/proc/sys/kernel/random/boot_id", "of=/mnt/v/kept", "conv=fsync", "status=none")
+			run2("umount", "/mnt/v")
+		}
+	}
+	secondBoot := run2("cat", "/proc/sys/kernel/random/boot_id")
 	for _, v := range vols {
 		out, errs, code := p.CLI("wait", v.name, "--for", "Available", "--timeout", "10m")
 		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
@@ -310,6 +374,22 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		assert.Equal(t, before, run("cat", "/mnt/v/kept"), "%s: the file written before the reboot", v.name)
 		run("umount", "/mnt/v")
 	}
+	// The second guest, not rebooted, kept its volumes as they were: no
+	// state run, the same devices, the same bytes.
+	for _, v := range seconds {
+		view, err := p.Client().Get(ctx, v.name)
+		require.NoError(t, err)
+		assert.Equal(t, "Available", view.Status.Phase.String(), v.name)
+		assert.Equal(t, v.job, view.Status.JobID, "%s: no state run since its creation", v.name)
+		assert.Equal(t, v.dev, run2("readlink", "-f", v.link), v.name)
+		if v.block {
+			assert.Equal(t, secondBoot, run2("dd", "if="+v.link, "bs=36", "count=1", "status=none"), v.name)
+		} else {
+			run2("mount", v.link, "/mnt/v")
+			assert.Equal(t, secondBoot, run2("cat", "/mnt/v/kept"), v.name)
+			run2("umount", "/mnt/v")
+		}
+	}
 	// Salt's view converges too: the node's state for the first volume,
 	// applied again by hand, changes nothing.
 	fs := vols[0]
@@ -379,7 +459,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// Everything deleted through serve: loop devices detached, links and
 	// records gone; the operator's LVM untouched.
 	// Asked at once, as the creates were: the removals share state runs.
-	for _, v := range vols {
+	for _, v := range append(vols, seconds...) {
 		args := []string{"rm", v.name}
 		if v.name == "boot-lvfs" {
 			args = append(args, "--wipe") // removes the LV; boot-lvblk's stays
@@ -387,9 +467,14 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		out, errs, code := p.CLI(args...)
 		require.Equal(t, 0, code, "rm %s: %s %s", v.name, out, errs)
 	}
-	for _, v := range vols {
+	for _, v := range append(vols, seconds...) {
 		out, errs, code := p.CLI("wait", v.name, "--for", "Deleted", "--timeout", "10m")
 		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
+	}
+	assert.Empty(t, run2("losetup", "-n", "-O", "NAME"), "no loop device left attached on %s", secondID)
+	listed2 := run2("salt-volume-exec", "list")
+	for _, v := range seconds {
+		assert.NotContains(t, listed2, v.uuid, "%s: no record left", v.name)
 	}
 	run("udevadm", "settle")
 	for _, v := range []*vol{byName["boot-fs"], byName["boot-blk"]} {
