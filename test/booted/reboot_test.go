@@ -234,15 +234,20 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		out, errs, code := p.CLI(append([]string{"create", v.name, "--node", secondID}, v.args...)...)
 		require.Equal(t, 0, code, "create %s: %s %s", v.name, out, errs)
 	}
-	for _, v := range seconds {
+	// available waits for v and takes in what serve says of it.
+	available := func(v *vol) {
+		t.Helper()
 		out, errs, code := p.CLI("wait", v.name, "--for", "Available", "--timeout", "10m")
 		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
 		view, err := p.Client().Get(ctx, v.name)
 		require.NoError(t, err)
 		v.uuid, v.dev, v.link, v.job = view.Spec.UUID, view.Status.DevicePath, view.Status.PersistentPath, view.Status.JobID
+	}
+	for _, v := range seconds {
+		available(v)
 		run2("udevadm", "settle")
 		assert.Equal(t, v.dev, run2("readlink", "-f", v.link), "%s: its link names its device on %s", v.name, secondID)
-		_, err = g.Run("test", "-e", v.link)
+		_, err := g.Run("test", "-e", v.link)
 		assert.Error(t, err, "%s: nothing of it on %s", v.name, guestID)
 	}
 	assert.Equal(t, "/dev/vdb1", seconds[1].dev, "the second guest's kernel read our GPT")
@@ -258,11 +263,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	}
 	secondBoot := run2("cat", "/proc/sys/kernel/random/boot_id")
 	for _, v := range vols {
-		out, errs, code := p.CLI("wait", v.name, "--for", "Available", "--timeout", "10m")
-		require.Equal(t, 0, code, "%s: %s %s", v.name, out, errs)
-		view, err := p.Client().Get(ctx, v.name)
-		require.NoError(t, err)
-		v.uuid, v.dev, v.link, v.job = view.Spec.UUID, view.Status.DevicePath, view.Status.PersistentPath, view.Status.JobID
+		available(v)
 		if v.block && strings.HasPrefix(v.name, "boot-lv") {
 			// An LV is named by LVM's own UUID (seed 000): dm-uuid-LVM-<VG UUID><LV UUID>.
 			assert.Regexp(t, `^/dev/disk/by-id/dm-uuid-LVM-[A-Za-z0-9]{64}$`, v.link, v.name)
