@@ -295,9 +295,16 @@ func (s *Stack) AddMinion(id string) string {
 	return stateDir
 }
 
-// StopMinion stops a minion started with AddMinion: jobs for it stay
-// without a return.
-func (s *Stack) StopMinion(id string) { s.kill("minion-" + id) }
+// StopMinion stops a minion (the stack's own, or one started with
+// AddMinion): jobs for it stay without a return.
+func (s *Stack) StopMinion(id string) {
+	if id == s.MinionID {
+		// The stack's own minion runs under another name.
+		s.kill("minion")
+		return
+	}
+	s.kill("minion-" + id)
+}
 
 // ReinstallMinion stands for a node reinstalled with its disks (and its
 // salt-volume-exec state dir) intact: the minion started with AddMinion
@@ -438,6 +445,11 @@ func (s *Stack) detachLoops() {
 			} else {
 				s.t.Logf("saltstack: detached %s (%s), attached after the test's cleanup", d.Path, b)
 			}
+			// Its links went up with it: a sparse file is named by its
+			// volume's uuid.
+			u := filepath.Base(b)
+			os.Remove("/dev/disk/by-uuid/" + u)
+			os.Remove("/dev/disk/by-partuuid/" + u)
 		}
 	}
 }

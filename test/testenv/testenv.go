@@ -107,8 +107,9 @@ func TempDirs(t testing.TB, n int) []string {
 }
 
 // Cleanup detaches every loop device backed by a sparse file of stateDir and
-// removes the /dev/disk links of the given volume UUIDs. It only touches
-// what the test's own state dir names.
+// removes the /dev/disk links of the given volume UUIDs and of every volume
+// stateDir has a record or sparse file of. It only touches what the test
+// named or its own state dir names.
 func Cleanup(stateDir string, uuids []string, logf func(string, ...any)) {
 	ents, _ := os.ReadDir(filepath.Join(stateDir, "sparse"))
 	for _, e := range ents {
@@ -120,7 +121,23 @@ func Cleanup(stateDir string, uuids []string, logf func(string, ...any)) {
 			}
 		}
 	}
-	for _, u := range uuids {
+	// The links of every volume the state dir knows of, besides those the
+	// test named: a volume a test created without noting its uuid left its
+	// link behind, naming a loop device the next test may get.
+	all := append([]string(nil), uuids...)
+	for _, e := range ents {
+		all = append(all, e.Name())
+	}
+	recs, _ := os.ReadDir(filepath.Join(stateDir, "volumes"))
+	for _, e := range recs {
+		if u, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			all = append(all, u)
+		}
+	}
+	for _, u := range all {
+		if u == "" || strings.ContainsAny(u, "/.") {
+			continue
+		}
 		os.Remove("/dev/disk/by-uuid/" + u)
 		os.Remove("/dev/disk/by-partuuid/" + u)
 	}
