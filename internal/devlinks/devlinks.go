@@ -50,30 +50,35 @@ func Ensure(ctx context.Context, link, name string, udevWait time.Duration) erro
 }
 
 func trigger(ctx context.Context, name, link string, wait time.Duration) {
-	udevadm, err := exec.LookPath("udevadm")
-	if err != nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait+2*time.Second)
-	defer cancel()
-	_ = exec.CommandContext(ctx, udevadm, "trigger", "--action=change", "--sysname-match="+name).Run()
-	_ = exec.CommandContext(ctx, udevadm, "settle", fmt.Sprintf("--timeout=%d", int(wait.Seconds())+1), "--exit-if-exists="+link).Run()
+	udevadm(ctx, wait, []string{"trigger", "--action=change", "--sysname-match=" + name},
+		[]string{"settle", settleTimeout(wait), "--exit-if-exists=" + link})
 }
 
 // Settle waits (bounded) until udev has handled the events queued so far,
 // among them the partition-table re-read its watch rule starts when a writer
 // of a disk closes it; without udev it returns at once.
 func Settle(ctx context.Context, wait time.Duration) {
-	if !UdevRunning() {
-		return
+	if UdevRunning() {
+		udevadm(ctx, wait, []string{"settle", settleTimeout(wait)})
 	}
-	udevadm, err := exec.LookPath("udevadm")
+}
+
+func settleTimeout(wait time.Duration) string {
+	return fmt.Sprintf("--timeout=%d", int(wait.Seconds())+1)
+}
+
+// udevadm runs udevadm once per argument list, all within wait (and a
+// little): best effort, as udev only speeds up what we check ourselves.
+func udevadm(ctx context.Context, wait time.Duration, runs ...[]string) {
+	path, err := exec.LookPath("udevadm")
 	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait+2*time.Second)
 	defer cancel()
-	_ = exec.CommandContext(ctx, udevadm, "settle", fmt.Sprintf("--timeout=%d", int(wait.Seconds())+1)).Run()
+	for _, args := range runs {
+		_ = exec.CommandContext(ctx, path, args...).Run()
+	}
 }
 
 // Remove deletes link if it exists; it never follows it.

@@ -314,25 +314,29 @@ func (c *Controller) Publish(ctx context.Context, v *volume.Volume) error {
 // filesystem was grown online on the node already.
 func (c *Controller) grow(ctx context.Context, pv *corev1.PersistentVolume, size *resource.Quantity) (*corev1.PersistentVolume, error) {
 	api := c.cs.CoreV1().PersistentVolumes()
+	name := pv.Name
 	raised := pv.Spec.Capacity.Storage().Cmp(*size) < 0
 	if raised {
+		// pv changes only on success: a failed Update returns an empty
+		// object, and the retry reads the PV again by its name.
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			cur, err := api.Get(ctx, pv.Name, metav1.GetOptions{})
+			cur, err := api.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			if cur.Spec.Capacity.Storage().Cmp(*size) >= 0 {
-				pv = cur
-				return nil
+			if cur.Spec.Capacity.Storage().Cmp(*size) < 0 {
+				cur.Spec.Capacity = corev1.ResourceList{corev1.ResourceStorage: *size}
+				if cur, err = api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+					return err
+				}
 			}
-			cur.Spec.Capacity = corev1.ResourceList{corev1.ResourceStorage: *size}
-			pv, err = api.Update(ctx, cur, metav1.UpdateOptions{})
-			return err
+			pv = cur
+			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("raising the capacity of PersistentVolume %s to %s: %w", pv.Name, size, err)
+			return nil, fmt.Errorf("raising the capacity of PersistentVolume %s to %s: %w", name, size, err)
 		}
-		c.log.Info("PersistentVolume capacity raised", "pv", pv.Name, "size", size.String())
+		c.log.Info("PersistentVolume capacity raised", "pv", name, "size", size.String())
 	}
 	ref := pv.Spec.ClaimRef
 	if ref == nil || ref.Name == "" {

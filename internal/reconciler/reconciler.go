@@ -739,8 +739,7 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 		// A spec edited to more than was prepared (kubectl edit of a
 		// Volume object): the same growth salt-volumes resize starts.
 		r.log.Info("volume spec asks for more: growing it", "volume", v.Spec.Name, "size", specSize(&v.Spec))
-		st.Phase, st.JobID, st.Step = volume.Pending, "", ""
-		st.Reason, st.Message = ReasonResizing, "growing to "+spec.FormatSize(specSize(&v.Spec))
+		startGrowth(v, "growing to "+spec.FormatSize(specSize(&v.Spec)))
 		r.q.add(v.Spec.Name)
 		return true
 	case needsPrepareRun(v):

@@ -188,9 +188,7 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			if v.Status.Phase != volume.Available && !retry {
 				return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
 			}
-			st := &v.Status
-			st.Phase, st.JobID, st.Step, st.Growing = volume.Pending, "", "", true
-			st.Reason, st.Message = ReasonResizing, "growing to what its device has become"
+			startGrowth(v, "growing to what its device has become")
 			return nil
 		}
 		cur := specSize(&v.Spec)
@@ -218,11 +216,16 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			return &ResizeError{Field: "size", Reason: err.Error()}
 		}
 		v.Spec = grown
-		st := &v.Status
-		st.Phase, st.JobID, st.Step, st.Growing = volume.Pending, "", "", true
-		st.Reason, st.Message = ReasonResizing, "growing to "+spec.FormatSize(n)
+		startGrowth(v, "growing to "+spec.FormatSize(n))
 		return nil
 	})
+}
+
+// startGrowth makes v wait for the prepare run that grows it.
+func startGrowth(v *volume.Volume, msg string) {
+	st := &v.Status
+	st.Phase, st.JobID, st.Step, st.Growing = volume.Pending, "", "", true
+	st.Reason, st.Message = ReasonResizing, msg
 }
 
 // specSize is a sparse or LVM volume's size in bytes as its spec says (the
