@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
 .PHONY: all setup build image e2e-bin demo test lint unit race pytest promtool bench bench-smoke load fuzz install salt-files clean \
-        vagrant-up vagrant-e2e vagrant-down vagrant-validate
+        vagrant-host vagrant-box vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
 
@@ -31,7 +31,7 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	@if command -v shellcheck >/dev/null; then \
-	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh .ci/run vagrant/provision/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # A local Salt stack plus the control plane, two real volumes; Ctrl-C stops
@@ -116,13 +116,27 @@ salt-files: build
 	install -m 0755 bin/salt-volume-exec salt/states/salt_volumes/files/salt-volume-exec
 
 # The Vagrant cluster (vagrant/Vagrantfile): a salt-master with salt-api and
-# salt-volumes serve, and two minions with two spare disks each. Needs
-# Vagrant with libvirt or VirtualBox and network access to the box and
-# Salt's package repository. VAGRANT_ARGS=--provider=libvirt, for example.
+# salt-volumes serve, and two minions with two spare disks each. By default
+# on the box make vagrant-box builds from the booted tests' guest image
+# (libvirt, qemu's software emulation, no network needed; make vagrant-host
+# installs and starts libvirt). SV_BOX=debian/bookworm64 uses the public box
+# with libvirt or VirtualBox and installs Salt from its official repository.
 VAGRANT ?= vagrant
 NODES   ?= node-1 node-2
+SV_BOX  ?= salt-volumes/debian12
+export SV_BOX
+LOCAL_BOX := $(filter salt-volumes/%,$(SV_BOX))
+ifneq ($(LOCAL_BOX),)
+export VAGRANT_DEFAULT_PROVIDER ?= libvirt
+endif
 
-vagrant-up: build salt-files e2e-bin
+vagrant-host:
+	scripts/vagrant-host.sh
+
+vagrant-box: vagrant-host
+	SV_BOX_NAME=$(SV_BOX) VAGRANT=$(VAGRANT) scripts/vagrant-box.sh
+
+vagrant-up: build salt-files e2e-bin $(if $(LOCAL_BOX),vagrant-box)
 	cd vagrant && $(VAGRANT) up $(VAGRANT_ARGS)
 
 # Creates, checks and deletes volumes of every kind on every node through
@@ -134,10 +148,12 @@ vagrant-down:
 	cd vagrant && $(VAGRANT) destroy -f
 
 # Part of make test: the Vagrantfile parses, its provisioning scripts exist,
-# and the libvirt provider's settings are valid (when vagrant-libvirt is
-# installed; VirtualBox's need VirtualBox itself).
+# and the libvirt provider's settings are valid, for the local box and the
+# public one (when vagrant-libvirt is installed; VirtualBox's need
+# VirtualBox itself).
 vagrant-validate:
-	@if command -v $(VAGRANT) >/dev/null; then cd vagrant && $(VAGRANT) validate; \
+	@if command -v $(VAGRANT) >/dev/null; then \
+	  cd vagrant && SV_BOX=salt-volumes/debian12 $(VAGRANT) validate && SV_BOX=debian/bookworm64 $(VAGRANT) validate; \
 	else echo "vagrant not installed: Vagrantfile not validated (make setup installs it)"; fi
 
 clean:

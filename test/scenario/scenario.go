@@ -185,6 +185,7 @@ func (s *Scenario) Run(ctx context.Context) (err error) {
 		}
 	}
 
+	deleting := time.Now()
 	for _, c := range cases {
 		args := []string{"rm", c.Name}
 		if c.Kind == "raw" {
@@ -204,6 +205,7 @@ func (s *Scenario) Run(ctx context.Context) (err error) {
 		}
 		delete(created, c.Name)
 	}
+	s.logf("%d volumes Deleted %.1fs after the first delete", len(cases), time.Since(deleting).Seconds())
 	after := map[string]map[string]map[string]any{}
 	for _, n := range s.Nodes {
 		if after[n.Name], err = s.nodeRecords(ctx, n.Name); err != nil {

@@ -16,7 +16,7 @@ done
 install_salt "$SALT_VERSION" salt-master salt-api
 # The onedir packages ship CherryPy for rest_cherrypy in most releases; add
 # it when one does not.
-/opt/saltstack/salt/bin/python3 -c 'import cherrypy' 2>/dev/null || salt-pip install cherrypy
+"$(salt_python)" -c 'import cherrypy' 2>/dev/null || salt-pip install cherrypy
 
 # The master's config for salt-volumes, as operators install it, with the
 # checkout where /opt/salt-volumes would be.
@@ -25,7 +25,8 @@ sed "s#/opt/salt-volumes#$SRC#g" "$SRC/deploy/master.d/salt-volumes.conf" >/etc/
 # Test cluster only: accept the minions' keys without salt-key.
 echo 'auto_accept: True' >/etc/salt/master.d/vagrant.conf
 
-master_user=$(awk '/^user:/ {print $2}' /etc/salt/master /etc/salt/master.d/*.conf 2>/dev/null | tail -n1)
+# (A box with Salt from pip has no /etc/salt/master: awk's complaint is no answer.)
+master_user=$({ awk '/^user:/ {print $2}' /etc/salt/master /etc/salt/master.d/*.conf 2>/dev/null || true; } | tail -n1)
 master_user=${master_user:-root}
 
 # Secrets: generated once, never printed.

@@ -27,7 +27,13 @@ salt-call state.apply salt_volumes.installed
 # Spare disks: whole disks other than the boot disk with no partition and
 # no signature. Recorded once; later runs keep the grain even when the
 # disks hold volumes.
-if [ -z "$(salt-call --out=newline_values_only grains.get salt_volumes_e2e:disks)" ]; then
+# The grain's disks, one line; empty when unset. (Salt 3008 has no
+# newline_values_only outputter any more: read its JSON.)
+disks_grain() {
+  salt-call --out=json grains.get salt_volumes_e2e:disks |
+    python3 -c 'import json, sys; v = json.load(sys.stdin)["local"]; print(" ".join(v) if v else "")'
+}
+if [ -z "$(disks_grain)" ]; then
   boot=$(lsblk -no PKNAME "$(findmnt -no SOURCE /)")
   spare=()
   while read -r name type; do
@@ -43,4 +49,6 @@ if [ -z "$(salt-call --out=newline_values_only grains.get salt_volumes_e2e:disks
   fi
   salt-call grains.set salt_volumes_e2e:disks "[\"${spare[0]}\",\"${spare[1]}\"]" force=True
 fi
-echo "minion $ID: ready, spare disks $(salt-call --out=json grains.get salt_volumes_e2e:disks | tr -d '\n ')"
+disks=$(disks_grain)
+[ -n "$disks" ] || { echo "minion $ID: the grain salt_volumes_e2e:disks was not set" >&2; exit 1; }
+echo "minion $ID: ready, spare disks $disks"

@@ -1,10 +1,26 @@
 # Sourced by master.sh and minion.sh: installs Salt packages from the Salt
-# Project's official Debian repository, pinned to one major release.
+# Project's official Debian repository, pinned to one major release, unless
+# the box carries Salt already (salt-volumes/debian12, make vagrant-box: a
+# pip install in /opt/salt, units for each daemon, no route to any
+# repository).
 # Usage: install_salt <major|latest> <package>...
+
+# The Python that runs Salt: the box's, or the official onedir packages'.
+salt_python() {
+  if box_has_salt; then echo /opt/salt/bin/python3; else echo /opt/saltstack/salt/bin/python3; fi
+}
+
+box_has_salt() {
+  [ -x /opt/salt/bin/salt-call ]
+}
 
 install_salt() {
   local version=$1
   shift
+  if box_has_salt; then
+    echo "Salt from the box: $(/opt/salt/bin/salt-call --version) (SV_SALT_VERSION=$version not used)"
+    return 0
+  fi
   export DEBIAN_FRONTEND=noninteractive
   if ! dpkg-query -W -f='${Status}' "$@" 2>/dev/null | grep -q "install ok installed"; then
     apt-get update -qq
