@@ -70,24 +70,14 @@ if [ ! -f "$box" ]; then
   for b in salt salt-api salt-call salt-cp salt-key salt-master salt-minion salt-run; do
     ln -sfn "/opt/salt/bin/$b" "$mnt/usr/local/bin/$b"
   done
-  for svc in master api minion; do
-    cat >"$mnt/etc/systemd/system/salt-$svc.service" <<UNIT
-[Unit]
-Description=Salt $svc
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-ExecStart=/opt/salt/bin/salt-$svc
-KillMode=process
-Restart=on-failure
-RestartSec=2
-
-[Install]
-WantedBy=multi-user.target
-UNIT
+  # salt-master and salt-api run like the image's minion unit. Provisioning
+  # enables what each machine runs, and the minion starts from whichever
+  # file names its master (the image's unit waits for master.conf).
+  unit="$mnt/etc/systemd/system/salt-minion.service"
+  sed -i '/^ConditionPathExists=/d' "$unit"
+  for svc in master api; do
+    sed "s/minion/$svc/g" "$unit" >"$mnt/etc/systemd/system/salt-$svc.service"
   done
-  # Provisioning enables what each machine runs.
   rm -f "$mnt/etc/systemd/system/multi-user.target.wants/salt-minion.service"
   # networkd takes the first file that matches an interface: Vagrant's
   # 50-vagrant-<if>.network must come before the catch-all DHCP one.
