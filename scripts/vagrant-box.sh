@@ -38,15 +38,18 @@ if [ ! -f "$box" ]; then
   }
   trap cleanup EXIT
   cleanup
-  mkdir -p "$mnt/../box"
-  echo "vagrant-box: building $name from $image (~2 minutes)" >&2
+  mkdir -p "$mnt" "$tmp/box"
+  echo "vagrant-box: building $name from $image (~20 s)" >&2
   qemu-img convert -O raw "$image/rootfs.qcow2" "$tmp/rootfs.raw"
   # mount -o loop sets autoclear: the loop device goes with the unmount.
   mount -o loop "$tmp/rootfs.raw" "$mnt"
   for m in proc sys dev dev/pts; do mount --bind "/$m" "$mnt/$m"; done
 
-  had_resolv=$(test -e "$mnt/etc/resolv.conf" && echo yes || echo no)
-  cp --remove-destination /etc/resolv.conf "$mnt/etc/resolv.conf"
+  # apt in the chroot resolves names as this host does; the image's own
+  # resolv.conf (if any) goes back afterwards.
+  # (A symlink too is moved, not written through.)
+  if [ -e "$mnt/etc/resolv.conf" ] || [ -h "$mnt/etc/resolv.conf" ]; then mv "$mnt/etc/resolv.conf" "$tmp/resolv.conf"; fi
+  cp /etc/resolv.conf "$mnt/etc/resolv.conf"
   export DEBIAN_FRONTEND=noninteractive
   if ! chroot "$mnt" apt-get update -qq >"$tmp/apt.log" 2>&1 ||
     ! chroot "$mnt" apt-get install -y -qq --no-install-recommends rsync sudo curl ca-certificates >>"$tmp/apt.log" 2>&1; then
@@ -55,7 +58,8 @@ if [ ! -f "$box" ]; then
   fi
   chroot "$mnt" apt-get clean
   rm -rf "$mnt/var/lib/apt/lists/"*
-  [ "$had_resolv" = yes ] || rm -f "$mnt/etc/resolv.conf"
+  rm -f "$mnt/etc/resolv.conf"
+  if [ -e "$tmp/resolv.conf" ] || [ -h "$tmp/resolv.conf" ]; then mv "$tmp/resolv.conf" "$mnt/etc/resolv.conf"; fi
 
   # salt-api's rest_cherrypy, at the version the project's test master uses.
   pip=(python3 -m pip)

@@ -54,37 +54,32 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		err  error
 		took time.Duration
 	}
-	bootc, boot2c := make(chan booted, 1), make(chan booted, 1)
 	started := time.Now()
 	dir := t.TempDir()
-	go func() {
-		// A small node: one blank virtio disk.
-		g, err := guest.Boot(ctx, img, filepath.Join(dir, secondID), guest.Disk{Name: "vdb", Size: 64 << 20, Bus: "virtio"})
-		boot2c <- booted{g, err, time.Since(started)}
-	}()
-	go func() {
-		// An operator's partitioned NVMe and SCSI disks, a disk for LVM and
-		// a blank one.
-		g, err := guest.Boot(ctx, img, filepath.Join(dir, guestID), guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme", Partitions: []int64{256 << 20, 256 << 20, 400 << 20}},
-			guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi", Partitions: []int64{320 << 20, 100 << 20}},
-			guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"}, guest.Disk{Name: "vdc", Size: 64 << 20, Bus: "virtio"})
-		bootc <- booted{g, err, time.Since(started)}
-	}()
-	var boot, boot2 *booted
-	waitBoot := func() *booted {
-		if boot == nil {
-			b := <-bootc
-			boot = &b
+	// boot starts a guest in the background; the function it returns
+	// waits for it (once).
+	boot := func(id string, disks ...guest.Disk) func() *booted {
+		c := make(chan booted, 1)
+		go func() {
+			g, err := guest.Boot(ctx, img, filepath.Join(dir, id), disks...)
+			c <- booted{g, err, time.Since(started)}
+		}()
+		var b *booted
+		return func() *booted {
+			if b == nil {
+				got := <-c
+				b = &got
+			}
+			return b
 		}
-		return boot
 	}
-	waitBoot2 := func() *booted {
-		if boot2 == nil {
-			b := <-boot2c
-			boot2 = &b
-		}
-		return boot2
-	}
+	// A small node: one blank virtio disk.
+	waitBoot2 := boot(secondID, guest.Disk{Name: "vdb", Size: 64 << 20, Bus: "virtio"})
+	// An operator's partitioned NVMe and SCSI disks, a disk for LVM and a
+	// blank one.
+	waitBoot := boot(guestID, guest.Disk{Name: "nvme0", Size: 1 << 30, Bus: "nvme", Partitions: []int64{256 << 20, 256 << 20, 400 << 20}},
+		guest.Disk{Name: "scsi0", Size: 512 << 20, Bus: "scsi", Partitions: []int64{320 << 20, 100 << 20}},
+		guest.Disk{Name: "vdb", Size: 256 << 20, Bus: "virtio"}, guest.Disk{Name: "vdc", Size: 64 << 20, Bus: "virtio"})
 	// Registered before the stack starts, so run after it stops.
 	for _, w := range []func() *booted{waitBoot, waitBoot2} {
 		t.Cleanup(func() {

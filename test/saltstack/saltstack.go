@@ -447,9 +447,7 @@ func (s *Stack) detachLoops() {
 			}
 			// Its links went up with it: a sparse file is named by its
 			// volume's uuid.
-			u := filepath.Base(b)
-			os.Remove("/dev/disk/by-uuid/" + u)
-			os.Remove("/dev/disk/by-partuuid/" + u)
+			testenv.RemoveLinks(filepath.Base(b))
 		}
 	}
 }

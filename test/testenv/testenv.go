@@ -106,6 +106,19 @@ func TempDirs(t testing.TB, n int) []string {
 	return dirs
 }
 
+// RemoveLinks removes the /dev/disk/by-uuid and by-partuuid links named
+// by these volume UUIDs (never a path: a name with a slash or dot is
+// skipped).
+func RemoveLinks(uuids ...string) {
+	for _, u := range uuids {
+		if u == "" || strings.ContainsAny(u, "/.") {
+			continue
+		}
+		os.Remove("/dev/disk/by-uuid/" + u)
+		os.Remove("/dev/disk/by-partuuid/" + u)
+	}
+}
+
 // Cleanup detaches every loop device backed by a sparse file of stateDir and
 // removes the /dev/disk links of the given volume UUIDs and of every volume
 // stateDir has a record or sparse file of. It only touches what the test
@@ -134,13 +147,7 @@ func Cleanup(stateDir string, uuids []string, logf func(string, ...any)) {
 			all = append(all, u)
 		}
 	}
-	for _, u := range all {
-		if u == "" || strings.ContainsAny(u, "/.") {
-			continue
-		}
-		os.Remove("/dev/disk/by-uuid/" + u)
-		os.Remove("/dev/disk/by-partuuid/" + u)
-	}
+	RemoveLinks(all...)
 }
 
 // FakeDisk attaches a sparse image of size bytes as a stand-in for a raw
