@@ -42,6 +42,12 @@ if ! cmp -s salt/requirements.txt .venv/.requirements.installed; then
   cp salt/requirements.txt .venv/.requirements.installed
 fi
 
+# The other supported Salt lines, for the Salt matrix (make test-salt) and
+# the per-line benchmarks: one virtualenv each, cached outside the repository.
+for line in 3006 3007; do
+  scripts/salt-venv.sh "$line" >/dev/null
+done
+
 # The Kubernetes control plane the Kubernetes tests and `make demo
 # DEMO_ARGS=--kubernetes` run against: built from the Go module proxy once,
 # cached outside the repository (scripts/kube-tools.sh).

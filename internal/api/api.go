@@ -54,6 +54,10 @@ type Server struct {
 	Log *slog.Logger
 	// Heartbeat is the watch stream's keep-alive period (default 15s).
 	Heartbeat time.Duration
+	// WatchWriteTimeout ends a watch stream whose client has not taken a
+	// write within it (default 10s): a client that stops reading would
+	// otherwise hold its slot (limits.watchers) for ever.
+	WatchWriteTimeout time.Duration
 	// Limits; zero means no limit.
 	MaxWatchers      int
 	MaxVolumes       int
@@ -94,6 +98,9 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.Heartbeat == 0 {
 		s.Heartbeat = 15 * time.Second
+	}
+	if s.WatchWriteTimeout == 0 {
+		s.WatchWriteTimeout = 10 * time.Second
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
@@ -299,6 +306,12 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // storeErr answers a write the store could not take: 503 when the backend
 // is out of reach (etcd without quorum; the message says so), 500 else.
 func storeErr(w http.ResponseWriter, err error) {
+	var ce *store.ConflictError
+	if errors.As(err, &ce) {
+		w.Header().Set("Retry-After", "1")
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeBusy, Message: err.Error()})
+		return
+	}
 	if errors.Is(err, store.ErrUnavailable) {
 		w.Header().Set("Retry-After", "5")
 		writeErr(w, http.StatusServiceUnavailable, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
@@ -389,7 +402,11 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 	var size, alloc, used, healthy []metrics.Sample
 	for _, v := range s.Store.List() {
 		l := []string{"volume", v.Spec.Name, "node", v.Spec.Node}
-		size = append(size, metrics.Sample{Labels: l, Value: float64(v.Spec.SizeBytes)})
+		n := v.Spec.Bytes()
+		if v.Status.Size > 0 {
+			n = v.Status.Size // what the node prepared: raw volumes have no size of their own
+		}
+		size = append(size, metrics.Sample{Labels: l, Value: float64(n)})
 		h := 0.0
 		if v.Status.Phase == volume.Available {
 			h = 1
@@ -404,7 +421,7 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 			}
 		}
 	}
-	mw.GaugeVec("salt_volumes_volume_size_bytes", "Size of each volume, from its spec.", size)
+	mw.GaugeVec("salt_volumes_volume_size_bytes", "Size of each volume: its device as the node prepared it, else the size its spec asks for.", size)
 	mw.GaugeVec("salt_volumes_volume_allocated_bytes", "Bytes a sparse volume's file really takes on its node, as the node last reported.", alloc)
 	mw.GaugeVec("salt_volumes_volume_filesystem_used_bytes", "Used bytes of a volume's filesystem while it is mounted on its node, as the node last reported.", used)
 	mw.GaugeVec("salt_volumes_volume_healthy", "1 if the volume is Available, 0 otherwise (Failed, Pending, Terminating).", healthy)
@@ -592,8 +609,7 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 // watch streams volume changes as server-sent events: first every current
 // volume as ADDED, then each change. ?node= and ?name= filter.
 func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
-	fl, ok := w.(http.Flusher)
-	if !ok {
+	if _, ok := w.(http.Flusher); !ok {
 		writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: "streaming unsupported"})
 		return
 	}
@@ -616,13 +632,33 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	// Every write gets a deadline: one that a client does not take in
+	// time ends the stream (and frees its slot); the client reconnects
+	// and gets the list again.
+	rc := http.NewResponseController(w)
+	deadline := func() error {
+		err := rc.SetWriteDeadline(time.Now().Add(s.WatchWriteTimeout))
+		if errors.Is(err, http.ErrNotSupported) {
+			return nil // not a network connection (a test recorder)
+		}
+		return err
+	}
 	send := func(typ string, v *volume.Volume) error {
 		b, err := json.Marshal(saltvolumes.Event{Type: typ, Volume: v.View()})
 		if err != nil {
 			return err
 		}
+		if err := deadline(); err != nil {
+			return err
+		}
 		_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
 		return err
+	}
+	flush := func() error {
+		if err := deadline(); err != nil {
+			return err
+		}
+		return rc.Flush()
 	}
 	// The initial list one volume at a time: a copy of the whole store
 	// per watcher would make watchers cost O(store) each.
@@ -636,8 +672,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// Tells clients the initial list is complete (wait uses it).
-	fmt.Fprint(w, "event: SYNCED\ndata: {}\n\n")
-	fl.Flush()
+	if deadline() != nil {
+		return
+	}
+	if _, err := io.WriteString(w, "event: SYNCED\ndata: {}\n\n"); err != nil || flush() != nil {
+		return
+	}
 	hb := time.NewTicker(s.Heartbeat)
 	defer hb.Stop()
 	for {
@@ -645,10 +685,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-hb.C:
-			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+			if deadline() != nil {
 				return
 			}
-			fl.Flush()
+			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil || flush() != nil {
+				return
+			}
 		case ev, ok := <-ch:
 			if !ok {
 				return // fell behind: the client reconnects and gets the list again
@@ -656,10 +698,9 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			if !match(ev.Volume) {
 				continue
 			}
-			if send(ev.Type, ev.Volume) != nil {
+			if send(ev.Type, ev.Volume) != nil || flush() != nil {
 				return
 			}
-			fl.Flush()
 		}
 	}
 }

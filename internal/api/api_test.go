@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -516,4 +518,84 @@ func TestResizeRefusals(t *testing.T) {
 	v, err := st.Get("a")
 	require.NoError(t, err)
 	assert.Equal(t, "1Gi", string(v.Spec.SparseLoopDevice.Size), "nothing changed")
+}
+
+// A request that kept meeting newer writes was not recorded: 409 "busy",
+// ask again; never 202, never a 500.
+func TestStoreConflictIsBusy(t *testing.T) {
+	rec := httptest.NewRecorder()
+	storeErr(rec, fmt.Errorf("recording the request on v: the volume kept changing: %w", &store.ConflictError{Name: "v"}))
+	assert.Equal(t, http.StatusConflict, rec.Code)
+	assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+	assert.Contains(t, rec.Body.String(), `"code": "busy"`)
+}
+
+// Volumes read back from the store (after a restart, on a follower, from
+// Volume objects) carry their size as a quantity only: the metric reads
+// it, and for a raw volume the size its node reported.
+func TestSizeMetricOfStoredVolumes(t *testing.T) {
+	ts, st := newServer(t)
+	sparse := &volume.Volume{Spec: spec.Spec{Name: "kept", Node: "node-1", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301",
+		SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}}
+	raw := &volume.Volume{Spec: spec.Spec{Name: "disk", Node: "node-1", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3302",
+		RawBlockDevice: &spec.RawBlockDevice{DevicePath: "/dev/sdb"}}}
+	raw.Status.Size = 5 << 30
+	require.NoError(t, st.Create(sparse))
+	require.NoError(t, st.Create(raw))
+	got := map[string]float64{}
+	for _, line := range strings.Split(scrape(t, ts), "\n") {
+		var name string
+		var v float64
+		if _, err := fmt.Sscanf(line, "salt_volumes_volume_size_bytes{volume=%q,node=\"node-1\"} %g", &name, &v); err == nil {
+			got[name] = v
+		}
+	}
+	assert.Equal(t, map[string]float64{"kept": 1 << 30, "disk": 5 << 30}, got)
+}
+
+// Watchers that never read cannot hold the watch slots: a write that does
+// not complete within WatchWriteTimeout ends the stream.
+func TestStalledWatchersAreDropped(t *testing.T) {
+	ts, st := newServerWith(t, func(s *Server) {
+		s.MaxWatchers = 2
+		s.WatchWriteTimeout = 200 * time.Millisecond
+		s.Heartbeat = 10 * time.Millisecond
+	})
+	// Enough to fill the socket buffers between a server and a client that
+	// reads nothing: the initial list alone blocks the stream.
+	pad := strings.Repeat("x", 63)
+	for i := range 600 {
+		v := &volume.Volume{Spec: spec.Spec{Name: fmt.Sprintf("v-%d", i), Node: "node-1", UUID: uuid.NewString(),
+			SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}}
+		v.Status.Message = strings.Repeat(pad, 64)
+		require.NoError(t, st.Create(v))
+	}
+	addr := strings.TrimPrefix(ts.URL, "http://")
+	for range 2 {
+		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1) })
+			if err != nil {
+				return err
+			}
+			return serr
+		}}
+		conn, err := d.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		_, err = fmt.Fprintf(conn, "GET /api/v1/watch HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", token)
+		require.NoError(t, err)
+	}
+	// Both stalled streams are ended by their write deadline; a third
+	// watcher then gets a slot.
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest("GET", ts.URL+"/api/v1/watch?name=v-1", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 100*time.Millisecond, "a slot frees up once the stalled watchers are dropped")
 }

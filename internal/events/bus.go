@@ -52,13 +52,14 @@ func (b *Bus) Run(ctx context.Context, onConnect func(), handle func(Event)) err
 			var d net.Dialer
 			return d.DialContext(ctx, b.Network, b.Addr)
 		},
-		func(r io.Reader) error { return b.read(r, handle) })
+		func(r io.Reader) error { return b.read(r, handle, l.log) })
 }
 
-func (b *Bus) read(r io.Reader, handle func(Event)) error {
+func (b *Bus) read(r io.Reader, handle func(Event), log *slog.Logger) error {
 	dec := NewDecoder(r)
 	dec.Want, dec.Lazy = b.Want, b.Lazy
 	skipped, ignored := 0, 0
+	logged := false
 	for {
 		ev, err := dec.Next()
 		if n := dec.Skipped - skipped; n > 0 {
@@ -71,6 +72,11 @@ func (b *Bus) read(r io.Reader, handle func(Event)) error {
 		}
 		if err != nil {
 			return err
+		}
+		if !logged {
+			// Once per connection: which Salt answered shows here first.
+			logged = true
+			log.Info("event bus framing", "framing", dec.Framing().String(), "addr", b.Addr)
 		}
 		b.Stats.Decoded.Add(1)
 		handle(ev)

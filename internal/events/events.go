@@ -2,10 +2,11 @@
 // <sock_dir>/master_event_pub.ipc (or TCP when ipc_mode is tcp). It only
 // reads; it never writes to the socket.
 //
-// Wire format (Salt 3006-3008): concatenated msgpack maps
-// {"head": {}, "body": <bin or str: tag + "\n\n" + msgpack(data)>}, no
-// length prefix, no handshake. Data may hold Salt's ext types 78 (datetime)
-// and 79 (constant) and non-string map keys.
+// Wire format: msgpack maps {"head": {}, "body": <bin or str: tag + "\n\n" +
+// msgpack(data)>}, no handshake. How they are delimited depends on the
+// master's Salt (see Framing), and the decoder finds out from the first
+// bytes of each connection. Data may hold Salt's ext types 78 (datetime) and
+// 79 (constant) and non-string map keys.
 package events
 
 import (
@@ -36,6 +37,30 @@ const MaxFrame = 16 << 20
 // Salt's, or is broken, and must be reconnected.
 var ErrFrameTooLarge = fmt.Errorf("event frame larger than %d bytes", MaxFrame)
 
+// Framing is how frames follow each other on the stream.
+type Framing int
+
+const (
+	// FramingUnknown: nothing read yet on this connection.
+	FramingUnknown Framing = iota
+	// FramingPlain: maps back to back, no length (Salt 3006.0-3006.25's
+	// ipc transport, 3007 and 3008's tcp transport on the same socket).
+	FramingPlain
+	// FramingLengthPrefixed: each map behind a 4-byte big-endian length
+	// (Salt 3006.26 and later 3006 releases).
+	FramingLengthPrefixed
+)
+
+func (f Framing) String() string {
+	switch f {
+	case FramingPlain:
+		return "plain"
+	case FramingLengthPrefixed:
+		return "length-prefixed"
+	}
+	return "unknown"
+}
+
 // Decoder reads events from a stream. It survives bad events: a frame whose
 // body cannot be decoded is counted and skipped.
 type Decoder struct {
@@ -52,7 +77,14 @@ type Decoder struct {
 	Lazy bool
 	own  []byte
 	strs map[string]string
+	// framing is decided by the first frame and kept for the connection:
+	// a master restarted as another release comes back on a new one.
+	framing Framing
 }
+
+// Framing says how this stream delimits its frames (FramingUnknown until
+// the first frame is read).
+func (d *Decoder) Framing() Framing { return d.framing }
 
 // DecodeMsgpack decodes one msgpack document the way event data is
 // decoded (string map keys, Salt's ext types); trailing bytes are an error.
@@ -103,6 +135,56 @@ func (d *Decoder) frame() (Event, bool, error) {
 	if err != nil {
 		return Event{}, false, err
 	}
+	if d.framing == FramingUnknown {
+		d.framing = detectFraming(c)
+	}
+	if d.framing == FramingPlain {
+		return d.body(c)
+	}
+	// A length below MaxFrame has a zero first byte; anything else is a
+	// frame too large or a stream that is not Salt's.
+	rest, err := d.s.take(3)
+	if err != nil {
+		return Event{}, false, err
+	}
+	size := int(c)<<24 | be(rest)
+	if size > MaxFrame {
+		return Event{}, false, ErrFrameTooLarge
+	}
+	start := d.s.used
+	if c, err = d.s.byte(); err != nil {
+		return Event{}, false, err
+	}
+	ev, ok, err := d.body(c)
+	if err != nil {
+		return Event{}, false, err
+	}
+	// The map may end before the length does (nothing Salt sends, but the
+	// length is what delimits): skip to the next frame. A map that ran
+	// past its length has lost the frame boundary: reconnect.
+	used := int(d.s.used - start)
+	if used > size {
+		return Event{}, false, fmt.Errorf("event frame ran %d bytes past its length prefix of %d", used-size, size)
+	}
+	if err := d.s.discard(size - used); err != nil {
+		return Event{}, false, err
+	}
+	return ev, ok, nil
+}
+
+// detectFraming decides from a connection's first byte: a msgpack map
+// header starts a plain stream; a zero is the top byte of a length prefix
+// (no plain stream starts with one: Salt publishes maps only). Anything
+// else is read as plain, and skipped and counted there.
+func detectFraming(c byte) Framing {
+	if c == 0 {
+		return FramingLengthPrefixed
+	}
+	return FramingPlain
+}
+
+// body reads a frame's map, its first byte c already read.
+func (d *Decoder) body(c byte) (Event, bool, error) {
 	n, isMap, err := mapLen(&d.s, c)
 	if err != nil {
 		return Event{}, false, err

@@ -9,7 +9,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// FuzzDecoder: any byte stream yields events, io.EOF or an error, never a
+// FuzzDecoder: any byte stream, in either framing, yields events, io.EOF or an error, never a
 // panic, and every event it yields classifies and converts without one.
 func FuzzDecoder(f *testing.F) {
 	f.Add(goldenBytes(f))
@@ -20,6 +20,11 @@ func FuzzDecoder(f *testing.F) {
 	frame2, _ := msgpack.Marshal(map[string]any{"head": map[string]any{}, "body": string(append([]byte("salt-volumes/v/progress\n\n"), prog...))})
 	f.Add(append(frame, frame2...))
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
+	// Each Salt line's own framing (3006.26+ length-prefixed, 3007/3008
+	// plain), as captured from real masters.
+	for _, c := range lineCaptures {
+		f.Add(readCapture(f, c.file))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// Everything, and only what the control plane wants: the filtered
 		// decoder yields the unfiltered one's events that Relevant keeps.

@@ -68,11 +68,12 @@ func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
 // what the store holds now. Only requests (deletion, forget) are written
 // this way; the reconciler owns the status.
 func (r *Reconciler) request(name string, change func(v *volume.Volume) error) (*volume.Volume, error) {
+	const tries = 5
 	v, err := r.store.Get(name)
-	for range 5 {
-		if err != nil {
-			return nil, err
-		}
+	if err != nil {
+		return nil, err
+	}
+	for range tries {
 		if err := change(v); err != nil {
 			return v, err
 		}
@@ -81,11 +82,18 @@ func (r *Reconciler) request(name string, change func(v *volume.Volume) error) (
 		if !errors.As(err, &ce) {
 			break
 		}
-		if v, err = ce.Current, nil; v == nil {
-			err = fmt.Errorf("%w: %q", store.ErrNotFound, name)
+		if ce.Current == nil {
+			return nil, fmt.Errorf("recording the request on %s: %w: %q", name, store.ErrNotFound, name)
 		}
+		v = ce.Current
 	}
 	if err != nil {
+		// A conflict on the last try too: nothing was written, and the
+		// caller must hear so (ask again), never "accepted".
+		var ce *store.ConflictError
+		if errors.As(err, &ce) {
+			return nil, fmt.Errorf("recording the request on %s: the volume kept changing (%d writes in a row met newer ones); nothing was recorded, ask again: %w", name, tries, err)
+		}
 		return nil, fmt.Errorf("recording the request on %s: %w", name, err)
 	}
 	return v, nil

@@ -304,6 +304,30 @@ func checkDuplicateKeys(data []byte) error {
 // Validate fills defaults, normalises the UUID to lower case and checks every
 // field. It does not look at the machine (sizes against free space, devices);
 // the engine does that.
+// Bytes is the size the spec asks for: SizeBytes once Validate ran, else
+// its quantity parsed (a spec read back from a store was not validated
+// again); 0 for a raw volume, whose size is its device's, or a quantity
+// that does not parse.
+func (s *Spec) Bytes() int64 {
+	if s.SizeBytes > 0 {
+		return s.SizeBytes
+	}
+	var q Size
+	switch {
+	case s.SparseLoopDevice != nil:
+		q = s.SparseLoopDevice.Size
+	case s.LVMLogicalVolume != nil:
+		q = s.LVMLogicalVolume.Size
+	default:
+		return 0
+	}
+	n, err := ParseSize(string(q))
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 func (s *Spec) Validate() error {
 	if s.Name == "" {
 		return &FieldError{"name", "missing: give the volume a name (lowercase letters, digits and '-')"}

@@ -19,6 +19,7 @@ Volumes are declared in pillar under ``salt_volumes:volumes:<name>`` (with
 or removed, ``salt-volumes/<name>/progress`` events are fired with each step.
 """
 
+import itertools
 import json
 import logging
 import os
@@ -68,6 +69,40 @@ def _opt(key, default=None):
     return value if value not in (None, "") else default
 
 
+# How long salt-volume-exec may run before it is stopped (seconds; minion
+# config salt_volumes:exec_timeout). Every node operation converges when run
+# again after being stopped at any point, so the bound only costs a re-run;
+# without one a hung binary holds the minion's job, and the volume, forever.
+# --wipe of a large raw disk is the long case: raise it for those nodes.
+DEFAULT_EXEC_TIMEOUT = 3600
+# After SIGTERM (the binary stops its own mkfs/lvm children on it), this long
+# before SIGKILL.
+DEFAULT_KILL_GRACE = 10
+
+
+def _seconds(key, default):
+    raw = _opt(key, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value <= 0:
+        raise CommandExecutionError(
+            "salt_volumes:{} is {!r} in the minion config: give a number of "
+            "seconds above 0 (default {})".format(key, raw, default)
+        )
+    return value
+
+
+def _stop(proc, grace, expired):
+    expired.set()
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _binary():
     path = _opt("exec_path") or salt.utils.path.which(BINARY)
     if not path:
@@ -84,12 +119,24 @@ def _masterless():
     return bool(__opts__.get("local")) or __opts__.get("master_type") == "disable"
 
 
+# Numbers the progress events of this process (a job): Salt 3006's minion
+# forwards events to the master concurrently, so they may arrive out of
+# order; "seq" puts them back in it.
+_PROGRESS_SEQ = itertools.count(1)
+
+
 def _fire_progress(volume, uuid, step, extra=None):
     # Masterless runs have no event bus to listen on; firing there only
     # waits for a connect timeout per event.
     if not volume or _masterless():
         return
-    data = {"step": step, "uuid": uuid, "volume": volume, "node": __grains__.get("id")}
+    data = {
+        "step": step,
+        "uuid": uuid,
+        "volume": volume,
+        "node": __grains__.get("id"),
+        "seq": next(_PROGRESS_SEQ),
+    }
     if extra:
         data.update(extra)
     try:
@@ -114,6 +161,8 @@ def _run(command, spec=None, extra_args=()):
     argv += list(extra_args)
     volume = (spec or {}).get("name")
     uuid = (spec or {}).get("uuid")
+    timeout = _seconds("exec_timeout", DEFAULT_EXEC_TIMEOUT)
+    grace = _seconds("exec_kill_grace", DEFAULT_KILL_GRACE)
     log.debug("salt_volumes: running %s", argv)
     try:
         proc = subprocess.Popen(  # pylint: disable=consider-using-with
@@ -126,6 +175,10 @@ def _run(command, spec=None, extra_args=()):
     except OSError as exc:
         raise CommandExecutionError("cannot run {}: {}".format(argv[0], exc))
 
+    expired = threading.Event()
+    watchdog = threading.Timer(timeout, _stop, args=(proc, grace, expired))
+    watchdog.daemon = True
+    watchdog.start()
     out = []
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
     reader.start()
@@ -150,7 +203,14 @@ def _run(command, spec=None, extra_args=()):
         elif rec.get("level") in ("WARN", "ERROR"):
             stderr_tail.append(rec.get("error") or rec.get("msg") or line)
     retcode = proc.wait()
+    watchdog.cancel()
     reader.join()
+    if expired.is_set():
+        raise CommandExecutionError(
+            "{} {} did not finish within {:g} s (salt_volumes:exec_timeout): it "
+            "was stopped; running the state again carries on from where it "
+            "stopped".format(BINARY, command, timeout)
+        )
     stdout = (out[0] if out else b"").decode("utf-8", "replace")
     try:
         doc = json.loads(stdout)

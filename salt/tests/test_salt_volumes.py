@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 import textwrap
+import time
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -441,3 +442,33 @@ def test_beacon_reports_a_restore_of_this_boot_once(beacon, monkeypatch):
     restores = [d for t, d in beacon.fired if t == "salt-volumes/node/node-1/restore"]
     assert len(restores) == 1
     assert restores[0]["id"] == "new" and restores[0]["volumes"] == [{"name": "v1", "uuid": "u1", "state": "prepared"}]
+
+
+def test_a_hung_binary_is_killed_after_the_timeout_and_reported(mod, tmp_path):
+    # A binary that never answers must not hold the minion's job forever:
+    # salt_volumes:exec_timeout (seconds) bounds it; SIGTERM first (the
+    # binary stops its own children on it), then SIGKILL.
+    pid_file = tmp_path / "pid"
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
+        import os, signal, time
+        open({!r}, "w").write(str(os.getpid()))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # even one that ignores SIGTERM
+        time.sleep(120)
+    """.format(str(pid_file)))
+    mod.opts["exec_timeout"] = 1
+    mod.opts["exec_kill_grace"] = 1
+    start = time.monotonic()
+    with pytest.raises(CommandExecutionError, match=r"did not finish within 1 s \(salt_volumes:exec_timeout\)"):
+        mod.prepare(spec=SPEC)
+    assert time.monotonic() - start < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert [d["step"] for _, d in mod.events] == ["started", "failed"]
+
+
+def test_exec_timeout_must_be_a_positive_number(mod, tmp_path):
+    mod.opts["exec_path"] = fake_binary(tmp_path, "print('{}')")
+    mod.opts["exec_timeout"] = "soon"
+    with pytest.raises(CommandExecutionError, match="salt_volumes:exec_timeout"):
+        mod.prepare(spec=SPEC)

@@ -26,27 +26,66 @@ import (
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 )
 
-func venvPython(b *testing.B) (string, string) {
+// saltLine is one Salt line's tested release, as the benchmarks run it.
+type saltLine struct {
+	name, release, py string
+	framing           events.Framing
+}
+
+func lineOf(b *testing.B, name, venv string) saltLine {
+	py := filepath.Join(venv, "bin", "python")
+	if _, err := os.Stat(py); err != nil {
+		b.Skip("Salt is not installed in .venv: run make setup")
+	}
+	release := saltstack.ReleaseOf(b, venv)
+	framing, err := saltstack.BusFraming(release)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return saltLine{name: name, release: release, py: py, framing: framing}
+}
+
+// pinned is the release make test runs (.venv).
+func pinned(b *testing.B) saltLine {
 	repo, err := saltstack.RepoRoot()
 	if err != nil {
 		b.Fatal(err)
 	}
-	py := filepath.Join(repo, ".venv", "bin", "python")
-	if _, err := os.Stat(py); err != nil {
-		b.Skip("Salt is not installed in .venv: run make setup")
-	}
-	return py, filepath.Join(repo, "test", "bench", "eventstream.py")
+	return lineOf(b, "pinned", filepath.Join(repo, ".venv"))
 }
 
-// recorded writes n events with Salt's own packer (eventstream.py); mix is
-// ours, returns or mixed.
-func recorded(b *testing.B, n int, mix ...string) []byte {
-	py, script := venvPython(b)
-	path := filepath.Join(b.TempDir(), "stream.bin")
-	args := append([]string{script, "write", strconv.Itoa(n), path}, mix...)
-	if out, err := exec.Command(py, args...).CombinedOutput(); err != nil {
-		b.Fatalf("writing the stream: %v: %s", err, out)
+// lines are every supported Salt line's tested release.
+func lines(b *testing.B) []saltLine {
+	var ls []saltLine
+	for _, name := range saltstack.Lines {
+		ls = append(ls, lineOf(b, name, saltstack.LineVenv(b, name)))
 	}
+	return ls
+}
+
+// python runs test/bench/eventstream.py with the line's Salt, in its framing.
+func (l saltLine) python(b *testing.B, args ...string) []byte {
+	repo, err := saltstack.RepoRoot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(l.py, append([]string{filepath.Join(repo, "test", "bench", "eventstream.py")}, args...)...)
+	cmd.Env = append(os.Environ(), "FRAMING=plain")
+	if l.framing == events.FramingLengthPrefixed {
+		cmd.Env = append(os.Environ(), "FRAMING=prefixed")
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("eventstream.py %s with Salt %s: %v", strings.Join(args, " "), l.release, err)
+	}
+	return out
+}
+
+// recorded writes n events with the line's own packer and framing
+// (eventstream.py); mix is ours, returns or mixed.
+func (l saltLine) recorded(b *testing.B, n int, mix ...string) []byte {
+	path := filepath.Join(b.TempDir(), "stream.bin")
+	l.python(b, append([]string{"write", strconv.Itoa(n), path}, mix...)...)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		b.Fatal(err)
@@ -54,72 +93,100 @@ func recorded(b *testing.B, n int, mix ...string) []byte {
 	return data
 }
 
+func recorded(b *testing.B, n int, mix ...string) []byte { return pinned(b).recorded(b, n, mix...) }
+
+// pythonRead is how long the line's own subscriber code takes to decode
+// the stream at path (every event, as Salt's PubClient and SaltEvent do).
+func (l saltLine) pythonRead(b *testing.B, path string, n int) float64 {
+	f := strings.Fields(string(l.python(b, "read", path)))
+	if len(f) != 2 || f[0] != strconv.Itoa(n) {
+		b.Fatalf("python (Salt %s) decoded %q", l.release, f)
+	}
+	sec, _ := strconv.ParseFloat(f[1], 64)
+	return sec
+}
+
+// decodeOurs decodes a stream the way serve reads the bus.
+type decoded struct {
+	secs             float64
+	allocs           uint64
+	ours, passedOver int
+	framing          events.Framing
+}
+
+func decodeOurs(b *testing.B, data []byte, n int) decoded {
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	start := time.Now()
+	dec := events.NewDecoder(bytes.NewReader(data))
+	dec.Want, dec.Lazy = events.Relevant, true
+	got := 0
+	for {
+		ev, err := dec.Next()
+		if err != nil {
+			break
+		}
+		if ev.Kind() == events.KindJobReturn {
+			if _, ok := ev.AsJobReturn(); !ok {
+				b.Fatal("job return not typed")
+			}
+		}
+		got++
+	}
+	secs := time.Since(start).Seconds()
+	runtime.ReadMemStats(&m1)
+	if got+dec.Ignored != n || dec.Skipped != 0 {
+		b.Fatalf("decoded %d + ignored %d of %d (skipped %d)", got, dec.Ignored, n, dec.Skipped)
+	}
+	return decoded{secs: secs, allocs: m1.Mallocs - m0.Mallocs, ours: got, passedOver: dec.Ignored, framing: dec.Framing()}
+}
+
 // BenchmarkDecodeThroughput decodes recorded streams the way serve reads
 // the bus (tag first, only our events decoded) and with Salt's own
 // subscriber code (PubClient's Unpacker plus SaltEvent.unpack, which
 // decodes every event), and prints events per second for both: a busy
-// master's mix (about 90 % of it not ours) and job returns only.
+// master's mix (about 90 % of it not ours) and job returns only, on the
+// pinned release; then the mix of each supported line, in that line's
+// framing, against that line's own subscriber.
 func BenchmarkDecodeThroughput(b *testing.B) {
 	n := sized(60000, 2000)
-	py, script := venvPython(b)
+	pin := pinned(b)
 	for _, mix := range []string{"mixed", "returns"} {
-		data := recorded(b, n, mix)
-		path := filepath.Join(b.TempDir(), mix+".bin")
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			b.Fatal(err)
-		}
-		var goSecs, pySecs []float64
-		var allocs uint64
-		var ignored, decoded int
-		for range sized(5, 1) {
-			var m0, m1 runtime.MemStats
-			runtime.GC()
-			runtime.ReadMemStats(&m0)
-			start := time.Now()
-			dec := events.NewDecoder(bytes.NewReader(data))
-			dec.Want, dec.Lazy = events.Relevant, true
-			got := 0
-			for {
-				ev, err := dec.Next()
-				if err != nil {
-					break
-				}
-				if ev.Kind() == events.KindJobReturn {
-					if _, ok := ev.AsJobReturn(); !ok {
-						b.Fatal("job return not typed")
-					}
-				}
-				got++
-			}
-			goSecs = append(goSecs, time.Since(start).Seconds())
-			runtime.ReadMemStats(&m1)
-			allocs = m1.Mallocs - m0.Mallocs
-			if got+dec.Ignored != n || dec.Skipped != 0 {
-				b.Fatalf("%s: decoded %d + ignored %d of %d (skipped %d)", mix, got, dec.Ignored, n, dec.Skipped)
-			}
-			ignored, decoded = dec.Ignored, got
-			out, err := exec.Command(py, script, "read", path).Output()
-			if err != nil {
-				b.Fatal(err)
-			}
-			f := strings.Fields(string(out))
-			if len(f) != 2 || f[0] != strconv.Itoa(n) {
-				b.Fatalf("python decoded %q", out)
-			}
-			sec, _ := strconv.ParseFloat(f[1], 64)
-			pySecs = append(pySecs, sec)
-		}
-		g, p := medianF(goSecs), medianF(pySecs)
-		b.ReportMetric(float64(n)/g, mix+"-events/s")
-		b.ReportMetric(float64(n)/p, mix+"-python-events/s")
-		fmt.Printf("decode %s: %d events (%.1f MB, recorded with Salt's packer; %d ours decoded, %d passed over): ours %.0f events/s, Salt's Python subscriber %.0f events/s: %.1fx; %d allocations in all (%.1f per decoded event)\n",
-			mix, n, float64(len(data))/1e6, decoded, ignored, float64(n)/g, float64(n)/p, p/g, allocs, float64(allocs)/float64(max(decoded, 1)))
+		ratio := decodeRatio(b, pin, mix, n)
 		name := "decode_ratio_mixed"
 		if mix == "returns" {
 			name = "decode_ratio_returns"
 		}
-		metric(b, name, p/g, "x")
+		metric(b, name, ratio, "x")
 	}
+	for _, l := range lines(b) {
+		metric(b, "decode_ratio_mixed_"+l.name, decodeRatio(b, l, "mixed", n), "x")
+	}
+}
+
+// decodeRatio is how many times faster serve's decoder reads a stream of
+// the line's than the line's own subscriber (medians of a few runs).
+func decodeRatio(b *testing.B, l saltLine, mix string, n int) float64 {
+	data := l.recorded(b, n, mix)
+	path := filepath.Join(b.TempDir(), mix+".bin")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	var goSecs, pySecs []float64
+	var last decoded
+	for range sized(5, 1) {
+		last = decodeOurs(b, data, n)
+		goSecs = append(goSecs, last.secs)
+		pySecs = append(pySecs, l.pythonRead(b, path, n))
+	}
+	if last.framing != l.framing {
+		b.Fatalf("Salt %s's stream read as %s framing, want %s", l.release, last.framing, l.framing)
+	}
+	g, p := medianF(goSecs), medianF(pySecs)
+	fmt.Printf("decode %s, Salt %s (%s framing): %d events (%.1f MB, written with that Salt's packer; %d ours decoded, %d passed over): ours %.0f events/s, that Salt's Python subscriber %.0f events/s: %.1fx; %d allocations in all (%.1f per decoded event)\n",
+		mix, l.release, l.framing, n, float64(len(data))/1e6, last.ours, last.passedOver, float64(n)/g, float64(n)/p, p/g, last.allocs, float64(last.allocs)/float64(max(last.ours, 1)))
+	return p / g
 }
 
 func medianF(v []float64) float64 {

@@ -9,7 +9,15 @@ test.ping, cmd.run and grains.items, other tools' beacons, minion pings,
 around the volumes' progress events and returns.
 read PATH: decode the stream the way Salt's PubClient and SaltEvent do and
 print the number of events and the seconds spent decoding.
+
+FRAMING (environment, default "plain") is how the master under test lays
+frames on its event socket: "plain" (3007 and 3008: the tcp transport's
+maps back to back) or "prefixed" (3006.26 and later: the ipc transport's
+4-byte big-endian length before each map). Both write and read follow it,
+reading the way that line's own subscriber does.
 """
+import os
+import struct
 import sys
 import time
 
@@ -110,18 +118,32 @@ def mixed(n):
             i += 1
 
 
+def pack(tag, data):
+    # SaltEvent.pack where the line has it (3007+); 3006 builds the same
+    # bytes inline in fire_event.
+    if hasattr(salt.utils.event.SaltEvent, "pack"):
+        return salt.utils.event.SaltEvent.pack(tag, data)
+    return tag.encode() + salt.utils.event.TAGEND.encode() + salt.payload.dumps(data, use_bin_type=True)
+
+
 def write(n, path, mix="ours"):
     gen = {"ours": events, "returns": returns_only, "mixed": mixed}[mix](n)
     with open(path, "wb") as f:
         for count, (tag, data) in enumerate(gen):
             if count == n:
                 break
-            f.write(salt.transport.frame.frame_msg(salt.utils.event.SaltEvent.pack(tag, data)))
+            body = pack(tag, data)
+            if FRAMING == "prefixed":
+                f.write(salt.transport.frame.frame_msg_ipc(body, raw_body=True))
+            else:
+                f.write(salt.transport.frame.frame_msg(body))
 
 
 def read(path):
     with open(path, "rb") as f:
         raw = f.read()
+    if FRAMING == "prefixed":
+        return read_prefixed(raw)
     start = time.perf_counter()
     unpacker = salt.utils.msgpack.Unpacker()
     n = 0
@@ -133,6 +155,22 @@ def read(path):
             n += 1
     print(n, time.perf_counter() - start)
 
+
+def read_prefixed(raw):
+    # As 3006's IPCMessageSubscriber: a length, then exactly that many
+    # bytes unpacked whole, then the event inside the body.
+    start = time.perf_counter()
+    n = off = 0
+    while off < len(raw):
+        (length,) = struct.unpack(">I", raw[off:off + 4])
+        framed = salt.utils.msgpack.unpackb(raw[off + 4:off + 4 + length], raw=False)
+        off += 4 + length
+        tag, data = salt.utils.event.SaltEvent.unpack(framed["body"])
+        n += 1
+    print(n, time.perf_counter() - start)
+
+
+FRAMING = os.environ.get("FRAMING", "plain")
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":

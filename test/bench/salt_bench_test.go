@@ -284,48 +284,10 @@ func measureWithSalt(b *testing.B) {
 	// Event mode, through the counting proxy: returns confirmed through
 	// salt-api (jobs.list_job), then from the master's job cache on disk.
 	n := sized(100, 3)
-	type run struct {
-		lat, over, walls       []time.Duration
-		apiToNew, ours         []time.Duration
-		createReqs, deleteReqs int64
+	measure := func(jobCache bool, prefix, publish string) createRun {
+		return measureCreates(b, s, proxy, times, n, jobCache, prefix, publish)
 	}
-	measure := func(jobCache bool, prefix, publish string) run {
-		var r run
-		c, stop := controlPlaneAt(b, s, proxy.srv.URL, 0, jobCache, publish)
-		defer stop()
-		var names []string
-		for i := range n {
-			name := fmt.Sprintf("%s-%d", prefix, i)
-			names = append(names, name)
-			before := proxy.n.Load()
-			seen, took, jid := createAndWatch(b, c, s.MinionID, name)
-			r.createReqs += proxy.n.Load() - before
-			newAt, retAt := times.get(jid)
-			if retAt.IsZero() || newAt.IsZero() {
-				b.Fatalf("job %s's new or ret event was not seen on the bus", jid)
-			}
-			r.lat = append(r.lat, seen.Sub(retAt))
-			r.over = append(r.over, took-retAt.Sub(newAt))
-			r.walls = append(r.walls, took)
-			// The time over the job splits into salt-api's own (its
-			// local_async request in, to the job's new event) and ours
-			// (create to that request, and the return to the watch).
-			if sent := proxy.sentAt(jid); !sent.IsZero() {
-				r.apiToNew = append(r.apiToNew, newAt.Sub(sent))
-				r.ours = append(r.ours, took-retAt.Sub(sent))
-			}
-		}
-		for _, name := range names {
-			before := proxy.n.Load()
-			seen, jid := deleteAndWatch(b, c, name)
-			r.deleteReqs += proxy.n.Load() - before
-			if _, retAt := times.get(jid); !retAt.IsZero() {
-				r.lat = append(r.lat, seen.Sub(retAt))
-			}
-		}
-		return r
-	}
-	report := func(what string, r run) {
+	report := func(what string, r createRun) {
 		fmt.Printf("%s: status latency (job return on the bus -> watch stream, confirmation included), %d samples: p50 %s, p99 %s; "+
 			"salt-api requests %.2f per create, %.2f per delete (counting proxy, logins apart); "+
 			"create -> Available minus the job's own duration (new -> ret on the bus): p50 %s, p99 %s, "+
@@ -392,6 +354,80 @@ func measureWithSalt(b *testing.B) {
 	ours, floor := median(walls), median(floors)
 	fmt.Printf("create -> Available through the API (median of %d): %s; salt %s state.apply salt_volumes.prepared by hand: %s; ratio %.2fx\n",
 		len(walls), ours.Round(time.Millisecond), s.MinionID, floor.Round(time.Millisecond), float64(ours)/float64(floor))
+}
+
+// createRun is what measureCreates saw.
+type createRun struct {
+	lat, over, walls       []time.Duration
+	apiToNew, ours         []time.Duration
+	createReqs, deleteReqs int64
+}
+
+// measureCreates creates n volumes one after the other through a serve
+// (confirming returns from the job cache or through salt-api, publishing
+// through the master or salt-api), then deletes them, timing each against
+// the job's own new and ret events on the bus.
+func measureCreates(b *testing.B, s *saltstack.Stack, proxy *countingProxy, times *busTimes, n int, jobCache bool, prefix, publish string) createRun {
+	var r createRun
+	c, stop := controlPlaneAt(b, s, proxy.srv.URL, 0, jobCache, publish)
+	defer stop()
+	var names []string
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		names = append(names, name)
+		before := proxy.n.Load()
+		seen, took, jid := createAndWatch(b, c, s.MinionID, name)
+		r.createReqs += proxy.n.Load() - before
+		newAt, retAt := times.get(jid)
+		if retAt.IsZero() || newAt.IsZero() {
+			b.Fatalf("job %s's new or ret event was not seen on the bus", jid)
+		}
+		r.lat = append(r.lat, seen.Sub(retAt))
+		r.over = append(r.over, took-retAt.Sub(newAt))
+		r.walls = append(r.walls, took)
+		// The time over the job splits into salt-api's own (its
+		// local_async request in, to the job's new event) and ours
+		// (create to that request, and the return to the watch).
+		if sent := proxy.sentAt(jid); !sent.IsZero() {
+			r.apiToNew = append(r.apiToNew, newAt.Sub(sent))
+			r.ours = append(r.ours, took-retAt.Sub(sent))
+		}
+	}
+	for _, name := range names {
+		before := proxy.n.Load()
+		seen, jid := deleteAndWatch(b, c, name)
+		r.deleteReqs += proxy.n.Load() - before
+		if _, retAt := times.get(jid); !retAt.IsZero() {
+			r.lat = append(r.lat, seen.Sub(retAt))
+		}
+	}
+	return r
+}
+
+// BenchmarkCreateOverJobPerLine measures create -> Available minus the
+// Salt job's own duration on a master of each supported Salt line in one
+// run (published through the master's request server, confirmed from its
+// job cache, as serve runs on the master).
+func BenchmarkCreateOverJobPerLine(b *testing.B) {
+	needRoot(b)
+	for _, line := range saltstack.Lines {
+		venv := saltstack.LineVenv(b, line)
+		s := saltstack.StartOpts(b, binary, saltstack.Options{API: true, Venv: venv})
+		if out, code := s.SyncAll(s.MinionID); code != 0 {
+			b.Fatalf("sync_all on Salt %s: %s", s.Version(), out)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		times := watchJobTimes(ctx, s)
+		proxy := newCountingProxy(b, s.APIURL())
+		r := measureCreates(b, s, proxy, times, sized(30, 2), true, "line"+line, "master")
+		cancel()
+		p50 := percentile(r.over, 0.5)
+		fmt.Printf("Salt %s: create -> Available minus the job's own duration, %d creates through the request server: p50 %s, p99 %s\n",
+			s.Version(), len(r.over), p50.Round(100*time.Microsecond), percentile(r.over, 0.99).Round(100*time.Microsecond))
+		metric(b, "create_to_available_over_job_ms_p50_"+line, float64(p50.Microseconds())/1000, "ms")
+		testenv.Cleanup(s.StateDir, nil, b.Logf)
+		s.Stop()
+	}
 }
 
 // BenchmarkManyMinions runs as many salt-minion processes as this machine

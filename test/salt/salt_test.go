@@ -5,6 +5,7 @@ package salt
 import (
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -176,7 +177,11 @@ func TestMasterMinionJobReturnAndProgressEvents(t *testing.T) {
 	assert.Equal(t, "/dev/disk/by-uuid/"+u, v["persistentPath"])
 
 	// The bus saw the steps, then the job return carrying the device info.
-	var steps []string
+	type step struct {
+		name string
+		seq  float64
+	}
+	var got []step
 	evs, ok := bus.Collect(30*time.Second, func(e saltstack.Event) bool {
 		return strings.HasPrefix(e.Tag, "salt/job/") && strings.Contains(e.Tag, "/ret/"+s.MinionID) && e.Data["fun"] == "state.apply"
 	})
@@ -188,9 +193,18 @@ func TestMasterMinionJobReturnAndProgressEvents(t *testing.T) {
 			assert.Equal(t, s.MinionID, e.Data["id"])
 			d, _ := e.Data["data"].(map[string]any)
 			assert.Equal(t, u, d["uuid"])
-			step, _ := d["step"].(string)
-			steps = append(steps, step)
+			name, _ := d["step"].(string)
+			seq, _ := d["seq"].(float64)
+			got = append(got, step{name, seq})
 		}
+	}
+	// In the order the module fired them: Salt 3006's minion forwards
+	// events concurrently, so they may arrive in another.
+	sort.Slice(got, func(i, j int) bool { return got[i].seq < got[j].seq })
+	var steps []string
+	for i, st := range got {
+		assert.Equal(t, float64(i+1), st.seq, "progress events numbered from 1 without gaps")
+		steps = append(steps, st.name)
 	}
 	assert.Equal(t, []string{"started", "recorded", "file-created", "formatted", "attached", "linked", "prepared", "done"}, steps)
 	ret := evs[len(evs)-1].Data

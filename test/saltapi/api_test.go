@@ -88,6 +88,14 @@ func TestRealSaltAPI(t *testing.T) {
 	assert.Equal(t, 401, apiErr.Status)
 	_, err = c.Runner(ctx, "state.orchestrate", map[string]any{"arg": []any{"anything"}})
 	require.ErrorAs(t, err, &apiErr)
+	// The jobs runner beyond the two look-ups serve makes: list_jobs would
+	// enumerate every job on the master, and with lookup_jid read their
+	// returns (an administrator's pillar.items, cmd.run output).
+	for _, fun := range []string{"jobs.list_jobs", "jobs.print_job", "manage.status"} {
+		_, err = c.Runner(ctx, fun, nil)
+		require.ErrorAs(t, err, &apiErr, fun)
+		assert.Equal(t, 401, apiErr.Status, fun)
+	}
 
 	// salt-api forgets sessions when it restarts: one re-login and go on.
 	logins := c.Logins

@@ -1,4 +1,5 @@
-// Package saltstack starts a real Salt (from the project's .venv) for tests:
+// Package saltstack starts a real Salt (from the project's .venv, or the
+// virtualenv SALT_VOLUMES_SALT_VENV names: the Salt matrix) for tests:
 // masterless salt-call, or a salt-master, salt-minion and salt-api on
 // loopback with non-default ports, under a short temp root. The daemons are
 // started and stopped by pid; their logs are kept when a test fails.
@@ -19,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
@@ -84,10 +86,42 @@ func Need(t T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(repo, ".venv", "bin", "salt-call")); err != nil {
+	if _, err := os.Stat(filepath.Join(VenvDir(repo), "bin", "salt-call")); err != nil {
+		if os.Getenv(VenvEnv) != "" {
+			t.Fatalf("%s=%s holds no Salt: run scripts/salt-venv.sh", VenvEnv, VenvDir(repo))
+		}
 		t.Skip("Salt is not installed in .venv: run make setup")
 	}
 	return repo
+}
+
+// VenvEnv names the virtualenv of the Salt under test when it is not the
+// pinned one in .venv (make test-salt SALT=<line> sets it).
+const VenvEnv = "SALT_VOLUMES_SALT_VENV"
+
+// VenvDir is the virtualenv the tests run Salt from.
+func VenvDir(repo string) string {
+	if v := os.Getenv(VenvEnv); v != "" {
+		return v
+	}
+	return filepath.Join(repo, ".venv")
+}
+
+// Version is the release of the Salt under test ("3006.29").
+func Version(t T) string {
+	t.Helper()
+	return releaseOf(t, VenvDir(Need(t)))
+}
+
+// releaseOf reads a virtualenv's Salt release from its package metadata
+// (importing Salt takes seconds).
+func releaseOf(t T, venv string) string {
+	out, err := exec.Command(filepath.Join(venv, "bin", "python"), "-c",
+		"import importlib.metadata as m; print(m.version('salt'))").Output()
+	if err != nil {
+		t.Fatalf("reading the Salt release of %s: %v", venv, err)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // FreePort is a loopback TCP port nobody listens on right now.
@@ -108,7 +142,7 @@ func newStack(t T, execPath string) *Stack {
 		t.Fatal(err)
 	}
 	s := &Stack{
-		t: t, Repo: repo, Venv: filepath.Join(repo, ".venv"), Root: root,
+		t: t, Repo: repo, Venv: VenvDir(repo), Root: root,
 		Conf: filepath.Join(root, "etc"), MinionID: "node-1",
 		StateDir: filepath.Join(root, "state"), ExecPath: execPath,
 		SockDir: filepath.Join(root, "sock"),
@@ -167,6 +201,8 @@ type Options struct {
 	// SaltVolumes is YAML added under the minions' salt_volumes: key
 	// (indented by two spaces), e.g. "overcommit_ratio: 0.5".
 	SaltVolumes string
+	// Venv runs another Salt than the one under test (a virtualenv).
+	Venv string
 }
 
 // StartOpts is Start with Options.
@@ -174,6 +210,9 @@ func StartOpts(t T, execPath string, o Options) *Stack {
 	api, masterExtra := o.API, o.MasterExtra
 	s := newStack(t, execPath)
 	s.minionExtra, s.saltVolumes = o.MinionExtra, o.SaltVolumes
+	if o.Venv != "" {
+		s.Venv = o.Venv
+	}
 	s.pubPort, s.retPort = FreePort(t), FreePort(t)
 	pub, ret := s.pubPort, s.retPort
 	s.APIPort = FreePort(t)
@@ -204,17 +243,44 @@ rest_cherrypy:
 	s.spawn("minion", "salt-minion")
 	s.waitForMinion(s.MinionID)
 	if api {
-		s.spawn("api", "salt-api")
-		s.waitFor("salt-api", 60*time.Second, func() bool {
-			resp, err := http.Get(s.APIURL())
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == 200
-		})
+		s.startAPI()
 	}
 	return s
+}
+
+func (s *Stack) startAPI() {
+	s.spawn("api", "salt-api")
+	s.waitFor("salt-api", 60*time.Second, func() bool {
+		resp, err := http.Get(s.APIURL())
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+}
+
+// UpgradeMaster does what a package upgrade does to the master host: the
+// master and salt-api stop, and those of another Salt (the virtualenv
+// venv) start on the same configuration, keys, job cache and sockets. The
+// minions keep running their release, as they do until their own upgrade.
+func (s *Stack) UpgradeMaster(venv string) {
+	s.t.Helper()
+	api := s.procs["api"] != nil
+	s.kill("api")
+	s.kill("master")
+	s.Venv = venv
+	s.spawn("master", "salt-master")
+	s.waitForMinion(s.MinionID)
+	if api {
+		s.startAPI()
+	}
+}
+
+// Version is the release of the Salt the stack's master runs now.
+func (s *Stack) Version() string {
+	s.t.Helper()
+	return releaseOf(s.t, s.Venv)
 }
 
 // shippedAuth is the control plane's salt-api account exactly as
@@ -415,6 +481,10 @@ func (s *Stack) waitFor(what string, limit time.Duration, ok func() bool) {
 	}
 }
 
+// Stop stops every daemon and detaches what they left (it also runs when
+// the test ends).
+func (s *Stack) Stop() { s.stop() }
+
 func (s *Stack) stop() {
 	for name := range s.confs {
 		s.kill(name)
@@ -590,4 +660,38 @@ func (l *Listener) Collect(limit time.Duration, match func(Event) bool) ([]Event
 			return got, false
 		}
 	}
+}
+
+// Lines are the supported Salt lines, oldest first (make test-salt SALT=...).
+var Lines = []string{"3006", "3007", "3008"}
+
+// LineVenv is the virtualenv of a Salt line's tested release, created once
+// in the cache by scripts/salt-venv.sh (the pinned line's is .venv).
+func LineVenv(t T, line string) string {
+	t.Helper()
+	repo := Need(t)
+	cmd := exec.Command(filepath.Join(repo, "scripts", "salt-venv.sh"), line)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("scripts/salt-venv.sh %s: %v", line, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// ReleaseOf is the Salt release installed in a virtualenv.
+func ReleaseOf(t T, venv string) string { return releaseOf(t, venv) }
+
+// BusFraming is what a Salt release puts on the master's event socket:
+// 3006.26 added a 4-byte length before each frame of its ipc transport;
+// 3007 and 3008 serve the socket with the tcp transport, without one.
+func BusFraming(release string) (events.Framing, error) {
+	var line, point int
+	if _, err := fmt.Sscanf(release, "%d.%d", &line, &point); err != nil {
+		return events.FramingUnknown, fmt.Errorf("salt release %q: %w", release, err)
+	}
+	if line == 3006 && point >= 26 {
+		return events.FramingLengthPrefixed, nil
+	}
+	return events.FramingPlain, nil
 }

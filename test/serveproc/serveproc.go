@@ -183,10 +183,19 @@ func (p *Plane) CLI(args ...string) (string, string, int) {
 
 // Metric returns one metric's value from /metrics.
 func (p *Plane) Metric(name string) float64 {
+	v, err := p.MetricValue(name)
+	require.NoError(p.t, err)
+	return v
+}
+
+// MetricValue is Metric without failing the test (for goroutines).
+func (p *Plane) MetricValue(name string) (float64, error) {
 	req, _ := http.NewRequest(http.MethodGet, p.URL+"/metrics", nil)
 	req.Header.Set("Authorization", "Bearer "+p.Token)
 	resp, err := http.DefaultClient.Do(req)
-	require.NoError(p.t, err)
+	if err != nil {
+		return 0, err
+	}
 	defer resp.Body.Close()
 	var buf bytes.Buffer
 	_, _ = buf.ReadFrom(resp.Body)
@@ -194,12 +203,10 @@ func (p *Plane) Metric(name string) float64 {
 		var v float64
 		if strings.HasPrefix(line, name+" ") {
 			_, err := fmt.Sscanf(strings.TrimPrefix(line, name+" "), "%g", &v)
-			require.NoError(p.t, err)
-			return v
+			return v, err
 		}
 	}
-	p.t.Fatalf("metric %s not exported", name)
-	return 0
+	return 0, fmt.Errorf("metric %s not exported", name)
 }
 
 // Watcher records the watch stream of one volume.
