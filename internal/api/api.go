@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -265,6 +266,13 @@ func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
+		if !Forwardable(target) {
+			// The caller's token goes with the request: never in clear
+			// to another host.
+			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
+				Message: fmt.Sprintf("this replica follows %s, which holds node reports, usage and job logs, but advertises %s: your token is not sent in clear to another host; ask the leader, or give the replicas https advertiseURLs", role.LeaderID, role.URL)})
+			return
+		}
 		p := httputil.NewSingleHostReverseProxy(target)
 		p.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) {
 			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
@@ -273,6 +281,17 @@ func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
 		r.Header.Set(forwardedHeader, "1")
 		p.ServeHTTP(w, r)
 	}
+}
+
+// Forwardable says whether a follower may pass a request, with its
+// caller's token, to the leader at u: over https, or on this host.
+func Forwardable(u *url.URL) bool {
+	if u.Scheme == "https" {
+		return true
+	}
+	host := u.Hostname()
+	ip := net.ParseIP(host)
+	return u.Scheme == "http" && (host == "localhost" || ip != nil && ip.IsLoopback())
 }
 
 func (r Role) String() string {
@@ -451,6 +470,8 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 	mw.GaugeVec("salt_volumes_node_overcommit_ratio", "The node's overcommit limit: committed may not exceed this times its size.", ratio)
 	mw.GaugeVec("salt_volumes_node_silent", "1 if a node's beacon has been silent for more than three heartbeats.", silent)
 	mw.Counter("salt_volumes_node_reports_total", "Health reports received from node beacons.", g.Reports.Value())
+	mw.CounterVec("salt_volumes_node_reports_refused_total", "Node reports dropped whole: listing more volumes than a node holds (too_many_volumes), or from a node with no volume here that Salt has not confirmed (unknown_node).", "reason",
+		map[string]int64{health.RefusedTooMany: g.RefusedTooMany.Value(), health.RefusedUnknownNode: g.RefusedUnknownNode.Value()})
 	mw.CounterVec("salt_volumes_restores_total", "Volumes that restore runs on the nodes rebuilt (reconstructed) or could not rebuild (failed).", "result",
 		map[string]int64{"reconstructed": g.Reconstructed.Value(), "failed": g.RestoreFailed.Value()})
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -598,4 +599,24 @@ func TestStalledWatchersAreDropped(t *testing.T) {
 		defer resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 20*time.Second, 100*time.Millisecond, "a slot frees up once the stalled watchers are dropped")
+}
+
+// A follower forwards a caller's token only over https or on this host.
+func TestForwardableLeaders(t *testing.T) {
+	for raw, want := range map[string]bool{
+		"https://master-1:8443":   true,
+		"https://10.0.0.5:8443":   true,
+		"http://127.0.0.1:8080":   true,
+		"http://localhost:8080":   true,
+		"http://[::1]:8080":       true,
+		"http://10.0.0.5:8080":    false,
+		"http://master-1:8080":    false,
+		"http://0.0.0.0:8080":     false,
+		"ftp://127.0.0.1:8080":    false,
+		"http://127.0.0.1.nip.io": false,
+	} {
+		u, err := url.Parse(raw)
+		require.NoError(t, err)
+		assert.Equal(t, want, Forwardable(u), raw)
+	}
 }

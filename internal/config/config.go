@@ -335,6 +335,9 @@ func (c *Config) defaultVolumeObjects(k *Kubernetes) error {
 		k.LeaseDuration = Duration(15 * time.Second)
 	}
 	if k.AdvertiseURL == "" {
+		if wildcard(c.Listen) {
+			return fmt.Errorf("kubernetes.advertiseURL: missing while listen is %s (every address): the other replicas would be sent to themselves; give the URL they reach this one at, e.g. https://master-1:8443", c.Listen)
+		}
 		k.AdvertiseURL = "http://" + c.Listen
 	}
 	if k.ReplicaID == "" {
@@ -384,6 +387,9 @@ func (c *Config) defaultStore() error {
 		e.SessionTTL = Duration(10 * time.Second)
 	}
 	if e.AdvertiseURL == "" {
+		if wildcard(c.Listen) {
+			return fmt.Errorf("etcd.advertiseURL: missing while listen is %s (every address): the other replicas would be sent to themselves; give the URL they reach this one at, e.g. https://master-1:8443", c.Listen)
+		}
 		e.AdvertiseURL = "http://" + c.Listen
 	}
 	if e.ReplicaID == "" {
@@ -392,6 +398,17 @@ func (c *Config) defaultStore() error {
 		e.ReplicaID = host + ":" + port
 	}
 	return nil
+}
+
+// wildcard reports a listen address on every interface (0.0.0.0, ::, or
+// no host), which names no host another replica could reach.
+func wildcard(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
 
 // NonLoopback reports a listen address reachable from other hosts.

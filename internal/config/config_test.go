@@ -180,3 +180,28 @@ func TestListenOverride(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:8082", c.Listen, "no override: the file's")
 }
+
+// A replica listening on every address cannot tell the others where it is:
+// "http://0.0.0.0:8080" would make each follower proxy /nodes, /usage and
+// /jobs to itself. Refused unless advertiseURL says where it is reached.
+func TestWildcardListenNeedsAnAdvertiseURL(t *testing.T) {
+	salt := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\n"
+	for _, listen := range []string{"0.0.0.0:8080", "[::]:8080", ":8080"} {
+		for section, field := range map[string]string{
+			"etcd:\n  endpoints: [http://127.0.0.1:2379]\n": "etcd.advertiseURL",
+			"kubernetes:\n  volumeObjects: true\n":          "kubernetes.advertiseURL",
+		} {
+			_, err := Parse([]byte(salt + "listen: \"" + listen + "\"\n" + section))
+			require.Error(t, err, listen+" "+field)
+			assert.Contains(t, err.Error(), field+": missing", listen)
+			assert.Contains(t, err.Error(), listen, "names the listen address")
+
+			c, err := Parse([]byte(salt + "listen: \"" + listen + "\"\n" + section + "  advertiseURL: https://master-1:8443\n"))
+			require.NoError(t, err, listen+" with "+field)
+			_ = c
+		}
+	}
+	// One replica (bbolt) needs none.
+	_, err := Parse([]byte(salt + "listen: 0.0.0.0:8080\n"))
+	require.NoError(t, err)
+}

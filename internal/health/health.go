@@ -109,6 +109,17 @@ const (
 // silent.
 const SilentAfter = 3
 
+// MaxReportVolumes bounds the entries (volumes and orphans) of one report:
+// any minion can send reports, so one listing thousands of made-up volumes
+// is refused whole instead of growing memory.
+const MaxReportVolumes = 1024
+
+// Why a report was refused (the reason label of the refused counter).
+const (
+	RefusedTooMany     = "too_many_volumes"
+	RefusedUnknownNode = "unknown_node"
+)
+
 // Registry is the control plane's memory of node reports.
 type Registry struct {
 	mu       sync.Mutex
@@ -121,7 +132,14 @@ type Registry struct {
 	Reports       metrics.Counter
 	Reconstructed metrics.Counter
 	RestoreFailed metrics.Counter
-	Now           func() time.Time
+	// RefusedTooMany and RefusedUnknownNode count reports dropped whole.
+	RefusedTooMany, RefusedUnknownNode metrics.Counter
+	Now                                func() time.Time
+	// Known, when set, names the volume UUIDs the store holds on a node:
+	// history is kept for those only, and a node none of whose volumes
+	// the store holds is shown only once Salt confirmed it (a confirmed
+	// report, read from the job cache). Unset: every report is taken.
+	Known func(node string) map[string]bool
 }
 
 type node struct {
@@ -135,23 +153,37 @@ func New() *Registry {
 	return &Registry{nodes: map[string]*node{}, history: map[string][]saltvolumes.UsageSample{}, restores: map[string]string{}, Now: time.Now}
 }
 
-// Record keeps a report and extends the usage history of its volumes.
-func (g *Registry) Record(rep *Report) {
+// Record keeps a report and extends the usage history of its volumes. It
+// returns why it refused the report ("" when kept): over MaxReportVolumes,
+// or an unconfirmed report of a node the control plane does not know.
+func (g *Registry) Record(rep *Report) string {
 	g.Reports.Inc()
+	if len(rep.Volumes) > MaxReportVolumes {
+		g.RefusedTooMany.Inc()
+		return RefusedTooMany
+	}
+	var known map[string]bool
+	if g.Known != nil {
+		known = g.Known(rep.Node)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := g.nodes[rep.Node]
 	if n == nil {
+		if g.Known != nil && len(known) == 0 && rep.Kind != "confirmed" {
+			g.RefusedUnknownNode.Inc()
+			return RefusedUnknownNode
+		}
 		n = &node{}
 		g.nodes[rep.Node] = n
 	}
 	n.last = rep
 	if rep.Error != "" {
-		return
+		return ""
 	}
 	cut := rep.Received.Add(-HistoryWindow)
 	for _, d := range rep.Volumes {
-		if d.UUID == "" || d.State == "orphan" {
+		if d.UUID == "" || d.State == "orphan" || g.Known != nil && !known[d.UUID] {
 			continue
 		}
 		h := g.history[d.UUID]
@@ -165,6 +197,20 @@ func (g *Registry) Record(rep *Report) {
 		}
 		g.history[d.UUID] = append(h[drop:], s)
 		g.changed = true
+	}
+	return ""
+}
+
+// PruneHistory drops the history of every volume keep refuses (at start:
+// a saved history may hold volumes deleted since, or a flood's leftovers).
+func (g *Registry) PruneHistory(keep func(uuid string) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for u := range g.history {
+		if !keep(u) {
+			delete(g.history, u)
+			g.changed = true
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -88,4 +89,58 @@ func TestUsageSnapshotRestore(t *testing.T) {
 	u2 := h.History("u2", time.Time{})
 	require.Len(t, u2, 1)
 	assert.Equal(t, int64(9), u2[0].Allocated, "what arrived after the start wins")
+}
+
+// What a hostile minion's reports can make the registry hold: the
+// history of the node's own stored volumes, its last report (bounded), and
+// no node Salt has not confirmed.
+func TestReportsAreBoundedByWhatTheStoreKnows(t *testing.T) {
+	g := New()
+	g.Known = func(node string) map[string]bool {
+		if node == "n1" {
+			return map[string]bool{"u1": true}
+		}
+		return nil
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var flood []saltvolumes.Device
+	for i := range 500 {
+		flood = append(flood, saltvolumes.Device{UUID: fmt.Sprintf("fake-%d", i), State: "prepared", Allocated: int64(i)})
+	}
+	require.Equal(t, "", g.Record(report(t0, 7, flood...)))
+	assert.Len(t, g.History("u1", time.Time{}), 1, "the stored volume's history")
+	assert.Empty(t, g.History("fake-1", time.Time{}), "no history for a volume the store does not hold")
+	g.mu.Lock()
+	assert.Len(t, g.history, 1)
+	g.mu.Unlock()
+
+	// Over the cap: refused whole, counted, the last good report kept.
+	for i := range MaxReportVolumes {
+		flood = append(flood, saltvolumes.Device{UUID: fmt.Sprintf("more-%d", i)})
+	}
+	assert.Equal(t, RefusedTooMany, g.Record(report(t0.Add(time.Minute), 8, flood...)))
+	assert.EqualValues(t, 1, g.RefusedTooMany.Value())
+	assert.EqualValues(t, 7, g.Usage("n1", "u1").Allocated, "the refused report changed nothing")
+
+	// A node with no stored volume: not shown until Salt confirms it.
+	other := report(t0, 1)
+	other.Node = "made-up"
+	assert.Equal(t, RefusedUnknownNode, g.Record(other))
+	assert.EqualValues(t, 1, g.RefusedUnknownNode.Value())
+	assert.Equal(t, []string{"n1"}, g.Names())
+	confirmed := report(t0, 1)
+	confirmed.Node, confirmed.Kind = "empty-node", "confirmed"
+	assert.Equal(t, "", g.Record(confirmed))
+	again := report(t0.Add(time.Minute), 1)
+	again.Node = "empty-node"
+	assert.Equal(t, "", g.Record(again), "once confirmed, its beacon's reports are taken")
+	assert.ElementsMatch(t, []string{"n1", "empty-node"}, g.Names())
+
+	// A saved history is pruned to the volumes the store holds.
+	g.Now = func() time.Time { return t0.Add(time.Hour) }
+	g.RestoreUsage(map[string][]saltvolumes.UsageSample{"gone": {{At: t0, Allocated: 1}}})
+	require.NotEmpty(t, g.History("gone", time.Time{}), "restored")
+	g.PruneHistory(func(u string) bool { return u == "u1" })
+	assert.Empty(t, g.History("gone", time.Time{}))
+	assert.NotEmpty(t, g.History("u1", time.Time{}))
 }

@@ -819,7 +819,7 @@ func (c *Controller) VolumeEvent(ev store.Event, uid string) {
 		if v.Phase == volume.Terminating {
 			sls = reconciler.SLSUnprepared
 		}
-		c.recorder.Eventf(ref, corev1.EventTypeNormal, "SaltCall", "state.apply %s started on %s: job %s", sls, ev.Volume.Spec.Node, v.JobID)
+		c.recorder.Eventf(ref, corev1.EventTypeNormal, "SaltCall", "%s started on %s: job %s", sls, ev.Volume.Spec.Node, v.JobID)
 	}
 	if v.Phase != p.Phase {
 		kind := corev1.EventTypeNormal

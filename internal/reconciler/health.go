@@ -36,7 +36,16 @@ func (r *Reconciler) handleNode(ev events.Event) {
 		r.warn.Warn("node report unreadable", "node", n.Node, "error", err)
 		return
 	}
-	r.Nodes.Record(rep)
+	switch r.Nodes.Record(rep) {
+	case health.RefusedTooMany:
+		r.warn.Warn("node report refused: it lists more volumes than a node can hold", "node", n.Node, "volumes", len(rep.Volumes), "limit", health.MaxReportVolumes)
+		return
+	case health.RefusedUnknownNode:
+		// A node with no volume of ours is shown once Salt confirms it
+		// runs there: a status run, read back from the job cache.
+		r.confirmUnknownNode(n.Node)
+		return
+	}
 	if rep.Error != "" {
 		r.warn.Warn("node cannot list its volumes", "node", n.Node, "error", rep.Error)
 		return
@@ -122,4 +131,31 @@ func orElse(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// knownOn is the set of volume UUIDs the store holds on node.
+func (r *Reconciler) knownOn(node string) map[string]bool {
+	vs := r.store.OnNode(node)
+	out := make(map[string]bool, len(vs))
+	for _, v := range vs {
+		out[v.Spec.UUID] = true
+	}
+	return out
+}
+
+// unknownNodeGap spaces confirmations of nodes the control plane does not
+// know, all nodes together: forged reports under a stream of made-up node
+// names cost at most one status request per gap.
+const unknownNodeGap = time.Second
+
+func (r *Reconciler) confirmUnknownNode(node string) {
+	r.unknownMu.Lock()
+	now := time.Now()
+	if now.Sub(r.unknownAt) < unknownNodeGap {
+		r.unknownMu.Unlock()
+		return
+	}
+	r.unknownAt = now
+	r.unknownMu.Unlock()
+	r.confirmNode(node)
 }

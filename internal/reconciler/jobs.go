@@ -126,4 +126,11 @@ func (r *Reconciler) Restore(s keep.Snapshot) {
 	}
 	l.mu.Unlock()
 	r.Nodes.RestoreUsage(s.Usage)
+	// Only volumes the store still holds: the saved file may carry deleted
+	// volumes' history, or what a flood of reports once added.
+	known := map[string]bool{}
+	for _, v := range r.store.List() {
+		known[v.Spec.UUID] = true
+	}
+	r.Nodes.PruneHistory(func(uuid string) bool { return known[uuid] })
 }

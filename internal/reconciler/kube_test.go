@@ -120,7 +120,7 @@ func TestKubeDeletionWaitsForThePVThenUnprepares(t *testing.T) {
 		return len(g.salt.launches()) >= 2 && v.Status.JobID != ""
 	}, 5*time.Second, 10*time.Millisecond)
 	calls := g.salt.launches()
-	assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg)
+	assert.Equal(t, SLSUnprepared, calls[1].SLS())
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-del", "absent", true, "", nil)))
 	g.until("k-del", Deleted)
 	k.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,23 +62,16 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	}
 	r.leaveJob(st.JobID, name)
 	r.dropWaiter(v.Spec.Node, name)
-	pillar := map[string]any{"volume": v.Spec}
-	if sls == SLSUnprepared && v.Wipe {
-		pillar["wipe"] = true
-	}
 	// Volumes that queued for this node while it was busy, for the same
 	// kind of run, are done by this run too: one state run (one Salt job,
 	// one return) for all.
 	batch := r.takeBatch(v.Spec.Node, name, sls, v.Wipe)
-	if len(batch) > 0 {
-		all := map[string]any{name: v.Spec}
-		for _, b := range batch {
-			all[b.Spec.Name] = b.Spec
-		}
-		pillar["volumes"] = all
-		delete(pillar, "volume")
+	specs := []any{v.Spec}
+	for _, b := range batch {
+		specs = append(specs, b.Spec)
 	}
-	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, "state.apply", []any{sls}, map[string]any{"pillar": map[string]any{"salt_volumes": pillar}})
+	wipe := sls == SLSUnprepared && v.Wipe
+	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, FunApply, []any{strings.TrimPrefix(sls, "salt_volumes."), specs, wipe}, nil)
 	st.Step = ""
 	if err != nil {
 		for _, b := range batch {

@@ -7,7 +7,8 @@ import (
 )
 
 // FunSyncAll puts the file roots' custom modules on a minion; the
-// account's ACL allows it.
+// account's ACL allows it with the environment pinned to base (its first
+// argument), so no other branch's modules can be loaded through it.
 const FunSyncAll = "saltutil.sync_all"
 
 // A node whose minion lost its cache (reinstalled with its disks and
@@ -50,7 +51,7 @@ func (r *Reconciler) syncModules(node string) bool {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if _, err := r.salt.LocalAsync(ctx, node, FunSyncAll, nil, nil); err != nil {
+	if _, err := r.salt.LocalAsync(ctx, node, FunSyncAll, []any{"base"}, nil); err != nil {
 		r.warn.Warn("could not ask the node to sync the salt_volumes modules", "node", node, "error", err)
 		return false
 	}

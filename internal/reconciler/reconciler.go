@@ -40,6 +40,12 @@ const (
 	SLSUnprepared = "salt_volumes.unprepared"
 )
 
+// FunApply runs one of those formulas on a node with fixed arguments
+// (action, volume specs, wipe): the function the control plane's Salt
+// account may call instead of state.apply, whose keyword arguments
+// (localconfig, saltenv) no ACL can fully constrain.
+const FunApply = "salt_volumes.apply_volume"
+
 // Reasons set on a volume's status.
 const (
 	ReasonPrepareFailed   = "PrepareFailed"
@@ -183,11 +189,15 @@ type Reconciler struct {
 	w       store.Writer
 	running bool // a term is under way
 	salt    Salt
-	source  events.Source
-	opt     Options
-	log     *slog.Logger
-	Hub     *Hub
-	Metrics *Metrics
+	// unknownAt is when a node unknown to the control plane was last
+	// asked to confirm itself (confirmUnknownNode).
+	unknownMu sync.Mutex
+	unknownAt time.Time
+	source    events.Source
+	opt       Options
+	log       *slog.Logger
+	Hub       *Hub
+	Metrics   *Metrics
 	// Nodes holds what nodes report about themselves.
 	Nodes *health.Registry
 
@@ -249,6 +259,7 @@ func New(st store.Store, salt Salt, source events.Source, opt Options, log *slog
 		warn: newRateLog(log, time.Minute),
 	}
 	r.cache = newJobCache(salt, &r.Metrics.Lookups)
+	r.Nodes.Known = r.knownOn
 	// Closed until a term starts: a replica that does not reconcile queues
 	// nothing (its first pass lists the store anyway).
 	r.q.close()
@@ -321,7 +332,7 @@ func (r *Reconciler) Handle(ev events.Event) {
 			r.statusReturned(jr.JID)
 			return
 		}
-		if !strings.HasPrefix(jr.Fun, "state.") {
+		if jr.Fun != FunApply && !strings.HasPrefix(jr.Fun, "state.") {
 			return
 		}
 		r.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +41,39 @@ type call struct {
 	Arg      []any
 	Kwarg    map[string]any
 }
+
+// SLS is the formula a salt_volumes.apply_volume call runs.
+func (c call) SLS() string {
+	if c.Fun != FunApply || len(c.Arg) != 3 {
+		return ""
+	}
+	return "salt_volumes." + c.Arg[0].(string)
+}
+
+// Specs are the volumes it runs for, in the order given.
+func (c call) Specs() []spec.Spec {
+	if c.Fun != FunApply || len(c.Arg) != 3 {
+		return nil
+	}
+	var out []spec.Spec
+	for _, s := range c.Arg[1].([]any) {
+		out = append(out, s.(spec.Spec))
+	}
+	return out
+}
+
+// Names are their names, sorted.
+func (c call) Names() []string {
+	var out []string
+	for _, s := range c.Specs() {
+		out = append(out, s.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Wipe is its wipe argument.
+func (c call) Wipe() bool { return len(c.Arg) == 3 && c.Arg[2] == true }
 
 func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, kwarg map[string]any) (saltapi.Job, error) {
 	f.mu.Lock()
@@ -219,10 +253,13 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	calls := g.salt.launches()
 	require.Len(t, calls, 1)
 	assert.Equal(t, "node-1", calls[0].Tgt)
-	assert.Equal(t, "state.apply", calls[0].Fun)
-	assert.Equal(t, []any{SLSPrepared}, calls[0].Arg)
-	pillar, _ := json.Marshal(calls[0].Kwarg)
-	assert.Contains(t, string(pillar), `"pillar":{"salt_volumes":{"volume":{"name":"data-1","uuid":"`+s.UUID)
+	assert.Equal(t, FunApply, calls[0].Fun, "our fixed-argument function, never state.apply")
+	assert.Equal(t, SLSPrepared, calls[0].SLS())
+	require.Len(t, calls[0].Specs(), 1)
+	assert.Equal(t, "data-1", calls[0].Specs()[0].Name)
+	assert.Equal(t, s.UUID, calls[0].Specs()[0].UUID)
+	assert.False(t, calls[0].Wipe())
+	assert.Nil(t, calls[0].Kwarg, "no keyword arguments")
 
 	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
 		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "attached", "uuid": s.UUID}}})
@@ -301,9 +338,8 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	v = g.until("del", "Terminating")
 	calls := g.salt.launches()
 	last := calls[len(calls)-1]
-	assert.Equal(t, []any{SLSUnprepared}, last.Arg)
-	pillar, _ := json.Marshal(last.Kwarg)
-	assert.Contains(t, string(pillar), `"wipe":true`)
+	assert.Equal(t, SLSUnprepared, last.SLS())
+	assert.True(t, last.Wipe())
 	_, err = g.r.Delete("del", false)
 	require.ErrorAs(t, err, &de, "already Terminating")
 
@@ -344,7 +380,7 @@ func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
 			v = g.until("hasty", "Terminating")
 			calls := g.salt.launches()
 			require.Len(t, calls, 2)
-			assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg, "the removal runs after the creation's return, and reclaims what it left")
+			assert.Equal(t, SLSUnprepared, calls[1].SLS(), "the removal runs after the creation's return, and reclaims what it left")
 			g.send(ret(v.Status.JobID, "node-1", 0, stateRet("hasty", "absent", true, "", nil)))
 			g.until("hasty", Deleted)
 			_, err = g.store.Get("hasty")
@@ -366,7 +402,7 @@ func TestDeleteWhilePendingFollowsACreationThatTimesOut(t *testing.T) {
 	v = g.until("lost", "Terminating")
 	calls := g.salt.launches()
 	require.Len(t, calls, 2)
-	assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg)
+	assert.Equal(t, SLSUnprepared, calls[1].SLS())
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("lost", "absent", true, "", nil)))
 	g.until("lost", Deleted)
 }
@@ -574,7 +610,7 @@ func TestVolumesReconcileConcurrently(t *testing.T) {
 	require.Eventually(t, func() bool { return len(g.salt.launches()) == n }, 10*time.Second, 10*time.Millisecond)
 	seen := map[string]int{}
 	for _, c := range g.salt.launches() {
-		b, _ := json.Marshal(c.Kwarg)
+		b, _ := json.Marshal(c.Arg)
 		seen[string(b)]++
 	}
 	for k, c := range seen {
@@ -751,9 +787,7 @@ func TestOneRunOfOursPerNode(t *testing.T) {
 	assert.Equal(t, vb.Status.JobID, vc.Status.JobID, "one run prepares both queued volumes")
 	calls := g.salt.launches()
 	require.Len(t, calls, 2)
-	batch, _ := json.Marshal(calls[1].Kwarg)
-	assert.Contains(t, string(batch), `"volumes":{"second":{"name":"second"`)
-	assert.Contains(t, string(batch), `"third":{"name":"third"`)
+	assert.Equal(t, []string{"second", "third"}, calls[1].Names())
 
 	// Each volume is settled by its own state in the shared return: one
 	// failing does not fail the other.
@@ -797,9 +831,7 @@ func TestBatchedRunBusyRetriesTogether(t *testing.T) {
 	assert.Equal(t, again, jobOf("b3", jid), "the busy pair is retried in one run")
 	calls := g.salt.launches()
 	require.Len(t, calls, 3)
-	batch, _ := json.Marshal(calls[2].Kwarg)
-	assert.Contains(t, string(batch), `"b2":{`)
-	assert.Contains(t, string(batch), `"b3":{`)
+	assert.Equal(t, []string{"b2", "b3"}, calls[2].Names())
 }
 
 func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
@@ -857,11 +889,9 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 	calls := g.salt.launches()
 	require.Len(t, calls, 5)
 	for _, c := range calls[3:] {
-		assert.Equal(t, []any{SLSUnprepared}, c.Arg)
+		assert.Equal(t, SLSUnprepared, c.SLS())
 	}
-	b, _ := json.Marshal(calls[4].Kwarg)
-	assert.Contains(t, string(b), `"volumes":{"d2":{"name":"d2"`)
-	assert.Contains(t, string(b), `"d3":{"name":"d3"`)
+	assert.Equal(t, []string{"d2", "d3"}, calls[4].Names())
 }
 
 // interposer writes a user's deletion request just before the reconciler's
@@ -910,7 +940,7 @@ func TestRequestWrittenDuringASaveIsKept(t *testing.T) {
 	assert.EqualValues(t, 1, g.r.Metrics.JobsSucceeded.Value())
 	calls := g.salt.launches()
 	require.Len(t, calls, 2)
-	assert.Equal(t, []any{SLSUnprepared}, calls[1].Arg, "the merged request was acted on")
+	assert.Equal(t, SLSUnprepared, calls[1].SLS(), "the merged request was acted on")
 }
 
 // A forget recorded while the volume was Failed lapses if it is Failed no

@@ -258,6 +258,11 @@ func ParseStateReturn(retcode int, raw json.RawMessage) Outcome {
 	}
 	var str string
 	if json.Unmarshal(raw, &str) == nil {
+		// A minion without our modules answers that the function "is
+		// not available".
+		if strings.Contains(str, "'salt_volumes.") && strings.Contains(str, "is not available") {
+			return Outcome{Message: str + " (the salt_volumes modules are not on the minion: run salt <node> saltutil.sync_all)", ModulesMissing: true}
+		}
 		return Outcome{Message: str, Retryable: strings.Contains(str, "is running as PID")}
 	}
 	return Outcome{Message: "unexpected state return: " + string(raw)}

@@ -348,6 +348,63 @@ def volumes():
     return out
 
 
+def apply_volume(action, volumes, wipe=False):
+    """
+    Run the ``salt_volumes.prepared`` or ``salt_volumes.unprepared`` formula
+    for the given volumes, from the ``base`` environment, with nothing else
+    a caller can choose. This (and ``saltutil.sync_all`` pinned to ``base``)
+    is all the control plane's Salt account may call: Salt's ACL checks only
+    the keyword arguments an entry names, so an account allowed
+    ``state.apply`` could also pass ``localconfig=`` (a minion config any
+    local user can write) or ``saltenv=`` (another branch's code). This
+    function takes no other keyword argument, and Salt refuses a call that
+    passes one before anything runs.
+
+    action
+        ``prepared`` or ``unprepared``
+    volumes
+        the volume specs of the run: one, or the batch the control plane
+        queued for this minion
+    wipe
+        with ``unprepared``: zero raw volumes before forgetting them
+
+    Returns what ``state.apply`` returns, and its exit code.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.apply_volume prepared '[{"name": "data-1", "uuid": "...", "sparseLoopDevice": {"size": "1Gi"}}]'
+    """
+    if action not in ("prepared", "unprepared"):
+        raise SaltInvocationError(
+            "action: {!r} is not a formula of ours: use prepared or unprepared".format(action)
+        )
+    if isinstance(volumes, dict):
+        volumes = [volumes]
+    if (
+        not isinstance(volumes, list)
+        or not volumes
+        or not all(isinstance(v, dict) and v.get("name") for v in volumes)
+    ):
+        raise SaltInvocationError(
+            "volumes: give a list of volume specs, each with its name"
+        )
+    if not isinstance(wipe, bool):
+        raise SaltInvocationError("wipe: {!r} is not true or false".format(wipe))
+    if wipe and action != "unprepared":
+        raise SaltInvocationError("wipe: only a removal (unprepared) wipes")
+    if len(volumes) == 1:
+        pillar = {"volume": volumes[0]}
+    else:
+        pillar = {"volumes": {v["name"]: v for v in volumes}}
+    if wipe:
+        pillar["wipe"] = True
+    return __salt__["state.apply"](
+        "salt_volumes." + action, pillar={"salt_volumes": pillar}, saltenv="base"
+    )
+
+
 def prepare(name=None, spec=None):
     """
     Prepare a volume on this minion (idempotent). Returns the device info,

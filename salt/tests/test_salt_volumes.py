@@ -472,3 +472,40 @@ def test_exec_timeout_must_be_a_positive_number(mod, tmp_path):
     mod.opts["exec_timeout"] = "soon"
     with pytest.raises(CommandExecutionError, match="salt_volumes:exec_timeout"):
         mod.prepare(spec=SPEC)
+
+
+def test_apply_volume_runs_our_formula_from_base_and_nothing_else(mod):
+    calls = []
+    mod.__salt__["state.apply"] = lambda *a, **kw: calls.append((a, kw)) or {"ok": True}
+    spec2 = dict(SPEC, name="v2")
+    assert mod.apply_volume("prepared", [SPEC]) == {"ok": True}
+    mod.apply_volume("unprepared", [SPEC, spec2], wipe=True)
+    assert calls == [
+        (("salt_volumes.prepared",), {"pillar": {"salt_volumes": {"volume": SPEC}}, "saltenv": "base"}),
+        (("salt_volumes.unprepared",), {"pillar": {"salt_volumes": {"volumes": {"v1": SPEC, "v2": spec2}, "wipe": True}},
+                                        "saltenv": "base"}),
+    ]
+
+
+@pytest.mark.parametrize("args,kwargs,field", [
+    (("installed", [SPEC]), {}, "action"),
+    (("../../etc/passwd", [SPEC]), {}, "action"),
+    (("prepared", []), {}, "volumes"),
+    (("prepared", ["data-1"]), {}, "volumes"),
+    (("prepared", [{"uuid": "x"}]), {}, "volumes"),
+    (("unprepared", [SPEC]), {"wipe": "yes"}, "wipe"),
+    (("prepared", [SPEC]), {"wipe": True}, "wipe"),
+])
+def test_apply_volume_refuses_anything_else_before_running(mod, args, kwargs, field):
+    mod.__salt__["state.apply"] = lambda *a, **kw: pytest.fail("nothing may run")
+    with pytest.raises(SaltInvocationError, match="^" + field + ":"):
+        mod.apply_volume(*args, **kwargs)
+
+
+def test_apply_volume_takes_no_other_keyword(mod):
+    # What Salt does with a keyword the function does not name: refused
+    # before the call (its loader matches arguments to the signature).
+    import inspect
+    params = inspect.signature(mod.apply_volume).parameters
+    assert list(params) == ["action", "volumes", "wipe"]
+    assert not any(p.kind == p.VAR_KEYWORD for p in params.values())

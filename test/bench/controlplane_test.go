@@ -226,8 +226,8 @@ func newReplaySalt(b *testing.B, data []byte) replaySalt {
 	return r
 }
 
-func (replaySalt) LocalAsync(_ context.Context, tgt, _ string, _ []any, kwarg map[string]any) (saltapi.Job, error) {
-	v := kwarg["pillar"].(map[string]any)["salt_volumes"].(map[string]any)["volume"].(spec.Spec)
+func (replaySalt) LocalAsync(_ context.Context, tgt, _ string, arg []any, _ map[string]any) (saltapi.Job, error) {
+	v := arg[1].([]any)[0].(spec.Spec)
 	i, _ := strconv.Atoi(strings.TrimPrefix(v.Name, "vol-"))
 	return saltapi.Job{JID: fmt.Sprintf("2026112200%010d", i), Minions: []string{tgt}}, nil
 }

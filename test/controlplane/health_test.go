@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +121,87 @@ func TestNodeHealth(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "Available", v.Status.Phase.String())
 		require.Equal(t, "prepared", v.Usage.State)
+	})
+
+	t.Run("a minion's flood of made-up volumes and nodes leaves serve's memory flat", func(t *testing.T) {
+		// node-1's own key, as a compromised minion would use it: reports
+		// listing volumes that do not exist, some over the cap, and
+		// reports under made-up node names (Salt's batched form carries
+		// any envelope). A salt argument stays under 128 KiB, hence the
+		// sizes.
+		fakes := func(round, n int) []any {
+			out := make([]any, n)
+			for i := range out {
+				out[i] = map[string]any{"uuid": fmt.Sprintf("f100d000-%04d-4000-8000-%012d", round, i), "state": "prepared", "allocated": i}
+			}
+			return out
+		}
+		report := func(node string, vols []any) map[string]any {
+			return map[string]any{"cmd": "_minion_event", "id": node, "data": map[string]any{
+				"kind": "change", "interval": 1, "heartbeat": 5, "volumes": vols,
+				"capacity": map[string]any{"path": "/flood", "size": 1, "free": 1, "committed": 1, "overcommitRatio": 1}}}
+		}
+		send := func(events ...map[string]any) {
+			var batch []any
+			for _, ev := range events {
+				node := ev["id"].(string)
+				batch = append(batch, map[string]any{"tag": "salt-volumes/node/" + node + "/health", "data": ev})
+			}
+			pre, _ := json.Marshal(map[string]any{"events": batch})
+			out, code := s.Salt("node-1", "event.fire_master", "{}", "salt-volumes/carrier", "preload="+string(pre), "--out=json")
+			require.Equal(t, 0, code, out)
+		}
+		rss := func() int64 {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Cmd.Process.Pid))
+			require.NoError(t, err)
+			for _, line := range strings.Split(string(b), "\n") {
+				if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+					kb, _ := strconv.ParseInt(f[1], 10, 64)
+					return kb << 10
+				}
+			}
+			t.Fatal("no VmRSS")
+			return 0
+		}
+		const rounds = 5
+		before := rss()
+		tooMany := p.Metric(`salt_volumes_node_reports_refused_total{reason="too_many_volumes"}`)
+		unknown := p.Metric(`salt_volumes_node_reports_refused_total{reason="unknown_node"}`)
+		for r := range rounds {
+			send(report("node-1", fakes(r, 1000)), report(fmt.Sprintf("made-up-%d", r), fakes(r, 10)))
+			send(report("node-1", fakes(r, 1100)))
+		}
+		waitFor(t, 30*time.Second, "every flood report counted", func() bool {
+			return p.Metric(`salt_volumes_node_reports_refused_total{reason="too_many_volumes"}`) >= tooMany+rounds &&
+				p.Metric(`salt_volumes_node_reports_refused_total{reason="unknown_node"}`) >= unknown+rounds
+		})
+		after := rss()
+		t.Logf("serve's RSS %.1f MB before %d rounds of made-up reports (1,000 and 1,100 volumes under node-1, 10 under a made-up node each round), %.1f MB after",
+			float64(before)/1e6, rounds, float64(after)/1e6)
+		assert.Less(t, after-before, int64(20<<20), "RSS grew by %.1f MB", float64(after-before)/1e6)
+
+		out, errs, code := p.CLI("nodes", "-o", "json")
+		require.Equal(t, 0, code, errs)
+		assert.NotContains(t, out, "made-up", "no made-up node is shown")
+		req, _ := http.NewRequest(http.MethodGet, p.URL+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+p.Token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		metricsText, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.NotContains(t, string(metricsText), "made-up", "no metric series for a made-up node")
+		assert.NotContains(t, string(metricsText), "f100d000", "no metric series for a made-up volume")
+
+		// A restart loads the history of the stored volume only.
+		p.Stop()
+		hist, err := os.ReadFile(filepath.Join(filepath.Dir(p.Store), "history.json"))
+		require.NoError(t, err)
+		assert.NotContains(t, string(hist), "f100d000", "no history of a made-up volume is saved")
+		t.Logf("history.json after the flood: %d bytes", len(hist))
+		p.Start("")
+		v, err := p.Client().Get(ctx, "hv1")
+		require.NoError(t, err)
+		require.Equal(t, "Available", v.Status.Phase.String())
 	})
 
 	t.Run("an idle node fires no more than its heartbeats", func(t *testing.T) {

@@ -122,7 +122,7 @@ func TestVolumeObjects(t *testing.T) {
 		eventually(t, 30*time.Second, "Events on the Volume: its Salt job and its transitions", func() (bool, string) {
 			out, _ := kubectl("", "get", "events", "-n", "default", "--field-selector", "involvedObject.kind=Volume,involvedObject.name=obj-fs",
 				"-o", `jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}`)
-			return strings.Contains(out, "SaltCall: state.apply salt_volumes.prepared started on "+s.MinionID+": job ") &&
+			return strings.Contains(out, "SaltCall: salt_volumes.prepared started on "+s.MinionID+": job ") &&
 				strings.Contains(out, "StateTransition: Accepted -> Pending") && strings.Contains(out, "StateTransition: Pending -> Available"), out
 		})
 		for _, p := range replicas {
@@ -139,8 +139,16 @@ func TestVolumeObjects(t *testing.T) {
 		uuids = append(uuids, v.Spec.UUID)
 		assert.Equal(t, "Available", phase("obj-rest"))
 		assert.Equal(t, v.Spec.UUID, must("", "get", "volume", "obj-rest", "-o", "jsonpath={.spec.uuid}"))
-		out, errs, code = follower.CLI("rm", "obj-rest")
-		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+		// Available comes with its PV created; Kubernetes' PV controller
+		// moves the PV from Pending to Available a moment later, and a
+		// deletion is refused until then (seed 000's criteria), saying so.
+		eventually(t, 30*time.Second, "the deletion is accepted once Kubernetes made the PV Available", func() (bool, string) {
+			out, errs, code = follower.CLI("rm", "obj-rest")
+			if code != 0 {
+				require.Contains(t, errs, "its PersistentVolume obj-rest is Pending", "the only refusal expected here")
+			}
+			return code == 0, out + errs
+		})
 		gone("obj-rest")
 		_, err := os.Stat(filepath.Join(s.StateDir, "sparse", v.Spec.UUID))
 		assert.True(t, os.IsNotExist(err), "its storage reclaimed")
@@ -162,7 +170,10 @@ func TestVolumeObjects(t *testing.T) {
 		uuidOf("obj-ui")
 		assert.Equal(t, "Available", phase("obj-ui"), "kubectl sees the volume the UI made")
 		b.shot("objects-ui")
-		b.do(chromedp.Click(`#volumes tr[data-volume="obj-ui"] button.delete`),
+		// Delete is enabled once Kubernetes made the new PV Available
+		// (until then the row says why it is not).
+		b.do(chromedp.WaitEnabled(`#volumes tr[data-volume="obj-ui"] button.delete`),
+			chromedp.Click(`#volumes tr[data-volume="obj-ui"] button.delete`),
 			chromedp.WaitVisible("#confirm"),
 			chromedp.Click("#confirm-ok"),
 			chromedp.WaitNotPresent(`#volumes tr[data-volume="obj-ui"]`))

@@ -320,7 +320,7 @@ func (f *fakeSalt) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case l["client"] == "local_async":
 		node := l["tgt"].([]any)[0].(string)
-		vols, err := pillarVolumes(l)
+		vols, err := runVolumes(l)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -337,10 +337,10 @@ func (f *fakeSalt) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		res := f.jobs[jid]
 		f.mu.Unlock()
 		if res == nil {
-			fmt.Fprint(w, `{"return":[{"Function":"state.apply","Result":{}}]}`)
+			fmt.Fprint(w, `{"return":[{"Function":"salt_volumes.apply_volume","Result":{}}]}`)
 			return
 		}
-		b, _ := json.Marshal(map[string]any{"return": []any{map[string]any{"Function": "state.apply", "Result": res}}})
+		b, _ := json.Marshal(map[string]any{"return": []any{map[string]any{"Function": "salt_volumes.apply_volume", "Result": res}}})
 		w.Write(b)
 	case l["fun"] == "manage.up":
 		fmt.Fprint(w, `{"return":[["node-0"]]}`)
@@ -349,25 +349,25 @@ func (f *fakeSalt) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// pillarVolumes reads the volumes a state run is for: one (volume) or the
-// batch that queued for the node (volumes, by name), as the shipped sls
-// takes them.
-func pillarVolumes(l map[string]any) ([]map[string]any, error) {
-	kw, _ := l["kwarg"].(map[string]any)
-	pillar, _ := kw["pillar"].(map[string]any)
-	sv, _ := pillar["salt_volumes"].(map[string]any)
-	if v, ok := sv["volume"].(map[string]any); ok {
-		return []map[string]any{v}, nil
+// runVolumes reads the volumes a state run is for, as serve passes them
+// to salt_volumes.apply_volume: [action, [spec...], wipe].
+func runVolumes(l map[string]any) ([]map[string]any, error) {
+	if l["fun"] != "salt_volumes.apply_volume" {
+		return nil, fmt.Errorf("fun %v: serve runs its formulas through salt_volumes.apply_volume", l["fun"])
 	}
-	batch, ok := sv["volumes"].(map[string]any)
-	if !ok || len(batch) == 0 {
-		return nil, fmt.Errorf("pillar salt_volumes has neither volume nor volumes: %v", sv)
+	arg, _ := l["arg"].([]any)
+	if len(arg) != 3 {
+		return nil, fmt.Errorf("arg %v: want [action, specs, wipe]", arg)
+	}
+	specs, _ := arg[1].([]any)
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("arg %v: no volume specs", arg)
 	}
 	var out []map[string]any
-	for _, v := range batch {
+	for _, v := range specs {
 		m, ok := v.(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("pillar salt_volumes.volumes: %T is not a spec", v)
+			return nil, fmt.Errorf("arg: %T is not a spec", v)
 		}
 		out = append(out, m)
 	}
@@ -387,6 +387,6 @@ func (f *fakeSalt) finish(jid, node string, vols []map[string]any) {
 	f.mu.Lock()
 	f.jobs[jid] = map[string]any{node: map[string]any{"return": ret, "retcode": 0}}
 	f.mu.Unlock()
-	f.bus.fire("salt/job/"+jid+"/ret/"+node, map[string]any{"fun": "state.apply", "jid": jid, "id": node,
+	f.bus.fire("salt/job/"+jid+"/ret/"+node, map[string]any{"fun": "salt_volumes.apply_volume", "jid": jid, "id": node,
 		"retcode": 0, "success": true, "return": ret, "cmd": "_return"})
 }

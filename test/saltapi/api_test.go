@@ -5,6 +5,7 @@ package saltapi
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -39,8 +40,7 @@ func TestRealSaltAPI(t *testing.T) {
 	assert.Equal(t, []string{s.MinionID}, ids)
 
 	spec := map[string]any{"name": "api-1", "uuid": u, "node": s.MinionID, "sparseLoopDevice": map[string]any{"size": "32Mi"}}
-	job, err := c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"salt_volumes.prepared"},
-		map[string]any{"pillar": map[string]any{"salt_volumes": map[string]any{"volume": spec}}})
+	job, err := c.LocalAsync(ctx, s.MinionID, "salt_volumes.apply_volume", []any{"prepared", []any{spec}, false}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{s.MinionID}, job.Minions)
 
@@ -86,6 +86,44 @@ func TestRealSaltAPI(t *testing.T) {
 	_, err = c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"other_formula"}, nil)
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, 401, apiErr.Status)
+	// What a leaked password could do with state.apply or sync_all, whose
+	// keyword arguments no ACL entry fully constrains: run other code as
+	// root from a local config file or another branch. All refused now.
+	evil := filepath.Join(s.Root, "evil-minion.conf")
+	require.NoError(t, os.WriteFile(evil, []byte("file_roots: {base: [/tmp]}\n"), 0o644))
+	for _, tc := range []struct {
+		fun   string
+		arg   []any
+		kwarg map[string]any
+	}{
+		{"state.apply", []any{"salt_volumes"}, map[string]any{"localconfig": evil}},
+		{"state.apply", []any{"salt_volumes.prepared"}, nil},
+		{"state.sls", []any{"salt_volumes"}, map[string]any{"saltenv": "other"}},
+		{"saltutil.sync_all", nil, map[string]any{"saltenv": "other"}},
+		{"saltutil.sync_all", []any{"other"}, nil},
+		{"saltutil.sync_all", nil, nil},
+		{"salt_volumes.apply_volumes", []any{"prepared", []any{spec}, false}, nil},
+	} {
+		_, err = c.LocalAsync(ctx, s.MinionID, tc.fun, tc.arg, tc.kwarg)
+		require.ErrorAs(t, err, &apiErr, "%s %v %v", tc.fun, tc.arg, tc.kwarg)
+		assert.Equal(t, 401, apiErr.Status, "%s %v %v", tc.fun, tc.arg, tc.kwarg)
+	}
+	// Our function with a keyword it does not take: the ACL lets the call
+	// through, the minion refuses it before anything runs.
+	sneaky, err := c.LocalAsync(ctx, s.MinionID, "salt_volumes.apply_volume", []any{"prepared", []any{spec}, false}, map[string]any{"localconfig": evil})
+	require.NoError(t, err)
+	var refused json.RawMessage
+	require.Eventually(t, func() bool {
+		r, found, err := c.LookupJID(ctx, sneaky.JID)
+		refused = r[s.MinionID]
+		return err == nil && found && refused != nil
+	}, time.Minute, 500*time.Millisecond)
+	assert.Contains(t, string(refused), "localconfig", "refused, naming the keyword")
+	assert.NotContains(t, string(refused), "persistentPath", "no state ran")
+	// The one sync serve asks for: base.
+	synced, err := c.LocalAsync(ctx, s.MinionID, "saltutil.sync_all", []any{"base"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.MinionID}, synced.Minions)
 	_, err = c.Runner(ctx, "state.orchestrate", map[string]any{"arg": []any{"anything"}})
 	require.ErrorAs(t, err, &apiErr)
 	// The jobs runner beyond the two look-ups serve makes: list_jobs would
@@ -106,8 +144,7 @@ func TestRealSaltAPI(t *testing.T) {
 	}, time.Minute, 500*time.Millisecond)
 	assert.Equal(t, logins+1, c.Logins)
 
-	job, err = c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"salt_volumes.unprepared"},
-		map[string]any{"pillar": map[string]any{"salt_volumes": map[string]any{"volume": spec}}})
+	job, err = c.LocalAsync(ctx, s.MinionID, "salt_volumes.apply_volume", []any{"unprepared", []any{spec}, false}, nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		rets, found, err := c.LookupJID(ctx, job.JID)

@@ -59,7 +59,7 @@ func TestMasterRequestServer(t *testing.T) {
 		u := uuid.NewString()
 		t.Cleanup(func() { testenv.Cleanup(s.StateDir, []string{u}, t.Logf) })
 		vol := map[string]any{"name": "req-1", "uuid": u, "node": s.MinionID, "sparseLoopDevice": map[string]any{"size": "16Mi"}}
-		job, err := c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"salt_volumes.prepared"}, map[string]any{"pillar": map[string]any{"salt_volumes": map[string]any{"volume": vol}}})
+		job, err := c.LocalAsync(ctx, s.MinionID, "salt_volumes.apply_volume", []any{"prepared", []any{vol}, false}, nil)
 		require.NoError(t, err)
 		assert.Equal(t, []string{s.MinionID}, job.Minions)
 		assert.Regexp(t, `^\d{20}$`, job.JID)
@@ -68,7 +68,7 @@ func TestMasterRequestServer(t *testing.T) {
 		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
 		require.NoError(t, err, "the sparse file exists")
 
-		job, err = c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"salt_volumes.unprepared"}, map[string]any{"pillar": map[string]any{"salt_volumes": map[string]any{"volume": vol}}})
+		job, err = c.LocalAsync(ctx, s.MinionID, "salt_volumes.apply_volume", []any{"unprepared", []any{vol}, false}, nil)
 		require.NoError(t, err)
 		settled(job.JID)
 		_, err = os.Stat(filepath.Join(s.StateDir, "sparse", u))
@@ -85,6 +85,23 @@ func TestMasterRequestServer(t *testing.T) {
 		_, err = c.LocalAsync(ctx, s.MinionID, "state.apply", []any{"top"}, nil)
 		require.ErrorAs(t, err, &me, "a state outside salt_volumes")
 		assert.Equal(t, "AuthorizationError", me.Name)
+		// Even our own formula: state.apply's keywords (localconfig,
+		// saltenv) would let the account run other code; only
+		// salt_volumes.apply_volume and a sync from base are allowed.
+		for _, tc := range []struct {
+			fun   string
+			arg   []any
+			kwarg map[string]any
+		}{
+			{"state.apply", []any{"salt_volumes"}, map[string]any{"localconfig": "/tmp/c.yml"}},
+			{"state.sls", []any{"salt_volumes"}, map[string]any{"saltenv": "other"}},
+			{"saltutil.sync_all", []any{"other"}, nil},
+			{"saltutil.sync_all", nil, map[string]any{"saltenv": "other"}},
+		} {
+			_, err = c.LocalAsync(ctx, s.MinionID, tc.fun, tc.arg, tc.kwarg)
+			require.ErrorAs(t, err, &me, "%s %v %v", tc.fun, tc.arg, tc.kwarg)
+			assert.Equal(t, "AuthorizationError", me.Name, "%s %v %v", tc.fun, tc.arg, tc.kwarg)
+		}
 	})
 
 	t.Run("a wrong password is refused, naming the settings", func(t *testing.T) {
