@@ -384,11 +384,23 @@ func (c *Controller) grow(ctx context.Context, pv *corev1.PersistentVolume, size
 	return pv, nil
 }
 
+// publishable checks what a node reported before a PV hands it to the
+// kubelet, which mounts it as root: the path the volume's own UUID names
+// (for a Block volume on an LV, the LV's device-mapper link), and a size.
+func publishable(v *volume.Volume) error {
+	st := v.Status
+	if !v.Spec.MatchesPersistentPath(st.PersistentPath) || st.Size <= 0 {
+		return fmt.Errorf("the node reported path %q and size %d; a PV needs the link its UUID names (or, for a Block volume on an LV, the LV's %s link) and a size",
+			st.PersistentPath, st.Size, spec.DMUUIDLinkPrefix)
+	}
+	return nil
+}
+
 // build is the PV of a volume whose storage is ready.
 func (c *Controller) build(v *volume.Volume) (*corev1.PersistentVolume, error) {
 	st := v.Status
-	if want := v.Spec.PersistentPath(); st.PersistentPath != want || st.Size <= 0 {
-		return nil, fmt.Errorf("the node reported path %q and size %d; a PV needs %s and a size", st.PersistentPath, st.Size, want)
+	if err := publishable(v); err != nil {
+		return nil, err
 	}
 	node, err := c.cfg.Nodes.NodeName(v.Spec.Node)
 	if err != nil {

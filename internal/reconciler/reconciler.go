@@ -529,7 +529,7 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
 			Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}}
 		v.Status.ApplyDevice(o.result.Device)
-		v.Status.PreparedSize = specSize(s)
+		v.Status.PreparedSize = s.Bytes()
 		if r.opt.Kube != nil {
 			v.Status.Phase, v.Status.Publishing, v.Status.Step = volume.Pending, true, stepPublish
 		}
@@ -670,7 +670,7 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome) effect {
 		r.Metrics.JobsSucceeded.Inc()
 		st.Phase, st.Reason, st.Message = volume.Available, "", ""
 		st.ApplyDevice(out.Device)
-		st.PreparedSize, st.Growing = specSize(&v.Spec), false
+		st.PreparedSize, st.Growing = v.Spec.Bytes(), false
 		if r.opt.Kube != nil {
 			// Available means the storage is ready and its PV exists.
 			st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
@@ -749,8 +749,8 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 	case !v.DeleteRequested && st.Phase == volume.Available && growthAsked(v):
 		// A spec edited to more than was prepared (kubectl edit of a
 		// Volume object): the same growth salt-volumes resize starts.
-		r.log.Info("volume spec asks for more: growing it", "volume", v.Spec.Name, "size", specSize(&v.Spec))
-		startGrowth(v, "growing to "+spec.FormatSize(specSize(&v.Spec)))
+		r.log.Info("volume spec asks for more: growing it", "volume", v.Spec.Name, "size", v.Spec.Bytes())
+		startGrowth(v, "growing to "+spec.FormatSize(v.Spec.Bytes()))
 		r.q.add(v.Spec.Name)
 		return true
 	case needsPrepareRun(v):

@@ -199,7 +199,7 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			startGrowth(v, "growing to what its device has become")
 			return nil
 		}
-		cur := specSize(&v.Spec)
+		cur := v.Spec.Bytes()
 		if retry && v.Status.PreparedSize > 0 {
 			// The growth failed: any size from the one last prepared.
 			cur = v.Status.PreparedSize
@@ -236,24 +236,8 @@ func startGrowth(v *volume.Volume, msg string) {
 	st.Reason, st.Message = ReasonResizing, msg
 }
 
-// specSize is a sparse or LVM volume's size in bytes as its spec says (the
-// stored spec keeps the quantity only); 0 for raw volumes.
-func specSize(s *spec.Spec) int64 {
-	var q spec.Size
-	switch {
-	case s.SparseLoopDevice != nil:
-		q = s.SparseLoopDevice.Size
-	case s.LVMLogicalVolume != nil:
-		q = s.LVMLogicalVolume.Size
-	default:
-		return 0
-	}
-	n, _ := spec.ParseSize(string(q))
-	return n
-}
-
 // growthAsked tells whether a prepared sparse or LVM volume's spec asks for
 // more than its last prepare had.
 func growthAsked(v *volume.Volume) bool {
-	return v.Status.PreparedSize > 0 && specSize(&v.Spec) > v.Status.PreparedSize
+	return v.Status.PreparedSize > 0 && v.Spec.Bytes() > v.Status.PreparedSize
 }

@@ -301,17 +301,11 @@ func checkDuplicateKeys(data []byte) error {
 	return walk("")
 }
 
-// Validate fills defaults, normalises the UUID to lower case and checks every
-// field. It does not look at the machine (sizes against free space, devices);
-// the engine does that.
-// Bytes is the size the spec asks for: SizeBytes once Validate ran, else
-// its quantity parsed (a spec read back from a store was not validated
-// again); 0 for a raw volume, whose size is its device's, or a quantity
-// that does not parse.
+// Bytes is the size a sparse or LVM volume's spec asks for, parsed from
+// its quantity (a spec read back from a store keeps the quantity only:
+// SizeBytes is filled by Validate); 0 for a raw volume, whose size is its
+// device's, or a quantity that does not parse.
 func (s *Spec) Bytes() int64 {
-	if s.SizeBytes > 0 {
-		return s.SizeBytes
-	}
 	var q Size
 	switch {
 	case s.SparseLoopDevice != nil:
@@ -328,6 +322,9 @@ func (s *Spec) Bytes() int64 {
 	return n
 }
 
+// Validate fills defaults, normalises the UUID to lower case and checks every
+// field. It does not look at the machine (sizes against free space, devices);
+// the engine does that.
 func (s *Spec) Validate() error {
 	if s.Name == "" {
 		return &FieldError{"name", "missing: give the volume a name (lowercase letters, digits and '-')"}

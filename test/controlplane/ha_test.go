@@ -161,13 +161,9 @@ func TestHighAvailability(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond, "the leader answers Available too")
 		assert.EqualValues(t, 0, follower.Metric("salt_volumes_jobs_launched_total"), "only the leader runs jobs")
 		// Job step logs live in the leader's memory: a follower asks it.
-		req, _ := http.NewRequest(http.MethodGet, follower.URL+"/api/v1/volumes/ha-1/jobs", nil)
-		req.Header.Set("Authorization", "Bearer "+follower.Token)
-		resp, err := http.DefaultClient.Do(req)
+		status, body, err := follower.Fetch("/api/v1/volumes/ha-1/jobs")
 		require.NoError(t, err)
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		require.Equal(t, http.StatusOK, status, string(body))
 		assert.Contains(t, string(body), v.Status.JobID, "the follower relays the leader's job log")
 	})
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -183,12 +182,8 @@ func TestNodeHealth(t *testing.T) {
 		out, errs, code := p.CLI("nodes", "-o", "json")
 		require.Equal(t, 0, code, errs)
 		assert.NotContains(t, out, "made-up", "no made-up node is shown")
-		req, _ := http.NewRequest(http.MethodGet, p.URL+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+p.Token)
-		resp, err := http.DefaultClient.Do(req)
+		_, metricsText, err := p.Fetch("/metrics")
 		require.NoError(t, err)
-		metricsText, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		assert.NotContains(t, string(metricsText), "made-up", "no metric series for a made-up node")
 		assert.NotContains(t, string(metricsText), "f100d000", "no metric series for a made-up volume")
 

@@ -188,18 +188,30 @@ func (p *Plane) Metric(name string) float64 {
 	return v
 }
 
-// MetricValue is Metric without failing the test (for goroutines).
-func (p *Plane) MetricValue(name string) (float64, error) {
-	req, _ := http.NewRequest(http.MethodGet, p.URL+"/metrics", nil)
+// Fetch GETs path with the plane's token: the status and the body.
+func (p *Plane) Fetch(path string) (int, []byte, error) {
+	req, err := http.NewRequest(http.MethodGet, p.URL+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
 	req.Header.Set("Authorization", "Bearer "+p.Token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(resp.Body)
-	for _, line := range strings.Split(buf.String(), "\n") {
+	_, err = buf.ReadFrom(resp.Body)
+	return resp.StatusCode, buf.Bytes(), err
+}
+
+// MetricValue is Metric without failing the test (for goroutines).
+func (p *Plane) MetricValue(name string) (float64, error) {
+	_, body, err := p.Fetch("/metrics")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
 		var v float64
 		if strings.HasPrefix(line, name+" ") {
 			_, err := fmt.Sscanf(strings.TrimPrefix(line, name+" "), "%g", &v)

@@ -1,0 +1,53 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// What a node may report for each kind of volume before its PV is made:
+// an LV in Block mode (ours, or an operator's given as rawBlockDevice) is
+// named by its device-mapper link, never by a UUID link of ours.
+func TestPublishable(t *testing.T) {
+	const u = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+	lvLink := spec.DMUUIDLinkPrefix + "LVM-" + strings.Repeat("a1B2", 16)
+	vol := func(s spec.Spec, path string) *volume.Volume {
+		s.Name, s.UUID, s.Node = "v", u, "node-1"
+		v := &volume.Volume{Spec: s}
+		v.Status.PersistentPath, v.Status.Size = path, 64<<20
+		return v
+	}
+	lvm := &spec.LVMLogicalVolume{VGName: "vg0", Size: "64Mi"}
+	raw := &spec.RawBlockDevice{DevicePath: "/dev/vg0/lv0"}
+	for _, tc := range []struct {
+		name string
+		v    *volume.Volume
+		ok   bool
+	}{
+		{"sparse Filesystem", vol(spec.Spec{Mode: spec.ModeFilesystem, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, "/dev/disk/by-uuid/"+u), true},
+		{"sparse Block", vol(spec.Spec{Mode: spec.ModeBlock, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, "/dev/disk/by-partuuid/"+u), true},
+		{"lvmLogicalVolume Filesystem", vol(spec.Spec{Mode: spec.ModeFilesystem, LVMLogicalVolume: lvm}, "/dev/disk/by-uuid/"+u), true},
+		{"lvmLogicalVolume Block", vol(spec.Spec{Mode: spec.ModeBlock, LVMLogicalVolume: lvm}, lvLink), true},
+		{"rawBlockDevice Block on an LV", vol(spec.Spec{Mode: spec.ModeBlock, RawBlockDevice: raw}, lvLink), true},
+		{"a sparse Block volume claiming an LV link", vol(spec.Spec{Mode: spec.ModeBlock, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, lvLink), false},
+		{"another volume's link", vol(spec.Spec{Mode: spec.ModeFilesystem, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, "/dev/disk/by-uuid/00000000-0000-4000-8000-000000000000"), false},
+		{"the root filesystem", vol(spec.Spec{Mode: spec.ModeBlock, LVMLogicalVolume: lvm}, "/"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := publishable(tc.v)
+			if tc.ok {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorContains(t, err, "a PV needs the link its UUID names")
+			}
+		})
+	}
+	noSize := vol(spec.Spec{Mode: spec.ModeFilesystem, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, "/dev/disk/by-uuid/"+u)
+	noSize.Status.Size = 0
+	assert.Error(t, publishable(noSize))
+}
