@@ -19,6 +19,7 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/engine"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/toolpath"
 )
 
 const usage = `usage:
@@ -40,6 +41,7 @@ Exit codes: 0 success, 1 failure, 2 invalid input, 3 refused to protect data.
 var version = "dev"
 
 func main() {
+	toolpath.Pin()
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 

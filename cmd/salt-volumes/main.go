@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/salt-volumes/salt-volumes/internal/client"
+	"github.com/salt-volumes/salt-volumes/internal/toolpath"
 )
 
 var version = "dev"
@@ -86,6 +87,7 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 }
 
 func main() {
+	toolpath.Pin()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -8,20 +8,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"syscall"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"golang.org/x/sys/unix"
 )
-
-// CrashEnv names the environment variable that makes the binary kill itself
-// right after the named step, to prove that a rerun converges.
-const CrashEnv = "SALT_VOLUME_EXEC_CRASH_AFTER"
 
 // Volume states reported by info, list and restore.
 const (
@@ -45,7 +41,6 @@ type Engine struct {
 	// OvercommitRatio bounds the sum of sparse sizes on the node against
 	// the size of the filesystem holding them (1 = no overcommit).
 	OvercommitRatio float64
-	crashAfter      string
 }
 
 // New returns an engine with the default waits.
@@ -59,7 +54,6 @@ func New(stateDir string, log *slog.Logger) *Engine {
 		UdevWait:        10 * time.Second,
 		DetachWait:      10 * time.Second,
 		OvercommitRatio: 1,
-		crashAfter:      os.Getenv(CrashEnv),
 	}
 }
 
@@ -145,11 +139,7 @@ func (o *op) persistentPath() string {
 func (o *op) step(name string, attrs ...any) {
 	args := append([]any{"step", name, "volume", o.s.Name, "uuid", o.s.UUID}, attrs...)
 	o.e.Log.Info("step", args...)
-	if o.e.crashAfter == name {
-		o.e.Log.Warn("crash injected", "after", name)
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
-	}
+	failpoint.Hit(name)
 }
 
 // lockVolume takes the volume's lock; callers hold it for the whole op.

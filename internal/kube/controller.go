@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +29,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -48,9 +47,6 @@ const (
 	Finalizer = "salt-volumes.io/storage"
 	// pvProtection is Kubernetes' own: removed once no claim uses the PV.
 	pvProtection = "kubernetes.io/pv-protection"
-	// CrashEnv=pv-created makes serve kill itself right after creating a
-	// PV, before the volume is saved as Available (crash tests).
-	CrashEnv = "SALT_VOLUMES_CRASH_AFTER"
 	// DefaultProvisioner is the provisioner name of our StorageClasses.
 	DefaultProvisioner = "salt-volumes.io/sparse"
 )
@@ -290,10 +286,8 @@ func (c *Controller) Publish(ctx context.Context, v *volume.Volume) error {
 			got, err = c.grow(ctx, got, want.Spec.Capacity.Storage())
 		}
 	} else if err == nil {
-		if os.Getenv(CrashEnv) == "pv-created" {
-			// Tests: die between creating the PV and recording it.
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		}
+		// Between creating the PV and recording the volume Available.
+		failpoint.Hit("pv-created")
 		c.Metrics.PVsCreated.Inc()
 		c.log.Info("PersistentVolume created", "volume", v.Spec.Name, "node", v.Spec.Node, "size", got.Spec.Capacity.Storage().String())
 	}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
@@ -406,7 +407,7 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("killed between PV create and Available converges", func(t *testing.T) {
 		e.p.Stop()
-		e.p.Env = []string{kube.CrashEnv + "=pv-created"}
+		e.p.Env = []string{failpoint.CrashEnv + "=pv-created"}
 		e.p.Start(kubeConfig(e.k))
 		out, errs, code := e.p.CLI("create", "kv-crash", "--node", "node-1", "--size", "64Mi")
 		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)

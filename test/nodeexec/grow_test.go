@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
-	"github.com/salt-volumes/salt-volumes/internal/engine"
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 )
 
@@ -142,7 +142,7 @@ func TestGrowKilledAtEveryStepConverges(t *testing.T) {
 				}
 				u := n.newUUID()
 				n.ok("prepare", spec(u, "16Mi"))
-				killed := n.exec([]string{engine.CrashEnv + "=" + step}, mustJSON(t, spec(u, "32Mi")), "prepare", "--spec", "-")
+				killed := n.exec([]string{failpoint.CrashEnv + "=" + step}, mustJSON(t, spec(u, "32Mi")), "prepare", "--spec", "-")
 				require.Equal(t, -1, killed.Code, "prepare must be killed after %s", step)
 				r := n.ok("prepare", spec(u, "32Mi"))
 				want := int64(32 << 20)

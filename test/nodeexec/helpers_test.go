@@ -50,6 +50,7 @@ type node struct {
 	t     *testing.T
 	dir   string
 	uuids []string
+	bin   string // another build of salt-volume-exec than the package's
 }
 
 func newNode(t *testing.T) *node {
@@ -95,7 +96,11 @@ func (r run) errMsg() string {
 
 func (n *node) exec(env []string, stdin string, args ...string) run {
 	n.t.Helper()
-	cmd := exec.Command(binary, append([]string{"--state-dir", n.dir}, args...)...)
+	bin := binary
+	if n.bin != "" {
+		bin = n.bin
+	}
+	cmd := exec.Command(bin, append([]string{"--state-dir", n.dir}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer

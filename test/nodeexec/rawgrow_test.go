@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/salt-volumes/salt-volumes/internal/engine"
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/stretchr/testify/assert"
@@ -177,7 +177,7 @@ func TestGrowRawKilledAtEveryStepConverges(t *testing.T) {
 					continue
 				}
 				s, disk := fresh()
-				killed := n.exec([]string{engine.CrashEnv + "=" + step}, mustJSON(t, s), "prepare", "--spec", "-")
+				killed := n.exec([]string{failpoint.CrashEnv + "=" + step}, mustJSON(t, s), "prepare", "--spec", "-")
 				require.Equal(t, -1, killed.Code, "prepare must be killed after %s", step)
 				r := n.ok("prepare", s)
 				assert.Equal(t, want, r.Out["size"], "grown after a kill at %s", step)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/engine"
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -150,7 +151,7 @@ func TestKilledAtEveryStepConverges(t *testing.T) {
 
 			for _, step := range prepSteps {
 				spec := c.spec(n, disk)
-				killed := n.exec([]string{engine.CrashEnv + "=" + step}, mustJSON(t, spec), "prepare", "--spec", "-")
+				killed := n.exec([]string{failpoint.CrashEnv + "=" + step}, mustJSON(t, spec), "prepare", "--spec", "-")
 				require.Equal(t, -1, killed.Code, "prepare must be killed after %s", step)
 				r := n.ok("prepare", spec)
 				assert.Equal(t, "prepared", r.str("state"), "after a kill at %s", step)
@@ -166,7 +167,7 @@ func TestKilledAtEveryStepConverges(t *testing.T) {
 			for _, step := range unprepSteps {
 				spec := c.spec(n, disk)
 				r := n.ok("prepare", spec)
-				killed := n.exec([]string{engine.CrashEnv + "=" + step}, mustJSON(t, spec), append([]string{"unprepare", "--spec", "-"}, unprepArgs...)...)
+				killed := n.exec([]string{failpoint.CrashEnv + "=" + step}, mustJSON(t, spec), append([]string{"unprepare", "--spec", "-"}, unprepArgs...)...)
 				require.Equal(t, -1, killed.Code, "unprepare must be killed after %s", step)
 				n.ok("unprepare", spec, unprepArgs...)
 				_, err := os.Lstat(r.str("persistentPath"))
@@ -197,14 +198,14 @@ func TestTerminatedPrepareStopsMkfs(t *testing.T) {
 	disk := fakeDisk(t, 32<<20)
 	spec := rawSpec("term", n.newUUID(), disk.Path, nil)
 
-	// An mkfs.ext4 that hangs, first on PATH.
+	// An mkfs.ext4 that hangs, found first (a failpoints build only).
 	bin := t.TempDir()
 	pidFile := filepath.Join(bin, "mkfs.pid")
 	script := "#!/bin/sh\necho $$ > " + pidFile + ".tmp && mv " + pidFile + ".tmp " + pidFile + "\nexec sleep 120\n"
 	require.NoError(t, os.WriteFile(filepath.Join(bin, "mkfs.ext4"), []byte(script), 0o755))
 
 	cmd := exec.Command(binary, "--state-dir", n.dir, "prepare", "--spec", "-")
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), failpoint.ToolDirEnv+"="+bin)
 	cmd.Stdin = strings.NewReader(mustJSON(t, spec))
 	var out bytes.Buffer
 	cmd.Stdout = &out

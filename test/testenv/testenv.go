@@ -38,10 +38,27 @@ func BuildAs(dir, name, pkg string) error {
 }
 
 // goBuild builds as the Makefile does for what we ship: static, without
-// cgo. A cgo build is dynamically linked and starts about 1 ms slower, which
-// the prepare benchmarks would count against us.
+// cgo (a cgo build is dynamically linked and starts about 1 ms slower, which
+// the prepare benchmarks would count against us), but with the failpoints
+// the crash tests drive. ReleaseBuild leaves them out.
 func goBuild(out, pkg string) *exec.Cmd {
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, pkg)
+	return goBuildTags(out, pkg, "-tags", "failpoints")
+}
+
+// ReleaseBuild builds the module's package pkg into dir/name exactly as
+// `make build` does: no failpoints.
+func ReleaseBuild(dir, name, pkg string) (string, error) {
+	bin := filepath.Join(dir, name)
+	out, err := goBuildTags(bin, "github.com/salt-volumes/salt-volumes/"+pkg).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("building %s: %v\n%s", name, err, out)
+	}
+	return bin, nil
+}
+
+func goBuildTags(out, pkg string, flags ...string) *exec.Cmd {
+	args := append([]string{"build", "-trimpath"}, flags...)
+	cmd := exec.Command("go", append(args, "-o", out, pkg)...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	return cmd
 }
