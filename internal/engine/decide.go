@@ -131,6 +131,31 @@ func decideUUID(s *spec.Spec, carriers []carrier, mine map[string]bool) error {
 	return nil
 }
 
+// labelHolder is a device that carries a label a new volume wants.
+type labelHolder struct {
+	carrier
+	Label wantedLabel
+}
+
+// decideLabels refuses a label a new volume would write that a device
+// outside this volume already carries: udev links whichever device it saw
+// last, so the node's fstab (LABEL=data) could mount ours in place of its
+// own at the next boot.
+func decideLabels(holders []labelHolder, mine map[string]bool) error {
+	for _, h := range holders {
+		if mine[h.Name] {
+			continue
+		}
+		field, fix, link := "mkfsOptions", "choose another -L label or leave it out", "by-label"
+		if h.Label.Kind == "PARTLABEL" {
+			field, fix, link = "name", "choose another volume name (it becomes the GPT partition name)", "by-partlabel"
+		}
+		return refused("label_in_use", "%s: %s=%s is already carried by /dev/%s (%s): the node's fstab and /dev/disk/%s could find this volume in its place; %s",
+			field, h.Label.Kind, h.Label.Value, h.Name, h.What, link, fix)
+	}
+	return nil
+}
+
 // linkFacts describe the persistent link before we write or remove it.
 type linkFacts struct {
 	Target string // kernel name the link names; "" if there is no link

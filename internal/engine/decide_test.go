@@ -144,3 +144,32 @@ func TestDecideWipe(t *testing.T) {
 	_, err := decideWipe(testSpec(t, "Filesystem", "ext4"), "/dev/sdb", wipeFacts{Ours: true})
 	assert.Equal(t, KindFailed, AsError(err).Kind, "a record that says nothing was written wipes nothing")
 }
+
+func TestDecideLabels(t *testing.T) {
+	data := wantedLabel{"LABEL", "data"}
+	part := wantedLabel{"PARTLABEL", "data-1"}
+	assert.NoError(t, decideLabels(nil, nil))
+	assert.NoError(t, decideLabels([]labelHolder{{carrier{"loop3", "ext4 filesystem label"}, data}}, map[string]bool{"loop3": true}),
+		"our own device carrying the label is this volume's")
+	wantErr(t, decideLabels([]labelHolder{{carrier{"sda2", "ext4 filesystem label"}, data}}, nil),
+		KindRefused, "label_in_use", "mkfsOptions: LABEL=data is already carried by /dev/sda2 (ext4 filesystem label)")
+	wantErr(t, decideLabels([]labelHolder{{carrier{"sdb", "GPT name of partition 1"}, part}}, map[string]bool{"loop3": true}),
+		KindRefused, "label_in_use", "name: PARTLABEL=data-1 is already carried by /dev/sdb")
+}
+
+func TestUdevEncode(t *testing.T) {
+	assert.Equal(t, "data-1_x.y:z=@#+", udevEncode("data-1_x.y:z=@#+"))
+	assert.Equal(t, `my\x20data\x2fx`, udevEncode("my data/x"))
+	assert.Equal(t, "dätä", udevEncode("dätä"), "valid UTF-8 is kept")
+	assert.Equal(t, `a\xffb`, udevEncode("a\xffb"))
+}
+
+func TestLabelsOf(t *testing.T) {
+	s := testSpec(t, spec.ModeFilesystem, spec.FSExt4)
+	s.MkfsOptions = []string{"-m", "0", "-L", "data"}
+	assert.Equal(t, []wantedLabel{{"LABEL", "data"}}, labelsOf(s, nil))
+	s.MkfsOptions = []string{"-Ldata2"}
+	assert.Equal(t, []wantedLabel{{"LABEL", "data2"}}, labelsOf(s, nil))
+	s.MkfsOptions = nil
+	assert.Empty(t, labelsOf(s, nil))
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/devlinks"
@@ -203,11 +204,23 @@ func scanSysBlock() []string {
 	return out
 }
 
-// carriersOf finds every device whose filesystem UUID, or one of whose GPT
+// nodeScan is what every block device of the node was found to hold, read
+// once for the checks a new volume needs.
+type nodeScan struct {
+	names []string
+	found []probe.Result
+}
+
+func scanNode() nodeScan {
+	names := scanDevices()
+	return nodeScan{names: names, found: probeAll(names)}
+}
+
+// carriers finds every device whose filesystem UUID, or one of whose GPT
 // partition GUIDs, is u. It reads the devices' own superblocks and tables
 // (no udev needed), and also follows the persistent links, which name
 // whatever udev's full prober found where udev runs.
-func carriersOf(s *spec.Spec) []carrier {
+func (n nodeScan) carriers(s *spec.Spec) []carrier {
 	var out []carrier
 	seen := map[string]bool{}
 	add := func(name, what string) {
@@ -216,16 +229,15 @@ func carriersOf(s *spec.Spec) []carrier {
 			out = append(out, carrier{name, what})
 		}
 	}
-	names := scanDevices()
-	for i, r := range probeAll(names) {
-		n := names[i]
+	for i, r := range n.found {
+		name := n.names[i]
 		if r.UUID == s.UUID {
-			add(n, r.Kind+" filesystem UUID")
+			add(name, r.Kind+" filesystem UUID")
 		}
 		if r.GPT != nil {
 			for _, ent := range r.GPT.Entries {
 				if ent.GUID == s.UUID {
-					add(n, "GPT partition GUID of partition "+strconv.Itoa(ent.Index))
+					add(name, "GPT partition GUID of partition "+strconv.Itoa(ent.Index))
 				}
 			}
 		}
@@ -241,6 +253,85 @@ func carriersOf(s *spec.Spec) []carrier {
 		}
 	}
 	return out
+}
+
+// wantedLabel is a name a new volume will carry that fstab (LABEL=,
+// PARTLABEL=) and udev's /dev/disk/by-label and by-partlabel links resolve
+// to a device.
+type wantedLabel struct {
+	Kind  string // LABEL or PARTLABEL
+	Value string
+}
+
+// labelsOf lists the labels a volume's first prepare will write: the
+// filesystem label mkfsOptions set, and the GPT partition name (the volume
+// name) of a whole disk used in Block mode.
+func labelsOf(s *spec.Spec, raw *rawDevice) []wantedLabel {
+	var out []wantedLabel
+	if l := s.FSLabel(); l != "" && s.Mode == spec.ModeFilesystem {
+		out = append(out, wantedLabel{"LABEL", l})
+	}
+	if raw != nil && s.Mode == spec.ModeBlock {
+		if _, isPart, err := blockdev.Partition(raw.name); err == nil && !isPart {
+			out = append(out, wantedLabel{"PARTLABEL", s.Name})
+		}
+	}
+	return out
+}
+
+// labelHolders finds the devices that already carry one of the wanted
+// labels: what our probe reads, and where udev runs, what its links name
+// (libblkid knows every filesystem's label).
+func (n nodeScan) labelHolders(want []wantedLabel) []labelHolder {
+	var out []labelHolder
+	for _, w := range want {
+		for i, r := range n.found {
+			if w.Kind == "LABEL" && r.Label == w.Value {
+				out = append(out, labelHolder{carrier{n.names[i], r.Kind + " filesystem label"}, w})
+			}
+			if w.Kind == "PARTLABEL" && r.GPT != nil {
+				for _, ent := range r.GPT.Entries {
+					if ent.Name == w.Value {
+						out = append(out, labelHolder{carrier{n.names[i], "GPT name of partition " + strconv.Itoa(ent.Index)}, w})
+					}
+				}
+			}
+		}
+		if devlinks.UdevRunning() {
+			dir := "/dev/disk/by-label/"
+			if w.Kind == "PARTLABEL" {
+				dir = "/dev/disk/by-partlabel/"
+			}
+			if t := linkTarget(dir + udevEncode(w.Value)); t != "" && deviceExists(t) {
+				out = append(out, labelHolder{carrier{t, "named by udev's link"}, w})
+			}
+		}
+	}
+	return out
+}
+
+// udevEncode escapes a label as udev names its link: bytes outside
+// [0-9A-Za-z#+-.:=@_] (and outside valid UTF-8) become \xNN.
+func udevEncode(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c >= '0' && c <= '9', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z', strings.IndexByte("#+-.:=@_", c) >= 0:
+			b.WriteByte(c)
+		case c >= 0x80:
+			r, size := utf8.DecodeRuneInString(v[i:])
+			if r == utf8.RuneError {
+				fmt.Fprintf(&b, "\\x%02x", c)
+				continue
+			}
+			b.WriteString(v[i : i+size])
+			i += size - 1
+		default:
+			fmt.Fprintf(&b, "\\x%02x", c)
+		}
+	}
+	return b.String()
 }
 
 // probeAll probes the named devices at once: each probe waits on the

@@ -149,8 +149,16 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 			mine[n] = true
 		}
 	}
-	if err := decideUUID(s, carriersOf(s), mine); err != nil {
+	scan := scanNode()
+	if err := decideUUID(s, scan.carriers(s), mine); err != nil {
 		return nil, err
+	}
+	// Labels only matter until the volume is written: afterwards the
+	// devices that carry them are this volume's own.
+	if rec == nil || !rec.Formatted() {
+		if err := decideLabels(scan.labelHolders(labelsOf(s, raw)), mine); err != nil {
+			return nil, err
+		}
 	}
 
 	g, err := e.State.Lock("global")

@@ -21,6 +21,9 @@ type Result struct {
 	Kind string // ext4, ext3, ext2, xfs, gpt, dos, btrfs, swap, LUKS, LVM2_member, ...
 	// UUID is the filesystem UUID for ext*/xfs.
 	UUID string
+	// Label is the filesystem label (ext*, xfs, btrfs, swap): what
+	// fstab's LABEL= and udev's /dev/disk/by-label name.
+	Label string
 	// GPT is the parsed table when Kind == "gpt".
 	GPT *gpt.Table
 }
@@ -108,11 +111,11 @@ func Device(r io.ReaderAt, size int64, ss int) (Result, error) {
 		case compat&0x4 != 0: // has_journal
 			kind = "ext3"
 		}
-		return Result{Kind: kind, UUID: fsUUID(at(1128, 16))}, nil
+		return Result{Kind: kind, UUID: fsUUID(at(1128, 16)), Label: cString(at(1024+0x78, 16))}, nil
 	}
 	// XFS: "XFSB" at 0, UUID at 32.
 	if m := at(0, 4); string(m) == "XFSB" {
-		return Result{Kind: "xfs", UUID: fsUUID(at(32, 16))}, nil
+		return Result{Kind: "xfs", UUID: fsUUID(at(32, 16)), Label: cString(at(108, 12))}, nil
 	}
 	// GPT: "EFI PART" at LBA 1. Parse it so callers can see partition GUIDs;
 	// a damaged table is still a partition table.
@@ -127,7 +130,7 @@ func Device(r io.ReaderAt, size int64, ss int) (Result, error) {
 	}
 	for _, f := range foreign {
 		if m := at(f.off, len(f.val)); m != nil && string(m) == f.val {
-			return Result{Kind: f.kind, UUID: foreignUUID(f.kind, at)}, nil
+			return Result{Kind: f.kind, UUID: foreignUUID(f.kind, at), Label: foreignLabel(f.kind, at)}, nil
 		}
 	}
 	if zfsAt(b) {
@@ -164,6 +167,26 @@ func foreignUUID(kind string, at func(int64, int) []byte) string {
 		}
 	}
 	return ""
+}
+
+// foreignLabel reads the label of the foreign kinds that carry one in
+// their superblock, for the same reason.
+func foreignLabel(kind string, at func(int64, int) []byte) string {
+	switch kind {
+	case "btrfs":
+		return cString(at(65536+0x12b, 256))
+	case "swap":
+		return cString(at(1024+0x1c, 16))
+	}
+	return ""
+}
+
+// cString is a fixed-size, NUL-padded field as a string.
+func cString(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
 }
 
 // zfsAt recognises the first ZFS vdev label by its nvlist, which always

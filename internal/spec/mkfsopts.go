@@ -122,6 +122,19 @@ var xfsOptions = map[string]mkfsOption{
 	"-L": {takesArg: true, check: label(12)},
 }
 
+// FSLabel is the filesystem label mkfsOptions give (-L), "" for none.
+func (s *Spec) FSLabel() string {
+	for i, o := range s.MkfsOptions {
+		switch {
+		case o == "-L" && i+1 < len(s.MkfsOptions):
+			return s.MkfsOptions[i+1]
+		case strings.HasPrefix(o, "-L") && len(o) > 2:
+			return o[2:]
+		}
+	}
+	return ""
+}
+
 // MkfsOptionNames lists the allowed options of a filesystem, for messages
 // and documentation.
 func MkfsOptionNames(fsType string) []string {
