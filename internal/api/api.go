@@ -61,7 +61,6 @@ type Server struct {
 	WatchWriteTimeout time.Duration
 	// Limits; zero means no limit.
 	MaxWatchers      int
-	MaxVolumes       int
 	CreatesPerSecond float64
 
 	watchers atomic.Int64
@@ -361,10 +360,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: fmt.Sprintf("more than %g creates per second: slow down and retry", s.CreatesPerSecond)})
 		return
 	}
-	if s.MaxVolumes > 0 && s.Store.Len() >= s.MaxVolumes {
-		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: fmt.Sprintf("the control plane holds %d volumes, its limit (limits.volumes): delete some or raise the limit", s.MaxVolumes)})
-		return
-	}
 	sp, err := ParseCreate(r.Body)
 	if err != nil {
 		var fe *spec.FieldError
@@ -376,6 +371,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v, err := s.Reconciler.Create(sp)
+	var lerr *reconciler.LimitError
+	if errors.As(err, &lerr) {
+		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: lerr.Error()})
+		return
+	}
 	var uerr *store.UUIDError
 	if errors.As(err, &uerr) {
 		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeExists, Field: "uuid", Message: fmt.Sprintf("uuid: %s already belongs to volume %q: leave uuid out to get a new one", sp.UUID, uerr.Owner)})
@@ -783,6 +783,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	mw.Counter("salt_volumes_job_launch_errors_total", "Failed attempts to start a state run.", m.LaunchErrors.Value())
 	mw.Counter("salt_volumes_job_lookups_total", "Job cache lookups (reconnects, restarts, timeouts, polling mode).", m.Lookups.Value())
 	mw.Counter("salt_volumes_adopted_total", "Volumes first seen in someone else's state run.", m.Adopted.Value())
+	mw.CounterVec("salt_volumes_volumes_over_limit_total", "Volumes refused because the control plane held limits.volumes, by the way they came: api (API and CLI), claim, adoption (someone else's state run), object (a Volume object).", "via", m.OverLimit.Values())
 	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device), node reports not from the node they are about (health).", "reason", m.Rejected.Values())
 	mw.Histogram("salt_volumes_job_latency_seconds", "From starting a state run to its return settling the volume.", m.JobLatency)
 	phases := map[string]float64{}

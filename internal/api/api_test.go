@@ -47,10 +47,14 @@ func newServer(t *testing.T) (*httptest.Server, *store.Bolt) {
 }
 
 func newServerWith(t *testing.T, tune func(*Server)) (*httptest.Server, *store.Bolt) {
+	return newServerOpt(t, reconciler.Options{PollInterval: time.Hour}, tune)
+}
+
+func newServerOpt(t *testing.T, opt reconciler.Options, tune func(*Server)) (*httptest.Server, *store.Bolt) {
 	st, err := store.Open(filepath.Join(t.TempDir(), "v.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
-	rec := reconciler.New(st, noSalt{}, nil, reconciler.Options{PollInterval: time.Hour}, nil)
+	rec := reconciler.New(st, noSalt{}, nil, opt, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	go rec.Run(ctx)
 	srv := &Server{Reconciler: rec, Store: st, Token: token,
@@ -275,7 +279,7 @@ func TestLimits(t *testing.T) {
 		assert.Equal(t, 4, codes[429])
 	})
 	t.Run("volumes", func(t *testing.T) {
-		ts, st := newServerWith(t, func(s *Server) { s.MaxVolumes = 2 })
+		ts, st := newServerOpt(t, reconciler.Options{PollInterval: time.Hour, MaxVolumes: 2}, func(*Server) {})
 		for i := range 3 {
 			code, m := do(t, ts, "POST", "/api/v1/volumes", token, fmt.Sprintf(`{"name":"v-%d","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`, i))
 			if i < 2 {
@@ -286,6 +290,7 @@ func TestLimits(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 2, st.Len())
+		assert.Contains(t, scrape(t, ts), `salt_volumes_volumes_over_limit_total{via="api"} 1`)
 	})
 	t.Run("watchers", func(t *testing.T) {
 		ts, _ := newServerWith(t, func(s *Server) { s.MaxWatchers = 1 })

@@ -69,6 +69,8 @@ const (
 	// A Volume object whose spec the API server took but the volume
 	// contract refuses (its schema checks less than the contract does).
 	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonLimit: a Volume object beyond limits.volumes; nothing ran.
+	ReasonLimit = "LimitReached"
 	// Kubernetes mode.
 	ReasonPublishFailed = "PublishFailed"
 	ReasonPVDeleted     = "PersistentVolumeDeleted"
@@ -136,6 +138,10 @@ type Options struct {
 	// benchmark's, whose recorded stream returns every job at once). A real
 	// minion runs one state run at a time; more only come back busy.
 	ConcurrentRuns bool
+	// MaxVolumes bounds the volumes the store holds, however they enter it:
+	// created through the API or CLI, provisioned for a claim, adopted from
+	// someone else's state run, or written as Volume objects (0: none).
+	MaxVolumes int
 	// BatchSize is the most volumes one state run prepares, or removes,
 	// on a node (default 16; 1: each in its own run). Volumes that queued
 	// for a node while a run of ours held it are done together by the
@@ -154,8 +160,11 @@ type Metrics struct {
 	JobsTimedOut      metrics.Counter
 	LaunchErrors      metrics.Counter
 	Adopted           metrics.Counter
-	Lookups           metrics.Counter
-	JobLatency        *metrics.Histogram
+	// OverLimit counts volumes refused because the store held MaxVolumes,
+	// by the way they came.
+	OverLimit  LimitRefusals
+	Lookups    metrics.Counter
+	JobLatency *metrics.Histogram
 	// Rejected counts events that changed nothing because they could not
 	// be trusted, by reason.
 	Rejected Rejections
@@ -174,6 +183,31 @@ type Rejections struct {
 	// Health: a node report outside the single-event envelope, or about
 	// another minion than its sender.
 	Health metrics.Counter
+}
+
+// LimitRefusals count volumes refused over limits.volumes, by the way
+// they came: the API or CLI, a claim, a state run to adopt, a Volume object.
+type LimitRefusals struct {
+	API, Claim, Adoption, Object metrics.Counter
+}
+
+// Inc counts one refusal of the named way.
+func (l *LimitRefusals) Inc(via string) {
+	switch via {
+	case "api":
+		l.API.Inc()
+	case "claim":
+		l.Claim.Inc()
+	case "adoption":
+		l.Adoption.Inc()
+	default:
+		l.Object.Inc()
+	}
+}
+
+// Values lists the counters by their via label.
+func (l *LimitRefusals) Values() map[string]int64 {
+	return map[string]int64{"api": l.API.Value(), "claim": l.Claim.Value(), "adoption": l.Adoption.Value(), "object": l.Object.Value()}
 }
 
 // Values lists the counters by reason label.
@@ -413,7 +447,7 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) {
 			return
 		}
 	}
-	if v.DeleteRequested && v.Status.Reason == ReasonInvalidSpec {
+	if v.DeleteRequested && (v.Status.Reason == ReasonInvalidSpec || v.Status.Reason == ReasonLimit) && v.Status.JobID == "" {
 		// Nothing ever ran for it: nothing to remove on its node.
 		r.remove(ctx, v)
 		return
@@ -524,6 +558,10 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		if err != nil {
 			r.log.Warn("not adopting volume", "volume", name, "job", o.jid, "node", o.node, "error", err)
 			continue
+		}
+		if err := r.roomFor("adoption"); err != nil {
+			r.log.Warn("not adopting volume", "volume", name, "job", o.jid, "node", o.node, "error", err)
+			return
 		}
 		now := time.Now().UTC()
 		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
@@ -758,6 +796,12 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume) bool {
 			if err := v.Spec.Validate(); err != nil {
 				r.log.Warn("volume refused: its spec breaks the volume contract", "volume", v.Spec.Name, "error", err)
 				st.Phase, st.Reason, st.Message = volume.Failed, ReasonInvalidSpec, "spec."+err.Error()+"; delete the volume and create it again with the field fixed"
+				return true
+			}
+			if r.beyondLimit(v) {
+				r.Metrics.OverLimit.Inc("object")
+				r.log.Warn("volume refused: over limits.volumes", "volume", v.Spec.Name, "limit", r.opt.MaxVolumes)
+				st.Phase, st.Reason, st.Message = volume.Failed, ReasonLimit, (&LimitError{Max: r.opt.MaxVolumes}).Error()+"; nothing ran for this volume"
 				return true
 			}
 		}

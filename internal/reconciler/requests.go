@@ -15,14 +15,58 @@ import (
 // What users ask for, from any replica: volumes created, deletions and
 // forgets recorded in the store before the caller hears "accepted".
 
+// LimitError: the store holds limits.volumes volumes already.
+type LimitError struct{ Max int }
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("the control plane holds %d volumes, its limit (limits.volumes): delete some or raise the limit", e.Max)
+}
+
+// roomFor refuses a new volume when the store is full, counting the
+// refusal under the way the volume came (api, claim, adoption).
+func (r *Reconciler) roomFor(via string) error {
+	if r.opt.MaxVolumes > 0 && r.store.Len() >= r.opt.MaxVolumes {
+		r.Metrics.OverLimit.Inc(via)
+		return &LimitError{Max: r.opt.MaxVolumes}
+	}
+	return nil
+}
+
+// beyondLimit tells whether a volume that entered the store without asking
+// (a Volume object written with kubectl) is past the limit: volumes are
+// counted in creation order, so the first MaxVolumes keep running. The
+// list is read only when the store is over the limit.
+func (r *Reconciler) beyondLimit(v *volume.Volume) bool {
+	if r.opt.MaxVolumes <= 0 || r.store.Len() <= r.opt.MaxVolumes {
+		return false
+	}
+	earlier := 0
+	for _, o := range r.store.List() {
+		if o.Spec.Name != v.Spec.Name && (o.CreatedAt.Before(v.CreatedAt) || o.CreatedAt.Equal(v.CreatedAt) && o.Spec.Name < v.Spec.Name) {
+			earlier++
+		}
+	}
+	return earlier >= r.opt.MaxVolumes
+}
+
 // Create stores a new volume (phase Unknown); the store's watch queues it
 // on the replica that reconciles.
 func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
-	return r.Provision(s, nil)
+	if err := r.roomFor("api"); err != nil {
+		return nil, err
+	}
+	return r.insert(s, nil)
 }
 
 // Provision is Create for a volume made for a PersistentVolumeClaim.
 func (r *Reconciler) Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
+	if err := r.roomFor("claim"); err != nil {
+		return nil, err
+	}
+	return r.insert(s, claim)
+}
+
+func (r *Reconciler) insert(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
 	now := time.Now().UTC()
 	v := &volume.Volume{Spec: *s, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
 	if err := r.store.Create(v); err != nil {

@@ -1,12 +1,16 @@
 package reconciler
 
 import (
+	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -48,4 +52,54 @@ func TestRequestThatNeverLandsIsAnError(t *testing.T) {
 	got, err := st.Get("busy")
 	require.NoError(t, err)
 	assert.False(t, got.DeleteRequested, "nothing was recorded")
+}
+
+// limits.volumes holds for every way a volume enters the store: the API,
+// a claim, someone else's state run (adoption), and a Volume object
+// written straight into the store (kubectl).
+func TestOneLimitForEveryWayIn(t *testing.T) {
+	g := newRig(t, Options{MaxVolumes: 2})
+	for _, n := range []string{"a", "b"} {
+		_, err := g.r.Create(sparseSpec(n))
+		require.NoError(t, err)
+	}
+	var le *LimitError
+	_, err := g.r.Create(sparseSpec("c"))
+	require.ErrorAs(t, err, &le)
+	assert.Contains(t, err.Error(), "holds 2 volumes, its limit (limits.volumes)")
+	_, err = g.r.Provision(sparseSpec("claimed"), &saltvolumes.Claim{Namespace: "ns", Name: "data"})
+	require.ErrorAs(t, err, &le)
+
+	s := sparseSpec("by-hand")
+	r := stateRet("by-hand", "prepared", true, "", device(s))
+	specMap := map[string]any{}
+	b, _ := json.Marshal(s)
+	require.NoError(t, json.Unmarshal(b, &specMap))
+	r["salt_volumes_|-salt_volumes by-hand_|-by-hand_|-prepared"].(map[string]any)["spec"] = specMap
+	g.send(ret("20261126111111111111", "node-1", 0, r))
+	require.Eventually(t, func() bool { return g.r.Metrics.OverLimit.Adoption.Value() == 1 }, 5*time.Second, 10*time.Millisecond)
+	_, err = g.store.Get("by-hand")
+	assert.ErrorIs(t, err, store.ErrNotFound, "adopted over the limit")
+
+	// A Volume object: in the store before anyone asked.
+	obj := &volume.Volume{Spec: *sparseSpec("object"), CreatedAt: time.Now().UTC()}
+	require.NoError(t, g.store.Create(obj))
+	v := g.until("object", "Failed")
+	assert.Equal(t, ReasonLimit, v.Status.Reason)
+	assert.Contains(t, v.Status.Message, "limits.volumes")
+	for _, c := range g.salt.launches() {
+		assert.NotContains(t, fmt.Sprint(c), "object", "a job ran for a volume over the limit")
+	}
+	assert.Equal(t, map[string]int64{"api": 1, "claim": 1, "adoption": 1, "object": 1}, g.r.Metrics.OverLimit.Values())
+
+	// The first two keep their place: they were not failed by the third.
+	for _, n := range []string{"a", "b"} {
+		got, err := g.store.Get(n)
+		require.NoError(t, err)
+		assert.NotEqual(t, volume.Failed, got.Status.Phase, n)
+	}
+	// Deleting the refused object needs no job on its node.
+	_, err = g.r.Delete("object", false)
+	require.NoError(t, err)
+	g.until("object", Deleted)
 }

@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			return err
 		}
 	}
-	opt := reconciler.Options{Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval), BatchSize: cfg.BatchSize}
+	opt := reconciler.Options{Workers: cfg.Workers, JobTimeout: time.Duration(cfg.JobTimeout), PollInterval: time.Duration(cfg.PollInterval), BatchSize: cfg.BatchSize, MaxVolumes: cfg.Limits.Volumes}
 	if kc != nil {
 		opt.Kube = kc
 	}
@@ -130,7 +130,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 
 	srv := &api.Server{
 		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
-		MaxWatchers: cfg.Limits.Watchers, MaxVolumes: cfg.Limits.Volumes, CreatesPerSecond: cfg.Limits.CreatesPerSecond,
+		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
 			leads := elector == nil || elector.Leading()
