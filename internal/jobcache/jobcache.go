@@ -32,6 +32,11 @@ type Overlay struct {
 	Dir string
 	// HashType is the master's hash_type (default sha256).
 	HashType string
+	// Published tells the jobs this control plane published. A job of
+	// anyone else's that the cache on disk does not hold is unknown: it is
+	// not asked of salt-api, so that returns a minion forges under made-up
+	// jids cost one failed file lookup each, never a runner on the master.
+	Published func(jid string) bool
 }
 
 // maxFile bounds what is read of one cache file; Salt trims returns to
@@ -75,11 +80,16 @@ func readMsgpack(path string) (any, error) {
 // ListJob reads the job's load and each minion's return.
 func (o *Overlay) ListJob(ctx context.Context, jid string) (saltapi.JobInfo, error) {
 	info, err := o.read(jid)
-	if err != nil {
-		// Not there (yet, or not a local cache): ask salt-api.
-		return o.Jobs.ListJob(ctx, jid)
+	switch {
+	case err == nil:
+		return info, nil
+	case errors.Is(err, os.ErrNotExist) && (o.Published == nil || !o.Published(jid)):
+		// The cache could be searched (no permission error) and does not
+		// hold the job: Salt does not know it (yet).
+		return saltapi.JobInfo{}, nil
 	}
-	return info, nil
+	// Ours and not there yet, or a cache file we cannot read: ask salt-api.
+	return o.Jobs.ListJob(ctx, jid)
 }
 
 func (o *Overlay) read(jid string) (saltapi.JobInfo, error) {

@@ -29,6 +29,15 @@ func (r *Reconciler) remember(jid string) {
 	}
 }
 
+// Published tells whether jid is a run this replica started (or joined
+// after a restart): the job cache overlay asks salt-api only about those.
+func (r *Reconciler) Published(jid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.jobs[jid]
+	return ok
+}
+
 // registerJob indexes a run of ours on node; names[0] is the volume whose
 // worker started it.
 func (r *Reconciler) registerJob(jid string, names []string, node string) {

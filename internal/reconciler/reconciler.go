@@ -29,6 +29,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
+	"golang.org/x/time/rate"
 )
 
 // Salt is what the reconciler needs from salt-api.
@@ -138,6 +139,12 @@ type Options struct {
 	// benchmark's, whose recorded stream returns every job at once). A real
 	// minion runs one state run at a time; more only come back busy.
 	ConcurrentRuns bool
+	// HintNamesPerSecond bounds the volume names taken from job returns of
+	// runs that are not ours (salt-call, orchestrate, or a minion forging
+	// returns of jids of its choosing), each of which costs a job lookup
+	// and a reconcile; bursts of four seconds' worth pass (default 500).
+	// Returns of our own runs are never limited.
+	HintNamesPerSecond float64
 	// MaxVolumes bounds the volumes the store holds, however they enter it:
 	// created through the API or CLI, provisioned for a claim, adopted from
 	// someone else's state run, or written as Volume objects (0: none).
@@ -183,6 +190,9 @@ type Rejections struct {
 	// Health: a node report outside the single-event envelope, or about
 	// another minion than its sender.
 	Health metrics.Counter
+	// Flood: a job return of someone else's run naming more volumes than
+	// MaxHintNames, or past HintNamesPerSecond.
+	Flood metrics.Counter
 }
 
 // LimitRefusals count volumes refused over limits.volumes, by the way
@@ -212,7 +222,7 @@ func (l *LimitRefusals) Values() map[string]int64 {
 
 // Values lists the counters by reason label.
 func (r *Rejections) Values() map[string]int64 {
-	return map[string]int64{"unconfirmed": r.Unconfirmed.Value(), "progress": r.Progress.Value(), "device": r.Device.Value(), "health": r.Health.Value()}
+	return map[string]int64{"unconfirmed": r.Unconfirmed.Value(), "progress": r.Progress.Value(), "device": r.Device.Value(), "health": r.Health.Value(), "flood": r.Flood.Value()}
 }
 
 // Reconciler owns the volume objects in its store.
@@ -259,6 +269,8 @@ type Reconciler struct {
 	// warn logs what could repeat without end (forged events, salt-api
 	// down) at most once a minute per message.
 	warn *rateLog
+	// hints meters the volume names taken from runs not ours.
+	hints *rate.Limiter
 }
 
 // New builds a reconciler. source may be nil in polling mode.
@@ -278,6 +290,9 @@ func New(st store.Store, salt Salt, source events.Source, opt Options, log *slog
 	if opt.BatchSize <= 0 {
 		opt.BatchSize = 16
 	}
+	if opt.HintNamesPerSecond <= 0 {
+		opt.HintNamesPerSecond = 500
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -290,7 +305,8 @@ func New(st store.Store, salt Salt, source events.Source, opt Options, log *slog
 		inbox:   map[string][]observation{}, jobs: map[string][]string{},
 		unmatched: map[string]struct{}{}, notBefore: map[string]time.Time{},
 		backoff: map[string]time.Duration{}, nodeRuns: map[string]nodeRun{}, jobNode: map[string]string{},
-		warn: newRateLog(log, time.Minute),
+		warn:  newRateLog(log, time.Minute),
+		hints: rate.NewLimiter(rate.Limit(opt.HintNamesPerSecond), int(4*opt.HintNamesPerSecond)),
 	}
 	r.cache = newJobCache(salt, &r.Metrics.Lookups)
 	r.Nodes.Known = r.knownOn
@@ -301,6 +317,10 @@ func New(st store.Store, salt Salt, source events.Source, opt Options, log *slog
 	st.Watch(r.noticed)
 	return r
 }
+
+// MaxHintNames is the most volume names one job return of a run not ours
+// may name; a return naming more is dropped whole.
+const MaxHintNames = 1024
 
 type obsKind int
 
@@ -382,6 +402,11 @@ func (r *Reconciler) Handle(ev events.Event) {
 		// Someone else's run (salt-call, orchestrate): the names in the
 		// event only say which volumes to look up.
 		names := volume.StateNames(jr.Return)
+		if len(names) > MaxHintNames || !r.hints.AllowN(time.Now(), len(names)) {
+			r.Metrics.Rejected.Flood.Inc()
+			r.warn.Warn("job return of a run not ours dropped: more volume names than the hint limits allow", "job", jr.JID, "from", jr.Minion, "names", len(names))
+			return
+		}
 		for _, n := range names {
 			r.push(n, observation{kind: obsHint, jid: jr.JID})
 		}

@@ -103,3 +103,37 @@ func TestOneLimitForEveryWayIn(t *testing.T) {
 	require.NoError(t, err)
 	g.until("object", Deleted)
 }
+
+// Job returns of runs not ours are hints that cost a lookup and a
+// reconcile per volume name: a return naming more than MaxHintNames, or
+// names past the rate, are dropped and counted; our own runs are not
+// metered.
+func TestForeignHintsAreBounded(t *testing.T) {
+	g := newRig(t, Options{HintNamesPerSecond: 10}) // bursts of 40 names
+	many := func(n int, prefix string) map[string]any {
+		r := map[string]any{}
+		for i := range n {
+			for k, v := range stateRet(fmt.Sprintf("%s-%d", prefix, i), "prepared", true, "", nil) {
+				r[k] = v
+			}
+		}
+		return r
+	}
+	flood := func() int64 { return g.r.Metrics.Rejected.Flood.Value() }
+	lookups := func() int64 { return g.r.Metrics.Lookups.Value() }
+	g.send(ret("20261126222222222221", "node-1", 0, many(MaxHintNames+1, "huge")))
+	require.Eventually(t, func() bool { return flood() == 1 }, 5*time.Second, time.Millisecond, "a return naming more than MaxHintNames")
+	g.send(ret("20261126222222222222", "node-1", 0, many(30, "first")))
+	require.Eventually(t, func() bool { return lookups() > 0 }, 5*time.Second, time.Millisecond, "30 names fit the burst and are looked up")
+	g.send(ret("20261126222222222223", "node-1", 0, many(30, "second")))
+	require.Eventually(t, func() bool { return flood() == 2 }, 5*time.Second, time.Millisecond, "30 more within the same second do not")
+
+	// Our own runs are never metered: a create still goes through.
+	_, err := g.r.Create(sparseSpec("ours"))
+	require.NoError(t, err)
+	v := g.until("ours", "Pending")
+	s := sparseSpec("ours")
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("ours", "prepared", true, "", device(s))))
+	g.until("ours", "Available")
+	assert.EqualValues(t, 2, g.r.Metrics.Rejected.Flood.Value())
+}

@@ -79,11 +79,13 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		opt.Kube = kc
 	}
 	var jobs reconciler.Salt = salt
+	var overlay *jobcache.Overlay
 	if cfg.Salt.JobCache != "" {
 		if st, err := os.Stat(cfg.Salt.JobCache); err != nil || !st.IsDir() {
 			log.Warn("salt.jobCache is not a readable directory (yet?): jobs are confirmed through salt-api until it is", "path", cfg.Salt.JobCache)
 		}
-		jobs = &jobcache.Overlay{Jobs: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
+		overlay = &jobcache.Overlay{Jobs: salt, Dir: cfg.Salt.JobCache, HashType: cfg.Salt.HashType}
+		jobs = overlay
 	}
 	var req *saltreq.Client
 	if cfg.Salt.Publish == config.PublishMaster {
@@ -97,6 +99,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		log.Info("jobs are published through the salt master's request server", "master", cfg.Salt.Master)
 	}
 	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
+	if overlay != nil {
+		overlay.Published = rec.Published
+	}
 	if _, ok := st.(*store.Bolt); ok {
 		// One replica on a local store: its memory of usage and jobs is
 		// kept beside the store, saved each minute and at shutdown.

@@ -7,6 +7,10 @@ five progress events then a state.apply job return carrying device info.
 carries, about 90 % of it not ours: auth, job publications, returns of
 test.ping, cmd.run and grains.items, other tools' beacons, minion pings,
 around the volumes' progress events and returns.
+flood CONFDIR RATE SECONDS NAMES MINION: fire RATE job returns a second for
+SECONDS onto the live master bus of the master configured in CONFDIR, as
+the master fires a return a minion sent under a jid of its choosing: each
+names NAMES made-up salt_volumes states. Prints the number fired.
 read PATH: decode the stream the way Salt's PubClient and SaltEvent do and
 print the number of events and the seconds spent decoding.
 
@@ -170,6 +174,33 @@ def read_prefixed(raw):
     print(n, time.perf_counter() - start)
 
 
+def flood(conf_dir, rate, seconds, names, minion):
+    import random
+
+    import salt.config
+
+    opts = salt.config.master_config(os.path.join(conf_dir, "master"))
+    bus = salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=False)
+    fired, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        jid = "2026%016d" % random.randrange(10**16)
+        ret = {}
+        for _ in range(names):
+            name = "forged-%08x" % random.randrange(1 << 32)
+            ret["salt_volumes_|-salt_volumes %s_|-%s_|-prepared" % (name, name)] = {
+                "result": True, "comment": "", "name": name, "changes": {}, "__run_num__": 0}
+        bus.fire_event({"cmd": "_return", "id": minion, "jid": jid, "fun": "state.apply",
+                        "retcode": 0, "success": True, "return": ret},
+                       "salt/job/%s/ret/%s" % (jid, minion))
+        fired += 1
+        # Paced against the clock, not by sleeping a fixed time per event.
+        ahead = start + fired / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+    bus.destroy()
+    print(fired, time.monotonic() - start)
+
+
 FRAMING = os.environ.get("FRAMING", "plain")
 
 if __name__ == "__main__":
@@ -177,5 +208,7 @@ if __name__ == "__main__":
         if len(sys.argv) > 5:
             NODES = int(sys.argv[5])
         write(int(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
+    elif sys.argv[1] == "flood":
+        flood(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     else:
         read(sys.argv[2])
