@@ -50,6 +50,11 @@ type Plane struct {
 	// Log names the log file under the stack's log directory.
 	StoreConfig string
 	Log         string
+	// Credential runs serve as another user; its config and store are
+	// handed to that user.
+	Credential *syscall.Credential
+	// APIURL replaces the stack's salt-api URL in the config.
+	APIURL string
 }
 
 // New is a serve (binary bin) for stack s with a fresh API token, a bbolt
@@ -102,6 +107,10 @@ func (p *Plane) WriteConfig(extra string) {
 		storeCfg = p.StoreConfig
 	}
 	_, ret := p.stack.Ports()
+	api := p.stack.APIURL()
+	if p.APIURL != "" {
+		api = p.APIURL
+	}
 	cfg := fmt.Sprintf(`listen: %s
 token: %s
 %ssalt:
@@ -110,8 +119,13 @@ token: %s
   password: %s
   eauth: file
   master: tcp://127.0.0.1:%d
-%s%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, storeCfg, p.stack.APIURL(), p.stack.APIUser, p.stack.APIPass, ret, p.Jobs, p.Events, extra)
+%s%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, storeCfg, api, p.stack.APIUser, p.stack.APIPass, ret, p.Jobs, p.Events, extra)
 	require.NoError(p.t, os.WriteFile(p.Config, []byte(cfg), 0o600))
+	if c := p.Credential; c != nil {
+		require.NoError(p.t, os.Chown(p.Config, int(c.Uid), int(c.Gid)))
+		require.NoError(p.t, os.MkdirAll(filepath.Dir(p.Store), 0o700))
+		require.NoError(p.t, os.Chown(filepath.Dir(p.Store), int(c.Uid), int(c.Gid)))
+	}
 }
 
 // Start runs serve and waits until it is ready (event source connected).
@@ -124,6 +138,9 @@ func (p *Plane) Start(extra string) {
 	p.Cmd = exec.Command(p.bin, "serve", "--config", p.Config)
 	p.Cmd.Stdout, p.Cmd.Stderr = f, f
 	p.Cmd.Env = append(os.Environ(), p.Env...)
+	if p.Credential != nil {
+		p.Cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.Credential}
+	}
 	require.NoError(p.t, p.Cmd.Start())
 	deadline := time.Now().Add(60 * time.Second)
 	for {

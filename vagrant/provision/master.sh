@@ -52,8 +52,14 @@ sed 's#^listen: .*#listen: 0.0.0.0:8080#' "$SRC/deploy/config.yaml" >/etc/salt-v
 chgrp "$master_user" /etc/salt-volumes/config.yaml
 chmod 0640 /etc/salt-volumes/config.yaml
 install -m 0644 "$SRC/deploy/salt-volumes.service" /etc/systemd/system/salt-volumes.service
+# serve runs as its own user, in the master's group only (the unit's
+# comment says why); here the master's group is that of $master_user.
+id salt-volumes >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin --user-group salt-volumes
+master_group=$(id -gn "$master_user")
+usermod -a -G "$master_group" salt-volumes
 install -d /etc/systemd/system/salt-volumes.service.d
-printf '[Service]\nUser=%s\nGroup=%s\n' "$master_user" "$master_user" >/etc/systemd/system/salt-volumes.service.d/user.conf
+rm -f /etc/systemd/system/salt-volumes.service.d/user.conf
+printf '[Service]\nSupplementaryGroups=\nSupplementaryGroups=%s\n' "$master_group" >/etc/systemd/system/salt-volumes.service.d/group.conf
 systemctl daemon-reload
 systemctl enable salt-volumes
 systemctl restart salt-volumes
