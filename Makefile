@@ -97,7 +97,7 @@ unit:
 
 # The control plane's concurrent packages under the race detector: the
 # reconciler's workers, the bus reader, the API's watchers.
-RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/ ./internal/leader/
+RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/ ./internal/leader/ ./internal/kube/
 race:
 	$(GO) test -race -count=1 $(RACE_PKGS)
 

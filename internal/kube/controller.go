@@ -110,6 +110,14 @@ type Controller struct {
 
 	mu       sync.Mutex
 	reported map[string]string // volume -> last condition reported on its claim
+
+	// ctx is Start's; work the informers' handlers start runs under it and
+	// is counted in wg, which Stop waits for. stopped (under mu) refuses
+	// new work once Stop began.
+	ctx     context.Context
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	stopped bool
 }
 
 // New builds the controller; Start runs it.
@@ -163,6 +171,7 @@ func (c *Controller) SetVolumes(v Volumes) { c.vols = v }
 // Start starts the watches and waits until their caches are filled: the
 // reconciler must not decide that a PV is missing before it has read them.
 func (c *Controller) Start(ctx context.Context, timeout time.Duration) error {
+	c.ctx, c.stop = ctx, make(chan struct{})
 	c.broadcaster = record.NewBroadcaster(record.WithContext(ctx))
 	c.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cs.CoreV1().Events("")})
 	c.recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "salt-volumes"})
@@ -174,17 +183,96 @@ func (c *Controller) Start(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("kubernetes: the watches of PersistentVolumes, PersistentVolumeClaims, StorageClasses and Nodes did not sync within %s: check the API server address and that the control plane's identity has the permissions of deploy/kubernetes/rbac.yaml", timeout)
 	}
 	for range 2 {
-		go func() {
+		c.spawn(func() {
 			for c.nextClaim(ctx) {
 			}
-		}()
+		})
 	}
+	c.spawn(func() { c.followLeadership(ctx) })
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-c.stop:
+		}
 		c.claims.ShutDown()
-		c.broadcaster.Shutdown()
 	}()
 	return nil
+}
+
+// Stop ends the claim workers and the work the watches started, and waits
+// for them: nothing the controller started writes to the store after it.
+// Start's context ending stops them too; Stop still waits.
+func (c *Controller) Stop() {
+	c.mu.Lock()
+	already := c.stopped
+	c.stopped = true
+	c.mu.Unlock()
+	if c.stop == nil {
+		return // never started
+	}
+	if !already {
+		close(c.stop)
+	}
+	c.claims.ShutDown()
+	c.wg.Wait()
+	c.broadcaster.Shutdown()
+}
+
+// spawn runs f counted in wg, unless Stop began.
+func (c *Controller) spawn(f func()) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return false
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// leading says whether this replica acts on claims and PVs.
+func (c *Controller) leading() bool { return c.cfg.Leading == nil || c.cfg.Leading() }
+
+// followLeadership queues every claim once when this replica becomes the
+// leader: a follower queues none (claimChanged), so the claims that changed
+// while it followed are looked at then.
+func (c *Controller) followLeadership(ctx context.Context) {
+	if c.cfg.Leading == nil {
+		return
+	}
+	was := false
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if now := c.cfg.Leading(); now != was {
+			was = now
+			if now {
+				c.queueAllClaims()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (c *Controller) queueAllClaims() {
+	pvcs, err := c.pvcs.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, pvc := range pvcs {
+		if key, err := cache.MetaNamespaceKeyFunc(pvc); err == nil {
+			c.claims.Add(key)
+		}
+	}
 }
 
 // ours reports whether pv was made by us for the volume with this uuid.
@@ -595,14 +683,15 @@ func (c *Controller) pvChanged(o any) {
 		c.vols.Touch(pv.Name)
 		return
 	}
-	if pv.DeletionTimestamp != nil && slices.Contains(pv.Finalizers, Finalizer) {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Only the leader releases: a follower's cache may lag the store.
+	if pv.DeletionTimestamp != nil && slices.Contains(pv.Finalizers, Finalizer) && c.leading() {
+		c.spawn(func() {
+			ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 			defer cancel()
 			if err := c.release(ctx, pv.Name, pv.Labels[LabelUUID]); err != nil {
 				c.log.Warn("could not release the PersistentVolume of a deleted volume", "pv", pv.Name, "error", err)
 			}
-		}()
+		})
 	}
 }
 
@@ -616,6 +705,9 @@ func (c *Controller) claimChanged(o any) {
 	}
 	// A claim's volume learns of its claim's changes (deletion, binding).
 	c.vols.Touch("pvc-" + string(pvc.UID))
+	if !c.leading() {
+		return // queued when this replica leads (followLeadership)
+	}
 	if key, err := cache.MetaNamespaceKeyFunc(pvc); err == nil {
 		c.claims.Add(key)
 	}
@@ -627,10 +719,10 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		return false
 	}
 	defer c.claims.Done(key)
-	if c.cfg.Leading != nil && !c.cfg.Leading() {
-		// A claim waits for the leader: it may be this replica soon.
+	if !c.leading() {
+		// Leadership was lost after the claim was queued: the next leader
+		// queues every claim when it takes over.
 		c.claims.Forget(key)
-		c.claims.AddAfter(key, 2*time.Second)
 		return true
 	}
 	err := c.syncClaim(ctx, key)

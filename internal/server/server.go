@@ -119,8 +119,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	if kc != nil {
 		kc.SetVolumes(rec)
 		if err := kc.Start(ctx, time.Duration(cfg.Kubernetes.SyncTimeout)); err != nil {
+			kc.Stop()
 			return err
 		}
+		// Before the store closes (deferred earlier, run later).
+		defer kc.Stop()
 		log.Info("kubernetes mode: publishing PersistentVolumes", "storageClass", cfg.Kubernetes.StorageClass, "provisioner", cfg.Kubernetes.Provisioner)
 	}
 	if ks, ok := st.(*store.Kube); ok && kc != nil {
