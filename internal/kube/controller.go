@@ -326,7 +326,8 @@ func (c *Controller) Observe(ctx context.Context, v *volume.Volume) reconciler.K
 	if v.Status.Phase == volume.Available {
 		switch {
 		case cur == nil && (prev == nil || prev.Claim == ""):
-			kv.Republish = true
+			// Never an adopted volume: it was not made to be offered.
+			kv.Republish = v.Origin != volume.OriginSalt
 		case cur == nil:
 			kv.Lost = fmt.Sprintf("its PersistentVolume %s was deleted outside salt-volumes while claimed by %s; the data is kept on %s: delete the volume (salt-volumes rm %s) when it is no longer needed", name, prev.Claim, v.Spec.Node, name)
 		case cur.Terminating:

@@ -1,10 +1,12 @@
 package kube
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -50,4 +52,16 @@ func TestPublishable(t *testing.T) {
 	noSize := vol(spec.Spec{Mode: spec.ModeFilesystem, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, "/dev/disk/by-uuid/"+u)
 	noSize.Status.Size = 0
 	assert.Error(t, publishable(noSize))
+}
+
+// An Available volume without a PV gets one again (Republish), unless it
+// was adopted: those are never offered to claims.
+func TestObserveNeverRepublishesAdopted(t *testing.T) {
+	c := New(fake.NewSimpleClientset(), Config{}, nil)
+	const u = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+	v := &volume.Volume{Spec: spec.Spec{Name: "v", UUID: u, Node: "node-1"}}
+	v.Status.Phase = volume.Available
+	assert.True(t, c.Observe(context.Background(), v).Republish, "a volume of ours with no PV")
+	v.Origin = volume.OriginSalt
+	assert.False(t, c.Observe(context.Background(), v).Republish, "an adopted volume")
 }

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -165,4 +166,26 @@ func TestKubeLostPVFailsTheVolume(t *testing.T) {
 	assert.Equal(t, ReasonPVDeleted, v.Status.Reason)
 	ok, _ := volume.CanDelete(v)
 	assert.True(t, ok, "a volume whose PV is gone can be deleted")
+}
+
+// A volume adopted from someone else's state run is Available with no PV:
+// a PV without a claimRef would be offered to any claim that names it.
+func TestKubeAdoptedVolumesAreNotPublished(t *testing.T) {
+	k := &fakeKube{}
+	g := newRig(t, Options{Kube: k})
+	s := sparseSpec("by-hand")
+	r := stateRet("by-hand", "prepared", true, "", device(s))
+	specMap := map[string]any{}
+	b, _ := json.Marshal(s)
+	require.NoError(t, json.Unmarshal(b, &specMap))
+	r["salt_volumes_|-salt_volumes by-hand_|-by-hand_|-prepared"].(map[string]any)["spec"] = specMap
+	g.send(ret("20261126333333333333", "node-1", 0, r))
+	ev := g.next("by-hand")
+	assert.Equal(t, volume.Available, ev.Volume.Status.Phase)
+	assert.Equal(t, volume.OriginSalt, ev.Volume.Origin)
+	g.r.Touch("by-hand")
+	time.Sleep(200 * time.Millisecond) // a reconcile pass that must publish nothing
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	assert.Zero(t, k.published, "an adopted volume got a PersistentVolume")
 }

@@ -589,13 +589,13 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 			return
 		}
 		now := time.Now().UTC()
-		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: "salt",
+		v := &volume.Volume{Spec: *s, CreatedAt: now, Origin: volume.OriginSalt,
 			Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available, JobID: o.jid, UpdatedAt: now}}}
 		v.Status.ApplyDevice(o.result.Device)
 		v.Status.PreparedSize = s.Bytes()
-		if r.opt.Kube != nil {
-			v.Status.Phase, v.Status.Publishing, v.Status.Step = volume.Pending, true, stepPublish
-		}
+		// In Kubernetes mode an adopted volume gets no PersistentVolume:
+		// nobody asked for it to be offered to claims, and a PV without a
+		// claimRef binds any claim that names it.
 		if err := r.writer().Create(v); err != nil {
 			r.log.Warn("not adopting volume", "volume", name, "error", err)
 			r.q.add(name)
@@ -603,9 +603,6 @@ func (r *Reconciler) adopt(name string, obs []observation) {
 		}
 		r.Metrics.Adopted.Inc()
 		r.log.Info("volume prepared outside the control plane adopted", "volume", name, "node", o.node, "job", o.jid)
-		if v.Status.Publishing {
-			r.q.add(name)
-		}
 		return
 	}
 }

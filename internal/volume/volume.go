@@ -61,8 +61,9 @@ type Volume struct {
 	// (salt-volumes node forget): it applies whatever the phase, as the
 	// node is gone for good and nothing will ever run there.
 	NodeForgotten bool `json:"nodeForgotten,omitempty"`
-	// Origin is "salt" for a volume first seen in the return of a state
-	// run someone else started (salt-call, orchestrate); empty for ours.
+	// Origin is OriginSalt for a volume first seen in the return of a
+	// state run someone else started (salt-call, orchestrate); empty for
+	// ours.
 	Origin string `json:"origin,omitempty"`
 	// Claim is the PersistentVolumeClaim the volume was provisioned for.
 	Claim *saltvolumes.Claim `json:"claim,omitempty"`
@@ -353,6 +354,9 @@ func StateNames(ret any) []string {
 	sort.Strings(out)
 	return out
 }
+
+// OriginSalt marks an adopted volume (Volume.Origin).
+const OriginSalt = "salt"
 
 // AdoptedSpec is the spec of a volume prepared by someone else's state run:
 // the normalised spec the prepared state returns next to the device info,

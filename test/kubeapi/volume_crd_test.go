@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -150,6 +151,97 @@ func TestVolumeResource(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, out, "status.phase: Unsupported value")
 	})
+
+	// deploy/kubernetes/claims-policy.yaml on a real API server and PV
+	// controller: a tenant cannot claim a static PV (the class is refused
+	// at admission; another class never binds it); an operator can.
+	t.Run("tenant claims", func(t *testing.T) {
+		out, err := kubectl("", "apply", "-f", filepath.Join(repo, "deploy", "kubernetes", "claims-policy.yaml"))
+		require.NoError(t, err, out)
+		out, err = kubectl(`apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: claims, namespace: team-a}
+rules:
+  - apiGroups: [""]
+    resources: [persistentvolumeclaims]
+    verbs: [create, get, list]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: claims, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: claims}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant}
+  - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "salt-volumes:operators"}
+`, "apply")
+		require.NoError(t, err, out)
+		for _, pv := range []string{"kv-static", "kv-static-ops"} {
+			out, err = kubectl(staticPV(pv), "apply")
+			require.NoError(t, err, out)
+		}
+		tenant := []string{"--as", "tenant", "-n", "team-a"}
+		operator := []string{"--as", "ops", "--as-group", "salt-volumes:operators", "-n", "team-a"}
+
+		// The policy takes a moment to be enforced after it is created.
+		require.Eventually(t, func() bool {
+			out, err = kubectl(claim("steal", "salt-volumes-static", "kv-static"), append([]string{"create"}, tenant...)...)
+			if err == nil {
+				_, _ = kubectl("", "delete", "pvc", "steal", "-n", "team-a", "--wait=false")
+			}
+			return err != nil && strings.Contains(out, "only the salt-volumes:operators group may claim them")
+		}, time.Minute, 500*time.Millisecond, "the tenant's claim of the static class was not refused: %s", out)
+
+		out, err = kubectl(claim("by-name", "salt-volumes", "kv-static"), append([]string{"create"}, tenant...)...)
+		require.NoError(t, err, "a tenant may create a claim of another class: %s", out)
+		out, err = kubectl(claim("ops", "salt-volumes-static", "kv-static-ops"), append([]string{"create"}, operator...)...)
+		require.NoError(t, err, "an operator may claim a static PV: %s", out)
+		require.Eventually(t, func() bool {
+			out, _ = kubectl("", "get", "pvc", "ops", "-n", "team-a", "-o", "jsonpath={.status.phase}")
+			return out == "Bound"
+		}, time.Minute, 200*time.Millisecond, "the operator's claim did not bind (is the PV controller running?): %s", out)
+		// The PV controller has looked at the tenant's claim by now (it was
+		// created first): it names the PV, and stays Pending.
+		out, _ = kubectl("", "get", "pvc", "by-name", "-n", "team-a", "-o", "jsonpath={.status.phase}")
+		assert.Equal(t, "Pending", out)
+		out, _ = kubectl("", "get", "pv", "kv-static", "-o", "jsonpath={.status.phase}/{.spec.claimRef.name}")
+		assert.Equal(t, "Available/", out, "the static PV was bound by a tenant's claim")
+	})
+}
+
+// staticPV is a PV as serve publishes a volume made with the CLI, in the
+// class claims-policy.yaml keeps for operators.
+func staticPV(name string) string {
+	return `apiVersion: v1
+kind: PersistentVolume
+metadata: {name: ` + name + `}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: salt-volumes-static
+  local: {path: /dev/disk/by-uuid/3f2504e0-4f89-41d3-9a0c-0305e82c3301}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node-1]}]
+`
+}
+
+// claim is a claim of class for the PV named volume.
+func claim(name, class, volume string) string {
+	return `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: ` + name + `}
+spec:
+  storageClassName: ` + class + `
+  volumeName: ` + volume + `
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+`
 }
 
 // volume is a Volume manifest.
