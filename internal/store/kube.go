@@ -418,6 +418,15 @@ func (s *Kube) create(v *volume.Volume, still func() error) error {
 		rv := u.GetResourceVersion()
 		if derr := s.letGo(ctx, u, &rv); derr != nil {
 			s.log.Error("a Volume object was created but neither its status written nor the object deleted: it reads as a new volume", "volume", name, "error", derr)
+			// The watch's view of it was kept from the cache while we
+			// wrote (creating): take it in now, or it stays unseen until
+			// it changes or a relist.
+			s.mark(s.creating, name, false)
+			if cur, gerr := s.api.Get(ctx, name, metav1.GetOptions{}); gerr == nil {
+				_, _ = s.wrote(cur)
+			} else {
+				_, _ = s.wrote(u)
+			}
 		}
 		return kubeUnavailable("writing the status of volume "+name, err)
 	}
