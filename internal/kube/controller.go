@@ -182,6 +182,10 @@ func (c *Controller) Start(ctx context.Context, timeout time.Duration) error {
 	if !cache.WaitForCacheSync(sctx.Done(), c.synced...) {
 		return fmt.Errorf("kubernetes: the watches of PersistentVolumes, PersistentVolumeClaims, StorageClasses and Nodes did not sync within %s: check the API server address and that the control plane's identity has the permissions of deploy/kubernetes/rbac.yaml", timeout)
 	}
+	if sc, err := c.classes.Get(c.cfg.StorageClass); err == nil && sc.Provisioner == c.cfg.Provisioner {
+		c.log.Warn("the PersistentVolumes of volumes made through the API, CLI, UI or Volume objects are in a class claims are provisioned from: any claim of that class, in any namespace, can bind one; give them a class of their own (kubernetes.storageClass: salt-volumes-static) and apply deploy/kubernetes/claims-policy.yaml",
+			"storageClass", c.cfg.StorageClass)
+	}
 	for range 2 {
 		c.spawn(func() {
 			for c.nextClaim(ctx) {

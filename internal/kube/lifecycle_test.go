@@ -1,8 +1,11 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,4 +86,42 @@ func TestOnlyTheLeaderActs(t *testing.T) {
 	require.NoError(t, err)
 	time.Sleep(300 * time.Millisecond)
 	assert.Equal(t, 1, vols.count(), "a claim was provisioned after Stop returned")
+}
+
+// serve says so when the PVs of operators' volumes share a class with the
+// claims it provisions (any claim of the class could bind them), and is
+// quiet when they have a class of their own.
+func TestWarnsWhenStaticPVsShareAProvisioningClass(t *testing.T) {
+	for _, tc := range []struct {
+		static string
+		warned bool
+	}{{"sv", true}, {"salt-volumes-static", false}} {
+		var buf syncBuffer
+		log := slog.New(slog.NewTextHandler(&buf, nil))
+		c := New(fake.NewSimpleClientset(testClass()), Config{StorageClass: tc.static}, log)
+		c.SetVolumes(&fakeVolumes{})
+		ctx, cancel := context.WithCancel(context.Background())
+		require.NoError(t, c.Start(ctx, 10*time.Second))
+		c.Stop()
+		cancel()
+		assert.Equal(t, tc.warned, strings.Contains(buf.String(), "any claim of that class, in any namespace, can bind one"), tc.static)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
