@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build image e2e-bin demo test test-salt lint unit race pytest promtool bench bench-smoke load fuzz install salt-files clean \
+.PHONY: all setup build image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke load fuzz install salt-files clean \
         vagrant-host vagrant-box vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -94,6 +94,12 @@ pytest:
 
 unit:
 	$(GO) test -count=1 ./internal/...
+
+# The edit-test loop (after make setup once): formatting, vet, ruff,
+# shellcheck, pytest and the unit tests of the packages and commands; make
+# test stays the whole suite.
+check: lint pytest
+	$(GO) test -count=1 ./internal/... ./cmd/...
 
 # The control plane's concurrent packages under the race detector: the
 # reconciler's workers, the bus reader, the API's watchers.

@@ -71,8 +71,14 @@ func TestRealSaltAPI(t *testing.T) {
 	require.Contains(t, viaDisk.Returns, s.MinionID)
 	assert.Equal(t, viaAPI.Returns[s.MinionID].Retcode, viaDisk.Returns[s.MinionID].Retcode)
 	assert.JSONEq(t, string(viaAPI.Returns[s.MinionID].Return), string(viaDisk.Returns[s.MinionID].Return))
+	// A job the cache does not hold: unknown, without salt-api, unless
+	// this control plane published it (then salt-api is asked).
+	unknown, err := local.ListJob(ctx, "20000101000000000000")
+	require.NoError(t, err, "an unknown job nobody here published is not asked of salt-api")
+	assert.False(t, unknown.Known)
+	local.Published = func(jid string) bool { return jid == "20000101000000000000" }
 	_, err = local.ListJob(ctx, "20000101000000000000")
-	assert.ErrorContains(t, err, "asked salt-api", "an unknown job goes to salt-api")
+	assert.ErrorContains(t, err, "asked salt-api", "an unknown job of ours goes to salt-api")
 
 	_, found, err := c.LookupJID(ctx, "20000101000000000000")
 	require.NoError(t, err)
