@@ -2,7 +2,6 @@ package reconciler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -173,13 +172,7 @@ func TestKubeLostPVFailsTheVolume(t *testing.T) {
 func TestKubeAdoptedVolumesAreNotPublished(t *testing.T) {
 	k := &fakeKube{}
 	g := newRig(t, Options{Kube: k})
-	s := sparseSpec("by-hand")
-	r := stateRet("by-hand", "prepared", true, "", device(s))
-	specMap := map[string]any{}
-	b, _ := json.Marshal(s)
-	require.NoError(t, json.Unmarshal(b, &specMap))
-	r["salt_volumes_|-salt_volumes by-hand_|-by-hand_|-prepared"].(map[string]any)["spec"] = specMap
-	g.send(ret("20261126333333333333", "node-1", 0, r))
+	g.send(ret("20261126333333333333", "node-1", 0, preparedByHand(t, "by-hand")))
 	ev := g.next("by-hand")
 	assert.Equal(t, volume.Available, ev.Volume.Status.Phase)
 	assert.Equal(t, volume.OriginSalt, ev.Volume.Origin)

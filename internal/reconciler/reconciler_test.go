@@ -570,15 +570,22 @@ func TestJobTimeout(t *testing.T) {
 	assert.Contains(t, v.Status.Message, "jobs.lookup_jid "+v.Status.JobID)
 }
 
-func TestStateRunsOfOthersAreTracked(t *testing.T) {
-	g := newRig(t, Options{})
-	s := sparseSpec("by-hand")
-	r := stateRet("by-hand", "prepared", true, "", device(s))
+// preparedByHand is the return of salt_volumes.prepared run by someone
+// else (salt-call) for a new volume: its spec and device, ready to adopt.
+func preparedByHand(t *testing.T, name string) map[string]any {
+	t.Helper()
+	s := sparseSpec(name)
+	r := stateRet(name, "prepared", true, "", device(s))
 	specMap := map[string]any{}
 	b, _ := json.Marshal(s)
 	require.NoError(t, json.Unmarshal(b, &specMap))
-	r["salt_volumes_|-salt_volumes by-hand_|-by-hand_|-prepared"].(map[string]any)["spec"] = specMap
-	g.send(ret("20261122111111111111", "node-1", 0, r))
+	r["salt_volumes_|-salt_volumes "+name+"_|-"+name+"_|-prepared"].(map[string]any)["spec"] = specMap
+	return r
+}
+
+func TestStateRunsOfOthersAreTracked(t *testing.T) {
+	g := newRig(t, Options{})
+	g.send(ret("20261122111111111111", "node-1", 0, preparedByHand(t, "by-hand")))
 	ev := g.next("by-hand")
 	assert.Equal(t, Added, ev.Type)
 	assert.Equal(t, volume.Available, ev.Volume.Status.Phase)

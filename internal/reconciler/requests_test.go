@@ -1,7 +1,6 @@
 package reconciler
 
 import (
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -70,13 +69,7 @@ func TestOneLimitForEveryWayIn(t *testing.T) {
 	_, err = g.r.Provision(sparseSpec("claimed"), &saltvolumes.Claim{Namespace: "ns", Name: "data"})
 	require.ErrorAs(t, err, &le)
 
-	s := sparseSpec("by-hand")
-	r := stateRet("by-hand", "prepared", true, "", device(s))
-	specMap := map[string]any{}
-	b, _ := json.Marshal(s)
-	require.NoError(t, json.Unmarshal(b, &specMap))
-	r["salt_volumes_|-salt_volumes by-hand_|-by-hand_|-prepared"].(map[string]any)["spec"] = specMap
-	g.send(ret("20261126111111111111", "node-1", 0, r))
+	g.send(ret("20261126111111111111", "node-1", 0, preparedByHand(t, "by-hand")))
 	require.Eventually(t, func() bool { return g.r.Metrics.OverLimit.Adoption.Value() == 1 }, 5*time.Second, 10*time.Millisecond)
 	_, err = g.store.Get("by-hand")
 	assert.ErrorIs(t, err, store.ErrNotFound, "adopted over the limit")
