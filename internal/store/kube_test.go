@@ -68,7 +68,11 @@ func dynamicClient(t *testing.T, kubeconfig string) dynamic.Interface {
 
 // openTestKube opens the backend as serve would, after clearing every
 // Volume object left by an earlier test (the resource is cluster-wide).
-func openTestKube(t *testing.T) *Kube {
+func openTestKube(t *testing.T) *Kube { return openTestKubeWith(t, nil) }
+
+// openTestKubeWith is openTestKube with the control plane's client wrapped
+// (faults injected) before the backend starts using it.
+func openTestKubeWith(t *testing.T, wrap func(dynamic.Interface) dynamic.Interface) *Kube {
 	c := testKube(t)
 	admin := dynamicClient(t, c.AdminKubeconfig).Resource(VolumeResource)
 	ctx := context.Background()
@@ -86,7 +90,11 @@ func openTestKube(t *testing.T) *Kube {
 		l, err := admin.List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 0
 	}, 10*time.Second, 50*time.Millisecond)
-	s, err := OpenKube(ctx, KubeConfig{Client: dynamicClient(t, c.ControlKubeconfig), RequestTimeout: 5 * time.Second})
+	client := dynamicClient(t, c.ControlKubeconfig)
+	if wrap != nil {
+		client = wrap(client)
+	}
+	s, err := OpenKube(ctx, KubeConfig{Client: client, RequestTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s

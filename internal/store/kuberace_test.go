@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -19,7 +20,7 @@ import (
 // failingWrites fails the status write and the finalizer removal, once
 // each: an API server that went away between a create's two steps.
 type failingWrites struct {
-	dynamic.ResourceInterface
+	dynamic.NamespaceableResourceInterface
 	status, update atomic.Bool
 }
 
@@ -27,14 +28,24 @@ func (f *failingWrites) UpdateStatus(ctx context.Context, u *unstructured.Unstru
 	if f.status.CompareAndSwap(true, false) {
 		return nil, errors.New("connection refused")
 	}
-	return f.ResourceInterface.UpdateStatus(ctx, u, o)
+	return f.NamespaceableResourceInterface.UpdateStatus(ctx, u, o)
 }
 
 func (f *failingWrites) Update(ctx context.Context, u *unstructured.Unstructured, o metav1.UpdateOptions, sub ...string) (*unstructured.Unstructured, error) {
 	if f.update.CompareAndSwap(true, false) {
 		return nil, errors.New("connection refused")
 	}
-	return f.ResourceInterface.Update(ctx, u, o, sub...)
+	return f.NamespaceableResourceInterface.Update(ctx, u, o, sub...)
+}
+
+// failingClient hands out failingWrites for the Volume resource.
+type failingClient struct {
+	dynamic.Interface
+	fw *failingWrites
+}
+
+func (f failingClient) Resource(schema.GroupVersionResource) dynamic.NamespaceableResourceInterface {
+	return f.fw
 }
 
 // A create whose status write failed, and whose object could not be let go
@@ -44,12 +55,14 @@ func (f *failingWrites) Update(ctx context.Context, u *unstructured.Unstructured
 // the fix), and a kubectl delete of it finishes once the backend lets it go
 // (that part held already: the deletion's own event brought it in).
 func TestKubeCreateThatLostItsStatusWrite(t *testing.T) {
-	s := openTestKube(t)
+	var fw *failingWrites
+	s := openTestKubeWith(t, func(d dynamic.Interface) dynamic.Interface {
+		fw = &failingWrites{NamespaceableResourceInterface: d.Resource(VolumeResource)}
+		return failingClient{d, fw}
+	})
 	c := testKube(t)
-	fw := &failingWrites{ResourceInterface: s.api}
 	fw.status.Store(true)
 	fw.update.Store(true)
-	s.api = fw
 
 	v := vol("raced")
 	require.Error(t, s.Create(v))
