@@ -186,14 +186,19 @@ subjects:
 		tenant := []string{"--as", "tenant", "-n", "team-a"}
 		operator := []string{"--as", "ops", "--as-group", "salt-volumes:operators", "-n", "team-a"}
 
-		// The policy takes a moment to be enforced after it is created.
+		// The policy takes a moment to be enforced after it is created:
+		// probe with a claim that names no PV (one let through before that
+		// must not bind anything), then try the real one.
 		require.Eventually(t, func() bool {
-			out, err = kubectl(claim("steal", "salt-volumes-static", "kv-static"), append([]string{"create"}, tenant...)...)
+			out, err = kubectl(claim("probe", "salt-volumes-static", "no-such-pv"), append([]string{"create"}, tenant...)...)
 			if err == nil {
-				_, _ = kubectl("", "delete", "pvc", "steal", "-n", "team-a", "--wait=false")
+				_, _ = kubectl("", "delete", "pvc", "probe", "-n", "team-a", "--wait=false")
 			}
 			return err != nil && strings.Contains(out, "only the salt-volumes:operators group may claim them")
 		}, time.Minute, 500*time.Millisecond, "the tenant's claim of the static class was not refused: %s", out)
+		out, err = kubectl(claim("steal", "salt-volumes-static", "kv-static"), append([]string{"create"}, tenant...)...)
+		require.Error(t, err, "the tenant claimed the static PV: %s", out)
+		assert.Contains(t, out, "spec.storageClassName: salt-volumes-static")
 
 		out, err = kubectl(claim("by-name", "salt-volumes", "kv-static"), append([]string{"create"}, tenant...)...)
 		require.NoError(t, err, "a tenant may create a claim of another class: %s", out)
