@@ -403,6 +403,9 @@ func (r *Reconciler) Handle(ev events.Event) {
 		// event only say which volumes to look up.
 		names := volume.StateNames(jr.Return)
 		if len(names) > MaxHintNames || !r.hints.AllowN(time.Now(), len(names)) {
+			// Maybe one of ours that returned before its publish was
+			// answered: registerJob still finds it here.
+			r.remember(jr.JID)
 			r.Metrics.Rejected.Flood.Inc()
 			r.warn.Warn("job return of a run not ours dropped: more volume names than the hint limits allow", "job", jr.JID, "from", jr.Minion, "names", len(names))
 			return

@@ -130,3 +130,27 @@ func TestForeignHintsAreBounded(t *testing.T) {
 	g.until("ours", "Available")
 	assert.EqualValues(t, 2, g.r.Metrics.Rejected.Flood.Value())
 }
+
+// A return of ours that comes before the publish is answered looks like
+// someone else's run; dropped by the hint limits, it is still remembered
+// and settles the volume once the job is registered.
+func TestOurEarlyReturnSurvivesTheHintLimits(t *testing.T) {
+	g := newRig(t, Options{HintNamesPerSecond: 1}) // bursts of 4 names
+	// Spend the burst.
+	g.send(ret("20261126444444444441", "node-1", 0, stateRet("a", "absent", true, "", nil)))
+	for i := range 4 {
+		g.send(ret(fmt.Sprintf("2026112644444444445%d", i), "node-1", 0, stateRet(fmt.Sprintf("x-%d", i), "absent", true, "", nil)))
+	}
+	require.Eventually(t, func() bool { return g.r.Metrics.Rejected.Flood.Value() > 0 }, 5*time.Second, time.Millisecond)
+	s := sparseSpec("early-ok")
+	g.salt.onLaunch = func(jid string, _ call) {
+		ev := ret(jid, "node-1", 0, stateRet("early-ok", "prepared", true, "", device(s)))
+		g.record(ev)
+		before := g.r.Metrics.Rejected.Flood.Value()
+		g.r.Handle(ev)
+		assert.Equal(t, before+1, g.r.Metrics.Rejected.Flood.Value(), "the early return was not metered: the test proves nothing")
+	}
+	_, err := g.r.Create(s)
+	require.NoError(t, err)
+	g.until("early-ok", "Available")
+}
