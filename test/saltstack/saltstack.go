@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -124,15 +123,15 @@ func releaseOf(t T, venv string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// FreePort is a loopback TCP port nobody listens on right now.
+// FreePort is a loopback TCP port nobody listens on right now
+// (testenv.FreePort: never one the kernel may hand out on its own).
 func FreePort(t T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func newStack(t T, execPath string) *Stack {

@@ -6,7 +6,9 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -219,15 +221,26 @@ func FakeDiskWith(t testing.TB, size int64, write func(img string) error) loopde
 }
 
 // FreePort returns a loopback TCP port nobody listens on (at the moment of
-// asking).
+// asking), below the kernel's ephemeral range: a port the kernel picked
+// (":0") is free only until some other program binds ":0" and is handed the
+// same one, and Salt's master binds its internal worker queue that way (it
+// once took the port a test had chosen for salt-api, which then could
+// never start).
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 200 {
+		port := freePortLow + rand.IntN(freePortHigh-freePortLow)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // taken: another test's, or a server's
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free loopback port between 20000 and 32767")
 }
+
+// Below Linux's default ephemeral range (32768-60999).
+const freePortLow, freePortHigh = 20000, 32768
 
 // CachedBuild runs one of the repository's scripts that build something
 // into the cache outside the repository once (scripts/kube-tools.sh,
