@@ -29,16 +29,32 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
-	"github.com/salt-volumes/salt-volumes/internal/reconciler"
+	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
+// Requests records what users ask of volumes (internal/requests): the API
+// only checks and forwards; the reconciler acts on what lands in the store.
+type Requests interface {
+	Create(s *spec.Spec) (*volume.Volume, error)
+	Delete(name string, wipe bool) (*volume.Volume, error)
+	Forget(name string) (*volume.Volume, error)
+	ForgetNode(node string, names []string) ([]*volume.Volume, error)
+	Resize(name, size string) (*volume.Volume, error)
+}
+
 // Server serves the API.
 type Server struct {
-	Reconciler *reconciler.Reconciler
-	Store      store.Reader
+	Requests Requests
+	// Jobs lists a volume's state runs, newest last.
+	Jobs func(volume string) []saltvolumes.Job
+	// Health holds what nodes report about themselves and their volumes.
+	Health *health.Registry
+	// Watch fans the store's changes out to watch streams.
+	Watch *store.Hub
+	Store store.Reader
 	// Role says what this replica does when several share a store:
 	// "leader" (it reconciles) or "follower" (it serves; writes go to the
 	// store and the leader acts on them). nil: the only control plane.
@@ -370,8 +386,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Message: err.Error()})
 		return
 	}
-	v, err := s.Reconciler.Create(sp)
-	var lerr *reconciler.LimitError
+	v, err := s.Requests.Create(sp)
+	var lerr *requests.LimitError
 	if errors.As(err, &lerr) {
 		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: lerr.Error()})
 		return
@@ -417,7 +433,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 // healthMetrics writes what nodes report: per volume and per node gauges,
 // restore counters.
 func (s *Server) healthMetrics(mw *metrics.Writer) {
-	g := s.Reconciler.Nodes
+	g := s.Health
 	var size, alloc, used, healthy []metrics.Sample
 	for _, v := range s.Store.List() {
 		l := []string{"volume", v.Spec.Name, "node", v.Spec.Node}
@@ -479,7 +495,7 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 // view is the volume's API view with what its node last reported.
 func (s *Server) view(v *volume.Volume) saltvolumes.View {
 	out := v.View()
-	out.Usage = s.Reconciler.Nodes.Usage(v.Spec.Node, v.Spec.UUID)
+	out.Usage = s.Health.Usage(v.Spec.Node, v.Spec.UUID)
 	return out
 }
 
@@ -490,7 +506,7 @@ func (s *Server) jobs(w http.ResponseWriter, r *http.Request) {
 		notFound(w, r.PathValue("name"))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": s.Reconciler.Jobs(v.Spec.Name)})
+	writeJSON(w, http.StatusOK, map[string]any{"items": s.Jobs(v.Spec.Name)})
 }
 
 // usage is a volume's usage history: ?since=<duration> (default and at
@@ -511,8 +527,8 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		window = min(d, window)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"volume": v.Spec.Name, "current": s.Reconciler.Nodes.Usage(v.Spec.Node, v.Spec.UUID),
-		"samples": s.Reconciler.Nodes.History(v.Spec.UUID, time.Now().Add(-window)),
+		"volume": v.Spec.Name, "current": s.Health.Usage(v.Spec.Node, v.Spec.UUID),
+		"samples": s.Health.History(v.Spec.UUID, time.Now().Add(-window)),
 	})
 }
 
@@ -535,11 +551,11 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
 		return
 	case forget:
-		v, err = s.Reconciler.Forget(name)
+		v, err = s.Requests.Forget(name)
 	default:
-		v, err = s.Reconciler.Delete(name, wipe)
+		v, err = s.Requests.Delete(name, wipe)
 	}
-	var de *reconciler.DeleteError
+	var de *requests.DeleteError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		notFound(w, name)
@@ -572,8 +588,8 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 	if body.Size != nil {
 		size = string(*body.Size)
 	}
-	v, err := s.Reconciler.Resize(name, size)
-	var re *reconciler.ResizeError
+	v, err := s.Requests.Resize(name, size)
+	var re *requests.ResizeError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		notFound(w, name)
@@ -608,8 +624,8 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "volumes", Message: "volumes: empty: name the volumes of node " + node + " to forget"})
 		return
 	}
-	got, err := s.Reconciler.ForgetNode(node, body.Volumes)
-	var ne *reconciler.NodeForgetError
+	got, err := s.Requests.ForgetNode(node, body.Volumes)
+	var ne *requests.NodeForgetError
 	switch {
 	case errors.As(err, &ne):
 		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Field: "volumes",
@@ -647,7 +663,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	// A small buffer: an idle watcher costs its queue, and one that falls
 	// behind is dropped and reconnects for the full list.
-	ch, stop := s.Reconciler.Hub.Subscribe(256)
+	ch, stop := s.Watch.Subscribe(256)
 	defer stop()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
@@ -688,7 +704,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		if err != nil || !match(v) {
 			continue
 		}
-		if send(reconciler.Added, v) != nil {
+		if send(saltvolumes.Added, v) != nil {
 			return
 		}
 	}
@@ -751,11 +767,11 @@ func (s *Server) nodes(w http.ResponseWriter, r *http.Request) {
 		n.Volumes++
 		n.Phases[v.Status.Phase.String()]++
 	}
-	for _, name := range s.Reconciler.Nodes.Names() {
+	for _, name := range s.Health.Names() {
 		get(name)
 	}
 	for name, n := range byName {
-		n.Capacity, n.Health = s.Reconciler.Nodes.NodeView(name)
+		n.Capacity, n.Health = s.Health.NodeView(name)
 	}
 	items := make([]saltvolumes.Node, 0, len(byName))
 	for _, n := range byName {
@@ -772,20 +788,6 @@ func (s *Server) nodes(w http.ResponseWriter, r *http.Request) {
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer
 	mw := metrics.NewWriter(&buf)
-	m := s.Reconciler.Metrics
-	mw.Counter("salt_volumes_reconciles_total", "Volume reconcile passes.", m.Reconciles.Value())
-	mw.Counter("salt_volumes_jobs_launched_total", "State runs started through salt-api.", m.JobsLaunched.Value())
-	mw.Counter("salt_volumes_jobs_succeeded_total", "State runs that settled a volume successfully.", m.JobsSucceeded.Value())
-	mw.Counter("salt_volumes_jobs_failed_total", "State runs that failed a volume.", m.JobsFailed.Value())
-	mw.Counter("salt_volumes_jobs_reconstructed_total", "Jobs settled from Salt's job cache after an event bus reconnect or a control plane restart.", m.JobsReconstructed.Value())
-	mw.Counter("salt_volumes_jobs_relaunched_total", "Jobs unknown to Salt after a reconnect or restart, started again.", m.JobsRelaunched.Value())
-	mw.Counter("salt_volumes_jobs_timed_out_total", "Jobs without a return within the job timeout.", m.JobsTimedOut.Value())
-	mw.Counter("salt_volumes_job_launch_errors_total", "Failed attempts to start a state run.", m.LaunchErrors.Value())
-	mw.Counter("salt_volumes_job_lookups_total", "Job cache lookups (reconnects, restarts, timeouts, polling mode).", m.Lookups.Value())
-	mw.Counter("salt_volumes_adopted_total", "Volumes first seen in someone else's state run.", m.Adopted.Value())
-	mw.CounterVec("salt_volumes_volumes_over_limit_total", "Volumes refused because the control plane held limits.volumes, by the way they came: api (API and CLI), claim, adoption (someone else's state run), object (a Volume object).", "via", m.OverLimit.Values())
-	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device), node reports not from the node they are about (health).", "reason", m.Rejected.Values())
-	mw.Histogram("salt_volumes_job_latency_seconds", "From starting a state run to its return settling the volume.", m.JobLatency)
 	phases := map[string]float64{}
 	for _, p := range []volume.Phase{volume.Unknown, volume.Pending, volume.Available, volume.Failed, volume.Terminating} {
 		phases[p.String()] = 0
@@ -795,7 +797,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	mw.Gauge("salt_volumes_volumes", "Volumes by phase.", "phase", phases)
 	s.healthMetrics(mw)
-	mw.Gauge("salt_volumes_watchers", "Open watch streams.", "", map[string]float64{"": float64(s.Reconciler.Hub.Watchers())})
+	mw.Gauge("salt_volumes_watchers", "Open watch streams.", "", map[string]float64{"": float64(s.Watch.Watchers())})
 	leader := 1.0
 	if s.Role != nil && !s.Role().Leader {
 		leader = 0

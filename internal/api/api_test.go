@@ -57,7 +57,10 @@ func newServerOpt(t *testing.T, opt reconciler.Options, tune func(*Server)) (*ht
 	rec := reconciler.New(st, noSalt{}, nil, opt, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	go rec.Run(ctx)
-	srv := &Server{Reconciler: rec, Store: st, Token: token,
+	hub := store.NewHub()
+	stopHub := st.Watch(hub.Publish)
+	t.Cleanup(stopHub)
+	srv := &Server{Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, ExtraMetrics: rec.WriteMetrics, Store: st, Token: token,
 		Nodes: func(context.Context) ([]string, error) { return []string{"node-1", "node-2"}, nil }}
 	tune(srv)
 	ts := httptest.NewServer(srv.Handler())
@@ -259,9 +262,15 @@ func TestMetricsExposition(t *testing.T) {
 		`salt_volumes_volumes{phase="Available"} 0`,
 		`salt_volumes_events_rejected_total{reason="unconfirmed"} 0`,
 		`salt_volumes_events_rejected_total{reason="progress"} 0`,
+		"# TYPE salt_volumes_workqueue_work_duration_seconds summary",
 	} {
 		assert.Contains(t, text, want)
 	}
+	// The reconciler's client-go queue took the new volume, and a worker
+	// took it from there (its pass waits on a Salt that never answers).
+	assert.Regexp(t, `salt_volumes_workqueue_adds_total\{name="volumes"\} [1-9]`, text)
+	done := regexp.MustCompile(`salt_volumes_workqueue_queue_duration_seconds_count\{name="volumes"\} [1-9]`)
+	assert.Eventually(t, func() bool { return done.MatchString(scrape(t, ts)) }, 5*time.Second, 10*time.Millisecond)
 }
 
 func TestLimits(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
+	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -776,7 +777,7 @@ func (c *Controller) expand(pvc *corev1.PersistentVolumeClaim, sc *storagev1.Sto
 		return nil
 	}
 	if _, err := c.vols.Resize(v.Spec.Name, spec.FormatSize(want)); err != nil {
-		var re *reconciler.ResizeError
+		var re *requests.ResizeError
 		if errors.As(err, &re) && re.Conflict {
 			return errVolumeBusy
 		}

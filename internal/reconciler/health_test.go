@@ -99,7 +99,7 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	tr := &truth{}
 	g := statusRig(t, tr)
 	s := sparseSpec("hv")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("hv", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("hv", "prepared", true, "", device(s))))
@@ -164,7 +164,7 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	assert.Equal(t, ReasonDamaged, g.until("hv", "Failed").Status.Reason)
 
 	// A volume failed by its job is not a report's to revive.
-	_, err = g.r.Create(sparseSpec("job-failed"))
+	_, err = g.r.Requests.Create(sparseSpec("job-failed"))
 	require.NoError(t, err)
 	jf := g.until("job-failed", "Pending")
 	g.send(ret(jf.Status.JobID, "node-1", 1, stateRet("job-failed", "prepared", false, "mkfs failed", nil)))
@@ -184,7 +184,7 @@ func TestStatusReturnBeforeLocalAsyncAnswers(t *testing.T) {
 	tr := &truth{}
 	g := statusRigWith(t, tr, true)
 	s := sparseSpec("early")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("early", "Pending")
 	for v.Status.JobID == "" {

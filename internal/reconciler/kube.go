@@ -54,24 +54,22 @@ func (r *Reconciler) observeKube(ctx context.Context, v *volume.Volume) bool {
 }
 
 // publish creates the PV of a volume whose storage is ready.
-func (r *Reconciler) publish(ctx context.Context, v *volume.Volume) bool {
+func (r *Reconciler) publish(ctx context.Context, v *volume.Volume, res *Result) bool {
 	st := &v.Status
 	if err := r.opt.Kube.Publish(ctx, v); err != nil {
 		r.warn.Warn("could not create the PersistentVolume", "volume", v.Spec.Name, "error", err)
 		st.Reason, st.Message = ReasonPublishFailed, fmt.Sprintf("creating the PersistentVolume, retrying: %v", err)
-		r.delay(v.Spec.Name)
+		res.Backoff = true
 		return true
 	}
-	r.mu.Lock()
-	delete(r.backoff, v.Spec.Name)
-	r.mu.Unlock()
+	res.Forget = true
 	st.Phase, st.Publishing, st.Step, st.Reason, st.Message = volume.Available, false, "", "", ""
 	return true
 }
 
 // withdraw deletes the volume's PV before its storage; done once no claim
 // holds it. changed reports whether v changed.
-func (r *Reconciler) withdraw(ctx context.Context, v *volume.Volume) (done, changed bool) {
+func (r *Reconciler) withdraw(ctx context.Context, v *volume.Volume, res *Result) (done, changed bool) {
 	st := &v.Status
 	ok, blocked, err := r.opt.Kube.Withdraw(ctx, v)
 	switch {
@@ -81,7 +79,7 @@ func (r *Reconciler) withdraw(ctx context.Context, v *volume.Volume) (done, chan
 		// for that job's return as if it were the unprepare's.
 		st.Phase, st.Step, st.JobID = volume.Terminating, stepWithdraw, ""
 		st.Reason, st.Message = ReasonKubeError, fmt.Sprintf("deleting the PersistentVolume, retrying: %v", err)
-		r.delay(v.Spec.Name)
+		res.Backoff = true
 		return false, true
 	case blocked != "" && v.DeletionMarked:
 		// kubectl delete marked the Volume object: that cannot be taken

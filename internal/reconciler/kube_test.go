@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
@@ -66,7 +67,7 @@ func TestKubeAvailableOnlyOncePublished(t *testing.T) {
 	k := &fakeKube{publishErr: errors.New("apiserver down")}
 	g := newRig(t, Options{Kube: k, RetryDelay: 50 * time.Millisecond})
 	s := sparseSpec("k-pub")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("k-pub", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-pub", "prepared", true, "", device(s))))
@@ -92,14 +93,14 @@ func TestKubeDeletionWaitsForThePVThenUnprepares(t *testing.T) {
 	k := &fakeKube{}
 	g := newRig(t, Options{Kube: k})
 	s := sparseSpec("k-del")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("k-del", "Pending")
 	prepare := ret(v.Status.JobID, "node-1", 0, stateRet("k-del", "prepared", true, "", device(s)))
 	g.send(prepare)
 	g.until("k-del", "Available")
 
-	_, err = g.r.Delete("k-del", false)
+	_, err = g.r.Requests.Delete("k-del", false)
 	require.NoError(t, err)
 	v = g.until("k-del", "Terminating")
 	assert.Contains(t, v.Status.Step, "no claim holds")
@@ -122,7 +123,7 @@ func TestKubeDeletionWaitsForThePVThenUnprepares(t *testing.T) {
 	calls := g.salt.launches()
 	assert.Equal(t, SLSUnprepared, calls[1].SLS())
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-del", "absent", true, "", nil)))
-	g.until("k-del", Deleted)
+	g.until("k-del", store.Deleted)
 	k.mu.Lock()
 	assert.Equal(t, []string{"k-del"}, k.released, "the PV's finalizer is dropped with the volume")
 	k.mu.Unlock()
@@ -132,12 +133,12 @@ func TestKubeDeletionRefusedWhenAClaimArrived(t *testing.T) {
 	k := &fakeKube{blocked: "its PersistentVolume k-race is Bound to default/c"}
 	g := newRig(t, Options{Kube: k})
 	s := sparseSpec("k-race")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("k-race", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-race", "prepared", true, "", device(s))))
 	g.until("k-race", "Available")
-	_, err = g.r.Delete("k-race", false)
+	_, err = g.r.Requests.Delete("k-race", false)
 	require.NoError(t, err)
 	v = g.next("k-race").Volume
 	for v.Status.Message == "" {
@@ -154,7 +155,7 @@ func TestKubeLostPVFailsTheVolume(t *testing.T) {
 	k := &fakeKube{}
 	g := newRig(t, Options{Kube: k})
 	s := sparseSpec("k-lost")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("k-lost", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-lost", "prepared", true, "", device(s))))

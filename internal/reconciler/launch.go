@@ -16,29 +16,19 @@ import (
 // Starting state runs and finding out about them when no event says:
 // launch, back-off, the job timeout, job cache lookups.
 
-func (r *Reconciler) delay(name string) {
-	r.mu.Lock()
-	d := r.backoff[name]
-	if d == 0 {
-		d = r.opt.RetryDelay
-	}
-	r.backoff[name] = min(2*d, time.Minute)
-	r.notBefore[name] = time.Now().Add(d)
-	r.mu.Unlock()
-	r.q.addAfter(name, d)
-}
-
-func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, phase volume.Phase) bool {
+func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, phase volume.Phase, res *Result) bool {
 	name := v.Spec.Name
-	r.mu.Lock()
-	wait := time.Until(r.notBefore[name])
-	r.mu.Unlock()
+	wait := r.backingOff(name)
 	st := &v.Status
 	// Until it launches, the volume waits for no job: a JobID left from
 	// its last run (the prepare of a volume now being deleted) would be
 	// taken for this run's and its return applied as this run's result.
-	if wait > 0 {
-		r.q.addAfter(name, wait)
+	// This pass may have just decided to back off (the run came back
+	// busy): the worker hands that to the queue once the pass returns.
+	if wait > 0 || res.Backoff {
+		if wait > 0 {
+			res.after(wait)
+		}
 		if st.Phase != phase || st.JobID != "" {
 			r.leaveJob(st.JobID, name)
 			st.Phase, st.JobID = phase, ""
@@ -51,7 +41,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		// launches the first waiter). The timer is only a fallback: it
 		// starts no Salt job while that run lasts.
 		r.waitForNode(v.Spec.Node, name)
-		r.q.addAfter(name, r.opt.RetryDelay)
+		res.after(r.opt.RetryDelay)
 		step := fmt.Sprintf("queued: %s is running a state run for volume %s", v.Spec.Node, run.volume)
 		if st.Phase != phase || st.Step != step || st.JobID != "" {
 			r.leaveJob(st.JobID, name)
@@ -85,7 +75,7 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		if !permanent {
 			st.Phase, st.JobID = phase, ""
 			st.Reason, st.Message = ReasonSaltUnavailable, fmt.Sprintf("could not start %s on %s, retrying: %v", sls, v.Spec.Node, err)
-			r.delay(name)
+			res.Backoff = true
 			return true
 		}
 		st.Phase, st.JobID = volume.Failed, ""
@@ -113,29 +103,29 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		r.push(n, observation{kind: obsLaunched, jid: job.JID, node: v.Spec.Node, at: st.JobStartedAt, sls: sls, wipe: v.Wipe})
 	}
 	r.registerJob(job.JID, names, v.Spec.Node)
-	r.q.addAfter(name, r.opt.JobTimeout)
+	res.after(r.opt.JobTimeout)
 	return true
 }
 
 // checkTimeout re-arms the job timer, or, past the timeout, asks the job
 // cache once and fails the volume if the node never answered.
-func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
+func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume, res *Result) bool {
 	st := &v.Status
 	r.joinJob(st.JobID, v.Spec.Name)
 	left := r.opt.JobTimeout - time.Since(st.JobStartedAt)
 	if left > 0 {
-		r.q.addAfter(v.Spec.Name, left)
+		res.after(left)
 		return false
 	}
 	o, ok, err := r.lookup(ctx, v, "lookup")
 	if err != nil {
 		r.log.Warn("job lookup failed", "volume", v.Spec.Name, "job", st.JobID, "error", err)
-		r.q.addAfter(v.Spec.Name, r.opt.RetryDelay)
+		res.after(r.opt.RetryDelay)
 		return false
 	}
 	if ok {
-		r.removalNext(v)
-		return r.apply(v, o) != unchanged
+		removalNext(v, res)
+		return r.apply(v, o, res) != unchanged
 	}
 	r.Metrics.JobsTimedOut.Inc()
 	if r.forgetJob(st.JobID, v.Spec.Name) {
@@ -147,7 +137,7 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 	if st.Phase == volume.Terminating {
 		v.DeleteRequested, v.Wipe = false, false
 	}
-	r.removalNext(v)
+	removalNext(v, res)
 	st.Phase, st.Step = volume.Failed, ""
 	return true
 }
@@ -155,9 +145,9 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume) bool {
 // removalNext queues the next pass of a volume whose creation ends inside
 // act (timed out, or found by a late lookup) while a deletion waits for
 // it: that pass starts the removal.
-func (r *Reconciler) removalNext(v *volume.Volume) {
+func removalNext(v *volume.Volume, res *Result) {
 	if v.DeleteRequested && volume.CreationRunning(v) {
-		r.q.add(v.Spec.Name)
+		res.Requeue = true
 	}
 }
 

@@ -168,11 +168,10 @@ func (r *Reconciler) nodeFree(node string) {
 		} else {
 			r.busyWaiters[node] = w[1:]
 		}
-		delete(r.notBefore, name)
-		delete(r.backoff, name)
 		r.mu.Unlock()
 		if v, err := r.store.Get(name); err == nil && needsRun(v) {
-			r.q.add(name)
+			r.forgetBackoff(name)
+			r.add(name)
 			return
 		}
 		// Gone, or started by a run that prepared it with another volume,
@@ -208,8 +207,7 @@ func (r *Reconciler) takeBatch(node, first, sls string, wipe bool) []*volume.Vol
 			continue
 		}
 		batch = append(batch, b)
-		delete(r.notBefore, n)
-		delete(r.backoff, n)
+		r.forgetBackoffLocked(n)
 	}
 	if len(keep) == 0 {
 		delete(r.busyWaiters, node)
@@ -221,7 +219,7 @@ func (r *Reconciler) takeBatch(node, first, sls string, wipe bool) []*volume.Vol
 
 // joined applies the start of a run of another volume that does this one
 // too.
-func (r *Reconciler) joined(v *volume.Volume, o observation) effect {
+func (r *Reconciler) joined(v *volume.Volume, o observation, res *Result) effect {
 	st := &v.Status
 	name := v.Spec.Name
 	if o.node != v.Spec.Node || !wantsRun(v, o.sls, o.wipe) {
@@ -231,10 +229,7 @@ func (r *Reconciler) joined(v *volume.Volume, o observation) effect {
 		return unchanged
 	}
 	r.dropWaiter(v.Spec.Node, name)
-	r.mu.Lock()
-	delete(r.notBefore, name)
-	delete(r.backoff, name)
-	r.mu.Unlock()
+	res.Forget = true
 	st.Phase = volume.Pending
 	if o.sls == SLSUnprepared {
 		st.Phase = volume.Terminating
@@ -242,7 +237,7 @@ func (r *Reconciler) joined(v *volume.Volume, o observation) effect {
 	st.JobID, st.JobStartedAt = o.jid, o.at
 	st.Step, st.Reason, st.Message = "", "", ""
 	r.jobLog.started(name, o.jid, o.sls, o.at)
-	r.q.addAfter(name, r.opt.JobTimeout)
+	res.after(r.opt.JobTimeout)
 	return changed
 }
 

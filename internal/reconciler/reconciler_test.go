@@ -19,6 +19,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
@@ -134,10 +135,10 @@ type rig struct {
 	src   *chanSource
 	store *store.Bolt
 	r     *Reconciler
-	watch <-chan WatchEvent
+	watch <-chan store.Event
 	// held keeps changes of other volumes seen while waiting for one, so a
 	// test waiting for a second volume still gets changes that came first.
-	held map[string][]WatchEvent
+	held map[string][]store.Event
 }
 
 func newRig(t *testing.T, opt Options, seed ...*volume.Volume) *rig {
@@ -154,7 +155,7 @@ func sparseSpec(name string) *spec.Spec {
 }
 
 // next waits for the named volume's next change.
-func (g *rig) next(name string) WatchEvent {
+func (g *rig) next(name string) store.Event {
 	g.t.Helper()
 	if evs := g.held[name]; len(evs) > 0 {
 		g.held[name] = evs[1:]
@@ -168,7 +169,7 @@ func (g *rig) next(name string) WatchEvent {
 				return ev
 			}
 			if g.held == nil {
-				g.held = map[string][]WatchEvent{}
+				g.held = map[string][]store.Event{}
 			}
 			g.held[ev.Volume.Spec.Name] = append(g.held[ev.Volume.Spec.Name], ev)
 		case <-deadline:
@@ -182,10 +183,10 @@ func (g *rig) until(name string, phase string) *volume.Volume {
 	g.t.Helper()
 	for {
 		ev := g.next(name)
-		if ev.Type == Deleted && phase == Deleted {
+		if ev.Type == store.Deleted && phase == store.Deleted {
 			return ev.Volume
 		}
-		if ev.Type != Deleted && ev.Volume.Status.Phase.String() == phase {
+		if ev.Type != store.Deleted && ev.Volume.Status.Phase.String() == phase {
 			return ev.Volume
 		}
 	}
@@ -241,11 +242,11 @@ func (g *rig) forge(ev events.Event) { g.src.ch <- ev }
 func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("data-1")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 
 	ev := g.next("data-1")
-	assert.Equal(t, Added, ev.Type)
+	assert.Equal(t, store.Added, ev.Type)
 	assert.Equal(t, volume.Unknown, ev.Volume.Status.Phase)
 	v := g.until("data-1", "Pending")
 	require.NotEmpty(t, v.Status.JobID)
@@ -290,7 +291,7 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 
 func TestFailedReturnCarriesSaltsMessage(t *testing.T) {
 	g := newRig(t, Options{})
-	_, err := g.r.Create(sparseSpec("bad"))
+	_, err := g.r.Requests.Create(sparseSpec("bad"))
 	require.NoError(t, err)
 	v := g.until("bad", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("bad", "prepared", false, "volume bad: rawBlockDevice.devicePath: /dev/nope does not exist", nil)))
@@ -301,7 +302,7 @@ func TestFailedReturnCarriesSaltsMessage(t *testing.T) {
 
 func TestBusyMinionIsRetried(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
-	_, err := g.r.Create(sparseSpec("busy"))
+	_, err := g.r.Requests.Create(sparseSpec("busy"))
 	require.NoError(t, err)
 	v := g.until("busy", "Pending")
 	first := v.Status.JobID
@@ -316,16 +317,16 @@ func TestBusyMinionIsRetried(t *testing.T) {
 func TestDeleteFollowsTheCriteria(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("del")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("del", "Pending")
-	var de *DeleteError
+	var de *requests.DeleteError
 
 	inUse := device(s)
 	inUse["inUse"] = true
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "prepared", true, "", inUse)))
 	g.until("del", "Available")
-	_, err = g.r.Delete("del", false)
+	_, err = g.r.Requests.Delete("del", false)
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, de.Reason, "in use")
 
@@ -333,18 +334,18 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	v = g.next("del").Volume
 	assert.False(t, v.Status.InUse, "a salt-call run reported the device released")
 
-	_, err = g.r.Delete("del", true)
+	_, err = g.r.Requests.Delete("del", true)
 	require.NoError(t, err)
 	v = g.until("del", "Terminating")
 	calls := g.salt.launches()
 	last := calls[len(calls)-1]
 	assert.Equal(t, SLSUnprepared, last.SLS())
 	assert.True(t, last.Wipe())
-	_, err = g.r.Delete("del", false)
+	_, err = g.r.Requests.Delete("del", false)
 	require.ErrorAs(t, err, &de, "already Terminating")
 
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "absent", true, "", nil)))
-	g.until("del", Deleted)
+	g.until("del", store.Deleted)
 	_, err = g.store.Get("del")
 	assert.ErrorIs(t, err, store.ErrNotFound)
 }
@@ -356,12 +357,12 @@ func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
 		t.Run(fmt.Sprintf("creation succeeded %v", created), func(t *testing.T) {
 			g := newRig(t, Options{})
 			s := sparseSpec("hasty")
-			_, err := g.r.Create(s)
+			_, err := g.r.Requests.Create(s)
 			require.NoError(t, err)
 			v := g.until("hasty", "Pending")
 			prepare := v.Status.JobID
 			require.NotEmpty(t, prepare)
-			got, err := g.r.Delete("hasty", false)
+			got, err := g.r.Requests.Delete("hasty", false)
 			require.NoError(t, err, "a deletion while Pending is accepted")
 			view := got.View()
 			assert.True(t, view.Deleting)
@@ -382,7 +383,7 @@ func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
 			require.Len(t, calls, 2)
 			assert.Equal(t, SLSUnprepared, calls[1].SLS(), "the removal runs after the creation's return, and reclaims what it left")
 			g.send(ret(v.Status.JobID, "node-1", 0, stateRet("hasty", "absent", true, "", nil)))
-			g.until("hasty", Deleted)
+			g.until("hasty", store.Deleted)
 			_, err = g.store.Get("hasty")
 			assert.ErrorIs(t, err, store.ErrNotFound)
 		})
@@ -392,10 +393,10 @@ func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
 func TestDeleteWhilePendingFollowsACreationThatTimesOut(t *testing.T) {
 	g := newRig(t, Options{JobTimeout: 300 * time.Millisecond})
 	s := sparseSpec("lost")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("lost", "Pending")
-	_, err = g.r.Delete("lost", false)
+	_, err = g.r.Requests.Delete("lost", false)
 	require.NoError(t, err)
 	// No return ever comes and Salt does not know the job: it times out,
 	// and the removal asked for meanwhile starts.
@@ -404,18 +405,18 @@ func TestDeleteWhilePendingFollowsACreationThatTimesOut(t *testing.T) {
 	require.Len(t, calls, 2)
 	assert.Equal(t, SLSUnprepared, calls[1].SLS())
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("lost", "absent", true, "", nil)))
-	g.until("lost", Deleted)
+	g.until("lost", store.Deleted)
 }
 
 func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("stuck")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("stuck", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("stuck", "prepared", true, "", device(s))))
 	g.until("stuck", "Available")
-	_, err = g.r.Delete("stuck", false)
+	_, err = g.r.Requests.Delete("stuck", false)
 	require.NoError(t, err)
 	v = g.until("stuck", "Terminating")
 	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("stuck", "absent", false, "volume stuck: device is mounted at /mnt", nil)))
@@ -431,10 +432,10 @@ func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
 func TestForgetFailedVolume(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	g.salt.err = []error{saltapi.ErrNoMinions, saltapi.ErrNoMinions}
-	_, err := g.r.Create(sparseSpec("gone"))
+	_, err := g.r.Requests.Create(sparseSpec("gone"))
 	require.NoError(t, err)
 	g.until("gone", "Failed")
-	_, err = g.r.Delete("gone", false)
+	_, err = g.r.Requests.Delete("gone", false)
 	require.NoError(t, err)
 	// The request itself shows first (still Failed, deleting), then the
 	// outcome of the removal run.
@@ -445,20 +446,20 @@ func TestForgetFailedVolume(t *testing.T) {
 	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason, "unprepare cannot run either")
 
 	launches := len(g.salt.launches())
-	_, err = g.r.Forget("gone")
+	_, err = g.r.Requests.Forget("gone")
 	require.NoError(t, err)
-	g.until("gone", Deleted)
+	g.until("gone", store.Deleted)
 	_, err = g.store.Get("gone")
 	assert.ErrorIs(t, err, store.ErrNotFound)
 	assert.Equal(t, launches, len(g.salt.launches()), "forget runs nothing on the node")
 
-	_, err = g.r.Create(sparseSpec("alive"))
+	_, err = g.r.Requests.Create(sparseSpec("alive"))
 	require.NoError(t, err)
 	jid := g.until("alive", "Pending").Status.JobID
 	g.send(ret(jid, "node-1", 0, stateRet("alive", "prepared", true, "", device(sparseSpec("alive")))))
 	g.until("alive", "Available")
-	_, err = g.r.Forget("alive")
-	var de *DeleteError
+	_, err = g.r.Requests.Forget("alive")
+	var de *requests.DeleteError
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, de.Reason, "only a Failed volume can be forgotten (it is Available)")
 }
@@ -466,7 +467,7 @@ func TestForgetFailedVolume(t *testing.T) {
 func TestLaunchErrors(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	g.salt.err = []error{saltapi.ErrNoMinions}
-	_, err := g.r.Create(sparseSpec("nonode"))
+	_, err := g.r.Requests.Create(sparseSpec("nonode"))
 	require.NoError(t, err)
 	v := g.until("nonode", "Failed")
 	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason)
@@ -475,7 +476,7 @@ func TestLaunchErrors(t *testing.T) {
 	g.salt.mu.Lock()
 	g.salt.err = []error{&saltapi.Error{Status: 503, Op: "local_async state.apply"}}
 	g.salt.mu.Unlock()
-	_, err = g.r.Create(sparseSpec("later"))
+	_, err = g.r.Requests.Create(sparseSpec("later"))
 	require.NoError(t, err)
 	v = g.until("later", "Pending")
 	assert.Equal(t, ReasonSaltUnavailable, v.Status.Reason)
@@ -495,7 +496,7 @@ func TestReturnBeforeLocalAsyncAnswers(t *testing.T) {
 		g.record(ev)
 		g.r.Handle(ev)
 	}
-	_, err := g.r.Create(sparseSpec("early"))
+	_, err := g.r.Requests.Create(sparseSpec("early"))
 	require.NoError(t, err)
 	v := g.until("early", "Failed")
 	assert.Contains(t, v.Status.Message, "did not render")
@@ -537,7 +538,9 @@ func newRigWith(t *testing.T, salt *fakeSalt, opt Options, seed ...*volume.Volum
 	g := newRigNoRun(t, seed...)
 	g.salt = salt
 	g.r = New(g.store, salt, g.src, opt, nil)
-	w, stop := g.r.Hub.Subscribe(256)
+	hub := store.NewHub()
+	t.Cleanup(g.store.Watch(hub.Publish))
+	w, stop := hub.Subscribe(256)
 	t.Cleanup(stop)
 	g.watch = w
 	ctx, cancel := context.WithCancel(context.Background())
@@ -559,7 +562,7 @@ func newRigNoRun(t *testing.T, seed ...*volume.Volume) *rig {
 
 func TestJobTimeout(t *testing.T) {
 	g := newRig(t, Options{JobTimeout: 100 * time.Millisecond})
-	_, err := g.r.Create(sparseSpec("slow"))
+	_, err := g.r.Requests.Create(sparseSpec("slow"))
 	require.NoError(t, err)
 	v := g.until("slow", "Pending")
 	g.salt.mu.Lock()
@@ -587,7 +590,7 @@ func TestStateRunsOfOthersAreTracked(t *testing.T) {
 	g := newRig(t, Options{})
 	g.send(ret("20261122111111111111", "node-1", 0, preparedByHand(t, "by-hand")))
 	ev := g.next("by-hand")
-	assert.Equal(t, Added, ev.Type)
+	assert.Equal(t, store.Added, ev.Type)
 	assert.Equal(t, volume.Available, ev.Volume.Status.Phase)
 	assert.Equal(t, "salt", ev.Volume.Origin)
 	assert.Equal(t, "node-1", ev.Volume.Spec.Node)
@@ -601,7 +604,7 @@ func TestStateRunsOfOthersAreTracked(t *testing.T) {
 	g.send(ret("20261122111111111112", "node-2", 0, stateRet("by-hand", "absent", true, "", nil)))
 	// salt-call state.apply salt_volumes.unprepared on its node removes it.
 	g.send(ret("20261122111111111113", "node-1", 0, stateRet("by-hand", "absent", true, "", nil)))
-	assert.Equal(t, Deleted, g.next("by-hand").Type)
+	assert.Equal(t, store.Deleted, g.next("by-hand").Type)
 }
 
 func TestVolumesReconcileConcurrently(t *testing.T) {
@@ -611,7 +614,7 @@ func TestVolumesReconcileConcurrently(t *testing.T) {
 		// One node each: a node runs one state run of ours at a time.
 		s := sparseSpec(fmt.Sprintf("v-%03d", i))
 		s.Node = fmt.Sprintf("node-%03d", i)
-		_, err := g.r.Create(s)
+		_, err := g.r.Requests.Create(s)
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool { return len(g.salt.launches()) == n }, 10*time.Second, 10*time.Millisecond)
@@ -641,11 +644,11 @@ func adoptable(t *testing.T, s *spec.Spec, dev map[string]any) map[string]any {
 func TestForgedReturnsChangeNothing(t *testing.T) {
 	g := newRig(t, Options{})
 	pending := sparseSpec("pending")
-	_, err := g.r.Create(pending)
+	_, err := g.r.Requests.Create(pending)
 	require.NoError(t, err)
 	pv := g.until("pending", "Pending")
 	avail := sparseSpec("avail")
-	_, err = g.r.Create(avail)
+	_, err = g.r.Requests.Create(avail)
 	require.NoError(t, err)
 	av := g.until("avail", "Pending")
 	g.send(ret(av.Status.JobID, "node-1", 0, stateRet("avail", "prepared", true, "", device(avail))))
@@ -687,7 +690,7 @@ func TestForgedReturnsChangeNothing(t *testing.T) {
 func TestProgressOnlyFromTheVolumesNode(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("prog")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	g.until("prog", "Pending")
 	g.forge(events.Event{Tag: "salt-volumes/prog/progress", Data: map[string]any{"step": "batched", "uuid": s.UUID, "node": "node-1"}})
@@ -704,7 +707,7 @@ func TestProgressOnlyFromTheVolumesNode(t *testing.T) {
 func TestDeviceInfoIsValidated(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("dev")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	v := g.until("dev", "Pending")
 	bad := device(s)
@@ -728,7 +731,7 @@ func TestOneLookupPerJob(t *testing.T) {
 	}
 	g.send(ret("20261122333333333333", "node-1", 0, r))
 	for _, n := range []string{"h-1", "h-2", "h-3"} {
-		assert.Equal(t, Added, g.next(n).Type)
+		assert.Equal(t, store.Added, g.next(n).Type)
 	}
 	assert.EqualValues(t, 1, g.r.Metrics.Lookups.Value())
 }
@@ -740,7 +743,7 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 	v := &volume.Volume{Spec: *s, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available}}}
 	g := newRigNoRun(t, v)
 	r := New(g.store, &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, g.src, Options{}, nil)
-	_, err := r.Delete("keep", true)
+	_, err := r.Requests.Delete("keep", true)
 	require.NoError(t, err)
 	got, err := g.store.Get("keep")
 	require.NoError(t, err)
@@ -748,7 +751,7 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 	assert.True(t, got.Wipe)
 
 	require.NoError(t, g.store.Close())
-	_, err = r.Delete("keep", false)
+	_, err = r.Requests.Delete("keep", false)
 	assert.Error(t, err, "a deletion that cannot be recorded is not accepted")
 }
 
@@ -757,12 +760,12 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 func TestOneRunOfOursPerNode(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: time.Hour})
 	a, b, c := sparseSpec("first"), sparseSpec("second"), sparseSpec("third")
-	_, err := g.r.Create(a)
+	_, err := g.r.Requests.Create(a)
 	require.NoError(t, err)
 	va := g.until("first", "Pending")
 	require.NotEmpty(t, va.Status.JobID)
 	for _, s := range []*spec.Spec{b, c} {
-		_, err = g.r.Create(s)
+		_, err = g.r.Requests.Create(s)
 		require.NoError(t, err)
 	}
 	vb := g.until("second", "Pending")
@@ -812,11 +815,11 @@ func TestOneRunOfOursPerNode(t *testing.T) {
 func TestBatchedRunBusyRetriesTogether(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	a := sparseSpec("b1")
-	_, err := g.r.Create(a)
+	_, err := g.r.Requests.Create(a)
 	require.NoError(t, err)
 	va := g.until("b1", "Pending")
 	for _, n := range []string{"b2", "b3"} {
-		_, err = g.r.Create(sparseSpec(n))
+		_, err = g.r.Requests.Create(sparseSpec(n))
 		require.NoError(t, err)
 		v := g.until(n, "Pending")
 		for v.Status.Step == "" {
@@ -846,7 +849,7 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 	names := []string{"d1", "d2", "d3"}
 	for _, n := range names {
 		s := sparseSpec(n)
-		_, err := g.r.Create(s)
+		_, err := g.r.Requests.Create(s)
 		require.NoError(t, err)
 		v := g.until(n, "Pending")
 		for v.Status.JobID == "" {
@@ -855,14 +858,14 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 		g.send(ret(v.Status.JobID, "node-1", 0, stateRet(n, "prepared", true, "", device(s))))
 		g.until(n, "Available")
 	}
-	_, err := g.r.Delete("d1", false)
+	_, err := g.r.Requests.Delete("d1", false)
 	require.NoError(t, err)
 	v1 := g.until("d1", "Terminating")
 	for v1.Status.JobID == "" {
 		v1 = g.next("d1").Volume
 	}
 	for _, n := range names[1:] {
-		_, err := g.r.Delete(n, false)
+		_, err := g.r.Requests.Delete(n, false)
 		require.NoError(t, err)
 	}
 	for _, n := range names[1:] {
@@ -873,7 +876,7 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 		assert.Empty(t, v.Status.JobID, "%s waits for d1's run", n)
 	}
 	g.send(ret(v1.Status.JobID, "node-1", 0, stateRet("d1", "unprepared", true, "", nil)))
-	for g.next("d1").Type != Deleted {
+	for g.next("d1").Type != store.Deleted {
 	}
 	// The two that queued are removed by one run: each unprepare is its
 	// own state in it, and none was settled by its earlier prepare's return.
@@ -890,7 +893,7 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 	maps.Copy(both, stateRet("d3", "unprepared", true, "", nil))
 	g.send(ret(jid, "node-1", 0, both))
 	for _, n := range names[1:] {
-		for g.next(n).Type != Deleted {
+		for g.next(n).Type != store.Deleted {
 		}
 	}
 	calls := g.salt.launches()
@@ -928,7 +931,9 @@ func TestRequestWrittenDuringASaveIsKept(t *testing.T) {
 	g := newRigNoRun(t)
 	g.salt = &fakeSalt{jobs: map[string]saltapi.JobInfo{}}
 	g.r = New(g.store, g.salt, g.src, Options{}, nil)
-	w, stop := g.r.Hub.Subscribe(256)
+	hub := store.NewHub()
+	t.Cleanup(g.store.Watch(hub.Publish))
+	w, stop := hub.Subscribe(256)
 	t.Cleanup(stop)
 	g.watch = w
 	ctx, cancel := context.WithCancel(context.Background())
@@ -937,7 +942,7 @@ func TestRequestWrittenDuringASaveIsKept(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	s := sparseSpec("merge")
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	jid := g.until("merge", "Pending").Status.JobID
 	g.send(ret(jid, "node-1", 0, stateRet("merge", "prepared", true, "", device(s))))
@@ -972,7 +977,7 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 	ready := func(name, node string) {
 		s := sparseSpec(name)
 		s.Node = node
-		_, err := g.r.Create(s)
+		_, err := g.r.Requests.Create(s)
 		require.NoError(t, err)
 		v := g.until(name, "Pending")
 		g.send(ret(v.Status.JobID, node, 0, stateRet(name, "prepared", true, "", device(s))))
@@ -981,18 +986,18 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 	ready("a", "node-1")
 	ready("other", "node-2")
 	failing := sparseSpec("f")
-	_, err := g.r.Create(failing)
+	_, err := g.r.Requests.Create(failing)
 	require.NoError(t, err)
 	v := g.until("f", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("f", "prepared", false, "mkfs failed", nil)))
 	g.until("f", "Failed")
-	_, err = g.r.Create(sparseSpec("p"))
+	_, err = g.r.Requests.Create(sparseSpec("p"))
 	require.NoError(t, err)
 	g.until("p", "Pending") // its run never returns: the node is gone
 	launched := len(g.salt.launches())
 
-	_, err = g.r.ForgetNode("node-1", []string{"a", "other", "nope"})
-	var ne *NodeForgetError
+	_, err = g.r.Requests.ForgetNode("node-1", []string{"a", "other", "nope"})
+	var ne *requests.NodeForgetError
 	require.ErrorAs(t, err, &ne)
 	assert.Equal(t, []string{"other", "nope"}, ne.Missing)
 	for _, n := range []string{"a", "f", "p", "other"} {
@@ -1001,11 +1006,11 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 		assert.False(t, v.ForgetRequested, n)
 	}
 
-	got, err := g.r.ForgetNode("node-1", []string{"a", "f", "p"})
+	got, err := g.r.Requests.ForgetNode("node-1", []string{"a", "f", "p"})
 	require.NoError(t, err)
 	assert.Len(t, got, 3)
 	for _, n := range []string{"a", "f", "p"} {
-		g.until(n, Deleted)
+		g.until(n, store.Deleted)
 		_, err := g.store.Get(n)
 		assert.ErrorIs(t, err, store.ErrNotFound, n)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -42,7 +43,7 @@ func TestRequestThatNeverLandsIsAnError(t *testing.T) {
 	c := &churning{Store: st}
 	r := New(c, nil, nil, Options{}, nil)
 
-	_, err = r.Delete("busy", false)
+	_, err = r.Requests.Delete("busy", false)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "kept changing")
 	var ce *store.ConflictError
@@ -59,18 +60,18 @@ func TestRequestThatNeverLandsIsAnError(t *testing.T) {
 func TestOneLimitForEveryWayIn(t *testing.T) {
 	g := newRig(t, Options{MaxVolumes: 2})
 	for _, n := range []string{"a", "b"} {
-		_, err := g.r.Create(sparseSpec(n))
+		_, err := g.r.Requests.Create(sparseSpec(n))
 		require.NoError(t, err)
 	}
-	var le *LimitError
-	_, err := g.r.Create(sparseSpec("c"))
+	var le *requests.LimitError
+	_, err := g.r.Requests.Create(sparseSpec("c"))
 	require.ErrorAs(t, err, &le)
 	assert.Contains(t, err.Error(), "holds 2 volumes, its limit (limits.volumes)")
-	_, err = g.r.Provision(sparseSpec("claimed"), &saltvolumes.Claim{Namespace: "ns", Name: "data"})
+	_, err = g.r.Requests.Provision(sparseSpec("claimed"), &saltvolumes.Claim{Namespace: "ns", Name: "data"})
 	require.ErrorAs(t, err, &le)
 
 	g.send(ret("20261126111111111111", "node-1", 0, preparedByHand(t, "by-hand")))
-	require.Eventually(t, func() bool { return g.r.Metrics.OverLimit.Adoption.Value() == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return g.r.Requests.Refused.Adoption.Value() == 1 }, 5*time.Second, 10*time.Millisecond)
 	_, err = g.store.Get("by-hand")
 	assert.ErrorIs(t, err, store.ErrNotFound, "adopted over the limit")
 
@@ -83,7 +84,7 @@ func TestOneLimitForEveryWayIn(t *testing.T) {
 	for _, c := range g.salt.launches() {
 		assert.NotContains(t, fmt.Sprint(c), "object", "a job ran for a volume over the limit")
 	}
-	assert.Equal(t, map[string]int64{"api": 1, "claim": 1, "adoption": 1, "object": 1}, g.r.Metrics.OverLimit.Values())
+	assert.Equal(t, map[string]int64{"api": 1, "claim": 1, "adoption": 1, "object": 1}, g.r.Requests.Refused.Values())
 
 	// The first two keep their place: they were not failed by the third.
 	for _, n := range []string{"a", "b"} {
@@ -92,9 +93,9 @@ func TestOneLimitForEveryWayIn(t *testing.T) {
 		assert.NotEqual(t, volume.Failed, got.Status.Phase, n)
 	}
 	// Deleting the refused object needs no job on its node.
-	_, err = g.r.Delete("object", false)
+	_, err = g.r.Requests.Delete("object", false)
 	require.NoError(t, err)
-	g.until("object", Deleted)
+	g.until("object", store.Deleted)
 }
 
 // Job returns of runs not ours are hints that cost a lookup and a
@@ -122,7 +123,7 @@ func TestForeignHintsAreBounded(t *testing.T) {
 	require.Eventually(t, func() bool { return flood() == 2 }, 5*time.Second, time.Millisecond, "30 more within the same second do not")
 
 	// Our own runs are never metered: a create still goes through.
-	_, err := g.r.Create(sparseSpec("ours"))
+	_, err := g.r.Requests.Create(sparseSpec("ours"))
 	require.NoError(t, err)
 	v := g.until("ours", "Pending")
 	s := sparseSpec("ours")
@@ -150,7 +151,7 @@ func TestOurEarlyReturnSurvivesTheHintLimits(t *testing.T) {
 		g.r.Handle(ev)
 		assert.Equal(t, before+1, g.r.Metrics.Rejected.Flood.Value(), "the early return was not metered: the test proves nothing")
 	}
-	_, err := g.r.Create(s)
+	_, err := g.r.Requests.Create(s)
 	require.NoError(t, err)
 	g.until("early-ok", "Available")
 }

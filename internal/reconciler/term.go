@@ -13,24 +13,23 @@ import (
 // writes through the term's (fenced) writer, and ends with nothing kept
 // in memory; the store's watch feeds the watch streams on every replica.
 
-// noticed takes a change from the store's watch: it feeds the watch
-// streams and, during a term, queues what someone else asked for (a volume
-// created, or its deletion requested, through another replica).
+// noticed takes a change from the store's watch: during a term it queues
+// what someone asked for through any replica (a volume created, its
+// deletion, forget or growth requested).
 func (r *Reconciler) noticed(ev store.Event) {
-	r.Hub.Publish(ev.Type, ev.Volume)
 	v, prev := ev.Volume, ev.Prev
 	switch {
 	case ev.Type == store.Added && v.Status.Phase == volume.Unknown:
 	case ev.Type == store.Modified && prev != nil &&
 		(v.DeleteRequested && !prev.DeleteRequested || v.ForgetRequested && !prev.ForgetRequested):
 	case ev.Type == store.Modified && prev != nil && v.Status.Reason == ReasonResizing && prev.Status.Reason != ReasonResizing,
-		ev.Type == store.Modified && v.Status.Phase == volume.Available && growthAsked(v):
+		ev.Type == store.Modified && v.Status.Phase == volume.Available && volume.GrowthAsked(v):
 		// A growth asked for (through any replica, or in the spec of a
 		// Volume object): its run starts.
 	default:
 		return
 	}
-	r.q.add(v.Spec.Name) // dropped unless a term is under way
+	r.add(v.Spec.Name) // dropped unless a term is under way
 }
 
 // Run reconciles until ctx ends: the only control plane on its store.
@@ -41,47 +40,40 @@ func (r *Reconciler) Run(ctx context.Context) error { return r.Lead(ctx, r.store
 // control plane. Each term starts from the store alone: job index, node
 // runs and back-offs are rebuilt as the first pass looks jobs up.
 func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
+	t := newTerm(r.opt.RetryDelay)
 	r.mu.Lock()
-	r.ctx, r.w, r.running = ctx, w, true
+	r.ctx, r.w, r.term = ctx, w, t
 	r.mu.Unlock()
-	r.q.reopen()
 	defer r.endTerm()
 	var wg sync.WaitGroup
 	for range r.opt.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				name, ok := r.q.get()
-				if !ok {
-					return
-				}
-				r.reconcile(ctx, name)
-				r.q.done(name)
-			}
+			t.work(func(name string) Result { return r.reconcile(ctx, name) })
 		}()
 	}
 	// Every volume gets a first pass: Unknown ones are launched, waiting
 	// ones get their timeout timer back.
 	for _, v := range r.store.List() {
-		r.q.add(v.Spec.Name)
+		t.q.Add(v.Spec.Name)
 	}
 	if r.opt.PollInterval > 0 {
 		r.log.Info("polling mode: no event source", "interval", r.opt.PollInterval)
-		t := time.NewTicker(r.opt.PollInterval)
+		tick := time.NewTicker(r.opt.PollInterval)
 		for done := false; !done; {
 			select {
 			case <-ctx.Done():
 				done = true
-			case <-t.C:
+			case <-tick.C:
 				r.lookupPending(ctx, "poll")
 			}
 		}
-		t.Stop()
+		tick.Stop()
 	} else {
 		_ = r.source.Run(ctx, func() { go r.lookupPending(ctx, "lookup") }, r.Handle)
 	}
-	r.q.close()
+	t.q.ShutDown()
 	wg.Wait()
 	return ctx.Err()
 }
@@ -91,10 +83,9 @@ func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
 func (r *Reconciler) endTerm() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.running = false
+	r.term = nil
 	r.inbox, r.jobs, r.jobNode = map[string][]observation{}, map[string][]string{}, map[string]string{}
 	r.unmatched, r.unmatchedOrder = map[string]struct{}{}, nil
-	r.notBefore, r.backoff = map[string]time.Time{}, map[string]time.Duration{}
 	r.busyWaiters, r.nodeRuns = map[string][]string{}, map[string]nodeRun{}
 }
 
@@ -103,4 +94,12 @@ func (r *Reconciler) writer() store.Writer {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.w
+}
+
+// Touch reconciles a volume again: something it depends on outside Salt
+// (its PersistentVolume, its claim) changed.
+func (r *Reconciler) Touch(name string) {
+	if _, err := r.store.Get(name); err == nil {
+		r.add(name)
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
+	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 )
 
@@ -57,3 +58,13 @@ func newKube(k *config.Kubernetes, salt *saltapi.Client, leading func() bool, lo
 	}}
 	return kube.New(cs, kube.Config{StorageClass: k.StorageClass, Provisioner: k.Provisioner, Nodes: nodes, Leading: leading}, log), nil
 }
+
+// kubeVolumes is what the Kubernetes controller asks of the control plane:
+// requests (a claim's volume, a claim's growth) and a fresh pass over a
+// volume whose PersistentVolume or claim changed.
+type kubeVolumes struct {
+	*requests.Service
+	touch func(name string)
+}
+
+func (k kubeVolumes) Touch(name string) { k.touch(name) }

@@ -117,7 +117,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		defer func() { stopKeep(); <-kept }()
 	}
 	if kc != nil {
-		kc.SetVolumes(rec)
+		kc.SetVolumes(kubeVolumes{rec.Requests, rec.Touch})
 		if err := kc.Start(ctx, time.Duration(cfg.Kubernetes.SyncTimeout)); err != nil {
 			kc.Stop()
 			return err
@@ -136,8 +136,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		defer stop()
 	}
 
+	// The API's watch streams follow the store on every replica.
+	hub := store.NewHub()
+	defer st.Watch(hub.Publish)()
 	srv := &api.Server{
-		Reconciler: rec, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
+		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
 		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
@@ -148,6 +151,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			return nil
 		},
 		ExtraMetrics: func(w *metrics.Writer) {
+			rec.WriteMetrics(w)
 			w.Counter("salt_volumes_events_decoded_total", "Events read from the Salt event bus.", stats.Decoded.Load())
 			w.Counter("salt_volumes_events_skipped_total", "Events that could not be decoded and were skipped.", stats.Skipped.Load())
 			w.Counter("salt_volumes_events_ignored_total", "Events of others (other tags, other functions' job returns) passed over without decoding.", stats.Ignored.Load())

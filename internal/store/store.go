@@ -12,6 +12,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -57,11 +58,11 @@ func (e *ConflictError) Error() string {
 
 func (e *ConflictError) Unwrap() error { return ErrConflict }
 
-// Event types, as the API's watch stream names them.
+// Event types: the API's watch stream's own.
 const (
-	Added    = "ADDED"
-	Modified = "MODIFIED"
-	Deleted  = "DELETED"
+	Added    = saltvolumes.Added
+	Modified = saltvolumes.Modified
+	Deleted  = saltvolumes.Deleted
 )
 
 // Event is one change of one volume, in the order the backend made it.

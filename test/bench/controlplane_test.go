@@ -343,7 +343,9 @@ func replay(b *testing.B, n, nodes int, open func(*testing.B, string) (store.Sto
 	// The recorded stream returns every volume's job at once, as if each
 	// node ran its ten state runs side by side.
 	rec := reconciler.New(st, salt, bus, reconciler.Options{Workers: 64, ConcurrentRuns: true}, nil)
-	watch, stop := rec.Hub.Subscribe(n * 10)
+	hub := store.NewHub()
+	defer st.Watch(hub.Publish)()
+	watch, stop := hub.Subscribe(n * 10)
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -362,7 +364,7 @@ func replay(b *testing.B, n, nodes int, open func(*testing.B, string) (store.Sto
 					b.Error(err)
 					return
 				}
-				if _, err := rec.Create(s); err != nil {
+				if _, err := rec.Requests.Create(s); err != nil {
 					b.Error(err)
 					return
 				}
@@ -376,7 +378,7 @@ func replay(b *testing.B, n, nodes int, open func(*testing.B, string) (store.Sto
 	pending := 0
 	for pending < n {
 		ev := <-watch
-		if ev.Type == reconciler.Modified && ev.Volume.Status.Phase == volume.Pending && ev.Volume.Status.JobID != "" && ev.Volume.Status.Step == "" {
+		if ev.Type == store.Modified && ev.Volume.Status.Phase == volume.Pending && ev.Volume.Status.JobID != "" && ev.Volume.Status.Step == "" {
 			pending++
 		}
 	}

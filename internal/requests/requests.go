@@ -1,4 +1,9 @@
-package reconciler
+// Package requests records what users ask of volumes (create, provision
+// for a claim, delete, forget, drain a node, grow) in the store, checked
+// against the deletion criteria and limits.volumes, before the caller hears
+// "accepted". It writes only requests; the reconciler, on whichever replica
+// leads, learns of them from the store's watch and owns every status.
+package requests
 
 import (
 	"errors"
@@ -12,78 +17,47 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
-// What users ask for, from any replica: volumes created, deletions and
-// forgets recorded in the store before the caller hears "accepted".
-
-// LimitError: the store holds limits.volumes volumes already.
-type LimitError struct{ Max int }
-
-func (e *LimitError) Error() string {
-	return fmt.Sprintf("the control plane holds %d volumes, its limit (limits.volumes): delete some or raise the limit", e.Max)
+// Service takes users' requests.
+type Service struct {
+	store store.Store
+	max   int // limits.volumes (0: none)
+	// Refused counts volumes refused over limits.volumes.
+	Refused LimitRefusals
 }
 
-// roomFor refuses a new volume when the store is full, counting the
-// refusal under the way the volume came (api, claim, adoption).
-func (r *Reconciler) roomFor(via string) error {
-	if r.opt.MaxVolumes > 0 && r.store.Len() >= r.opt.MaxVolumes {
-		r.Metrics.OverLimit.Inc(via)
-		return &LimitError{Max: r.opt.MaxVolumes}
-	}
-	return nil
-}
-
-// beyondLimit tells whether a volume that entered the store without asking
-// (a Volume object written with kubectl) is past the limit: volumes are
-// counted in creation order, so the first MaxVolumes keep running. The
-// list is read only when the store is over the limit.
-func (r *Reconciler) beyondLimit(v *volume.Volume) bool {
-	if r.opt.MaxVolumes <= 0 || r.store.Len() <= r.opt.MaxVolumes {
-		return false
-	}
-	earlier := 0
-	for _, o := range r.store.List() {
-		if o.Spec.Name != v.Spec.Name && (o.CreatedAt.Before(v.CreatedAt) || o.CreatedAt.Equal(v.CreatedAt) && o.Spec.Name < v.Spec.Name) {
-			earlier++
-		}
-	}
-	return earlier >= r.opt.MaxVolumes
-}
-
-// Create stores a new volume (phase Unknown); the store's watch queues it
-// on the replica that reconciles.
-func (r *Reconciler) Create(s *spec.Spec) (*volume.Volume, error) {
-	if err := r.roomFor("api"); err != nil {
-		return nil, err
-	}
-	return r.insert(s, nil)
-}
-
-// Provision is Create for a volume made for a PersistentVolumeClaim.
-func (r *Reconciler) Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
-	if err := r.roomFor("claim"); err != nil {
-		return nil, err
-	}
-	return r.insert(s, claim)
-}
-
-func (r *Reconciler) insert(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
-	now := time.Now().UTC()
-	v := &volume.Volume{Spec: *s, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
-	if err := r.store.Create(v); err != nil {
-		return nil, err
-	}
-	return v, nil
+// New takes requests on st; maxVolumes bounds the volumes it holds,
+// however they come (0: no bound).
+func New(st store.Store, maxVolumes int) *Service {
+	return &Service{store: st, max: maxVolumes}
 }
 
 // Get reads one volume from the store.
-func (r *Reconciler) Get(name string) (*volume.Volume, error) { return r.store.Get(name) }
+func (s *Service) Get(name string) (*volume.Volume, error) { return s.store.Get(name) }
 
-// Touch reconciles a volume again: something it depends on outside Salt
-// (its PersistentVolume, its claim) changed.
-func (r *Reconciler) Touch(name string) {
-	if _, err := r.store.Get(name); err == nil {
-		r.q.add(name)
+// Create stores a new volume (phase Unknown); the store's watch queues it
+// on the replica that reconciles.
+func (s *Service) Create(sp *spec.Spec) (*volume.Volume, error) {
+	if err := s.RoomFor("api"); err != nil {
+		return nil, err
 	}
+	return s.insert(sp, nil)
+}
+
+// Provision is Create for a volume made for a PersistentVolumeClaim.
+func (s *Service) Provision(sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
+	if err := s.RoomFor("claim"); err != nil {
+		return nil, err
+	}
+	return s.insert(sp, claim)
+}
+
+func (s *Service) insert(sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
+	now := time.Now().UTC()
+	v := &volume.Volume{Spec: *sp, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
+	if err := s.store.Create(v); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // DeleteError is a deletion the criteria forbid.
@@ -93,12 +67,12 @@ func (e *DeleteError) Error() string { return "cannot delete: " + e.Reason }
 
 // Delete asks for a volume's deletion. The criteria are checked now, so the
 // caller gets a clear refusal, and again by the worker that carries it out.
-func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
+func (s *Service) Delete(name string, wipe bool) (*volume.Volume, error) {
 	// Persisted before the caller hears "accepted": a crash right after
 	// still deletes, and the replica that reconciles sees it in the store
 	// (its watch queues the volume; a worker saving an older copy at the
 	// same moment merges it).
-	return r.request(name, func(v *volume.Volume) error {
+	return s.request(name, func(v *volume.Volume) error {
 		if ok, why := volume.CanDelete(v); !ok {
 			return &DeleteError{Reason: why}
 		}
@@ -111,9 +85,9 @@ func (r *Reconciler) Delete(name string, wipe bool) (*volume.Volume, error) {
 // read, write it guarded by its revision, and on a conflict check again on
 // what the store holds now. Only requests (deletion, forget) are written
 // this way; the reconciler owns the status.
-func (r *Reconciler) request(name string, change func(v *volume.Volume) error) (*volume.Volume, error) {
+func (s *Service) request(name string, change func(v *volume.Volume) error) (*volume.Volume, error) {
 	const tries = 5
-	v, err := r.store.Get(name)
+	v, err := s.store.Get(name)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +95,7 @@ func (r *Reconciler) request(name string, change func(v *volume.Volume) error) (
 		if err := change(v); err != nil {
 			return v, err
 		}
-		err = r.store.Update(v)
+		err = s.store.Update(v)
 		var ce *store.ConflictError
 		if !errors.As(err, &ce) {
 			break
@@ -147,8 +121,8 @@ func (r *Reconciler) request(name string, change func(v *volume.Volume) error) (
 // its node: the way out for a volume whose node is gone for good, where the
 // unprepare state can never run. Whatever is on the node stays; a later
 // salt_volumes run there reports it and it is adopted again.
-func (r *Reconciler) Forget(name string) (*volume.Volume, error) {
-	return r.request(name, func(v *volume.Volume) error {
+func (s *Service) Forget(name string) (*volume.Volume, error) {
+	return s.request(name, func(v *volume.Volume) error {
 		if v.Status.Phase != volume.Failed {
 			return &DeleteError{Reason: "only a Failed volume can be forgotten (it is " + v.Status.Phase.String() + "); delete it normally"}
 		}
@@ -173,10 +147,10 @@ func (e *NodeForgetError) Error() string {
 // without running anything anywhere. The caller names them, as listed to
 // and confirmed by the user, so a volume created meanwhile is not dropped
 // unseen. Names that are not node's volumes refuse the whole request.
-func (r *Reconciler) ForgetNode(node string, names []string) ([]*volume.Volume, error) {
+func (s *Service) ForgetNode(node string, names []string) ([]*volume.Volume, error) {
 	var missing []string
 	for _, n := range names {
-		if v, err := r.store.Get(n); err != nil || v.Spec.Node != node {
+		if v, err := s.store.Get(n); err != nil || v.Spec.Node != node {
 			missing = append(missing, n)
 		}
 	}
@@ -185,7 +159,7 @@ func (r *Reconciler) ForgetNode(node string, names []string) ([]*volume.Volume, 
 	}
 	var out []*volume.Volume
 	for _, n := range names {
-		v, err := r.request(n, func(v *volume.Volume) error {
+		v, err := s.request(n, func(v *volume.Volume) error {
 			v.ForgetRequested, v.NodeForgotten = true, true
 			return nil
 		})
@@ -218,7 +192,7 @@ func (e *ResizeError) Error() string { return e.Field + ": " + e.Reason }
 // again, from the size the volume had. In Kubernetes mode its
 // PersistentVolume's capacity (and its claim's) follow once the node is
 // done.
-func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
+func (s *Service) Resize(name, q string) (*volume.Volume, error) {
 	var n int64
 	if q != "" {
 		var err error
@@ -226,8 +200,8 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			return nil, &ResizeError{Field: "size", Reason: err.Error()}
 		}
 	}
-	return r.request(name, func(v *volume.Volume) error {
-		retry := v.Status.Phase == volume.Failed && v.Status.Reason == ReasonResizeFailed
+	return s.request(name, func(v *volume.Volume) error {
+		retry := v.Status.Phase == volume.Failed && v.Status.Reason == volume.ReasonResizeFailed
 		switch {
 		case v.Spec.RawBlockDevice != nil && q != "":
 			return &ResizeError{Field: "size", Reason: "a raw volume is the size of its device: grow the device (or its partition), then ask without a size (salt-volumes resize NAME --to-device; {\"toDevice\": true})"}
@@ -240,7 +214,7 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			if v.Status.Phase != volume.Available && !retry {
 				return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
 			}
-			startGrowth(v, "growing to what its device has become")
+			volume.StartGrowth(v, "growing to what its device has become")
 			return nil
 		}
 		cur := v.Spec.Bytes()
@@ -268,20 +242,7 @@ func (r *Reconciler) Resize(name, q string) (*volume.Volume, error) {
 			return &ResizeError{Field: "size", Reason: err.Error()}
 		}
 		v.Spec = grown
-		startGrowth(v, "growing to "+spec.FormatSize(n))
+		volume.StartGrowth(v, "growing to "+spec.FormatSize(n))
 		return nil
 	})
-}
-
-// startGrowth makes v wait for the prepare run that grows it.
-func startGrowth(v *volume.Volume, msg string) {
-	st := &v.Status
-	st.Phase, st.JobID, st.Step, st.Growing = volume.Pending, "", "", true
-	st.Reason, st.Message = ReasonResizing, msg
-}
-
-// growthAsked tells whether a prepared sparse or LVM volume's spec asks for
-// more than its last prepare had.
-func growthAsked(v *volume.Volume) bool {
-	return v.Status.PreparedSize > 0 && v.Spec.Bytes() > v.Status.PreparedSize
 }
