@@ -1,0 +1,97 @@
+package api
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+)
+
+// Replicas: a follower serves reads and passes writes to the leader.
+
+// Role is a replica's part.
+type Role struct {
+	Leader bool
+	// LeaderID names the replica that leads ("" while none does), URL is
+	// where its API answers.
+	LeaderID, URL string
+}
+
+// forwardedHeader marks a request one replica passed to the leader: the
+// leader answers it itself, whatever it believes about its role.
+const forwardedHeader = "X-Salt-Volumes-Forwarded"
+
+// fromLeader serves what only the leader holds in memory (node reports,
+// usage history, job step logs): a follower passes the request on to the
+// leader, token and all, and relays the answer.
+func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.Role == nil || r.Header.Get(forwardedHeader) != "" {
+			h(w, r)
+			return
+		}
+		role := s.Role()
+		target, err := url.Parse(role.URL)
+		if role.Leader || role.URL == "" || err != nil {
+			h(w, r)
+			return
+		}
+		if !Forwardable(target) {
+			// The caller's token goes with the request: never in clear
+			// to another host.
+			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
+				Message: fmt.Sprintf("this replica follows %s, which holds node reports, usage and job logs, but advertises %s: your token is not sent in clear to another host; ask the leader, or give the replicas https advertiseURLs", role.LeaderID, role.URL)})
+			return
+		}
+		p := httputil.NewSingleHostReverseProxy(target)
+		p.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) {
+			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
+				Message: fmt.Sprintf("this replica follows %s, which holds node reports, usage and job logs, and could not be reached: %v", role.LeaderID, err)})
+		}
+		r.Header.Set(forwardedHeader, "1")
+		p.ServeHTTP(w, r)
+	}
+}
+
+// Forwardable says whether a follower may pass a request, with its
+// caller's token, to the leader at u: over https, or on this host.
+func Forwardable(u *url.URL) bool {
+	if u.Scheme == "https" {
+		return true
+	}
+	host := u.Hostname()
+	ip := net.ParseIP(host)
+	return u.Scheme == "http" && (host == "localhost" || ip != nil && ip.IsLoopback())
+}
+
+func (r Role) String() string {
+	switch {
+	case r.Leader:
+		return "leader"
+	case r.LeaderID != "" && r.URL != "":
+		return "follower of " + r.LeaderID + " at " + r.URL
+	case r.LeaderID != "":
+		return "follower of " + r.LeaderID
+	}
+	return "follower (no leader elected)"
+}
+
+// readyz answers 200 on every replica that serves, leader or follower,
+// and names the role.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.Ready != nil {
+		if err := s.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+	}
+	if s.Role != nil {
+		fmt.Fprintf(w, "ok: %s\n", s.Role())
+		return
+	}
+	io.WriteString(w, "ok\n")
+}
