@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -469,84 +468,6 @@ func (c *Controller) grow(ctx context.Context, pv *corev1.PersistentVolume, size
 		c.event(&saltvolumes.Claim{Namespace: ref.Namespace, Name: ref.Name, UID: string(ref.UID)}, corev1.EventTypeNormal,
 			"VolumeResizeSuccessful", fmt.Sprintf("volume %s grown to %s", pv.Name, size))
 	}
-	return pv, nil
-}
-
-// publishable checks what a node reported before a PV hands it to the
-// kubelet, which mounts it as root: the path the volume's own UUID names
-// (for a Block volume on an LV, the LV's device-mapper link), and a size.
-func publishable(v *volume.Volume) error {
-	st := v.Status
-	if !v.Spec.MatchesPersistentPath(st.PersistentPath) || st.Size <= 0 {
-		return fmt.Errorf("the node reported path %q and size %d; a PV needs the link its UUID names (or, for a Block volume on an LV, the LV's %s link) and a size",
-			st.PersistentPath, st.Size, spec.DMUUIDLinkPrefix)
-	}
-	return nil
-}
-
-// build is the PV of a volume whose storage is ready.
-func (c *Controller) build(v *volume.Volume) (*corev1.PersistentVolume, error) {
-	st := v.Status
-	if err := publishable(v); err != nil {
-		return nil, err
-	}
-	node, err := c.cfg.Nodes.NodeName(v.Spec.Node)
-	if err != nil {
-		return nil, err
-	}
-	hostname := node
-	if n, err := c.nodes.Get(node); err == nil && n.Labels[corev1.LabelHostname] != "" {
-		hostname = n.Labels[corev1.LabelHostname]
-	}
-	class, policy := c.cfg.StorageClass, corev1.PersistentVolumeReclaimRetain
-	access := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        v.Spec.Name,
-			Labels:      map[string]string{},
-			Annotations: map[string]string{},
-			Finalizers:  []string{Finalizer},
-		},
-	}
-	// The volume's template first, ours over it: validation refuses a
-	// template naming our keys, and ours decide which PVs are ours.
-	if t := v.Spec.Template; t != nil {
-		maps.Copy(pv.Labels, t.Metadata.Labels)
-		maps.Copy(pv.Annotations, t.Metadata.Annotations)
-	}
-	maps.Copy(pv.Labels, map[string]string{LabelManagedBy: ManagedBy, LabelUUID: v.Spec.UUID, LabelNode: v.Spec.Node})
-	if cl := v.Claim; cl != nil {
-		class, policy = cl.StorageClass, corev1.PersistentVolumeReclaimPolicy(cl.ReclaimPolicy)
-		pv.Annotations[annProvisionedBy] = c.cfg.Provisioner
-		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
-			Namespace: cl.Namespace, Name: cl.Name, UID: types.UID(cl.UID)}
-		if pvc, err := c.pvcs.PersistentVolumeClaims(cl.Namespace).Get(cl.Name); err == nil && len(pvc.Spec.AccessModes) > 0 {
-			access = pvc.Spec.AccessModes
-		}
-	}
-	mode := corev1.PersistentVolumeFilesystem
-	if v.Spec.Mode == spec.ModeBlock {
-		mode = corev1.PersistentVolumeBlock
-	}
-	pv.Spec.Capacity = corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(st.Size, resource.BinarySI)}
-	pv.Spec.VolumeMode = &mode
-	pv.Spec.AccessModes = access
-	pv.Spec.PersistentVolumeReclaimPolicy = policy
-	pv.Spec.StorageClassName = class
-	local := &corev1.LocalVolumeSource{Path: st.PersistentPath}
-	if mode == corev1.PersistentVolumeFilesystem {
-		fs := v.Spec.FSType
-		local.FSType = &fs
-		if sc, err := c.classes.Get(class); err == nil {
-			pv.Spec.MountOptions = sc.MountOptions
-		}
-	}
-	pv.Spec.Local = local
-	// matchExpressions, not matchFields: the scheduler ignores matchFields
-	// on PVs (kubernetes#81725).
-	pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{hostname}}},
-	}}}}
 	return pv, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -41,7 +42,7 @@ func TestPublishable(t *testing.T) {
 		{"the root filesystem", vol(spec.Spec{Mode: spec.ModeBlock, LVMLogicalVolume: lvm}, "/"), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := publishable(tc.v)
+			err := publishable(&tc.v.Spec, tc.v.Status.Status)
 			if tc.ok {
 				assert.NoError(t, err)
 			} else {
@@ -51,7 +52,7 @@ func TestPublishable(t *testing.T) {
 	}
 	noSize := vol(spec.Spec{Mode: spec.ModeFilesystem, SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"}}, "/dev/disk/by-uuid/"+u)
 	noSize.Status.Size = 0
-	assert.Error(t, publishable(noSize))
+	assert.Error(t, publishable(&noSize.Spec, noSize.Status.Status))
 }
 
 // An Available volume without a PV gets one again (Republish), unless it
@@ -64,4 +65,31 @@ func TestObserveNeverRepublishesAdopted(t *testing.T) {
 	assert.True(t, c.Observe(context.Background(), v).Republish, "a volume of ours with no PV")
 	v.Origin = volume.OriginSalt
 	assert.False(t, c.Observe(context.Background(), v).Republish, "an adopted volume")
+}
+
+// The PV serve publishes and the one salt-volumes pv prints come from one
+// builder: for the same volume and class they differ only in what makes a
+// PV the control plane's (its managed-by label and finalizer).
+func TestOnePersistentVolumeBuilder(t *testing.T) {
+	const u = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+	s := spec.Spec{Name: "v", UUID: u, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "xfs",
+		SparseLoopDevice: &spec.SparseLoopDevice{Size: "64Mi"},
+		Template:         &spec.Template{Metadata: spec.TemplateMetadata{Labels: map[string]string{"tier": "gold"}}}}
+	v := &volume.Volume{Spec: s}
+	v.Status.Phase = volume.Available
+	v.Status.PersistentPath, v.Status.Size = "/dev/disk/by-uuid/"+u, 64<<20
+
+	c := New(fake.NewSimpleClientset(), Config{StorageClass: "local"}, nil)
+	published, err := c.build(v)
+	require.NoError(t, err)
+	printed, err := NewPersistentVolume(v.View(), Options{StorageClass: "local"})
+	require.NoError(t, err)
+
+	assert.Equal(t, printed.Spec, published.Spec)
+	assert.Equal(t, ManagedBy, published.Labels[LabelManagedBy])
+	assert.Equal(t, []string{Finalizer}, published.Finalizers)
+	delete(published.Labels, LabelManagedBy)
+	assert.Equal(t, printed.Labels, published.Labels)
+	assert.Equal(t, map[string]string{"tier": "gold", LabelUUID: u, LabelNode: "node-1"}, printed.Labels)
+	assert.Empty(t, printed.Finalizers, "a static PV nobody watches must not be held by our finalizer")
 }
