@@ -9,6 +9,10 @@ import (
 	"k8s.io/client-go/util/workqueue"
 )
 
+// WorkQueues holds the process's work queue metrics: the reconciler's
+// queue ("volumes") and the Kubernetes controller's ("claims").
+var WorkQueues = &Queues{}
+
 // Queues collects the metrics of client-go work queues (the reconciler's
 // and the Kubernetes controllers'), by queue name, for /metrics. Queues of
 // the same name (one per term of leadership) share their series.

@@ -35,10 +35,6 @@ func (res *Result) after(d time.Duration) {
 	}
 }
 
-// QueueMetrics collects the reconciler's and the Kubernetes controllers'
-// work queue metrics; /metrics writes them.
-var QueueMetrics = &metrics.Queues{}
-
 // backoff is the queue's rate limiter: client-go's per-item exponential
 // one, which also remembers until when each volume waits, so that a pass an
 // event brings early starts no state run before its time.
@@ -90,7 +86,7 @@ func newTerm(retryDelay time.Duration) *term {
 	return &term{
 		backoff: b,
 		q: workqueue.NewTypedRateLimitingQueueWithConfig[string](b,
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "volumes", MetricsProvider: QueueMetrics}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "volumes", MetricsProvider: metrics.WorkQueues}),
 	}
 }
 

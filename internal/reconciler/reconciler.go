@@ -277,7 +277,8 @@ func New(st store.Store, salt Salt, source events.Source, opt Options, log *slog
 }
 
 // WriteMetrics adds the reconciler's counters, its requests' refusals and
-// its work queue to an exposition.
+// the work queues (its own, and the Kubernetes controller's) to an
+// exposition.
 func (r *Reconciler) WriteMetrics(mw *metrics.Writer) {
 	m := r.Metrics
 	mw.Counter("salt_volumes_reconciles_total", "Volume reconcile passes.", m.Reconciles.Value())
@@ -293,5 +294,5 @@ func (r *Reconciler) WriteMetrics(mw *metrics.Writer) {
 	r.Requests.WriteMetrics(mw)
 	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device), node reports not from the node they are about (health).", "reason", m.Rejected.Values())
 	mw.Histogram("salt_volumes_job_latency_seconds", "From starting a state run to its return settling the volume.", m.JobLatency)
-	QueueMetrics.Write(mw)
+	metrics.WorkQueues.Write(mw)
 }

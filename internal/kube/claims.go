@@ -1,0 +1,203 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/requests"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// Claims: provisioning a volume for each claim of our classes once its node
+// is chosen, growing it when the claim asks for more.
+
+// ofOurClass tells whether a claim names a StorageClass we provision for:
+// only those are queued, so a cluster's other claims cost a lister read.
+func (c *Controller) ofOurClass(pvc *corev1.PersistentVolumeClaim) bool {
+	if pvc.Spec.StorageClassName == nil {
+		return false
+	}
+	sc, err := c.classes.Get(*pvc.Spec.StorageClassName)
+	return err == nil && sc.Provisioner == c.cfg.Provisioner
+}
+
+func (c *Controller) queueAllClaims() {
+	pvcs, err := c.pvcs.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, pvc := range pvcs {
+		if !c.ofOurClass(pvc) {
+			continue
+		}
+		if key, err := cache.MetaNamespaceKeyFunc(pvc); err == nil {
+			c.claims.Add(key)
+		}
+	}
+}
+
+func (c *Controller) claimChanged(o any) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	pvc, ok := o.(*corev1.PersistentVolumeClaim)
+	if !ok || c.vols == nil {
+		return
+	}
+	// A claim's volume learns of its claim's changes (deletion, binding).
+	c.vols.Touch("pvc-" + string(pvc.UID))
+	if !c.leading() || !c.ofOurClass(pvc) {
+		return // a follower's are queued when it leads (followLeadership)
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(pvc); err == nil {
+		c.claims.Add(key)
+	}
+}
+
+func (c *Controller) nextClaim(ctx context.Context) bool {
+	key, quit := c.claims.Get()
+	if quit {
+		return false
+	}
+	defer c.claims.Done(key)
+	if !c.leading() {
+		// Leadership was lost after the claim was queued: the next leader
+		// queues every claim when it takes over.
+		c.claims.Forget(key)
+		return true
+	}
+	err := c.syncClaim(ctx, key)
+	if errors.Is(err, errVolumeLeaving) || errors.Is(err, errVolumeBusy) {
+		c.claims.Forget(key)
+		c.claims.AddAfter(key, time.Second)
+		return true
+	}
+	if err != nil {
+		c.log.Warn("provisioning failed; retrying", "claim", key, "error", err)
+		c.claims.AddRateLimited(key)
+		return true
+	}
+	c.claims.Forget(key)
+	return true
+}
+
+// errVolumeBusy: the claim's volume cannot grow yet (being prepared,
+// published or grown): asked again in a moment.
+var errVolumeBusy = errors.New("the claim's volume is busy")
+
+// expand grows a bound claim's volume when the claim asks for more than it
+// has (kubectl edit of spec.resources.requests.storage; the API server
+// lets that through only for classes with allowVolumeExpansion). The
+// volume's PV and the claim's capacity follow once the node is done
+// (Publish).
+func (c *Controller) expand(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, v *volume.Volume) error {
+	if pvc.Spec.VolumeName != v.Spec.Name || v.Spec.SparseLoopDevice == nil {
+		return nil
+	}
+	req, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if !ok {
+		return nil
+	}
+	want, err := sparseSizeFor(&v.Spec, req.Value())
+	if err != nil {
+		return nil // the request was checked when provisioned; a change the sizing refuses shows on the resize
+	}
+	cur, _ := spec.ParseSize(string(v.Spec.SparseLoopDevice.Size))
+	if want <= cur {
+		return nil
+	}
+	cl := &saltvolumes.Claim{Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)}
+	if sc.AllowVolumeExpansion == nil || !*sc.AllowVolumeExpansion {
+		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("StorageClass %s does not set allowVolumeExpansion: true", sc.Name))
+		return nil
+	}
+	if _, err := c.vols.Resize(v.Spec.Name, spec.FormatSize(want)); err != nil {
+		var re *requests.ResizeError
+		if errors.As(err, &re) && re.Conflict {
+			return errVolumeBusy
+		}
+		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("growing volume %s to %s: %v", v.Spec.Name, spec.FormatSize(want), err))
+		return nil
+	}
+	c.log.Info("claim asks for more: growing its volume", "claim", pvc.Namespace+"/"+pvc.Name, "volume", v.Spec.Name, "size", want)
+	c.event(cl, corev1.EventTypeNormal, "Resizing", fmt.Sprintf("salt-volumes is growing volume %s to %s (asked: %s) on Salt minion %s",
+		v.Spec.Name, spec.FormatSize(want), req.String(), v.Spec.Node))
+	return nil
+}
+
+// errVolumeLeaving: the claim's previous volume is still being deleted.
+var errVolumeLeaving = errors.New("the claim's previous volume is still being deleted")
+
+// syncClaim provisions a volume for a claim of one of our classes once the
+// scheduler has picked its node. Retries are safe: the volume's name and
+// UUID come from the claim's UID, so a second try finds the first.
+func (c *Controller) syncClaim(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	pvc, err := c.pvcs.PersistentVolumeClaims(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if pvc.Spec.StorageClassName == nil {
+		return nil
+	}
+	sc, err := c.classes.Get(*pvc.Spec.StorageClassName)
+	if err != nil {
+		sc = nil
+	}
+	if sc == nil || sc.Provisioner != c.cfg.Provisioner {
+		return nil
+	}
+	if v, err := c.vols.Get("pvc-" + string(pvc.UID)); err == nil {
+		if v.DeleteRequested {
+			// A failed volume on its way out: the claim is provisioned
+			// anew once it is gone.
+			return errVolumeLeaving
+		}
+		return c.expand(pvc, sc, v)
+	}
+	minion := ""
+	if node := pvc.Annotations[annSelectedNode]; node != "" {
+		if minion, err = c.cfg.Nodes.Minion(ctx, node); err != nil {
+			return err
+		}
+	}
+	d := decideClaim(pvc, sc, c.cfg.Provisioner, minion)
+	switch {
+	case d.Wait:
+		return nil
+	case d.Refuse != "":
+		c.Metrics.ClaimsRefused.Inc()
+		c.event(&saltvolumes.Claim{Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)}, corev1.EventTypeWarning, "ProvisioningFailed", d.Refuse)
+		return nil
+	}
+	v, err := c.vols.Provision(d.Spec, d.Claim)
+	if err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil
+		}
+		c.event(d.Claim, corev1.EventTypeWarning, "ProvisioningFailed", fmt.Sprintf("creating volume %s: %v", d.Spec.Name, err))
+		return err
+	}
+	c.Metrics.ClaimsProvisioned.Inc()
+	c.log.Info("provisioning a volume for a claim", "claim", key, "volume", v.Spec.Name, "node", v.Spec.Node, "size", d.Spec.SizeBytes)
+	c.event(d.Claim, corev1.EventTypeNormal, "Provisioning", fmt.Sprintf("salt-volumes is creating volume %s: a sparse %s %s volume of %s (asked: %s) on Salt minion %s",
+		v.Spec.Name, v.Spec.Mode, v.Spec.FSType, spec.FormatSize(d.Spec.SizeBytes), d.Size, v.Spec.Node))
+	return nil
+}
