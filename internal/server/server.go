@@ -24,6 +24,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/keep"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/internal/leader"
+	"github.com/salt-volumes/salt-volumes/internal/logbridge"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
@@ -38,6 +39,9 @@ const keepEvery = time.Minute
 // Run serves until ctx ends. ready, when not nil, gets the bound address
 // once the API listens.
 func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Handler, ready func(addr string)) error {
+	// client-go's informers and leader election log through klog: into
+	// the same JSON lines.
+	logbridge.Klog(log)
 	st, elector, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -237,7 +241,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (store
 	if e := cfg.Etcd; e != nil {
 		es, cli, err := store.OpenEtcd(ctx, store.EtcdConfig{Endpoints: e.Endpoints, Prefix: e.Prefix,
 			CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, RequestTimeout: time.Duration(e.RequestTimeout),
-			Log: log.With("component", "store")})
+			Log: log.With("component", "store"), ClientLog: log.With("component", "etcd-client")})
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("store: %w", err)
 		}

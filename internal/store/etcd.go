@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/salt-volumes/salt-volumes/internal/logbridge"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
@@ -30,6 +31,9 @@ type EtcdConfig struct {
 	// quorum, the write fails with ErrUnavailable.
 	RequestTimeout time.Duration
 	Log            *slog.Logger
+	// ClientLog takes the etcd client's own logs (its retries, balancer
+	// and keep-alive), bridged from zap; nil leaves the client's default.
+	ClientLog *slog.Logger
 }
 
 // Etcd is the replicated backend. Every replica keeps the whole set of
@@ -87,6 +91,9 @@ func NewEtcdClient(cfg EtcdConfig) (*clientv3.Client, error) {
 	}
 	cc := clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, DialKeepAliveTime: 5 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second, AutoSyncInterval: time.Minute}
+	if cfg.ClientLog != nil {
+		cc.Logger = logbridge.Zap(cfg.ClientLog)
+	}
 	if cfg.CertFile != "" || cfg.CAFile != "" {
 		tc, err := etcdTLS(cfg)
 		if err != nil {
