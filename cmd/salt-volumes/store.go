@@ -49,7 +49,7 @@ func (c *cli) storeCmd(ctx context.Context, in []string) error {
 		return err
 	}
 	defer closeDst()
-	n, err := store.Migrate(src, dst)
+	n, err := store.Migrate(ctx, src, dst)
 	if err != nil {
 		return failf(exitFailed, "store migrate: %v", err)
 	}

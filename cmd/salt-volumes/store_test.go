@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -26,7 +27,7 @@ func TestStoreMigrate(t *testing.T) {
 	require.NoError(t, err)
 	for i := range 3 {
 		name := fmt.Sprintf("m-%d", i)
-		require.NoError(t, st.Create(&volume.Volume{Spec: spec.Spec{Name: name, UUID: fmt.Sprintf("3f2504e0-4f89-41d3-9a0c-%012d", i), Node: "n",
+		require.NoError(t, st.Create(context.Background(), &volume.Volume{Spec: spec.Spec{Name: name, UUID: fmt.Sprintf("3f2504e0-4f89-41d3-9a0c-%012d", i), Node: "n",
 			SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}, CreatedAt: time.Unix(1, 0).UTC()}))
 	}
 	require.NoError(t, st.Close())

@@ -22,11 +22,11 @@ import (
 // Requests records what users ask of volumes (internal/requests): the API
 // only checks and forwards; the reconciler acts on what lands in the store.
 type Requests interface {
-	Create(s *spec.Spec) (*volume.Volume, error)
-	Delete(name string, wipe bool) (*volume.Volume, error)
-	Forget(name string) (*volume.Volume, error)
-	ForgetNode(node string, names []string) ([]*volume.Volume, error)
-	Resize(name, size string) (*volume.Volume, error)
+	Create(ctx context.Context, s *spec.Spec) (*volume.Volume, error)
+	Delete(ctx context.Context, name string, wipe bool) (*volume.Volume, error)
+	Forget(ctx context.Context, name string) (*volume.Volume, error)
+	ForgetNode(ctx context.Context, node string, names []string) ([]*volume.Volume, error)
+	Resize(ctx context.Context, name, size string) (*volume.Volume, error)
 }
 
 // Server serves the API.

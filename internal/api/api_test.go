@@ -382,7 +382,7 @@ func failed(t *testing.T, st store.Store, name string) {
 	require.NoError(t, err)
 	v := &volume.Volume{Spec: *sp, CreatedAt: time.Now()}
 	v.Status.Phase = volume.Failed
-	require.NoError(t, st.Create(v))
+	require.NoError(t, st.Create(context.Background(), v))
 }
 
 func TestDeleteReadsItsFlagsStrictly(t *testing.T) {
@@ -555,8 +555,8 @@ func TestSizeMetricOfStoredVolumes(t *testing.T) {
 	raw := &volume.Volume{Spec: spec.Spec{Name: "disk", Node: "node-1", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3302",
 		RawBlockDevice: &spec.RawBlockDevice{DevicePath: "/dev/sdb"}}}
 	raw.Status.Size = 5 << 30
-	require.NoError(t, st.Create(sparse))
-	require.NoError(t, st.Create(raw))
+	require.NoError(t, st.Create(context.Background(), sparse))
+	require.NoError(t, st.Create(context.Background(), raw))
 	got := map[string]float64{}
 	for _, line := range strings.Split(scrape(t, ts), "\n") {
 		var name string
@@ -583,7 +583,7 @@ func TestStalledWatchersAreDropped(t *testing.T) {
 		v := &volume.Volume{Spec: spec.Spec{Name: fmt.Sprintf("v-%d", i), Node: "node-1", UUID: uuid.NewString(),
 			SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}}
 		v.Status.Message = strings.Repeat(pad, 64)
-		require.NoError(t, st.Create(v))
+		require.NoError(t, st.Create(context.Background(), v))
 	}
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	for range 2 {

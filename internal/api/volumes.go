@@ -53,7 +53,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Message: err.Error()})
 		return
 	}
-	v, err := s.Requests.Create(sp)
+	v, err := s.Requests.Create(r.Context(), sp)
 	var lerr *requests.LimitError
 	if errors.As(err, &lerr) {
 		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: lerr.Error()})
@@ -152,9 +152,9 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
 		return
 	case forget:
-		v, err = s.Requests.Forget(name)
+		v, err = s.Requests.Forget(r.Context(), name)
 	default:
-		v, err = s.Requests.Delete(name, wipe)
+		v, err = s.Requests.Delete(r.Context(), name, wipe)
 	}
 	var de *requests.DeleteError
 	switch {
@@ -189,7 +189,7 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 	if body.Size != nil {
 		size = string(*body.Size)
 	}
-	v, err := s.Requests.Resize(name, size)
+	v, err := s.Requests.Resize(r.Context(), name, size)
 	var re *requests.ResizeError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -225,7 +225,7 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "volumes", Message: "volumes: empty: name the volumes of node " + node + " to forget"})
 		return
 	}
-	got, err := s.Requests.ForgetNode(node, body.Volumes)
+	got, err := s.Requests.ForgetNode(r.Context(), node, body.Volumes)
 	var ne *requests.NodeForgetError
 	switch {
 	case errors.As(err, &ne):

@@ -101,7 +101,7 @@ var errVolumeBusy = errors.New("the claim's volume is busy")
 // lets that through only for classes with allowVolumeExpansion). The
 // volume's PV and the claim's capacity follow once the node is done
 // (Publish).
-func (c *Controller) expand(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, v *volume.Volume) error {
+func (c *Controller) expand(ctx context.Context, pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, v *volume.Volume) error {
 	if pvc.Spec.VolumeName != v.Spec.Name || v.Spec.SparseLoopDevice == nil {
 		return nil
 	}
@@ -122,7 +122,7 @@ func (c *Controller) expand(pvc *corev1.PersistentVolumeClaim, sc *storagev1.Sto
 		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("StorageClass %s does not set allowVolumeExpansion: true", sc.Name))
 		return nil
 	}
-	if _, err := c.vols.Resize(v.Spec.Name, spec.FormatSize(want)); err != nil {
+	if _, err := c.vols.Resize(ctx, v.Spec.Name, spec.FormatSize(want)); err != nil {
 		var re *requests.ResizeError
 		if errors.As(err, &re) && re.Conflict {
 			return errVolumeBusy
@@ -170,7 +170,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			// anew once it is gone.
 			return errVolumeLeaving
 		}
-		return c.expand(pvc, sc, v)
+		return c.expand(ctx, pvc, sc, v)
 	}
 	minion := ""
 	if node := pvc.Annotations[annSelectedNode]; node != "" {
@@ -187,7 +187,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 		c.event(&saltvolumes.Claim{Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)}, corev1.EventTypeWarning, "ProvisioningFailed", d.Refuse)
 		return nil
 	}
-	v, err := c.vols.Provision(d.Spec, d.Claim)
+	v, err := c.vols.Provision(ctx, d.Spec, d.Claim)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil

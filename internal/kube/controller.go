@@ -42,8 +42,8 @@ const (
 // Volumes is what the controller needs from the reconciler.
 type Volumes interface {
 	Get(name string) (*volume.Volume, error)
-	Provision(s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error)
-	Resize(name, size string) (*volume.Volume, error)
+	Provision(ctx context.Context, s *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error)
+	Resize(ctx context.Context, name, size string) (*volume.Volume, error)
 	Touch(name string)
 }
 

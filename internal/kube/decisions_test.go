@@ -47,14 +47,14 @@ func (r *recVolumes) Get(name string) (*volume.Volume, error) {
 	return nil, store.ErrNotFound
 }
 
-func (r *recVolumes) Provision(s *spec.Spec, cl *saltvolumes.Claim) (*volume.Volume, error) {
+func (r *recVolumes) Provision(_ context.Context, s *spec.Spec, cl *saltvolumes.Claim) (*volume.Volume, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.provisioned = append(r.provisioned, s)
 	return &volume.Volume{Spec: *s, Claim: cl}, nil
 }
 
-func (r *recVolumes) Resize(name, size string) (*volume.Volume, error) {
+func (r *recVolumes) Resize(_ context.Context, name, size string) (*volume.Volume, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.resizeErr != nil {

@@ -30,14 +30,16 @@ type fakeVolumes struct {
 }
 
 func (f *fakeVolumes) Get(string) (*volume.Volume, error) { return nil, store.ErrNotFound }
-func (f *fakeVolumes) Provision(s *spec.Spec, _ *saltvolumes.Claim) (*volume.Volume, error) {
+func (f *fakeVolumes) Provision(_ context.Context, s *spec.Spec, _ *saltvolumes.Claim) (*volume.Volume, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.provisioned = append(f.provisioned, s.Name)
 	return &volume.Volume{Spec: *s}, nil
 }
-func (f *fakeVolumes) Resize(string, string) (*volume.Volume, error) { return nil, errors.New("no") }
-func (f *fakeVolumes) Touch(string)                                  {}
+func (f *fakeVolumes) Resize(context.Context, string, string) (*volume.Volume, error) {
+	return nil, errors.New("no")
+}
+func (f *fakeVolumes) Touch(string) {}
 func (f *fakeVolumes) count() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"encoding/json"
 	"sync"
 	"testing"
@@ -87,8 +88,7 @@ func statusRigWith(t *testing.T, tr *truth, early bool) *rig {
 			go g.send(ev)
 			return
 		}
-		g.send(ev)
-		time.Sleep(100 * time.Millisecond)
+		g.send(ev) // handled, before local_async answers
 	}
 	g = newRigWith(t, fs, Options{})
 	close(ready)
@@ -99,7 +99,7 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	tr := &truth{}
 	g := statusRig(t, tr)
 	s := sparseSpec("hv")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("hv", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("hv", "prepared", true, "", device(s))))
@@ -112,8 +112,7 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	// A report in node-1's envelope that the node's own status does not
 	// bear out (a forged batched event, or a stale one) changes nothing.
 	g.forge(healthEvent("node-1", "node-1", withState(d, "detached", "")))
-	require.Eventually(t, func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.runs == 1 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return g.r.Metrics.NodeReportsConfirmed.Value() == 1 }, 5*time.Second, 10*time.Millisecond)
 	got, err := g.store.Get("hv")
 	require.NoError(t, err)
 	assert.Equal(t, volume.Available, got.Status.Phase, "the node says prepared")
@@ -139,8 +138,7 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	assert.Equal(t, "/dev/loop7", v.Status.DevicePath)
 	assert.Equal(t, int64(5<<20), g.r.Nodes.Usage("node-1", s.UUID).Allocated)
 	g.forge(restore)
-	require.Eventually(t, func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.runs >= 4 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return g.r.Metrics.NodeReportsConfirmed.Value() == 4 }, 5*time.Second, 10*time.Millisecond)
 	assert.EqualValues(t, 3, g.r.Nodes.Reconstructed.Value(), "the node's numbers, not the event's, once")
 	assert.EqualValues(t, 1, g.r.Nodes.RestoreFailed.Value())
 
@@ -164,7 +162,7 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	assert.Equal(t, ReasonDamaged, g.until("hv", "Failed").Status.Reason)
 
 	// A volume failed by its job is not a report's to revive.
-	_, err = g.r.Requests.Create(sparseSpec("job-failed"))
+	_, err = g.r.Requests.Create(context.Background(), sparseSpec("job-failed"))
 	require.NoError(t, err)
 	jf := g.until("job-failed", "Pending")
 	g.send(ret(jf.Status.JobID, "node-1", 1, stateRet("job-failed", "prepared", false, "mkfs failed", nil)))
@@ -184,7 +182,7 @@ func TestStatusReturnBeforeLocalAsyncAnswers(t *testing.T) {
 	tr := &truth{}
 	g := statusRigWith(t, tr, true)
 	s := sparseSpec("early")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("early", "Pending")
 	for v.Status.JobID == "" {

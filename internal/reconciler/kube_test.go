@@ -67,7 +67,7 @@ func TestKubeAvailableOnlyOncePublished(t *testing.T) {
 	k := &fakeKube{publishErr: errors.New("apiserver down")}
 	g := newRig(t, Options{Kube: k, RetryDelay: 50 * time.Millisecond})
 	s := sparseSpec("k-pub")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("k-pub", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-pub", "prepared", true, "", device(s))))
@@ -93,21 +93,24 @@ func TestKubeDeletionWaitsForThePVThenUnprepares(t *testing.T) {
 	k := &fakeKube{}
 	g := newRig(t, Options{Kube: k})
 	s := sparseSpec("k-del")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("k-del", "Pending")
 	prepare := ret(v.Status.JobID, "node-1", 0, stateRet("k-del", "prepared", true, "", device(s)))
 	g.send(prepare)
 	g.until("k-del", "Available")
 
-	_, err = g.r.Requests.Delete("k-del", false)
+	_, err = g.r.Requests.Delete(context.Background(), "k-del", false)
 	require.NoError(t, err)
 	v = g.until("k-del", "Terminating")
 	assert.Contains(t, v.Status.Step, "no claim holds")
 	assert.Empty(t, v.Status.JobID)
+	passes := g.r.Metrics.Reconciles.Value()
 	g.send(prepare) // the old return again, as a lookup after a restart would find it
+	g.passed(passes)
+	passes = g.r.Metrics.Reconciles.Value()
 	g.r.Touch("k-del")
-	time.Sleep(200 * time.Millisecond)
+	g.passed(passes)
 	got, err := g.store.Get("k-del")
 	require.NoError(t, err, "still there: its storage was not reclaimed")
 	assert.Equal(t, volume.Terminating, got.Status.Phase)
@@ -133,12 +136,12 @@ func TestKubeDeletionRefusedWhenAClaimArrived(t *testing.T) {
 	k := &fakeKube{blocked: "its PersistentVolume k-race is Bound to default/c"}
 	g := newRig(t, Options{Kube: k})
 	s := sparseSpec("k-race")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("k-race", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-race", "prepared", true, "", device(s))))
 	g.until("k-race", "Available")
-	_, err = g.r.Requests.Delete("k-race", false)
+	_, err = g.r.Requests.Delete(context.Background(), "k-race", false)
 	require.NoError(t, err)
 	v = g.next("k-race").Volume
 	for v.Status.Message == "" {
@@ -155,7 +158,7 @@ func TestKubeLostPVFailsTheVolume(t *testing.T) {
 	k := &fakeKube{}
 	g := newRig(t, Options{Kube: k})
 	s := sparseSpec("k-lost")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("k-lost", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("k-lost", "prepared", true, "", device(s))))
@@ -177,8 +180,9 @@ func TestKubeAdoptedVolumesAreNotPublished(t *testing.T) {
 	ev := g.next("by-hand")
 	assert.Equal(t, volume.Available, ev.Volume.Status.Phase)
 	assert.Equal(t, volume.OriginSalt, ev.Volume.Origin)
+	passes := g.r.Metrics.Reconciles.Value()
 	g.r.Touch("by-hand")
-	time.Sleep(200 * time.Millisecond) // a reconcile pass that must publish nothing
+	g.passed(passes) // a reconcile pass that must publish nothing
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	assert.Zero(t, k.published, "an adopted volume got a PersistentVolume")

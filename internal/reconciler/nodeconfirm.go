@@ -170,6 +170,7 @@ func (r *Reconciler) applyStatus(node, jid string, raw json.RawMessage, retcode 
 			r.push(v.Spec.Name, observation{kind: obsHealth, node: node, device: d, at: now, jid: jid})
 		}
 	}
+	r.Metrics.NodeReportsConfirmed.Inc()
 }
 
 func (r *Reconciler) runCtx() context.Context {

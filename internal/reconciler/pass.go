@@ -26,7 +26,9 @@ const (
 // next pass.
 func (r *Reconciler) reconcile(ctx context.Context, name string) Result {
 	var res Result
-	r.Metrics.Reconciles.Inc()
+	// Counted once the pass is over: tests wait on it for "the pass after
+	// this event ended".
+	defer r.Metrics.Reconciles.Inc()
 	r.mu.Lock()
 	obs := r.inbox[name]
 	delete(r.inbox, name)
@@ -39,7 +41,7 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) Result {
 	}
 	obs = r.confirm(ctx, name, v, obs)
 	if v == nil {
-		r.adopt(name, obs, &res)
+		r.adopt(ctx, name, obs, &res)
 		return res
 	}
 	if v.ForgetRequested {
@@ -69,7 +71,7 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) Result {
 	}
 	if dirty {
 		v.Status.UpdatedAt = time.Now().UTC()
-		r.save(v, base, &res)
+		r.save(ctx, v, base, &res)
 	}
 	return res
 }
@@ -79,16 +81,20 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) Result {
 // through this or another replica is merged and the write tried again;
 // anything else (a cache behind a predecessor's writes) wins, and the
 // volume is reconciled again from it.
-func (r *Reconciler) save(v, base *volume.Volume, res *Result) {
+func (r *Reconciler) save(ctx context.Context, v, base *volume.Volume, res *Result) {
 	name := v.Spec.Name
 	for range 3 {
-		err := r.writer().Update(v)
+		err := r.writer().Update(ctx, v)
 		var ce *store.ConflictError
 		switch {
 		case err == nil:
 			return
 		case errors.Is(err, store.ErrFenced):
 			r.warn.Warn("not saving: this replica lost its leadership", "volume", name)
+			return
+		case ctx.Err() != nil:
+			// The term ended: the next one starts from the store, and
+			// node operations are idempotent.
 			return
 		case !errors.As(err, &ce):
 			r.log.Error("saving volume", "volume", name, "error", err)
@@ -131,10 +137,11 @@ func (r *Reconciler) remove(ctx context.Context, v *volume.Volume, res *Result) 
 			r.warn.Warn("could not release the PersistentVolume", "volume", name, "error", err)
 		}
 	}
-	if err := r.writer().Delete(v); err != nil {
+	if err := r.writer().Delete(ctx, v); err != nil {
 		switch {
 		case errors.Is(err, store.ErrFenced):
 			r.warn.Warn("not removing: this replica lost its leadership", "volume", name)
+		case ctx.Err() != nil:
 		case errors.Is(err, store.ErrConflict):
 			r.log.Warn("volume changed elsewhere while it was removed; reconciling it again", "volume", name)
 			res.Requeue = true
@@ -151,7 +158,7 @@ func (r *Reconciler) remove(ctx context.Context, v *volume.Volume, res *Result) 
 }
 
 // adopt creates the object for a volume someone else's state run prepared.
-func (r *Reconciler) adopt(name string, obs []observation, res *Result) {
+func (r *Reconciler) adopt(ctx context.Context, name string, obs []observation, res *Result) {
 	for _, o := range obs {
 		if o.kind != obsReturn || o.result == nil || o.result.Function != "prepared" || !o.result.OK || o.result.Device == nil {
 			continue
@@ -178,7 +185,7 @@ func (r *Reconciler) adopt(name string, obs []observation, res *Result) {
 		// In Kubernetes mode an adopted volume gets no PersistentVolume:
 		// nobody asked for it to be offered to claims, and a PV without a
 		// claimRef binds any claim that names it.
-		if err := r.writer().Create(v); err != nil {
+		if err := r.writer().Create(ctx, v); err != nil {
 			r.log.Warn("not adopting volume", "volume", name, "error", err)
 			res.Requeue = true
 			return

@@ -1,14 +1,19 @@
-// Package reconciler drives volume objects through their phases: it starts
-// Salt state runs through salt-api (one per node at a time, doing every
-// create, or every delete, that queued for that node) and settles each
-// volume by its own state when the job returns.
+// Package reconciler drives volume objects through their phases. On the
+// replica that leads, a pass over one volume at a time (client-go's work
+// queue; reconcile returns a Result saying when the next pass is due) starts
+// Salt state runs, through the master's request server or salt-api, one per
+// node at a time, doing every create, or every delete, that queued for that
+// node, and settles each volume by its own state when the job returns.
+// Users' requests reach it through the store (internal/requests writes
+// them; the store's watch queues the volume).
 //
 // The bus says when, the job cache says what: any accepted minion can put a
 // salt/job/<jid>/ret/<any minion> event with any payload on the master bus
 // (Salt's batched minion events), so a return seen on the bus only makes the
-// reconciler look the job up through salt-api. The job cache is written by
-// the master from authenticated minion returns; only the looked-up return
-// of the volume's own node settles, adopts, updates or removes a volume.
+// reconciler look the job up (the master's job cache on disk, or
+// jobs.list_job). The job cache is written by the master from
+// authenticated minion returns; only the looked-up return of the volume's
+// own node settles, adopts, updates or removes a volume.
 package reconciler
 
 import (
@@ -160,7 +165,10 @@ type Metrics struct {
 	LaunchErrors      metrics.Counter
 	Adopted           metrics.Counter
 	Lookups           metrics.Counter
-	JobLatency        *metrics.Histogram
+	// NodeReportsConfirmed counts node reports applied once the node's
+	// own salt_volumes.status bore them out.
+	NodeReportsConfirmed metrics.Counter
+	JobLatency           *metrics.Histogram
 	// Rejected counts events that changed nothing because they could not
 	// be trusted, by reason.
 	Rejected Rejections
@@ -290,6 +298,7 @@ func (r *Reconciler) WriteMetrics(mw *metrics.Writer) {
 	mw.Counter("salt_volumes_jobs_timed_out_total", "Jobs without a return within the job timeout.", m.JobsTimedOut.Value())
 	mw.Counter("salt_volumes_job_launch_errors_total", "Failed attempts to start a state run.", m.LaunchErrors.Value())
 	mw.Counter("salt_volumes_job_lookups_total", "Job cache lookups (reconnects, restarts, timeouts, polling mode).", m.Lookups.Value())
+	mw.Counter("salt_volumes_node_reports_confirmed_total", "Node reports applied after the node's own salt_volumes.status confirmed them.", m.NodeReportsConfirmed.Value())
 	mw.Counter("salt_volumes_adopted_total", "Volumes first seen in someone else's state run.", m.Adopted.Value())
 	r.Requests.WriteMetrics(mw)
 	mw.CounterVec("salt_volumes_events_rejected_total", "Events that changed nothing because they could not be trusted: job returns the job cache does not confirm (unconfirmed), progress not from the volume's node (progress), device info that does not describe the volume (device), node reports not from the node they are about (health).", "reason", m.Rejected.Values())

@@ -115,7 +115,14 @@ func (f *fakeSalt) launches() []call {
 }
 
 // chanSource delivers events sent on ch; it "connects" once.
-type chanSource struct{ ch chan events.Event }
+// chanSource is the event bus of the rig: each event forged is handed to
+// the reconciler's Handle, and forge returns once Handle has.
+type chanSource struct{ ch chan forged }
+
+type forged struct {
+	ev   events.Event
+	done chan struct{}
+}
 
 func (s *chanSource) Run(ctx context.Context, onConnect func(), handle func(events.Event)) error {
 	onConnect()
@@ -123,8 +130,9 @@ func (s *chanSource) Run(ctx context.Context, onConnect func(), handle func(even
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case ev := <-s.ch:
-			handle(ev)
+		case f := <-s.ch:
+			handle(f.ev)
+			close(f.done)
 		}
 	}
 }
@@ -237,12 +245,28 @@ func (g *rig) record(ev events.Event) {
 
 // forge puts an event on the bus only, as any minion can with Salt's
 // batched events: nothing reaches the job cache.
-func (g *rig) forge(ev events.Event) { g.src.ch <- ev }
+// passed waits until a reconcile pass has ended since the count was
+// before (Metrics.Reconciles counts passes as they end).
+func (g *rig) passed(before int64) {
+	g.t.Helper()
+	require.Eventually(g.t, func() bool { return g.r.Metrics.Reconciles.Value() > before }, 5*time.Second, time.Millisecond)
+}
+
+// forge puts ev on the bus as is and returns once the reconciler has
+// handled it (or, with no term running to read it, after a while).
+func (g *rig) forge(ev events.Event) {
+	f := forged{ev: ev, done: make(chan struct{})}
+	g.src.ch <- f
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+	}
+}
 
 func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("data-1")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 
 	ev := g.next("data-1")
@@ -291,7 +315,7 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 
 func TestFailedReturnCarriesSaltsMessage(t *testing.T) {
 	g := newRig(t, Options{})
-	_, err := g.r.Requests.Create(sparseSpec("bad"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("bad"))
 	require.NoError(t, err)
 	v := g.until("bad", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("bad", "prepared", false, "volume bad: rawBlockDevice.devicePath: /dev/nope does not exist", nil)))
@@ -302,7 +326,7 @@ func TestFailedReturnCarriesSaltsMessage(t *testing.T) {
 
 func TestBusyMinionIsRetried(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
-	_, err := g.r.Requests.Create(sparseSpec("busy"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("busy"))
 	require.NoError(t, err)
 	v := g.until("busy", "Pending")
 	first := v.Status.JobID
@@ -317,7 +341,7 @@ func TestBusyMinionIsRetried(t *testing.T) {
 func TestDeleteFollowsTheCriteria(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("del")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("del", "Pending")
 	var de *requests.DeleteError
@@ -326,7 +350,7 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	inUse["inUse"] = true
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "prepared", true, "", inUse)))
 	g.until("del", "Available")
-	_, err = g.r.Requests.Delete("del", false)
+	_, err = g.r.Requests.Delete(context.Background(), "del", false)
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, de.Reason, "in use")
 
@@ -334,14 +358,14 @@ func TestDeleteFollowsTheCriteria(t *testing.T) {
 	v = g.next("del").Volume
 	assert.False(t, v.Status.InUse, "a salt-call run reported the device released")
 
-	_, err = g.r.Requests.Delete("del", true)
+	_, err = g.r.Requests.Delete(context.Background(), "del", true)
 	require.NoError(t, err)
 	v = g.until("del", "Terminating")
 	calls := g.salt.launches()
 	last := calls[len(calls)-1]
 	assert.Equal(t, SLSUnprepared, last.SLS())
 	assert.True(t, last.Wipe())
-	_, err = g.r.Requests.Delete("del", false)
+	_, err = g.r.Requests.Delete(context.Background(), "del", false)
 	require.ErrorAs(t, err, &de, "already Terminating")
 
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("del", "absent", true, "", nil)))
@@ -357,12 +381,12 @@ func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
 		t.Run(fmt.Sprintf("creation succeeded %v", created), func(t *testing.T) {
 			g := newRig(t, Options{})
 			s := sparseSpec("hasty")
-			_, err := g.r.Requests.Create(s)
+			_, err := g.r.Requests.Create(context.Background(), s)
 			require.NoError(t, err)
 			v := g.until("hasty", "Pending")
 			prepare := v.Status.JobID
 			require.NotEmpty(t, prepare)
-			got, err := g.r.Requests.Delete("hasty", false)
+			got, err := g.r.Requests.Delete(context.Background(), "hasty", false)
 			require.NoError(t, err, "a deletion while Pending is accepted")
 			view := got.View()
 			assert.True(t, view.Deleting)
@@ -393,10 +417,10 @@ func TestDeleteWhilePendingWaitsForTheCreation(t *testing.T) {
 func TestDeleteWhilePendingFollowsACreationThatTimesOut(t *testing.T) {
 	g := newRig(t, Options{JobTimeout: 300 * time.Millisecond})
 	s := sparseSpec("lost")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("lost", "Pending")
-	_, err = g.r.Requests.Delete("lost", false)
+	_, err = g.r.Requests.Delete(context.Background(), "lost", false)
 	require.NoError(t, err)
 	// No return ever comes and Salt does not know the job: it times out,
 	// and the removal asked for meanwhile starts.
@@ -411,12 +435,12 @@ func TestDeleteWhilePendingFollowsACreationThatTimesOut(t *testing.T) {
 func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("stuck")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("stuck", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("stuck", "prepared", true, "", device(s))))
 	g.until("stuck", "Available")
-	_, err = g.r.Requests.Delete("stuck", false)
+	_, err = g.r.Requests.Delete(context.Background(), "stuck", false)
 	require.NoError(t, err)
 	v = g.until("stuck", "Terminating")
 	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("stuck", "absent", false, "volume stuck: device is mounted at /mnt", nil)))
@@ -432,10 +456,10 @@ func TestFailedUnprepareLeavesTheVolumeDeletable(t *testing.T) {
 func TestForgetFailedVolume(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	g.salt.err = []error{saltapi.ErrNoMinions, saltapi.ErrNoMinions}
-	_, err := g.r.Requests.Create(sparseSpec("gone"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("gone"))
 	require.NoError(t, err)
 	g.until("gone", "Failed")
-	_, err = g.r.Requests.Delete("gone", false)
+	_, err = g.r.Requests.Delete(context.Background(), "gone", false)
 	require.NoError(t, err)
 	// The request itself shows first (still Failed, deleting), then the
 	// outcome of the removal run.
@@ -446,19 +470,19 @@ func TestForgetFailedVolume(t *testing.T) {
 	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason, "unprepare cannot run either")
 
 	launches := len(g.salt.launches())
-	_, err = g.r.Requests.Forget("gone")
+	_, err = g.r.Requests.Forget(context.Background(), "gone")
 	require.NoError(t, err)
 	g.until("gone", store.Deleted)
 	_, err = g.store.Get("gone")
 	assert.ErrorIs(t, err, store.ErrNotFound)
 	assert.Equal(t, launches, len(g.salt.launches()), "forget runs nothing on the node")
 
-	_, err = g.r.Requests.Create(sparseSpec("alive"))
+	_, err = g.r.Requests.Create(context.Background(), sparseSpec("alive"))
 	require.NoError(t, err)
 	jid := g.until("alive", "Pending").Status.JobID
 	g.send(ret(jid, "node-1", 0, stateRet("alive", "prepared", true, "", device(sparseSpec("alive")))))
 	g.until("alive", "Available")
-	_, err = g.r.Requests.Forget("alive")
+	_, err = g.r.Requests.Forget(context.Background(), "alive")
 	var de *requests.DeleteError
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, de.Reason, "only a Failed volume can be forgotten (it is Available)")
@@ -467,7 +491,7 @@ func TestForgetFailedVolume(t *testing.T) {
 func TestLaunchErrors(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	g.salt.err = []error{saltapi.ErrNoMinions}
-	_, err := g.r.Requests.Create(sparseSpec("nonode"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("nonode"))
 	require.NoError(t, err)
 	v := g.until("nonode", "Failed")
 	assert.Equal(t, ReasonNodeNotFound, v.Status.Reason)
@@ -476,7 +500,7 @@ func TestLaunchErrors(t *testing.T) {
 	g.salt.mu.Lock()
 	g.salt.err = []error{&saltapi.Error{Status: 503, Op: "local_async state.apply"}}
 	g.salt.mu.Unlock()
-	_, err = g.r.Requests.Create(sparseSpec("later"))
+	_, err = g.r.Requests.Create(context.Background(), sparseSpec("later"))
 	require.NoError(t, err)
 	v = g.until("later", "Pending")
 	assert.Equal(t, ReasonSaltUnavailable, v.Status.Reason)
@@ -496,7 +520,7 @@ func TestReturnBeforeLocalAsyncAnswers(t *testing.T) {
 		g.record(ev)
 		g.r.Handle(ev)
 	}
-	_, err := g.r.Requests.Create(sparseSpec("early"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("early"))
 	require.NoError(t, err)
 	v := g.until("early", "Failed")
 	assert.Contains(t, v.Status.Message, "did not render")
@@ -555,14 +579,14 @@ func newRigNoRun(t *testing.T, seed ...*volume.Volume) *rig {
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	for _, v := range seed {
-		require.NoError(t, st.Create(v))
+		require.NoError(t, st.Create(context.Background(), v))
 	}
-	return &rig{t: t, src: &chanSource{ch: make(chan events.Event, 16)}, store: st}
+	return &rig{t: t, src: &chanSource{ch: make(chan forged, 16)}, store: st}
 }
 
 func TestJobTimeout(t *testing.T) {
 	g := newRig(t, Options{JobTimeout: 100 * time.Millisecond})
-	_, err := g.r.Requests.Create(sparseSpec("slow"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("slow"))
 	require.NoError(t, err)
 	v := g.until("slow", "Pending")
 	g.salt.mu.Lock()
@@ -614,7 +638,7 @@ func TestVolumesReconcileConcurrently(t *testing.T) {
 		// One node each: a node runs one state run of ours at a time.
 		s := sparseSpec(fmt.Sprintf("v-%03d", i))
 		s.Node = fmt.Sprintf("node-%03d", i)
-		_, err := g.r.Requests.Create(s)
+		_, err := g.r.Requests.Create(context.Background(), s)
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool { return len(g.salt.launches()) == n }, 10*time.Second, 10*time.Millisecond)
@@ -644,11 +668,11 @@ func adoptable(t *testing.T, s *spec.Spec, dev map[string]any) map[string]any {
 func TestForgedReturnsChangeNothing(t *testing.T) {
 	g := newRig(t, Options{})
 	pending := sparseSpec("pending")
-	_, err := g.r.Requests.Create(pending)
+	_, err := g.r.Requests.Create(context.Background(), pending)
 	require.NoError(t, err)
 	pv := g.until("pending", "Pending")
 	avail := sparseSpec("avail")
-	_, err = g.r.Requests.Create(avail)
+	_, err = g.r.Requests.Create(context.Background(), avail)
 	require.NoError(t, err)
 	av := g.until("avail", "Pending")
 	g.send(ret(av.Status.JobID, "node-1", 0, stateRet("avail", "prepared", true, "", device(avail))))
@@ -690,7 +714,7 @@ func TestForgedReturnsChangeNothing(t *testing.T) {
 func TestProgressOnlyFromTheVolumesNode(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("prog")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	g.until("prog", "Pending")
 	g.forge(events.Event{Tag: "salt-volumes/prog/progress", Data: map[string]any{"step": "batched", "uuid": s.UUID, "node": "node-1"}})
@@ -707,7 +731,7 @@ func TestProgressOnlyFromTheVolumesNode(t *testing.T) {
 func TestDeviceInfoIsValidated(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("dev")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("dev", "Pending")
 	bad := device(s)
@@ -743,7 +767,7 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 	v := &volume.Volume{Spec: *s, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Available}}}
 	g := newRigNoRun(t, v)
 	r := New(g.store, &fakeSalt{jobs: map[string]saltapi.JobInfo{}}, g.src, Options{}, nil)
-	_, err := r.Requests.Delete("keep", true)
+	_, err := r.Requests.Delete(context.Background(), "keep", true)
 	require.NoError(t, err)
 	got, err := g.store.Get("keep")
 	require.NoError(t, err)
@@ -751,7 +775,7 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 	assert.True(t, got.Wipe)
 
 	require.NoError(t, g.store.Close())
-	_, err = r.Requests.Delete("keep", false)
+	_, err = r.Requests.Delete(context.Background(), "keep", false)
 	assert.Error(t, err, "a deletion that cannot be recorded is not accepted")
 }
 
@@ -760,12 +784,12 @@ func TestDeleteIsPersistedBeforeItIsAccepted(t *testing.T) {
 func TestOneRunOfOursPerNode(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: time.Hour})
 	a, b, c := sparseSpec("first"), sparseSpec("second"), sparseSpec("third")
-	_, err := g.r.Requests.Create(a)
+	_, err := g.r.Requests.Create(context.Background(), a)
 	require.NoError(t, err)
 	va := g.until("first", "Pending")
 	require.NotEmpty(t, va.Status.JobID)
 	for _, s := range []*spec.Spec{b, c} {
-		_, err = g.r.Requests.Create(s)
+		_, err = g.r.Requests.Create(context.Background(), s)
 		require.NoError(t, err)
 	}
 	vb := g.until("second", "Pending")
@@ -815,11 +839,11 @@ func TestOneRunOfOursPerNode(t *testing.T) {
 func TestBatchedRunBusyRetriesTogether(t *testing.T) {
 	g := newRig(t, Options{RetryDelay: 20 * time.Millisecond})
 	a := sparseSpec("b1")
-	_, err := g.r.Requests.Create(a)
+	_, err := g.r.Requests.Create(context.Background(), a)
 	require.NoError(t, err)
 	va := g.until("b1", "Pending")
 	for _, n := range []string{"b2", "b3"} {
-		_, err = g.r.Requests.Create(sparseSpec(n))
+		_, err = g.r.Requests.Create(context.Background(), sparseSpec(n))
 		require.NoError(t, err)
 		v := g.until(n, "Pending")
 		for v.Status.Step == "" {
@@ -849,7 +873,7 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 	names := []string{"d1", "d2", "d3"}
 	for _, n := range names {
 		s := sparseSpec(n)
-		_, err := g.r.Requests.Create(s)
+		_, err := g.r.Requests.Create(context.Background(), s)
 		require.NoError(t, err)
 		v := g.until(n, "Pending")
 		for v.Status.JobID == "" {
@@ -858,14 +882,14 @@ func TestOneRunOfOursPerNodeWhenDeleting(t *testing.T) {
 		g.send(ret(v.Status.JobID, "node-1", 0, stateRet(n, "prepared", true, "", device(s))))
 		g.until(n, "Available")
 	}
-	_, err := g.r.Requests.Delete("d1", false)
+	_, err := g.r.Requests.Delete(context.Background(), "d1", false)
 	require.NoError(t, err)
 	v1 := g.until("d1", "Terminating")
 	for v1.Status.JobID == "" {
 		v1 = g.next("d1").Volume
 	}
 	for _, n := range names[1:] {
-		_, err := g.r.Requests.Delete(n, false)
+		_, err := g.r.Requests.Delete(context.Background(), n, false)
 		require.NoError(t, err)
 	}
 	for _, n := range names[1:] {
@@ -912,16 +936,16 @@ type interposer struct {
 	t    *testing.T
 }
 
-func (w *interposer) Update(v *volume.Volume) error {
+func (w *interposer) Update(ctx context.Context, v *volume.Volume) error {
 	if v.Status.Phase == volume.Available {
 		w.once.Do(func() {
 			cur, err := w.Store.Get(v.Spec.Name)
 			require.NoError(w.t, err)
 			cur.DeleteRequested = true
-			require.NoError(w.t, w.Store.Update(cur), "the request, as another replica writes it")
+			require.NoError(w.t, w.Store.Update(context.Background(), cur), "the request, as another replica writes it")
 		})
 	}
-	return w.Store.Update(v)
+	return w.Store.Update(ctx, v)
 }
 
 // A deletion requested (through any replica) while a worker was saving the
@@ -942,7 +966,7 @@ func TestRequestWrittenDuringASaveIsKept(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	s := sparseSpec("merge")
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	jid := g.until("merge", "Pending").Status.JobID
 	g.send(ret(jid, "node-1", 0, stateRet("merge", "prepared", true, "", device(s))))
@@ -977,7 +1001,7 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 	ready := func(name, node string) {
 		s := sparseSpec(name)
 		s.Node = node
-		_, err := g.r.Requests.Create(s)
+		_, err := g.r.Requests.Create(context.Background(), s)
 		require.NoError(t, err)
 		v := g.until(name, "Pending")
 		g.send(ret(v.Status.JobID, node, 0, stateRet(name, "prepared", true, "", device(s))))
@@ -986,17 +1010,17 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 	ready("a", "node-1")
 	ready("other", "node-2")
 	failing := sparseSpec("f")
-	_, err := g.r.Requests.Create(failing)
+	_, err := g.r.Requests.Create(context.Background(), failing)
 	require.NoError(t, err)
 	v := g.until("f", "Pending")
 	g.send(ret(v.Status.JobID, "node-1", 2, stateRet("f", "prepared", false, "mkfs failed", nil)))
 	g.until("f", "Failed")
-	_, err = g.r.Requests.Create(sparseSpec("p"))
+	_, err = g.r.Requests.Create(context.Background(), sparseSpec("p"))
 	require.NoError(t, err)
 	g.until("p", "Pending") // its run never returns: the node is gone
 	launched := len(g.salt.launches())
 
-	_, err = g.r.Requests.ForgetNode("node-1", []string{"a", "other", "nope"})
+	_, err = g.r.Requests.ForgetNode(context.Background(), "node-1", []string{"a", "other", "nope"})
 	var ne *requests.NodeForgetError
 	require.ErrorAs(t, err, &ne)
 	assert.Equal(t, []string{"other", "nope"}, ne.Missing)
@@ -1006,7 +1030,7 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 		assert.False(t, v.ForgetRequested, n)
 	}
 
-	got, err := g.r.Requests.ForgetNode("node-1", []string{"a", "f", "p"})
+	got, err := g.r.Requests.ForgetNode(context.Background(), "node-1", []string{"a", "f", "p"})
 	require.NoError(t, err)
 	assert.Len(t, got, 3)
 	for _, n := range []string{"a", "f", "p"} {

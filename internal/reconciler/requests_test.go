@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -20,14 +21,14 @@ import (
 func TestOneLimitForEveryWayIn(t *testing.T) {
 	g := newRig(t, Options{MaxVolumes: 2})
 	for _, n := range []string{"a", "b"} {
-		_, err := g.r.Requests.Create(sparseSpec(n))
+		_, err := g.r.Requests.Create(context.Background(), sparseSpec(n))
 		require.NoError(t, err)
 	}
 	var le *requests.LimitError
-	_, err := g.r.Requests.Create(sparseSpec("c"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("c"))
 	require.ErrorAs(t, err, &le)
 	assert.Contains(t, err.Error(), "holds 2 volumes, its limit (limits.volumes)")
-	_, err = g.r.Requests.Provision(sparseSpec("claimed"), &saltvolumes.Claim{Namespace: "ns", Name: "data"})
+	_, err = g.r.Requests.Provision(context.Background(), sparseSpec("claimed"), &saltvolumes.Claim{Namespace: "ns", Name: "data"})
 	require.ErrorAs(t, err, &le)
 
 	g.send(ret("20261126111111111111", "node-1", 0, preparedByHand(t, "by-hand")))
@@ -37,7 +38,7 @@ func TestOneLimitForEveryWayIn(t *testing.T) {
 
 	// A Volume object: in the store before anyone asked.
 	obj := &volume.Volume{Spec: *sparseSpec("object"), CreatedAt: time.Now().UTC()}
-	require.NoError(t, g.store.Create(obj))
+	require.NoError(t, g.store.Create(context.Background(), obj))
 	v := g.until("object", "Failed")
 	assert.Equal(t, ReasonLimit, v.Status.Reason)
 	assert.Contains(t, v.Status.Message, "limits.volumes")
@@ -53,7 +54,7 @@ func TestOneLimitForEveryWayIn(t *testing.T) {
 		assert.NotEqual(t, volume.Failed, got.Status.Phase, n)
 	}
 	// Deleting the refused object needs no job on its node.
-	_, err = g.r.Requests.Delete("object", false)
+	_, err = g.r.Requests.Delete(context.Background(), "object", false)
 	require.NoError(t, err)
 	g.until("object", store.Deleted)
 }
@@ -83,7 +84,7 @@ func TestForeignHintsAreBounded(t *testing.T) {
 	require.Eventually(t, func() bool { return flood() == 2 }, 5*time.Second, time.Millisecond, "30 more within the same second do not")
 
 	// Our own runs are never metered: a create still goes through.
-	_, err := g.r.Requests.Create(sparseSpec("ours"))
+	_, err := g.r.Requests.Create(context.Background(), sparseSpec("ours"))
 	require.NoError(t, err)
 	v := g.until("ours", "Pending")
 	s := sparseSpec("ours")
@@ -111,7 +112,7 @@ func TestOurEarlyReturnSurvivesTheHintLimits(t *testing.T) {
 		g.r.Handle(ev)
 		assert.Equal(t, before+1, g.r.Metrics.Rejected.Flood.Value(), "the early return was not metered: the test proves nothing")
 	}
-	_, err := g.r.Requests.Create(s)
+	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	g.until("early-ok", "Available")
 }

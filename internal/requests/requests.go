@@ -6,6 +6,7 @@
 package requests
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -36,25 +37,25 @@ func (s *Service) Get(name string) (*volume.Volume, error) { return s.store.Get(
 
 // Create stores a new volume (phase Unknown); the store's watch queues it
 // on the replica that reconciles.
-func (s *Service) Create(sp *spec.Spec) (*volume.Volume, error) {
+func (s *Service) Create(ctx context.Context, sp *spec.Spec) (*volume.Volume, error) {
 	if err := s.RoomFor("api"); err != nil {
 		return nil, err
 	}
-	return s.insert(sp, nil)
+	return s.insert(ctx, sp, nil)
 }
 
 // Provision is Create for a volume made for a PersistentVolumeClaim.
-func (s *Service) Provision(sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
+func (s *Service) Provision(ctx context.Context, sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
 	if err := s.RoomFor("claim"); err != nil {
 		return nil, err
 	}
-	return s.insert(sp, claim)
+	return s.insert(ctx, sp, claim)
 }
 
-func (s *Service) insert(sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
+func (s *Service) insert(ctx context.Context, sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
 	now := time.Now().UTC()
 	v := &volume.Volume{Spec: *sp, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
-	if err := s.store.Create(v); err != nil {
+	if err := s.store.Create(ctx, v); err != nil {
 		return nil, err
 	}
 	return v, nil
@@ -67,12 +68,12 @@ func (e *DeleteError) Error() string { return "cannot delete: " + e.Reason }
 
 // Delete asks for a volume's deletion. The criteria are checked now, so the
 // caller gets a clear refusal, and again by the worker that carries it out.
-func (s *Service) Delete(name string, wipe bool) (*volume.Volume, error) {
+func (s *Service) Delete(ctx context.Context, name string, wipe bool) (*volume.Volume, error) {
 	// Persisted before the caller hears "accepted": a crash right after
 	// still deletes, and the replica that reconciles sees it in the store
 	// (its watch queues the volume; a worker saving an older copy at the
 	// same moment merges it).
-	return s.request(name, func(v *volume.Volume) error {
+	return s.request(ctx, name, func(v *volume.Volume) error {
 		if ok, why := volume.CanDelete(v); !ok {
 			return &DeleteError{Reason: why}
 		}
@@ -85,7 +86,7 @@ func (s *Service) Delete(name string, wipe bool) (*volume.Volume, error) {
 // read, write it guarded by its revision, and on a conflict check again on
 // what the store holds now. Only requests (deletion, forget) are written
 // this way; the reconciler owns the status.
-func (s *Service) request(name string, change func(v *volume.Volume) error) (*volume.Volume, error) {
+func (s *Service) request(ctx context.Context, name string, change func(v *volume.Volume) error) (*volume.Volume, error) {
 	const tries = 5
 	v, err := s.store.Get(name)
 	if err != nil {
@@ -95,7 +96,7 @@ func (s *Service) request(name string, change func(v *volume.Volume) error) (*vo
 		if err := change(v); err != nil {
 			return v, err
 		}
-		err = s.store.Update(v)
+		err = s.store.Update(ctx, v)
 		var ce *store.ConflictError
 		if !errors.As(err, &ce) {
 			break
@@ -121,8 +122,8 @@ func (s *Service) request(name string, change func(v *volume.Volume) error) (*vo
 // its node: the way out for a volume whose node is gone for good, where the
 // unprepare state can never run. Whatever is on the node stays; a later
 // salt_volumes run there reports it and it is adopted again.
-func (s *Service) Forget(name string) (*volume.Volume, error) {
-	return s.request(name, func(v *volume.Volume) error {
+func (s *Service) Forget(ctx context.Context, name string) (*volume.Volume, error) {
+	return s.request(ctx, name, func(v *volume.Volume) error {
 		if v.Status.Phase != volume.Failed {
 			return &DeleteError{Reason: "only a Failed volume can be forgotten (it is " + v.Status.Phase.String() + "); delete it normally"}
 		}
@@ -147,7 +148,7 @@ func (e *NodeForgetError) Error() string {
 // without running anything anywhere. The caller names them, as listed to
 // and confirmed by the user, so a volume created meanwhile is not dropped
 // unseen. Names that are not node's volumes refuse the whole request.
-func (s *Service) ForgetNode(node string, names []string) ([]*volume.Volume, error) {
+func (s *Service) ForgetNode(ctx context.Context, node string, names []string) ([]*volume.Volume, error) {
 	var missing []string
 	for _, n := range names {
 		if v, err := s.store.Get(n); err != nil || v.Spec.Node != node {
@@ -159,7 +160,7 @@ func (s *Service) ForgetNode(node string, names []string) ([]*volume.Volume, err
 	}
 	var out []*volume.Volume
 	for _, n := range names {
-		v, err := s.request(n, func(v *volume.Volume) error {
+		v, err := s.request(ctx, n, func(v *volume.Volume) error {
 			v.ForgetRequested, v.NodeForgotten = true, true
 			return nil
 		})
@@ -192,7 +193,7 @@ func (e *ResizeError) Error() string { return e.Field + ": " + e.Reason }
 // again, from the size the volume had. In Kubernetes mode its
 // PersistentVolume's capacity (and its claim's) follow once the node is
 // done.
-func (s *Service) Resize(name, q string) (*volume.Volume, error) {
+func (s *Service) Resize(ctx context.Context, name, q string) (*volume.Volume, error) {
 	var n int64
 	if q != "" {
 		var err error
@@ -200,7 +201,7 @@ func (s *Service) Resize(name, q string) (*volume.Volume, error) {
 			return nil, &ResizeError{Field: "size", Reason: err.Error()}
 		}
 	}
-	return s.request(name, func(v *volume.Volume) error {
+	return s.request(ctx, name, func(v *volume.Volume) error {
 		retry := v.Status.Phase == volume.Failed && v.Status.Reason == volume.ReasonResizeFailed
 		switch {
 		case v.Spec.RawBlockDevice != nil && q != "":

@@ -1,6 +1,7 @@
 package requests
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -38,7 +39,7 @@ func available(t *testing.T, st store.Store, name, size string) {
 	v := &volume.Volume{Spec: *sparse(t, name, size)}
 	v.Status.Phase = volume.Available
 	v.Status.PreparedSize = v.Spec.Bytes()
-	require.NoError(t, st.Create(v))
+	require.NoError(t, st.Create(context.Background(), v))
 }
 
 // churning is a store in which someone else writes the volume before each
@@ -48,7 +49,7 @@ type churning struct {
 	updates int
 }
 
-func (c *churning) Update(v *volume.Volume) error {
+func (c *churning) Update(_ context.Context, v *volume.Volume) error {
 	c.updates++
 	cur, err := c.Store.Get(v.Spec.Name)
 	if err != nil {
@@ -63,7 +64,7 @@ func TestRequestThatNeverLandsIsAnError(t *testing.T) {
 	st := open(t)
 	available(t, st, "busy", "1Gi")
 	c := &churning{Store: st}
-	_, err := New(c, 0).Delete("busy", false)
+	_, err := New(c, 0).Delete(context.Background(), "busy", false)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "kept changing")
 	var ce *store.ConflictError
@@ -84,24 +85,24 @@ func TestRequestsRefuseWithoutWriting(t *testing.T) {
 	require.NoError(t, err)
 
 	var re *ResizeError
-	_, err = s.Resize("data", "512Mi")
+	_, err = s.Resize(context.Background(), "data", "512Mi")
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, "size", re.Field)
 	assert.Contains(t, re.Reason, "shrinking is refused")
-	_, err = s.Resize("data", "lots")
+	_, err = s.Resize(context.Background(), "data", "lots")
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, "size", re.Field)
-	_, err = s.Resize("data", "")
+	_, err = s.Resize(context.Background(), "data", "")
 	require.ErrorAs(t, err, &re)
 	assert.Contains(t, re.Reason, "missing")
 
 	var de *DeleteError
-	_, err = s.Forget("data")
+	_, err = s.Forget(context.Background(), "data")
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, de.Reason, "only a Failed volume can be forgotten")
 
 	var ne *NodeForgetError
-	_, err = s.ForgetNode("node-2", []string{"data", "nothing"})
+	_, err = s.ForgetNode(context.Background(), "node-2", []string{"data", "nothing"})
 	require.ErrorAs(t, err, &ne)
 	assert.Equal(t, []string{"data", "nothing"}, ne.Missing)
 
@@ -110,10 +111,10 @@ func TestRequestsRefuseWithoutWriting(t *testing.T) {
 	assert.Equal(t, before.Revision, after.Revision, "a refused request wrote nothing")
 
 	// The limit: one more fits, the next is refused and counted.
-	_, err = s.Create(sparse(t, "second", "1Gi"))
+	_, err = s.Create(context.Background(), sparse(t, "second", "1Gi"))
 	require.NoError(t, err)
 	var le *LimitError
-	_, err = s.Create(sparse(t, "third", "1Gi"))
+	_, err = s.Create(context.Background(), sparse(t, "third", "1Gi"))
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, int64(1), s.Refused.API.Value())
 	_, err = st.Get("third")
@@ -127,7 +128,7 @@ func TestResizeRecordsTheGrowth(t *testing.T) {
 	st := open(t)
 	s := New(st, 0)
 	available(t, st, "data", "1Gi")
-	v, err := s.Resize("data", "2Gi")
+	v, err := s.Resize(context.Background(), "data", "2Gi")
 	require.NoError(t, err)
 	assert.Equal(t, int64(2<<30), v.Spec.Bytes())
 	assert.Equal(t, volume.Pending, v.Status.Phase)
@@ -137,9 +138,9 @@ func TestResizeRecordsTheGrowth(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, v.Revision, got.Revision)
 
-	_, err = s.Resize("data", "2Gi")
+	_, err = s.Resize(context.Background(), "data", "2Gi")
 	require.NoError(t, err, "the same growth asked again")
-	_, err = s.Resize("data", "3Gi")
+	_, err = s.Resize(context.Background(), "data", "3Gi")
 	var re *ResizeError
 	require.ErrorAs(t, err, &re, "growing while the last growth runs")
 	assert.True(t, re.Conflict)

@@ -1,5 +1,6 @@
-// Package server wires a configuration into a running control plane: store,
-// salt-api client, event source, reconciler and HTTP API.
+// Package server wires a configuration into a running control plane: store
+// (and its leader election), salt-api and request-server clients, event
+// source, reconciler, requests, Kubernetes controller and HTTP API.
 package server
 
 import (

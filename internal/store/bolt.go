@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -92,7 +93,7 @@ func Open(path string) (s *Bolt, err error) {
 	return s, nil
 }
 
-// decodeRecord reads one stored volume; both backends store the same JSON.
+// decodeRecord reads one stored volume; bbolt and etcd store the same JSON.
 func decodeRecord(key string, data []byte) (*volume.Volume, error) {
 	var vol volume.Volume
 	err := json.Unmarshal(data, &vol)
@@ -109,7 +110,10 @@ func decodeRecord(key string, data []byte) (*volume.Volume, error) {
 func (s *Bolt) Close() error { return s.db.Close() }
 
 // Create adds a volume; it fails if the name or the uuid is taken.
-func (s *Bolt) Create(v *volume.Volume) error {
+func (s *Bolt) Create(ctx context.Context, v *volume.Volume) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	name, uuidKey := v.Spec.Name, "uuid:"+v.Spec.UUID
 	// Names and UUIDs are unique across the cluster: checked and reserved
 	// under the create lock, so that concurrent creates cannot both pass.
@@ -142,7 +146,10 @@ func (s *Bolt) Create(v *volume.Volume) error {
 }
 
 // Update writes v if the store still holds it at v.Revision.
-func (s *Bolt) Update(v *volume.Volume) error {
+func (s *Bolt) Update(ctx context.Context, v *volume.Volume) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	defer s.names.lock(v.Spec.Name)()
 	cur, err := s.guard(v)
 	if err != nil {
@@ -152,7 +159,10 @@ func (s *Bolt) Update(v *volume.Volume) error {
 }
 
 // Delete removes the volume if the store still holds it at v.Revision.
-func (s *Bolt) Delete(v *volume.Volume) error {
+func (s *Bolt) Delete(ctx context.Context, v *volume.Volume) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	name := v.Spec.Name
 	defer s.names.lock(name)()
 	cur, err := s.guard(v)

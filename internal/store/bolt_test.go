@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,10 +35,10 @@ func TestSurvivesReopen(t *testing.T) {
 	require.NoError(t, err)
 	v := vol("a")
 	v.Status = volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "j1", Step: "attached"}}
-	require.NoError(t, s.Create(v))
-	require.NoError(t, s.Create(vol("b")))
+	require.NoError(t, s.Create(context.Background(), v))
+	require.NoError(t, s.Create(context.Background(), vol("b")))
 	b, _ := s.Get("b")
-	require.NoError(t, s.Delete(b))
+	require.NoError(t, s.Delete(context.Background(), b))
 	require.NoError(t, s.Close())
 
 	s, err = Open(path)
@@ -56,7 +57,7 @@ func TestReadsAreCopies(t *testing.T) {
 	s, err := Open(filepath.Join(t.TempDir(), "v.db"))
 	require.NoError(t, err)
 	defer s.Close()
-	require.NoError(t, s.Create(vol("a")))
+	require.NoError(t, s.Create(context.Background(), vol("a")))
 	got, _ := s.Get("a")
 	got.Status.Phase = volume.Failed
 	got.Spec.MkfsOptions[0] = "-X"
@@ -83,7 +84,7 @@ func TestBadRecordIsSkipped(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "v.db")
 	s, err := Open(path)
 	require.NoError(t, err)
-	require.NoError(t, s.Create(vol("good")))
+	require.NoError(t, s.Create(context.Background(), vol("good")))
 	require.NoError(t, s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).Put([]byte("bad"), []byte("{not json"))
 	}))
@@ -104,7 +105,7 @@ func TestCorruptFileIsAClearError(t *testing.T) {
 	s, err := Open(path)
 	require.NoError(t, err)
 	for i := range 50 {
-		require.NoError(t, s.Create(vol(fmt.Sprintf("v-%d", i))))
+		require.NoError(t, s.Create(context.Background(), vol(fmt.Sprintf("v-%d", i))))
 	}
 	require.NoError(t, s.Close())
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)

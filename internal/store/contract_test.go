@@ -90,32 +90,48 @@ func TestContract(t *testing.T) {
 			t.Run("create, get, uniqueness of name and uuid", func(t *testing.T) {
 				s := open(t)
 				a := vol("a")
-				require.NoError(t, s.Create(a))
+				require.NoError(t, s.Create(context.Background(), a))
 				assert.Positive(t, a.Revision)
 				got, err := s.Get("a")
 				require.NoError(t, err)
 				assert.Equal(t, a, got)
-				assert.ErrorIs(t, s.Create(vol("a")), ErrExists)
+				assert.ErrorIs(t, s.Create(context.Background(), vol("a")), ErrExists)
 				b := vol("b")
 				b.Spec.UUID = a.Spec.UUID
 				var ue *UUIDError
-				require.ErrorAs(t, s.Create(b), &ue)
+				require.ErrorAs(t, s.Create(context.Background(), b), &ue)
 				assert.Equal(t, "a", ue.Owner)
 				_, err = s.Get("b")
 				assert.ErrorIs(t, err, ErrNotFound, "a refused create leaves nothing")
 				assert.Equal(t, []string{"a"}, s.Names())
 				assert.Equal(t, 1, s.Len())
 			})
+			t.Run("a write whose context has ended writes nothing", func(t *testing.T) {
+				s := open(t)
+				require.NoError(t, s.Create(context.Background(), vol("a")))
+				done, cancel := context.WithCancel(context.Background())
+				cancel()
+				assert.ErrorIs(t, s.Create(done, vol("b")), context.Canceled)
+				a, err := s.Get("a")
+				require.NoError(t, err)
+				a.Status.Phase = volume.Failed
+				assert.ErrorIs(t, s.Update(done, a), context.Canceled)
+				assert.ErrorIs(t, s.Delete(done, a), context.Canceled)
+				got, err := s.Get("a")
+				require.NoError(t, err)
+				assert.Equal(t, volume.Unknown, got.Status.Phase)
+				assert.Equal(t, []string{"a"}, s.Names())
+			})
 			t.Run("updates are guarded by the revision read", func(t *testing.T) {
 				s := open(t)
-				require.NoError(t, s.Create(vol("a")))
+				require.NoError(t, s.Create(context.Background(), vol("a")))
 				first, _ := s.Get("a")
 				second, _ := s.Get("a")
 				first.Status.Phase = volume.Pending
-				require.NoError(t, s.Update(first))
+				require.NoError(t, s.Update(context.Background(), first))
 				assert.Greater(t, first.Revision, second.Revision)
 				second.Status.Phase = volume.Failed
-				err := s.Update(second)
+				err := s.Update(context.Background(), second)
 				var ce *ConflictError
 				require.ErrorAs(t, err, &ce)
 				assert.ErrorIs(t, err, ErrConflict)
@@ -128,20 +144,20 @@ func TestContract(t *testing.T) {
 			t.Run("deletes are guarded and free the uuid", func(t *testing.T) {
 				s := open(t)
 				a := vol("a")
-				require.NoError(t, s.Create(a))
+				require.NoError(t, s.Create(context.Background(), a))
 				stale := a.Clone()
 				a.Status.Phase = volume.Available
-				require.NoError(t, s.Update(a))
-				assert.ErrorIs(t, s.Delete(stale), ErrConflict)
-				require.NoError(t, s.Delete(a))
+				require.NoError(t, s.Update(context.Background(), a))
+				assert.ErrorIs(t, s.Delete(context.Background(), stale), ErrConflict)
+				require.NoError(t, s.Delete(context.Background(), a))
 				_, err := s.Get("a")
 				assert.ErrorIs(t, err, ErrNotFound)
 				var ce *ConflictError
-				require.ErrorAs(t, s.Update(a), &ce)
+				require.ErrorAs(t, s.Update(context.Background(), a), &ce)
 				assert.Nil(t, ce.Current, "updating a deleted volume is a conflict with nothing")
 				again := vol("other")
 				again.Spec.UUID = a.Spec.UUID
-				require.NoError(t, s.Create(again), "a deleted volume's uuid is free")
+				require.NoError(t, s.Create(context.Background(), again), "a deleted volume's uuid is free")
 			})
 			t.Run("watch sends every change in order", func(t *testing.T) {
 				s := open(t)
@@ -158,12 +174,12 @@ func TestContract(t *testing.T) {
 				})
 				defer stop()
 				a := vol("a")
-				require.NoError(t, s.Create(a))
+				require.NoError(t, s.Create(context.Background(), a))
 				a.Status.Phase = volume.Pending
-				require.NoError(t, s.Update(a))
+				require.NoError(t, s.Update(context.Background(), a))
 				a.Status.Phase = volume.Available
-				require.NoError(t, s.Update(a))
-				require.NoError(t, s.Delete(a))
+				require.NoError(t, s.Update(context.Background(), a))
+				require.NoError(t, s.Delete(context.Background(), a))
 				want := []string{"ADDED a Unknown<--", "MODIFIED a Pending<-Unknown", "MODIFIED a Available<-Pending", "DELETED a Available<-Available"}
 				eventually(t, "four events", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 4 })
 				time.Sleep(50 * time.Millisecond) // nothing more, nothing twice
@@ -180,7 +196,7 @@ func TestContract(t *testing.T) {
 					wg.Add(2)
 					go func() {
 						defer wg.Done()
-						if s.Create(vol("same")) == nil {
+						if s.Create(context.Background(), vol("same")) == nil {
 							mu.Lock()
 							names++
 							mu.Unlock()
@@ -190,7 +206,7 @@ func TestContract(t *testing.T) {
 						defer wg.Done()
 						v := vol(fmt.Sprintf("u-%d", i))
 						v.Spec.UUID = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
-						err := s.Create(v)
+						err := s.Create(context.Background(), v)
 						var ue *UUIDError
 						if err != nil && !errors.As(err, &ue) {
 							t.Error(err)
@@ -233,11 +249,11 @@ func TestEtcdReplicasAndFence(t *testing.T) {
 	prefix := testPrefix(t)
 	a, b := openTestEtcd(t, prefix), openTestEtcd(t, prefix)
 	v := vol("shared")
-	require.NoError(t, a.Create(v))
+	require.NoError(t, a.Create(context.Background(), v))
 	eventually(t, "b sees a's create", func() bool { got, err := b.Get("shared"); return err == nil && got.Revision == v.Revision })
 	got, _ := b.Get("shared")
 	got.DeleteRequested = true
-	require.NoError(t, b.Update(got))
+	require.NoError(t, b.Update(context.Background(), got))
 	eventually(t, "a sees b's update", func() bool { x, _ := a.Get("shared"); return x.DeleteRequested })
 
 	cli, err := testCluster(t).Client()
@@ -253,16 +269,16 @@ func TestEtcdReplicasAndFence(t *testing.T) {
 	w := a.Fenced(&Fence{Key: prefix + "/leader/x", Rev: put.Header.Revision, Lost: func() { lost++ }})
 	cur, _ := a.Get("shared")
 	cur.Status.Message = "by the leader"
-	require.NoError(t, w.Update(cur))
+	require.NoError(t, w.Update(context.Background(), cur))
 	_, err = cli.Delete(context.Background(), prefix+"/leader/x")
 	require.NoError(t, err)
 	stale := cur.Clone()
 	cur.Status.Message = "by a deposed leader"
-	err = w.Update(cur)
+	err = w.Update(context.Background(), cur)
 	assert.ErrorIs(t, err, ErrFenced)
 	assert.Equal(t, 1, lost)
-	assert.ErrorIs(t, w.Create(vol("late")), ErrFenced)
-	assert.ErrorIs(t, w.Delete(stale), ErrFenced)
+	assert.ErrorIs(t, w.Create(context.Background(), vol("late")), ErrFenced)
+	assert.ErrorIs(t, w.Delete(context.Background(), stale), ErrFenced)
 	resp, err := cli.Get(context.Background(), prefix+"/volumes/", clientv3.WithPrefix())
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1, "nothing created")
@@ -280,15 +296,15 @@ func TestEtcdCompactedWatchRelists(t *testing.T) {
 	// Write behind a's back at a revision it has not seen, then compact
 	// past it before a's watch can ask for it: simulated by restarting
 	// a's watch from an old revision.
-	require.NoError(t, a.Create(vol("one")))
+	require.NoError(t, a.Create(context.Background(), vol("one")))
 	other, cli2, err := OpenEtcd(context.Background(), EtcdConfig{Endpoints: testCluster(t).Endpoints, Prefix: prefix})
 	require.NoError(t, err)
 	defer func() { other.Close(); cli2.Close() }()
 	old := other.seen
 	require.NoError(t, other.Close())
-	require.NoError(t, a.Create(vol("two")))
+	require.NoError(t, a.Create(context.Background(), vol("two")))
 	one, _ := a.Get("one")
-	require.NoError(t, a.Delete(one))
+	require.NoError(t, a.Delete(context.Background(), one))
 	resp, err := cli.Get(context.Background(), "/")
 	require.NoError(t, err)
 	_, err = cli.Compact(context.Background(), resp.Header.Revision)
@@ -312,27 +328,27 @@ func TestMigrateRoundTrip(t *testing.T) {
 	for i := range 25 {
 		v := vol(fmt.Sprintf("m-%02d", i))
 		v.Status.Phase, v.Status.JobID, v.DeleteRequested = volume.Available, fmt.Sprint(i), i%5 == 0
-		require.NoError(t, src.Create(v))
+		require.NoError(t, src.Create(context.Background(), v))
 	}
 	mid := openTestEtcd(t, testPrefix(t))
-	n, err := Migrate(src, mid)
+	n, err := Migrate(context.Background(), src, mid)
 	require.NoError(t, err)
 	assert.Equal(t, 25, n)
 	back, err := Open(filepath.Join(t.TempDir(), "new.db"))
 	require.NoError(t, err)
 	defer back.Close()
-	n, err = Migrate(mid, back)
+	n, err = Migrate(context.Background(), mid, back)
 	require.NoError(t, err)
 	assert.Equal(t, 25, n)
 	require.NoError(t, Verify(src, back))
 
-	_, err = Migrate(src, mid)
+	_, err = Migrate(context.Background(), src, mid)
 	require.ErrorContains(t, err, "the target already holds 25 volumes")
 	assert.Equal(t, 25, mid.Len())
 	// Verify catches a difference.
 	v, _ := back.Get("m-03")
 	v.Status.Message = "changed"
-	require.NoError(t, back.Update(v))
+	require.NoError(t, back.Update(context.Background(), v))
 	require.ErrorContains(t, Verify(src, back), `volume "m-03" differs`)
 }
 
@@ -349,7 +365,7 @@ func TestEtcdTLS(t *testing.T) {
 	cfg := EtcdConfig{Endpoints: ec.Endpoints, Prefix: "/tls", CAFile: ec.CAFile, CertFile: ec.CertFile, KeyFile: ec.KeyFile}
 	s, cli, err := OpenEtcd(context.Background(), cfg)
 	require.NoError(t, err)
-	require.NoError(t, s.Create(vol("over-tls")))
+	require.NoError(t, s.Create(context.Background(), vol("over-tls")))
 	s.Close()
 	cli.Close()
 

@@ -53,15 +53,7 @@ type Etcd struct {
 	stop    context.CancelFunc
 	done    chan struct{}
 
-	cached // tombs, seen, moved and wctx are under its lock too
-	// tombs: volumes this replica deleted, by the revision of the delete,
-	// until the watch has passed it (an older put arriving late must not
-	// bring them back).
-	tombs map[string]int64
-	// seen is the newest revision the cache reflects; moved is closed and
-	// replaced each time it advances.
-	seen  int64
-	moved chan struct{}
+	revCache // wctx is under its lock too
 	// wctx is the current watch's context: a progress request must carry
 	// it to reach that watch's stream.
 	wctx context.Context
@@ -144,7 +136,7 @@ func openEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd,
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Etcd{cli: cli, prefix: strings.TrimSuffix(cfg.Prefix, "/"), timeout: cfg.RequestTimeout, log: cfg.Log,
-		cached: cached{vols: map[string]*volume.Volume{}}, tombs: map[string]int64{}, moved: make(chan struct{}), done: make(chan struct{})}
+		revCache: newRevCache(), done: make(chan struct{})}
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	rev, err := s.relist(lctx)
 	cancel()
@@ -192,58 +184,9 @@ func (s *Etcd) relist(ctx context.Context) (int64, error) {
 	s.mu.Lock()
 	defer s.unlockAndSend()
 	s.Skipped = skipped
-	for name := range s.vols {
-		if _, ok := fresh[name]; !ok {
-			s.remove(name, resp.Header.Revision)
-		}
-	}
-	for name, v := range fresh {
-		s.apply(name, v)
-	}
-	s.advance(resp.Header.Revision)
-	return resp.Header.Revision, nil
-}
-
-// apply puts v in the cache unless the cache already has it or something
-// newer (the caller holds mu).
-func (s *Etcd) apply(name string, v *volume.Volume) {
-	cur := s.vols[name]
-	if (cur != nil && cur.Revision >= v.Revision) || s.tombs[name] >= v.Revision {
-		return
-	}
-	s.vols[name] = v
-	typ := Added
-	if cur != nil {
-		typ = Modified
-	}
-	s.queue(Event{Type: typ, Volume: v, Prev: cur})
-}
-
-// remove drops name if the cache holds something older than rev.
-func (s *Etcd) remove(name string, rev int64) {
-	cur := s.vols[name]
-	if cur == nil || cur.Revision >= rev {
-		return
-	}
-	delete(s.vols, name)
-	gone := cur.Clone()
-	gone.Revision = rev
-	s.queue(Event{Type: Deleted, Volume: gone, Prev: cur})
-}
-
-// advance records that the cache reflects rev (the caller holds mu).
-func (s *Etcd) advance(rev int64) {
-	if rev <= s.seen {
-		return
-	}
-	s.seen = rev
-	for name, r := range s.tombs {
-		if r <= rev {
-			delete(s.tombs, name)
-		}
-	}
-	close(s.moved)
-	s.moved = make(chan struct{})
+	rev := resp.Header.Revision
+	s.resync(fresh, rev, func(v *volume.Volume) { s.put(v, "") }, func(name string) { s.drop(name, rev, "") })
+	return rev, nil
 }
 
 // watch follows the volumes' prefix from rev+1. A compacted or broken watch
@@ -302,7 +245,7 @@ func (s *Etcd) watch(ctx context.Context, rev int64) {
 func (s *Etcd) applyEvent(ev *clientv3.Event) {
 	name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix+"/volumes/")
 	if ev.Type == mvccpb.DELETE {
-		s.remove(name, ev.Kv.ModRevision)
+		s.drop(name, ev.Kv.ModRevision, "")
 		return
 	}
 	v, err := decodeRecord(name, ev.Kv.Value)
@@ -311,7 +254,7 @@ func (s *Etcd) applyEvent(ev *clientv3.Event) {
 		return
 	}
 	v.Revision = ev.Kv.ModRevision
-	s.apply(name, v)
+	s.put(v, "")
 }
 
 // WaitRevision returns once the cache reflects etcd at rev or later: a new
@@ -347,13 +290,13 @@ func (s *Etcd) WaitRevision(ctx context.Context, rev int64) error {
 }
 
 // Create adds v unless its name or uuid is taken.
-func (s *Etcd) Create(v *volume.Volume) error { return s.create(v, nil) }
+func (s *Etcd) Create(ctx context.Context, v *volume.Volume) error { return s.create(ctx, v, nil) }
 
 // Update writes v if etcd still holds it at v.Revision.
-func (s *Etcd) Update(v *volume.Volume) error { return s.update(v, nil) }
+func (s *Etcd) Update(ctx context.Context, v *volume.Volume) error { return s.update(ctx, v, nil) }
 
 // Delete removes the volume if etcd still holds it at v.Revision.
-func (s *Etcd) Delete(v *volume.Volume) error { return s.delete(v, nil) }
+func (s *Etcd) Delete(ctx context.Context, v *volume.Volume) error { return s.delete(ctx, v, nil) }
 
 // Fence makes writes conditional on a leader key: they happen only while
 // Key still exists with CreateRevision Rev. Lost is called (once per
@@ -372,17 +315,17 @@ type fenced struct {
 	f *Fence
 }
 
-func (w fenced) Create(v *volume.Volume) error { return w.s.create(v, w.f) }
-func (w fenced) Update(v *volume.Volume) error { return w.s.update(v, w.f) }
-func (w fenced) Delete(v *volume.Volume) error { return w.s.delete(v, w.f) }
+func (w fenced) Create(ctx context.Context, v *volume.Volume) error { return w.s.create(ctx, v, w.f) }
+func (w fenced) Update(ctx context.Context, v *volume.Volume) error { return w.s.update(ctx, v, w.f) }
+func (w fenced) Delete(ctx context.Context, v *volume.Volume) error { return w.s.delete(ctx, v, w.f) }
 
-func (s *Etcd) create(v *volume.Volume, f *Fence) error {
+func (s *Etcd) create(ctx context.Context, v *volume.Volume, f *Fence) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
 	vk, uk := s.volKey(v.Spec.Name), s.uuidKey(v.Spec.UUID)
-	resp, replayed, err := s.replayable(f, "creating volume "+v.Spec.Name,
+	resp, replayed, err := s.replayable(ctx, f, "creating volume "+v.Spec.Name,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(vk), "=", 0), clientv3.Compare(clientv3.CreateRevision(uk), "=", 0)},
 		[]clientv3.Op{clientv3.OpPut(vk, string(data)), clientv3.OpPut(uk, v.Spec.Name)},
 		[]clientv3.Op{clientv3.OpGet(vk), clientv3.OpGet(uk)})
@@ -408,13 +351,13 @@ func (s *Etcd) create(v *volume.Volume, f *Fence) error {
 	return nil
 }
 
-func (s *Etcd) update(v *volume.Volume, f *Fence) error {
+func (s *Etcd) update(ctx context.Context, v *volume.Volume, f *Fence) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
 	vk := s.volKey(v.Spec.Name)
-	resp, replayed, err := s.replayable(f, "saving volume "+v.Spec.Name,
+	resp, replayed, err := s.replayable(ctx, f, "saving volume "+v.Spec.Name,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", v.Revision)},
 		[]clientv3.Op{clientv3.OpPut(vk, string(data))},
 		[]clientv3.Op{clientv3.OpGet(vk)})
@@ -432,9 +375,9 @@ func (s *Etcd) update(v *volume.Volume, f *Fence) error {
 	return nil
 }
 
-func (s *Etcd) delete(v *volume.Volume, f *Fence) error {
+func (s *Etcd) delete(ctx context.Context, v *volume.Volume, f *Fence) error {
 	vk := s.volKey(v.Spec.Name)
-	resp, replayed, err := s.replayable(f, "deleting volume "+v.Spec.Name,
+	resp, replayed, err := s.replayable(ctx, f, "deleting volume "+v.Spec.Name,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(vk), "=", v.Revision)},
 		[]clientv3.Op{clientv3.OpDelete(vk), clientv3.OpDelete(s.uuidKey(v.Spec.UUID))},
 		[]clientv3.Op{clientv3.OpGet(vk)})
@@ -446,8 +389,8 @@ func (s *Etcd) delete(v *volume.Volume, f *Fence) error {
 	}
 	rev := resp.Header.Revision
 	s.mu.Lock()
-	s.remove(v.Spec.Name, rev)
-	s.tombs[v.Spec.Name] = rev
+	s.drop(v.Spec.Name, rev, "")
+	s.tomb(v.Spec.Name, rev)
 	s.unlockAndSend()
 	v.Revision = rev
 	return nil
@@ -458,20 +401,23 @@ func (s *Etcd) delete(v *volume.Volume, f *Fence) error {
 // write here is guarded, so a replay of one that did go through fails its
 // guard, and the caller recognises its own write in the Else branch
 // (replayed says so).
-func (s *Etcd) replayable(f *Fence, what string, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, bool, error) {
-	resp, err := s.txn(f, what, cmps, then, els)
+func (s *Etcd) replayable(ctx context.Context, f *Fence, what string, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, bool, error) {
+	resp, err := s.txn(ctx, f, what, cmps, then, els)
 	if !errors.Is(err, ErrUnavailable) {
 		return resp, false, err
 	}
 	s.log.Warn("etcd: write not acknowledged; trying once more", "what", what, "error", err)
-	resp, err = s.txn(f, what, cmps, then, els)
+	resp, err = s.txn(ctx, f, what, cmps, then, els)
 	return resp, true, err
 }
 
 // txn runs If(cmps) Then(then) Else(els), inside If(fence) when f is set,
 // and returns the inner transaction's response.
-func (s *Etcd) txn(f *Fence, what string, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+func (s *Etcd) txn(ctx context.Context, f *Fence, what string, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if f == nil {
 		resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
@@ -513,7 +459,7 @@ func (s *Etcd) conflict(name string, resp *clientv3.TxnResponse) error {
 func (s *Etcd) wrote(v *volume.Volume, rev int64) {
 	v.Revision = rev
 	s.mu.Lock()
-	s.apply(v.Spec.Name, v.Clone())
+	s.put(v.Clone(), "")
 	s.unlockAndSend()
 }
 

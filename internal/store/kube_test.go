@@ -127,7 +127,7 @@ func TestKubeObjects(t *testing.T) {
 		assert.False(t, v.CreatedAt.IsZero())
 
 		v.Status.Phase, v.Status.JobID, v.Status.Step = volume.Pending, "20261124120000000001", "formatting"
-		require.NoError(t, s.Update(v))
+		require.NoError(t, s.Update(context.Background(), v))
 		assert.Equal(t, []string{Finalizer}, finalizers(t, c, "applied"), "our first write takes the finalizer")
 		out := kubectl("", "get", "volumes")
 		assert.Regexp(t, `(?m)^applied\s+node-1\s+sparse\s+1Gi\s+Filesystem\s+Pending\s+`, out)
@@ -143,7 +143,7 @@ func TestKubeObjects(t *testing.T) {
 		assert.True(t, v.DeletionMarked)
 		assert.True(t, v.Wipe, "the wipe annotation")
 		assert.Contains(t, kubectl("", "get", "volume", "applied", "-o", "name"), "volume.salt-volumes.io/applied", "kept while we hold it")
-		require.NoError(t, s.Delete(v))
+		require.NoError(t, s.Delete(context.Background(), v))
 		_, err := s.Get("applied")
 		assert.ErrorIs(t, err, ErrNotFound)
 		assert.Empty(t, kubectl("", "get", "volume", "applied", "--ignore-not-found", "-o", "name"))
@@ -154,23 +154,23 @@ func TestKubeObjects(t *testing.T) {
 		require.NoError(t, err)
 		defer b.Close()
 		v := vol("shared")
-		require.NoError(t, s.Create(v))
+		require.NoError(t, s.Create(context.Background(), v))
 		eventually(t, "b sees a's create", func() bool { got, err := b.Get("shared"); return err == nil && got.Revision == v.Revision })
 		got, _ := b.Get("shared")
 		got.DeleteRequested = true
-		require.NoError(t, b.Update(got))
+		require.NoError(t, b.Update(context.Background(), got))
 		eventually(t, "a sees b's update", func() bool { x, _ := s.Get("shared"); return x.DeleteRequested })
 
 		var deposed error
 		w := s.Fenced(func() error { return deposed })
 		cur, _ := s.Get("shared")
 		cur.Status.Message = "by the leader"
-		require.NoError(t, w.Update(cur))
+		require.NoError(t, w.Update(context.Background(), cur))
 		deposed = errors.New("the lease went to replica b")
 		cur.Status.Message = "by a deposed leader"
-		assert.ErrorIs(t, w.Update(cur), ErrFenced)
-		assert.ErrorIs(t, w.Create(vol("late")), ErrFenced)
-		assert.ErrorIs(t, w.Delete(cur), ErrFenced)
+		assert.ErrorIs(t, w.Update(context.Background(), cur), ErrFenced)
+		assert.ErrorIs(t, w.Create(context.Background(), vol("late")), ErrFenced)
+		assert.ErrorIs(t, w.Delete(context.Background(), cur), ErrFenced)
 		require.NoError(t, b.CatchUp(context.Background()))
 		x, _ := b.Get("shared")
 		assert.Equal(t, "by the leader", x.Status.Message)
@@ -185,20 +185,20 @@ func TestKubeObjects(t *testing.T) {
 		for _, n := range []string{"m1", "m2"} {
 			v := vol(n)
 			v.Status.Phase, v.Status.DevicePath = volume.Available, "/dev/loop9"
-			require.NoError(t, src.Create(v))
+			require.NoError(t, src.Create(context.Background(), v))
 		}
 		dst := openTestKube(t)
-		n, err := Migrate(src, dst)
+		n, err := Migrate(context.Background(), src, dst)
 		require.NoError(t, err)
 		assert.Equal(t, 2, n)
 		assert.Contains(t, kubectl("", "get", "volumes"), "Available")
-		_, err = Migrate(src, dst)
+		_, err = Migrate(context.Background(), src, dst)
 		assert.ErrorContains(t, err, "already holds 2 volumes")
 		// And back out of the objects into a new file: the same records.
 		back, err := Open(filepath.Join(t.TempDir(), "back.db"))
 		require.NoError(t, err)
 		defer back.Close()
-		n, err = Migrate(dst, back)
+		n, err = Migrate(context.Background(), dst, back)
 		require.NoError(t, err)
 		assert.Equal(t, 2, n)
 		require.NoError(t, Verify(src, back))

@@ -31,18 +31,14 @@ const (
 	WipeAnnotation = "salt-volumes.io/wipe"
 )
 
-// objectSpec is a Volume object's spec: the volume contract without the
-// name (metadata.name) and with uuid optional (metadata.uid otherwise).
+// objectSpec is a Volume object's spec: the volume contract itself (the
+// same type, so a field added to it is carried, never dropped), without
+// the name (metadata.name) and with uuid optional (metadata.uid
+// otherwise). The outer fields shadow the contract's in JSON.
 type objectSpec struct {
-	Node             string                 `json:"node"`
-	UUID             string                 `json:"uuid,omitempty"`
-	Mode             string                 `json:"mode,omitempty"`
-	FSType           string                 `json:"fsType,omitempty"`
-	MkfsOptions      []string               `json:"mkfsOptions,omitempty"`
-	SparseLoopDevice *spec.SparseLoopDevice `json:"sparseLoopDevice,omitempty"`
-	RawBlockDevice   *spec.RawBlockDevice   `json:"rawBlockDevice,omitempty"`
-	LVMLogicalVolume *spec.LVMLogicalVolume `json:"lvmLogicalVolume,omitempty"`
-	Template         *spec.Template         `json:"template,omitempty"`
+	spec.Spec
+	Name json.RawMessage `json:"name,omitempty"`
+	UUID string          `json:"uuid,omitempty"`
 }
 
 // objectStatus is what people and tools read (kubectl get, printer
@@ -66,18 +62,14 @@ type objectStatus struct {
 	Record           *objectRecord                 `json:"record,omitempty"`
 }
 
-// objectRecord is the volume record as the other backends store it, but
-// for the spec (the object's own) and for what the object's metadata says
-// (a deletion marked by kubectl, the wipe annotation).
+// objectRecord is the volume record as the other backends store it (the
+// same type, so a field added to a volume is kept in Volume-objects mode
+// too), but for the spec, which is the object's own: the outer Spec
+// shadows the volume's in JSON. What the object's metadata says (a
+// deletion marked by kubectl, the wipe annotation) is read from there.
 type objectRecord struct {
-	Status          volume.Status      `json:"status"`
-	CreatedAt       time.Time          `json:"createdAt"`
-	DeleteRequested bool               `json:"deleteRequested,omitempty"`
-	Wipe            bool               `json:"wipe,omitempty"`
-	ForgetRequested bool               `json:"forgetRequested,omitempty"`
-	NodeForgotten   bool               `json:"nodeForgotten,omitempty"`
-	Origin          string             `json:"origin,omitempty"`
-	Claim           *saltvolumes.Claim `json:"claim,omitempty"`
+	volume.Volume
+	Spec json.RawMessage `json:"spec,omitempty"`
 }
 
 type volumeObject struct {
@@ -123,8 +115,7 @@ func objectStatusOf(v *volume.Volume, prev []metav1.Condition, now time.Time) *o
 		Phase: string(st.Phase), Reason: st.Reason, Message: st.Message, Step: st.Step, Job: st.JobID,
 		DeviceName: st.DeviceName, DevicePath: st.DevicePath, PersistentPath: st.PersistentPath,
 		Size: st.Size, UUID: v.Spec.UUID, PersistentVolume: st.PersistentVolume,
-		Record: &objectRecord{Status: st, CreatedAt: v.CreatedAt, DeleteRequested: v.DeleteRequested, Wipe: v.Wipe,
-			ForgetRequested: v.ForgetRequested, NodeForgotten: v.NodeForgotten, Origin: v.Origin, Claim: v.Claim},
+		Record: &objectRecord{Volume: *v},
 	}
 	if os.Phase == "" {
 		os.Phase = string(volume.Pending) // Unknown: accepted, not started
@@ -165,8 +156,7 @@ func newObject(v *volume.Volume) *unstructured.Unstructured {
 }
 
 func specOf(s *spec.Spec) objectSpec {
-	return objectSpec{Node: s.Node, UUID: s.UUID, Mode: s.Mode, FSType: s.FSType, MkfsOptions: s.MkfsOptions,
-		SparseLoopDevice: s.SparseLoopDevice, RawBlockDevice: s.RawBlockDevice, LVMLogicalVolume: s.LVMLogicalVolume, Template: s.Template}
+	return objectSpec{Spec: *s, UUID: s.UUID}
 }
 
 func mustUnstructured(o any) *unstructured.Unstructured {
@@ -226,21 +216,18 @@ func volumeFromObject(u *unstructured.Unstructured) (*volume.Volume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("volume %q: %v", u.GetName(), err)
 	}
-	s := o.Spec
-	v := &volume.Volume{Revision: rev, Spec: spec.Spec{Name: o.Metadata.Name, UUID: s.UUID, Node: s.Node, Mode: s.Mode,
-		FSType: s.FSType, MkfsOptions: s.MkfsOptions, SparseLoopDevice: s.SparseLoopDevice, RawBlockDevice: s.RawBlockDevice,
-		LVMLogicalVolume: s.LVMLogicalVolume, Template: s.Template}}
-	if v.Spec.UUID == "" {
-		// As MetalK8s does: the object's own uid, unique by construction.
-		v.Spec.UUID = string(o.Metadata.UID)
-	}
+	v := &volume.Volume{}
 	if o.Status != nil && o.Status.Record != nil {
-		r := o.Status.Record
-		v.Status, v.CreatedAt, v.DeleteRequested, v.Wipe = r.Status, r.CreatedAt, r.DeleteRequested, r.Wipe
-		v.ForgetRequested, v.NodeForgotten, v.Origin, v.Claim = r.ForgetRequested, r.NodeForgotten, r.Origin, r.Claim
+		*v = o.Status.Record.Volume
 	} else {
 		v.CreatedAt = o.Metadata.CreationTimestamp.UTC()
 		v.Status.UpdatedAt = v.CreatedAt
+	}
+	v.Revision, v.Spec = rev, o.Spec.Spec
+	v.Spec.Name, v.Spec.UUID = o.Metadata.Name, o.Spec.UUID
+	if v.Spec.UUID == "" {
+		// As MetalK8s does: the object's own uid, unique by construction.
+		v.Spec.UUID = string(o.Metadata.UID)
 	}
 	if o.Metadata.DeletionTimestamp != nil {
 		// kubectl delete: the object is marked; the control plane carries

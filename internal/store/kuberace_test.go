@@ -65,7 +65,7 @@ func TestKubeCreateThatLostItsStatusWrite(t *testing.T) {
 	fw.update.Store(true)
 
 	v := vol("raced")
-	require.Error(t, s.Create(v))
+	require.Error(t, s.Create(context.Background(), v))
 	admin := dynamicClient(t, c.AdminKubeconfig).Resource(VolumeResource)
 	u, err := admin.Get(context.Background(), "raced", metav1.GetOptions{})
 	require.NoError(t, err, "the object should have stayed (its let-go failed)")
@@ -82,7 +82,7 @@ func TestKubeCreateThatLostItsStatusWrite(t *testing.T) {
 		marked = got
 		return err == nil && got.DeletionMarked
 	}, 5*time.Second, 20*time.Millisecond, "the deletion never reached the cache")
-	require.NoError(t, s.Delete(marked))
+	require.NoError(t, s.Delete(context.Background(), marked))
 	require.Eventually(t, func() bool {
 		_, err := admin.Get(context.Background(), "raced", metav1.GetOptions{})
 		return isNotFound(err)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 )
@@ -10,14 +11,14 @@ import (
 // verifies dst record by record against src. Nothing reconciles either
 // store meanwhile: every serve using them is stopped first (a bbolt file
 // is locked by its serve; for etcd the caller checks that no leader runs).
-func Migrate(src Reader, dst Store) (int, error) {
+func Migrate(ctx context.Context, src Reader, dst Store) (int, error) {
 	if n := dst.Len(); n > 0 {
 		return 0, fmt.Errorf("the target already holds %d volumes: migrate only into an empty store (a new etcd prefix or a new bbolt file)", n)
 	}
 	vols := src.List()
 	for i, v := range vols {
 		c := v.Clone()
-		if err := dst.Create(c); err != nil {
+		if err := dst.Create(ctx, c); err != nil {
 			return i, fmt.Errorf("copying volume %q (%d of %d copied; the target holds them: clear it before trying again): %w", v.Spec.Name, i, len(vols), err)
 		}
 	}

@@ -1,17 +1,21 @@
 // Package store is where volume objects live: one contract (Store) and its
-// backends, an embedded bbolt file (Open, the default: one control plane)
-// and etcd (OpenEtcd: several replicas, one of them elected to reconcile).
+// backends, an embedded bbolt file (Open, the default: one control plane),
+// etcd (OpenEtcd: several replicas, one of them elected to reconcile) and
+// Volume objects in a Kubernetes API server (OpenKube: kubectl-managed
+// volumes). The Hub fans the store's watch out to the API's streams.
 //
 // Reads are served from an in-memory cache that the backend keeps current
-// (after each of its own writes, and from etcd's watch for everyone else's),
-// so listing never waits on disk or on the network. Writes are guarded: a
+// (after each of its own writes, and from etcd's or the API server's watch
+// for everyone else's), so listing never waits on disk or on the network. Writes are guarded: a
 // create checks name and uuid in one step, an update or delete names the
 // revision it read, and loses to any write made since (ErrConflict).
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
+
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -98,12 +102,12 @@ type Reader interface {
 type Writer interface {
 	// Create adds v; the name and the uuid must both be free (ErrExists,
 	// *UUIDError), checked and taken in one step.
-	Create(v *volume.Volume) error
+	Create(ctx context.Context, v *volume.Volume) error
 	// Update replaces the volume if it is still at v.Revision
 	// (*ConflictError otherwise).
-	Update(v *volume.Volume) error
+	Update(ctx context.Context, v *volume.Volume) error
 	// Delete removes the volume if it is still at v.Revision.
-	Delete(v *volume.Volume) error
+	Delete(ctx context.Context, v *volume.Volume) error
 }
 
 // Holder is a store whose volumes others may also create and delete

@@ -364,7 +364,7 @@ func replay(b *testing.B, n, nodes int, open func(*testing.B, string) (store.Sto
 					b.Error(err)
 					return
 				}
-				if _, err := rec.Requests.Create(s); err != nil {
+				if _, err := rec.Requests.Create(context.Background(), s); err != nil {
 					b.Error(err)
 					return
 				}

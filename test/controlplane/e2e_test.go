@@ -460,7 +460,7 @@ func TestEndToEnd(t *testing.T) {
 		lost := &volume.Volume{CreatedAt: now, Status: volume.Status{Status: saltvolumes.Status{Phase: volume.Pending, JobID: "20200101000000000001"}, JobStartedAt: now}}
 		lost.Spec.Name, lost.Spec.UUID, lost.Spec.Node, lost.Spec.Mode, lost.Spec.FSType = "lost-job", "5d9e3f0a-8b7c-4e21-a3d4-6f1b2c3d4e5f", "node-1", "Filesystem", "ext4"
 		lost.Spec.SparseLoopDevice = &spec.SparseLoopDevice{Size: "16Mi"}
-		require.NoError(t, st.Create(lost))
+		require.NoError(t, st.Create(context.Background(), lost))
 		require.NoError(t, st.Close())
 		uuids = append(uuids, lost.Spec.UUID)
 

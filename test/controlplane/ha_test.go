@@ -294,4 +294,11 @@ func TestHighAvailability(t *testing.T) {
 			return err == nil && len(l) == 0
 		}, 2*time.Minute, 200*time.Millisecond)
 	})
+
+	t.Run("each replica's stderr is one format, the etcd client's lines included", func(t *testing.T) {
+		for _, r := range replicas {
+			c := r.OneLogFormat(t)
+			assert.NotZero(t, c["election"], "the election logged nothing: %v", c)
+		}
+	})
 }

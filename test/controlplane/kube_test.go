@@ -571,4 +571,9 @@ func TestKubernetes(t *testing.T) {
 		_, err := os.Stat(filepath.Join(e.s.StateDir, "volumes", string(huge.UID)+".json"))
 		assert.True(t, os.IsNotExist(err), "no record on the node")
 	})
+
+	t.Run("serve's stderr is one format, client-go's lines included", func(t *testing.T) {
+		c := e.p.OneLogFormat(t)
+		assert.NotZero(t, c["kubernetes"], "the controller logged nothing: %v", c)
+	})
 }

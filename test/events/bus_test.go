@@ -56,16 +56,23 @@ func TestReadsTheRealMasterBusAndReconnects(t *testing.T) {
 	bus := &events.Bus{Network: "unix", Addr: s.EventSocket(), MinBackoff: 100 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	connected := make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer close(done)
-		_ = bus.Run(ctx, func() { c.mu.Lock(); c.conns++; c.mu.Unlock() }, func(e events.Event) {
+		_ = bus.Run(ctx, func() {
+			c.mu.Lock()
+			c.conns++
+			c.mu.Unlock()
+			once.Do(func() { close(connected) })
+		}, func(e events.Event) {
 			c.mu.Lock()
 			c.events = append(c.events, e)
 			c.mu.Unlock()
 		})
 	}()
 	defer func() { cancel(); <-done }()
-	time.Sleep(500 * time.Millisecond) // let the reader connect
+	<-connected // what is published from now on is read
 
 	out, code := s.Salt(s.MinionID, "test.ping", "--out=json")
 	require.Equal(t, 0, code, out)
@@ -109,12 +116,14 @@ func TestReadsTheRealMasterBusAndReconnects(t *testing.T) {
 	var kept []events.Event
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	done2 := make(chan struct{})
+	connected2 := make(chan struct{})
+	var once2 sync.Once
 	go func() {
 		defer close(done2)
-		_ = served.Run(ctx2, func() {}, func(e events.Event) { mu.Lock(); kept = append(kept, e); mu.Unlock() })
+		_ = served.Run(ctx2, func() { once2.Do(func() { close(connected2) }) }, func(e events.Event) { mu.Lock(); kept = append(kept, e); mu.Unlock() })
 	}()
 	defer func() { cancel2(); <-done2 }()
-	time.Sleep(500 * time.Millisecond)
+	<-connected2
 	out, code = s.Salt(s.MinionID, "test.ping", "--out=json")
 	require.Equal(t, 0, code, out)
 	out, code = s.Salt(s.MinionID, "event.send", "salt-volumes/v-1/progress", `{"step": "x"}`, "--out=json")

@@ -159,7 +159,7 @@ func seedStore(t *testing.T, path string, n int) {
 				Mode: spec.ModeFilesystem, FSType: spec.FSExt4, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}},
 				CreatedAt: time.Now().UTC(), Origin: "salt"}
 			v.Status = volume.Status{Status: saltvolumes.Status{Phase: volume.Available, DeviceName: "loop1", DevicePath: "/dev/loop1", PersistentPath: "/dev/disk/by-uuid/" + u, Size: 1 << 30, UpdatedAt: time.Now().UTC()}}
-			require.NoError(t, st.Create(v))
+			require.NoError(t, st.Create(context.Background(), v))
 		}()
 	}
 	wg.Wait()

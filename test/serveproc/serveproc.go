@@ -5,6 +5,7 @@ package serveproc
 
 import (
 	"bytes"
+	"encoding/json"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -98,6 +99,34 @@ func (p *Plane) LogText() string {
 	b, err := os.ReadFile(filepath.Join(p.stack.Root, "log", p.Log))
 	require.NoError(p.t, err)
 	return string(b)
+}
+
+// OneLogFormat checks that every line serve wrote is one of its own JSON
+// log lines (slog's time, level and msg), including what the libraries
+// it links log (client-go's klog, the etcd client's zap logger), and
+// returns the components that logged.
+func (p *Plane) OneLogFormat(t *testing.T) map[string]int {
+	t.Helper()
+	components := map[string]int{}
+	for i, line := range strings.Split(strings.TrimSpace(p.LogText()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Errorf("line %d of serve's log is not a JSON log line: %s", i+1, line)
+			continue
+		}
+		for _, k := range []string{"time", "level", "msg"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("line %d of serve's log has no %q: another logger's format: %s", i+1, k, line)
+			}
+		}
+		if c, ok := m["component"].(string); ok {
+			components[c]++
+		}
+	}
+	return components
 }
 
 // WriteConfig writes serve's configuration file, extra appended.
