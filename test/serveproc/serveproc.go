@@ -5,10 +5,10 @@ package serveproc
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
