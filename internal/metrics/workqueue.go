@@ -28,13 +28,19 @@ type queueSeries struct {
 	unfinished, longestWork floatGauge
 }
 
-type floatSum struct {
-	mu sync.Mutex
-	v  float64
+// floatSum adds without a lock: every worker observes twice per item.
+type floatSum struct{ bits atomic.Uint64 }
+
+func (f *floatSum) add(x float64) {
+	for {
+		old := f.bits.Load()
+		if f.bits.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+x)) {
+			return
+		}
+	}
 }
 
-func (f *floatSum) add(x float64) { f.mu.Lock(); f.v += x; f.mu.Unlock() }
-func (f *floatSum) get() float64  { f.mu.Lock(); defer f.mu.Unlock(); return f.v }
+func (f *floatSum) get() float64 { return math.Float64frombits(f.bits.Load()) }
 
 type floatGauge struct{ bits atomic.Uint64 }
 
