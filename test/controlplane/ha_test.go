@@ -298,6 +298,7 @@ func TestHighAvailability(t *testing.T) {
 	t.Run("each replica's stderr is one format, the etcd client's lines included", func(t *testing.T) {
 		for _, r := range replicas {
 			c := r.OneLogFormat(t)
+			t.Logf("%s logged by component: %v", r.Log, c)
 			assert.NotZero(t, c["election"], "the election logged nothing: %v", c)
 		}
 	})

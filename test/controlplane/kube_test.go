@@ -574,6 +574,7 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("serve's stderr is one format, client-go's lines included", func(t *testing.T) {
 		c := e.p.OneLogFormat(t)
+		t.Logf("logged by component: %v", c)
 		assert.NotZero(t, c["kubernetes"], "the controller logged nothing: %v", c)
 	})
 }
