@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Prints the version the binaries and packages carry: the vX.Y.Z tag of the
+# commit when it has one (a release), else VERSION (the next release, -dev)
+# and the commit, "+dirty" for uncommitted changes. One commit, one version,
+# whoever builds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! git rev-parse --git-dir >/dev/null 2>&1; then
+  # A source tarball: VERSION alone.
+  cat VERSION
+  exit 0
+fi
+if tag=$(git describe --tags --exact-match --match 'v[0-9]*.[0-9]*.[0-9]*' 2>/dev/null); then
+  v=${tag#v}
+else
+  v="$(cat VERSION)+g$(git rev-parse --short=12 HEAD)"
+fi
+if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  case $v in *+*) v="$v.dirty" ;; *) v="$v+dirty" ;; esac
+fi
+echo "$v"
