@@ -1,10 +1,10 @@
 # Every entry point a person or CI uses.
 GO      ?= go
 PREFIX  ?= /usr/local
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+VERSION ?= $(shell scripts/version.sh 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke load fuzz install salt-files clean \
+.PHONY: all setup build dist image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke load fuzz install salt-files clean \
         vagrant-host vagrant-box vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -36,6 +36,12 @@ lint:
 	@if command -v shellcheck >/dev/null; then \
 	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/salt-venv.sh scripts/test-salt.sh .ci/run vagrant/provision/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
+
+# Release artifacts for linux/amd64 and linux/arm64 in dist/: both
+# binaries, a CycloneDX SBOM of each, SHA256SUMS; the same bytes for the
+# same commit (scripts/dist.sh; test/dist checks it).
+dist:
+	scripts/dist.sh
 
 # A local Salt stack plus the control plane, two real volumes; Ctrl-C stops
 # everything and detaches what it attached. DEMO_ARGS=--once for a smoke run.
@@ -175,4 +181,4 @@ vagrant-validate:
 	else echo "vagrant not installed: Vagrantfile not validated (make setup installs it)"; fi
 
 clean:
-	rm -rf bin salt/states/salt_volumes/files/salt-volume-exec
+	rm -rf bin dist salt/states/salt_volumes/files/salt-volume-exec
