@@ -25,8 +25,13 @@ const (
 	PhasePrepared  = "prepared"
 )
 
+// RecordVersion is the layout of the records this build writes.
+const RecordVersion = 1
+
 // Record is what the node remembers about a volume.
 type Record struct {
+	// Version is the record's layout (RecordVersion when written here); a
+	// newer one is refused, never misread.
 	Version int        `json:"version"`
 	Spec    *spec.Spec `json:"spec"`
 	// SizeBytes is kept because Spec.SizeBytes is not serialised.
@@ -154,6 +159,12 @@ func (d Dir) Load(u string) (*Record, error) {
 // check validates a record as strictly as a spec from a user: its UUID
 // names files under the state dir and its device path is acted on.
 func (r *Record) check(u string) error {
+	if r.Version > RecordVersion {
+		// A downgraded node binary: every operation that reads this
+		// record, and every prepare on the node (which reads them all),
+		// fails until the newer binary is back; nothing is touched.
+		return fmt.Errorf("record version %d was written by a newer salt-volume-exec (this one reads up to %d): install that version or a later one on this node again", r.Version, RecordVersion)
+	}
 	if r.Spec == nil {
 		return errors.New("no spec")
 	}
@@ -188,7 +199,7 @@ func (d Dir) Save(r *Record) error {
 
 // encode stamps r as saved at t and returns the bytes of its file.
 func encode(r *Record, t time.Time) ([]byte, error) {
-	r.Version = 1
+	r.Version = RecordVersion
 	r.SizeBytes = r.Spec.SizeBytes
 	r.UpdatedAt = t
 	if r.CreatedAt.IsZero() {

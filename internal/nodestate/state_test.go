@@ -105,3 +105,27 @@ func TestStagedRecordIsNoRecordUntilCommitted(t *testing.T) {
 	hidden, _ := filepath.Glob(filepath.Join(d.Root, "volumes", ".*"))
 	assert.Empty(t, append(left, hidden...), "nothing left of the volume")
 }
+
+// A record written by a newer node binary (a downgrade) is refused by
+// name, never misread, and left as it is.
+func TestNewerRecordVersionRefused(t *testing.T) {
+	d := Dir{Root: t.TempDir()}
+	require.NoError(t, d.Init())
+	s, err := spec.Parse(strings.NewReader(`{"name":"a","uuid":"3f2504e0-4f89-41d3-9a0c-0305e82c3301","sparseLoopDevice":{"size":"1Gi"}}`))
+	require.NoError(t, err)
+	require.NoError(t, d.Save(&Record{Spec: s, Phase: PhasePrepared}))
+	path := filepath.Join(d.Root, "volumes", s.UUID+".json")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"version": 1`, "records carry their version")
+	newer := strings.Replace(string(b), `"version": 1`, `"version": 2`, 1)
+	require.NoError(t, os.WriteFile(path, []byte(newer), 0o600))
+
+	_, err = d.Load(s.UUID)
+	assert.ErrorContains(t, err, "record version 2 was written by a newer salt-volume-exec (this one reads up to 1)")
+	_, errs := d.All()
+	require.Len(t, errs, 1, "prepares, which read every record, refuse too")
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, newer, string(after))
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -17,6 +18,9 @@ import (
 )
 
 var bucket = []byte("volumes")
+
+// meta holds the store's format (format.go).
+var meta = []byte("meta")
 
 // openTimeout bounds the wait for the file lock another process holds.
 var openTimeout = 5 * time.Second
@@ -69,6 +73,22 @@ func Open(path string) (s *Bolt, err error) {
 	db.MaxBatchDelay = 2 * time.Millisecond
 	s = &Bolt{db: db, cached: cached{vols: map[string]*volume.Volume{}}, byUUID: map[string]string{}, reserved: map[string]bool{}}
 	err = db.Update(func(tx *bolt.Tx) error {
+		// The format first: a store of a newer format is left exactly as
+		// it is (this transaction is rolled back).
+		if m := tx.Bucket(meta); m != nil {
+			if err := checkFormat(path, string(m.Get([]byte(formatKey)))); err != nil {
+				return err
+			}
+		}
+		m, err := tx.CreateBucketIfNotExists(meta)
+		if err != nil {
+			return err
+		}
+		if m.Get([]byte(formatKey)) == nil {
+			if err := m.Put([]byte(formatKey), []byte(strconv.Itoa(Format))); err != nil {
+				return err
+			}
+		}
 		b, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
 			return err
@@ -88,6 +108,10 @@ func Open(path string) (s *Bolt, err error) {
 	})
 	if err != nil {
 		db.Close()
+		var fe *FormatError
+		if errors.As(err, &fe) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("loading store %s: %w", path, err)
 	}
 	return s, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -391,4 +392,55 @@ func TestEtcdTLS(t *testing.T) {
 	half.KeyFile = ""
 	_, _, err = OpenEtcd(context.Background(), half)
 	require.ErrorContains(t, err, "certFile and keyFile go together")
+}
+
+// A store records its format when first opened; a store of a newer format
+// (a downgrade) is refused at open with a message that says so, and is
+// left exactly as it was.
+func TestNewerStoreFormatRefused(t *testing.T) {
+	t.Run("bbolt", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "v.db")
+		s, err := Open(path)
+		require.NoError(t, err)
+		require.NoError(t, s.Create(context.Background(), vol("kept")))
+		require.NoError(t, s.db.Update(func(tx *bbolt.Tx) error {
+			m := tx.Bucket(meta)
+			assert.Equal(t, "1", string(m.Get([]byte(formatKey))), "recorded at first open")
+			return m.Put([]byte(formatKey), []byte("2"))
+		}))
+		require.NoError(t, s.Close())
+		before, err := os.ReadFile(path)
+		require.NoError(t, err)
+
+		_, err = Open(path)
+		var fe *FormatError
+		require.ErrorAs(t, err, &fe)
+		assert.Contains(t, err.Error(), "has format 2, newer than this salt-volumes reads (1)")
+		after, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, before, after, "the refused store was changed")
+	})
+	t.Run("etcd", func(t *testing.T) {
+		prefix := testPrefix(t)
+		s := openTestEtcd(t, prefix)
+		require.NoError(t, s.Create(context.Background(), vol("kept")))
+		got, err := s.cli.Get(context.Background(), prefix+"/format")
+		require.NoError(t, err)
+		require.Len(t, got.Kvs, 1)
+		assert.Equal(t, "1", string(got.Kvs[0].Value), "recorded at first open")
+		_, err = s.cli.Put(context.Background(), prefix+"/format", "2")
+		require.NoError(t, err)
+
+		c := testCluster(t)
+		_, cli, err := OpenEtcd(context.Background(), EtcdConfig{Endpoints: c.Endpoints, Prefix: prefix, RequestTimeout: 2 * time.Second})
+		if cli != nil {
+			cli.Close()
+		}
+		var fe *FormatError
+		require.ErrorAs(t, err, &fe)
+		assert.Contains(t, err.Error(), "etcd "+prefix+" has format 2")
+		vols, err := s.cli.Get(context.Background(), prefix+"/volumes/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, vols.Count, "the volumes are left alone")
+	})
 }

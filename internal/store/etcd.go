@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -138,8 +139,11 @@ func openEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd,
 	s := &Etcd{cli: cli, prefix: strings.TrimSuffix(cfg.Prefix, "/"), timeout: cfg.RequestTimeout, log: cfg.Log,
 		revCache: newRevCache(), done: make(chan struct{})}
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.format(lctx); err != nil {
+		return nil, err
+	}
 	rev, err := s.relist(lctx)
-	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +151,25 @@ func openEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd,
 	s.stop = stop
 	go s.watch(wctx, rev)
 	return s, nil
+}
+
+// format records this build's format under the prefix if none is, and
+// refuses a newer one (format.go).
+func (s *Etcd) format(ctx context.Context) error {
+	k := s.prefix + "/" + formatKey
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, strconv.Itoa(Format))).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return unavailable("reading the store's format", err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	var stored string
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		stored = string(kvs[0].Value)
+	}
+	return checkFormat("etcd "+s.prefix, stored)
 }
 
 func (s *Etcd) volKey(name string) string  { return s.prefix + "/volumes/" + name }
