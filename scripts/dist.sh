@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make dist: the release artifacts, for linux/amd64 and linux/arm64, in
 # dist/ (DIST=dir elsewhere): both static binaries, a CycloneDX SBOM of each
-# (cyclonedx-gomod, from the module proxy), and SHA256SUMS over them all.
+# (cyclonedx-gomod, from the module proxy), the Salt extension's wheel
+# (scripts/saltext.sh), and SHA256SUMS over them all.
 # Reproducible: the same commit gives the same bytes, on any machine with
 # the same Go (-trimpath, no build id, no VCS stamp, SBOMs without serial
 # number or timestamp).
@@ -20,6 +21,8 @@ for arch in amd64 arm64; do
     go run "$cyclonedx" bin -json -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
   done
 done
+# The Salt extension: the same modules for every architecture.
+scripts/saltext.sh "$out" >/dev/null
 (cd "$out" && find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%f\n' | LC_ALL=C sort | xargs sha256sum > SHA256SUMS)
 echo "dist: $version in $out"
 (cd "$out" && ls -l)

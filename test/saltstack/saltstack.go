@@ -55,6 +55,7 @@ type Stack struct {
 	procs                    map[string]*exec.Cmd
 	confs                    map[string]string // daemon name -> its -c directory
 	minionExtra, saltVolumes string
+	extension                string
 }
 
 // RepoRoot finds the checkout (the directory holding go.mod).
@@ -160,17 +161,21 @@ func newStack(t T, execPath string) *Stack {
 func (s *Stack) common() string { return s.commonFor(s.Root, s.StateDir) }
 
 func (s *Stack) commonFor(root, stateDir string) string {
+	roots := fmt.Sprintf("[%[1]s/salt/states, %[1]s/salt]", s.Repo)
+	if s.extension != "" {
+		roots = fmt.Sprintf("[%s/salt/states]", s.Repo)
+	}
 	return fmt.Sprintf(`root_dir: %[1]s
 user: root
 file_roots:
-  base: [%[2]s/salt/states, %[2]s/salt]
+  base: %[4]s
 pillar_roots:
   base: [%[1]s/pillar]
 salt_volumes:
-  exec_path: %[3]s
-  state_dir: %[4]s
+  exec_path: %[2]s
+  state_dir: %[3]s
 log_level_logfile: info
-`, root, s.Repo, s.ExecPath, stateDir)
+`, root, s.ExecPath, stateDir, roots)
 }
 
 // Masterless writes a salt-call --local configuration; no daemons run.
@@ -202,13 +207,17 @@ type Options struct {
 	SaltVolumes string
 	// Venv runs another Salt than the one under test (a virtualenv).
 	Venv string
+	// Extension is a directory holding an installed Salt extension (pip
+	// install --target): the daemons find it on their PYTHONPATH, and
+	// file_roots hold only the formulas, no _modules to sync.
+	Extension string
 }
 
 // StartOpts is Start with Options.
 func StartOpts(t T, execPath string, o Options) *Stack {
 	api, masterExtra := o.API, o.MasterExtra
 	s := newStack(t, execPath)
-	s.minionExtra, s.saltVolumes = o.MinionExtra, o.SaltVolumes
+	s.minionExtra, s.saltVolumes, s.extension = o.MinionExtra, o.SaltVolumes, o.Extension
 	if o.Venv != "" {
 		s.Venv = o.Venv
 	}
@@ -430,6 +439,9 @@ func (s *Stack) spawn(name, prog string) {
 		s.t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if s.extension != "" {
+		cmd.Env = append(os.Environ(), "PYTHONPATH="+s.extension)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // we kill the whole group
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("starting %s: %v", prog, err)

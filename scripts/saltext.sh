@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the Salt extension wheel saltext.volumes into DIR (default dist/):
+# salt/_modules, _states, _beacons and _engines as the packages
+# saltext/volumes/{modules,states,beacons,engines}, with the salt.loader
+# entry point. Reproducible: file times from the commit (SOURCE_DATE_EPOCH).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-dist}")
+version=$(scripts/version.sh)
+# PEP 440: 0.4.0-dev+gSHA -> 0.4.0.dev0+gSHA
+pyversion=${version/-dev/.dev0}
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+pkg="$stage/src/saltext/volumes"
+mkdir -p "$pkg"
+: > "$pkg/__init__.py"
+for kind in modules states beacons engines; do
+  mkdir -p "$pkg/$kind"
+  : > "$pkg/$kind/__init__.py"
+  cp "salt/_$kind/salt_volumes.py" "$pkg/$kind/salt_volumes.py"
+done
+sed "s/@VERSION@/$pyversion/" packaging/saltext/pyproject.toml.in > "$stage/pyproject.toml"
+cp packaging/saltext/README.md "$stage/README.md"
+find "$stage" -exec touch -h -d "@$(git log -1 --format=%ct 2>/dev/null || echo 0)" {} +
+mkdir -p "$out"
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+  .venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$out" "$stage"
+ls "$out"/saltext_volumes-*.whl
