@@ -34,12 +34,13 @@ lint:
 	$(GO) vet ./...
 	.venv/bin/ruff check --quiet --config salt/ruff.toml salt/
 	@if command -v shellcheck >/dev/null; then \
-	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/salt-venv.sh scripts/test-salt.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/saltext.sh scripts/version.sh .ci/run vagrant/provision/*.sh; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # Release artifacts for linux/amd64 and linux/arm64 in dist/: both
-# binaries, a CycloneDX SBOM of each, SHA256SUMS; the same bytes for the
-# same commit (scripts/dist.sh; test/dist checks it).
+# binaries, a CycloneDX SBOM of each, the Salt extension's wheel,
+# SHA256SUMS; the same bytes for the same commit (scripts/dist.sh;
+# test/dist checks it).
 dist:
 	scripts/dist.sh
 

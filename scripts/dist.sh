@@ -23,6 +23,7 @@ for arch in amd64 arm64; do
 done
 # The Salt extension: the same modules for every architecture.
 scripts/saltext.sh "$out" >/dev/null
-(cd "$out" && find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%f\n' | LC_ALL=C sort | xargs sha256sum > SHA256SUMS)
+sums=$(cd "$out" && find . -maxdepth 1 -type f -printf '%f\n' | LC_ALL=C sort | xargs sha256sum)
+printf '%s\n' "$sums" > "$out/SHA256SUMS"
 echo "dist: $version in $out"
 (cd "$out" && ls -l)
