@@ -150,7 +150,17 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		}
 	}
 	scan := scanNode()
-	if err := decideUUID(s, scan.carriers(s), mine); err != nil {
+	carriers := scan.carriers(s)
+	// Our devices' children were read before the scan: a partition of one
+	// of them that udev's re-read of its table took away and gave back in
+	// between is as much ours as before (CI saw that window refuse a
+	// prepare of a Block volume).
+	for _, c := range carriers {
+		if p, isPart, _ := blockdev.Partition(c.Name); !mine[c.Name] && isPart && mine[p.Parent] {
+			mine[c.Name] = true
+		}
+	}
+	if err := decideUUID(s, carriers, mine); err != nil {
 		return nil, err
 	}
 	// Labels only matter until the volume is written: afterwards the
