@@ -75,3 +75,12 @@ if ! command -v promtool >/dev/null && [ ! -x "$promdir/usr/bin/promtool" ]; the
     rm -rf "$tmp"
   fi
 fi
+
+# helm, built from the module proxy like the Kubernetes tools, for the
+# chart's lint and rendering test (test/deploy); outside the repository.
+helmdir="${SALT_VOLUMES_CACHE:-/var/cache/salt-volumes}/helm-v3.22.0"
+if [ ! -x "$helmdir/helm" ]; then
+  echo "setup: building helm v3.22.0 into $helmdir"
+  mkdir -p "$helmdir"
+  GOBIN="$helmdir" go install helm.sh/helm/v3/cmd/helm@v3.22.0
+fi

@@ -1,0 +1,140 @@
+package deploy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+const chart = "../../deploy/helm/salt-volumes"
+
+// helm is the helm binary make setup builds from the module proxy
+// (scripts/setup.sh), or one on PATH.
+func helm(t *testing.T) string {
+	t.Helper()
+	cache := os.Getenv("SALT_VOLUMES_CACHE")
+	if cache == "" {
+		cache = "/var/cache/salt-volumes"
+	}
+	if p := filepath.Join(cache, "helm-v3.22.0", "helm"); fileExists(p) {
+		return p
+	}
+	p, err := exec.LookPath("helm")
+	require.NoError(t, err, "helm is needed: make setup builds it into %s/helm-v3.22.0", cache)
+	return p
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// objects reads YAML documents into objects keyed by kind/namespace/name;
+// a ConfigMap's config.yaml is read as YAML too (its comments aside).
+func objects(t *testing.T, data []byte) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var o map[string]any
+		err := dec.Decode(&o)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		if o == nil {
+			continue
+		}
+		md, _ := o["metadata"].(map[string]any)
+		if d, ok := o["data"].(map[string]any); ok && o["kind"] == "ConfigMap" {
+			if text, ok := d["config.yaml"].(string); ok {
+				var c any
+				require.NoError(t, yaml.Unmarshal([]byte(text), &c))
+				d["config.yaml"] = c
+			}
+		}
+		key := o["kind"].(string) + "/" + str(md["namespace"]) + "/" + str(md["name"])
+		out[key] = o
+	}
+	return out
+}
+
+func str(v any) string { s, _ := v.(string); return s }
+
+func render(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(helm(t), append([]string{"template", "salt-volumes", chart, "--namespace", "salt-volumes"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "%s", stderr.String())
+	return out
+}
+
+// The chart is clean for helm lint, and with its default values it renders
+// exactly the raw manifests of deploy/kubernetes (which the in-cluster
+// test applies): the two cannot drift apart.
+func TestHelmChart(t *testing.T) {
+	out, err := exec.Command(helm(t), "lint", "--strict", chart).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "0 chart(s) failed")
+
+	var raw []byte
+	for _, f := range []string{"rbac.yaml", "volume-crd.yaml", "serve.yaml"} {
+		b, err := os.ReadFile(filepath.Join("../../deploy/kubernetes", f))
+		require.NoError(t, err)
+		raw = append(raw, []byte("\n---\n")...)
+		raw = append(raw, b...)
+	}
+	want := objects(t, raw)
+	// The release's namespace is helm's to create (--create-namespace).
+	delete(want, "Namespace//salt-volumes")
+	got := objects(t, render(t, "--include-crds"))
+	for k := range want {
+		assert.Contains(t, got, k, "the chart does not render %s", k)
+	}
+	for k, o := range got {
+		if assert.Contains(t, want, k, "the chart renders %s, which deploy/kubernetes lacks", k) {
+			assert.Equal(t, want[k], o, "%s differs between the chart and deploy/kubernetes", k)
+		}
+	}
+	crd, err := os.ReadFile(filepath.Join(chart, "crds", "volume-crd.yaml"))
+	require.NoError(t, err)
+	rawCRD, err := os.ReadFile("../../deploy/kubernetes/volume-crd.yaml")
+	require.NoError(t, err)
+	assert.Equal(t, string(rawCRD), string(crd), "the chart's CRD is a copy of deploy/kubernetes/volume-crd.yaml")
+
+	t.Run("the optional objects and the values people change", func(t *testing.T) {
+		got := objects(t, render(t, "--set", "serviceMonitor.enabled=true", "--set", "storageClass.create=true",
+			"--set", "storageClass.fsType=xfs", "--set", "replicaCount=3", "--set", "existingSecret=mine",
+			"--set", "salt.url=https://salt.internal:8000", "--set", "outsideUser=", "--set", "config.limits.volumes=5000"))
+		sc := got["StorageClass//salt-volumes"]
+		require.NotNil(t, sc)
+		assert.Equal(t, "salt-volumes.io/sparse", sc["provisioner"])
+		assert.Equal(t, "WaitForFirstConsumer", sc["volumeBindingMode"])
+		assert.Equal(t, map[string]any{"fsType": "xfs"}, sc["parameters"])
+		sm := got["ServiceMonitor/salt-volumes/salt-volumes"]
+		require.NotNil(t, sm)
+		assert.Contains(t, strings.Join(strings.Fields(str(mustYAML(t, sm))), " "), "name: mine")
+		dep := got["Deployment/salt-volumes/salt-volumes"]
+		assert.EqualValues(t, 3, dep["spec"].(map[string]any)["replicas"])
+		assert.Contains(t, mustYAML(t, dep), "secretName: mine")
+		cfg := got["ConfigMap/salt-volumes/salt-volumes"]["data"].(map[string]any)["config.yaml"].(map[string]any)
+		assert.Equal(t, "https://salt.internal:8000", cfg["salt"].(map[string]any)["url"])
+		assert.Equal(t, map[string]any{"volumes": 5000}, cfg["limits"])
+		crb := mustYAML(t, got["ClusterRoleBinding//salt-volumes"])
+		assert.NotContains(t, crb, "kind: User", "outsideUser \"\" binds the service account only")
+	})
+}
+
+func mustYAML(t *testing.T, v any) string {
+	b, err := yaml.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
