@@ -62,6 +62,9 @@ type Server struct {
 	// Limits; zero means no limit.
 	MaxWatchers      int
 	CreatesPerSecond float64
+	// LeaderTransport carries the reads a follower passes to the leader
+	// (nil: http.DefaultTransport); serve's trusts tls.caFile.
+	LeaderTransport http.RoundTripper
 
 	watchers atomic.Int64
 	createMu sync.Mutex

@@ -129,6 +129,16 @@ func TestHelmChart(t *testing.T) {
 		assert.Equal(t, []any{"serve", "--config", "/etc/salt-volumes/config.yaml", "--listen", "127.0.0.1:9443"}, c["args"])
 		assert.Equal(t, 9443, c["ports"].([]any)[0].(map[string]any)["containerPort"])
 		assert.Contains(t, c["env"], map[string]any{"name": "GOMEMLIMIT", "value": "400MiB"})
+		assert.Equal(t, true, cfg["insecure"], "plain HTTP inside the cluster says so")
+
+		tls := objects(t, render(t, "--set", "tls.secretName=serve-tls"))
+		cfg = tls["ConfigMap/salt-volumes/salt-volumes"]["data"].(map[string]any)["config.yaml"].(map[string]any)
+		assert.Equal(t, map[string]any{"certFile": "/etc/salt-volumes/tls/tls.crt", "keyFile": "/etc/salt-volumes/tls/tls.key"}, cfg["tls"])
+		assert.NotContains(t, cfg, "insecure")
+		d := mustYAML(t, tls["Deployment/salt-volumes/salt-volumes"])
+		assert.Contains(t, d, "secretName: serve-tls")
+		assert.Contains(t, d, "scheme: HTTPS", "the probes speak HTTPS")
+
 		crb := mustYAML(t, got["ClusterRoleBinding//salt-volumes"])
 		assert.NotContains(t, crb, "kind: User", "outsideUser \"\" binds the service account only")
 	})
