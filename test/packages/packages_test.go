@@ -151,7 +151,7 @@ func TestPackages(t *testing.T) {
 			require.NotEmpty(t, jobs[n], "%s: no job history before the upgrade", n)
 			m.writeMarker(v)
 		}
-		records := m.run("salt-volume-exec", "list")
+		records := m.records("salt-volume-exec")
 		oldPID := m.run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")
 
 		// The operator's step of this upgrade: 0.4.0's account runs one
@@ -160,6 +160,9 @@ func TestPackages(t *testing.T) {
 		// the master: CHANGELOG, docs/operations.md).
 		m.install(newDebs)
 		assert.Equal(t, current, m.run("salt-volumes", "version"))
+		// And the node's modules, which changed with the formulas: the
+		// upgrade's other documented step.
+		m.salt("saltutil.sync_all")
 		testenv.Eventually(t, 2*time.Minute, "serve restarted on the new binary", func() (bool, string) {
 			pid, _ := g.Run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")
 			pid = strings.TrimSpace(pid)
@@ -174,7 +177,7 @@ func TestPackages(t *testing.T) {
 			assert.Equal(t, jobs[n], m.jobIDs(n), "%s: its job history is not the one before the upgrade", n)
 			m.readMarker(v)
 		}
-		assert.Equal(t, records, m.run("salt-volume-exec", "list"), "the node's records, read by the new salt-volume-exec")
+		assert.Equal(t, records, m.records("salt-volume-exec"), "the node's records, read by the new salt-volume-exec")
 
 		// The new release works on the old volumes and makes new ones.
 		m.cli("rm", "old-block", "--wait", "--timeout", "5m")
@@ -188,9 +191,9 @@ func TestPackages(t *testing.T) {
 		// still there, attached, with their data and their records.
 		m.purge()
 		m.assertPurged()
-		listed := m.run("/root/salt-volume-exec-kept", "list")
+		listed := m.records("/root/salt-volume-exec-kept")
 		for _, n := range []string{"old-fs", "old-raw"} {
-			assert.Contains(t, listed, before[n].Spec.UUID, "%s: its node record went with the purge", n)
+			assert.Contains(t, listed, record{Name: n, UUID: before[n].Spec.UUID, DevicePath: before[n].Status.DevicePath, State: "prepared"}, "%s: its node record went with the purge", n)
 			m.readMarker(before[n])
 		}
 	})
@@ -383,6 +386,24 @@ func (m *machine) assertPurged() {
 	assert.Error(t, err, "the salt-volumes group is left after purge")
 	assert.Equal(t, "700 root", m.run("stat", "-c", "%a %U", "/var/lib/salt-volumes"), "the node's records stay")
 	m.noFailedUnits()
+}
+
+// record is what the checks read of a node's record of a volume.
+type record struct {
+	Name, UUID, DevicePath, PersistentPath, State string
+}
+
+// records are the node's records as salt-volume-exec (at path) lists
+// them; usage and the filesystem's free space left out.
+func (m *machine) records(exec string) []record {
+	m.t.Helper()
+	out := m.run(exec, "list")
+	var list struct{ Volumes []record }
+	require.NoError(m.t, json.Unmarshal([]byte(out), &list), out)
+	for i := range list.Volumes {
+		list.Volumes[i].PersistentPath = ""
+	}
+	return list.Volumes
 }
 
 // view is what the checks read of a volume.
