@@ -153,8 +153,20 @@ func TestDist(t *testing.T) {
 		assert.Empty(t, findings(out), "lintian:\n%s", out)
 		rpmlint, err := exec.LookPath("rpmlint")
 		require.NoError(t, err, "rpmlint judges the .rpms (make setup installs it)")
-		out, err = exec.Command(rpmlint, append([]string{"-c", filepath.Join(repo, "packaging", "nfpm", "rpmlint.toml")}, rpms...)...).CombinedOutput()
+		// rpmlint 2.4 unpacks with "rpm2cpio | cpio -id" in a temporary
+		// directory, and nfpm's payload names files by absolute paths: cpio
+		// would write them over this machine's /usr and /etc. A cpio that
+		// strips the leading slash comes first on rpmlint's PATH.
+		shim := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(shim, "cpio"), []byte("#!/bin/sh\nexec /usr/bin/cpio --no-absolute-filenames \"$@\"\n"), 0o755))
+		lint := exec.Command(rpmlint, append([]string{"-c", filepath.Join(repo, "packaging", "nfpm", "rpmlint.toml")}, rpms...)...)
+		lint.Env = append(os.Environ(), "PATH="+shim+":"+os.Getenv("PATH"))
+		out, err = lint.CombinedOutput()
 		assert.NoError(t, err, "%s", out)
+		for _, leak := range []string{"/usr/share/licenses/salt-volumes", "/usr/share/salt-volumes/master.d/salt-volumes.conf"} {
+			_, err := os.Stat(leak)
+			assert.True(t, os.IsNotExist(err), "rpmlint unpacked %s onto this machine", leak)
+		}
 		assert.Contains(t, string(out), "4 packages and 0 specfiles checked; 0 errors, 0 warnings", "rpmlint:\n%s", out)
 	})
 
