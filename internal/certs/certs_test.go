@@ -61,10 +61,10 @@ func listen(t *testing.T, cfg *tls.Config) string {
 	return ln.Addr().String()
 }
 
-// A renewed certificate, written over the old files as renewals do (a
-// rename), is what the next handshake gets; a half-written pair keeps the
-// last good one; no restart.
-func TestReloadsRenewedCertificate(t *testing.T) {
+// serving makes a CA (its certificate in dir/ca.crt) and a server pair it
+// signed (dir/serve.crt, dir/serve.key), and a Reloader of that pair.
+func serving(t *testing.T) (string, *testcerts.CA, string, *Reloader) {
+	t.Helper()
 	dir := t.TempDir()
 	ca, err := testcerts.NewCA("test CA")
 	require.NoError(t, err)
@@ -73,6 +73,14 @@ func TestReloadsRenewedCertificate(t *testing.T) {
 	require.NoError(t, ca.Issue(dir, "serve", "serve", true))
 	r, err := NewReloader(filepath.Join(dir, "serve.crt"), filepath.Join(dir, "serve.key"), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
+	return dir, ca, caFile, r
+}
+
+// A renewed certificate, written over the old files as renewals do (a
+// rename), is what the next handshake gets; a half-written pair keeps the
+// last good one; no restart.
+func TestReloadsRenewedCertificate(t *testing.T) {
+	dir, ca, caFile, r := serving(t)
 	cfg, err := ServerConfig(r, "")
 	require.NoError(t, err)
 	addr := listen(t, cfg)
@@ -118,15 +126,8 @@ func TestNewReloaderRefusesABadPair(t *testing.T) {
 // TLS 1.2 at the least; with a client CA, a client without a certificate
 // it signed is refused.
 func TestServerConfig(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := testcerts.NewCA("test CA")
-	require.NoError(t, err)
-	caFile := filepath.Join(dir, "ca.crt")
-	require.NoError(t, ca.WriteCA(caFile))
-	require.NoError(t, ca.Issue(dir, "serve", "serve", true))
+	dir, ca, caFile, r := serving(t)
 	require.NoError(t, ca.Issue(dir, "alice", "alice", false))
-	r, err := NewReloader(filepath.Join(dir, "serve.crt"), filepath.Join(dir, "serve.key"), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
 
 	plain, err := ServerConfig(r, "")
 	require.NoError(t, err)
