@@ -34,7 +34,8 @@ lint:
 	$(GO) vet ./...
 	.venv/bin/ruff check --quiet --config salt/ruff.toml salt/
 	@if command -v shellcheck >/dev/null; then \
-	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/saltext.sh scripts/version.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/saltext.sh scripts/packages.sh scripts/version.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -s sh packaging/nfpm/*.postinst packaging/nfpm/*.prerm packaging/nfpm/*.postrm; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
 # Release artifacts for linux/amd64 and linux/arm64 in dist/: both

@@ -2,7 +2,8 @@
 # make dist: the release artifacts, for linux/amd64 and linux/arm64, in
 # dist/ (DIST=dir elsewhere): both static binaries, a CycloneDX SBOM of each
 # (cyclonedx-gomod, from the module proxy), the Salt extension's wheel
-# (scripts/saltext.sh), and SHA256SUMS over them all.
+# (scripts/saltext.sh), the .deb and .rpm packages (scripts/packages.sh),
+# and SHA256SUMS over them all.
 # Reproducible: the same commit gives the same bytes, on any machine with
 # the same Go (-trimpath, no build id, no VCS stamp, SBOMs without serial
 # number or timestamp).
@@ -23,6 +24,7 @@ for arch in amd64 arm64; do
 done
 # The Salt extension: the same modules for every architecture.
 scripts/saltext.sh "$out" >/dev/null
+scripts/packages.sh "$out" >/dev/null
 sums=$(cd "$out" && find . -maxdepth 1 -type f -printf '%f\n' | LC_ALL=C sort | xargs sha256sum)
 printf '%s\n' "$sums" > "$out/SHA256SUMS"
 echo "dist: $version in $out"

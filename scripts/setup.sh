@@ -12,12 +12,14 @@ need=()
 # plugins and a static busybox let the real kubelet of test/kubecluster run
 # the pods that mount our volumes. qemu and debootstrap build and boot the
 # Debian guests of the booted-machine tests (test/booted); qemu-user-static
-# runs the arm64 binaries of make dist (test/dist).
+# runs the arm64 binaries of make dist, and lintian and rpmlint (with rpm
+# and groff for its checks) judge its packages (test/dist).
 for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv chromium vagrant vagrant-libvirt shellcheck \
   btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs \
   cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools \
   containerd runc containernetworking-plugins busybox-static \
-  qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static; do
+  qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static \
+  lintian rpmlint rpm groff-base; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -36,7 +36,9 @@ Server:
   salt-volumes serve --config FILE
 
 Client (finds the server through SALT_VOLUMES_URL and SALT_VOLUMES_TOKEN or
-SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file):
+SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file; for https with a
+private CA, SALT_VOLUMES_CA or --ca-file, and a client certificate with
+SALT_VOLUMES_CERT and SALT_VOLUMES_KEY or --cert-file/--key-file):
   salt-volumes create NAME --node N (--size Q | --device PATH) [--mode Block] [--fs xfs]
                       [--mkfs-option OPT]... [--uuid U] [--wait] [--timeout D]
   salt-volumes ls [--node N] [-o table|json]
@@ -162,6 +164,9 @@ type cli struct {
 	token     string
 	tokenFile string
 	output    string
+	// TLS: a CA to trust beyond the system's, and a client certificate
+	// for a serve with tls.clientCAFile.
+	caFile, certFile, keyFile string
 }
 
 // flags adds the client flags every command shares.
@@ -172,6 +177,9 @@ func (c *cli) flags(name string) *flag.FlagSet {
 	fs.StringVar(&c.token, "token", "", "API token (default SALT_VOLUMES_TOKEN; prefer the variable: flags show in ps)")
 	fs.StringVar(&c.tokenFile, "token-file", os.Getenv("SALT_VOLUMES_TOKEN_FILE"), "file holding the API token (SALT_VOLUMES_TOKEN_FILE)")
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
+	fs.StringVar(&c.caFile, "ca-file", os.Getenv("SALT_VOLUMES_CA"), "CA certificate(s) to trust for an https URL, besides the system's (SALT_VOLUMES_CA)")
+	fs.StringVar(&c.certFile, "cert-file", os.Getenv("SALT_VOLUMES_CERT"), "client certificate, for a server that asks for one (SALT_VOLUMES_CERT)")
+	fs.StringVar(&c.keyFile, "key-file", os.Getenv("SALT_VOLUMES_KEY"), "the client certificate's key (SALT_VOLUMES_KEY)")
 	return fs
 }
 
@@ -225,8 +233,18 @@ func (c *cli) client() (*client.Client, error) {
 		return nil, failf(exitUsage, "no token: set SALT_VOLUMES_TOKEN or SALT_VOLUMES_TOKEN_FILE, or pass --token-file")
 	case c.output != "table" && c.output != "json":
 		return nil, failf(exitUsage, "-o %s: use table or json", c.output)
+	case (c.certFile == "") != (c.keyFile == ""):
+		return nil, failf(exitUsage, "--cert-file and --key-file (SALT_VOLUMES_CERT, SALT_VOLUMES_KEY): give both or neither")
 	}
-	return &client.Client{URL: c.url, Token: c.token}, nil
+	cl := &client.Client{URL: c.url, Token: c.token}
+	if c.caFile != "" || c.certFile != "" {
+		hc, err := client.HTTPS(c.caFile, c.certFile, c.keyFile)
+		if err != nil {
+			return nil, failf(exitUsage, "%v", err)
+		}
+		cl.HTTP = hc
+	}
+	return cl, nil
 }
 
 type multi []string

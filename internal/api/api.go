@@ -62,8 +62,12 @@ type Server struct {
 	// Limits; zero means no limit.
 	MaxWatchers      int
 	CreatesPerSecond float64
+	// LeaderTransport carries the reads a follower passes to the leader
+	// (nil: http.DefaultTransport); serve's trusts tls.caFile.
+	LeaderTransport http.RoundTripper
 
 	watchers atomic.Int64
+	tickets  tickets
 	createMu sync.Mutex
 	tokens   float64
 	refilled time.Time
@@ -113,7 +117,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(query(s.fromLeader(s.jobs))))
 	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(query(s.delete, "wipe", "forget")))
 	mux.Handle("POST /api/v1/volumes/{name}/resize", s.auth(query(s.resize)))
-	mux.Handle("GET /api/v1/watch", s.authQuery(query(s.watch, "node", "name", "access_token")))
+	mux.Handle("GET /api/v1/watch", s.authWatch(query(s.watch, "node", "name", "ticket")))
+	mux.Handle("POST /api/v1/watch/ticket", s.auth(query(s.watchTicket)))
 	mux.Handle("GET /api/v1/nodes", s.auth(query(s.fromLeader(s.nodes))))
 	mux.Handle("POST /api/v1/nodes/{node}/forget", s.auth(query(s.forgetNode)))
 	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {

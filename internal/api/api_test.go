@@ -116,22 +116,70 @@ func TestTokenIsRequired(t *testing.T) {
 	code, _ := do(t, ts, "GET", "/healthz", "", "")
 	assert.Equal(t, 200, code, "health needs no token")
 	code, _ = do(t, ts, "GET", "/api/v1/volumes?access_token="+token, "", "")
-	assert.Equal(t, 401, code, "a token in a URL is accepted by the watch stream only")
+	assert.Equal(t, 401, code, "a token in a URL is never accepted")
 	code, _ = do(t, ts, "GET", "/metrics?access_token="+token, "", "")
 	assert.Equal(t, 401, code)
 }
 
-func TestWatchTakesTheTokenInTheQuery(t *testing.T) {
-	ts, _ := newServer(t)
+// The watch stream takes a one-time ticket in its URL (EventSource cannot
+// send headers), never the token: a ticket works once, a forged, expired
+// or reused one is refused, and the token in the query is not a way in.
+func TestWatchTakesATicketNotTheToken(t *testing.T) {
+	var srv *Server
+	ts, _ := newServerWith(t, func(s *Server) { srv = s })
+	open := func(query string) *http.Response {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		t.Cleanup(cancel)
+		req, err := http.NewRequestWithContext(ctx, "GET", ts.URL+"/api/v1/watch?"+query, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	assert.Equal(t, 401, open("access_token="+token).StatusCode, "the long-lived token is not taken from a URL")
+
+	code, _ := do(t, ts, "POST", "/api/v1/watch/ticket", "", "")
+	assert.Equal(t, 401, code, "a ticket needs the token")
+	code, m := do(t, ts, "POST", "/api/v1/watch/ticket", token, "")
+	require.Equal(t, 200, code)
+	ticket, _ := m["ticket"].(string)
+	require.NotEmpty(t, ticket)
+	assert.NotContains(t, ticket, token)
+	resp := open("ticket=" + ticket)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+	assert.Equal(t, 401, open("ticket="+ticket).StatusCode, "a ticket is spent on first use")
+
+	// Another replica with the same token takes this one's tickets.
+	ts2, _ := newServer(t)
+	code, m = do(t, ts, "POST", "/api/v1/watch/ticket", token, "")
+	require.Equal(t, 200, code)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", ts.URL+"/api/v1/watch?access_token="+token, nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", ts2.URL+"/api/v1/watch?ticket="+m["ticket"].(string), nil)
 	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
+	other, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	assert.Equal(t, 200, resp.StatusCode, "EventSource cannot send headers")
-	assert.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+	other.Body.Close()
+	assert.Equal(t, 200, other.StatusCode)
+
+	// Expired, forged, or signed with another token: refused, naming the fix.
+	old, _, err := srv.issueTicket(time.Now().Add(-TicketTTL - time.Second))
+	require.NoError(t, err)
+	resp = open("ticket=" + old)
+	assert.Equal(t, 401, resp.StatusCode)
+	other2 := &Server{Token: "another-token-another-token"}
+	forged, _, err := other2.issueTicket(time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, 401, open("ticket="+forged).StatusCode)
+	b := []byte(ticket)
+	b[len(b)-1] ^= 1
+	assert.Equal(t, 401, open("ticket="+string(b)).StatusCode)
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(open("ticket=nope").Body).Decode(&body))
+	assert.Contains(t, errField(body, "message"), "POST /api/v1/watch/ticket")
 }
 
 func TestAnswersAreNotCachedOrFramed(t *testing.T) {

@@ -93,21 +93,15 @@ func bearer(h string) string {
 	return strings.TrimLeft(tok, " ")
 }
 
-// auth accepts "Authorization: Bearer <token>" only.
-func (s *Server) auth(h http.HandlerFunc) http.Handler { return s.checkToken(h, false) }
+// auth accepts "Authorization: Bearer <token>" only: a token in a URL is
+// a token in logs and browser history (the watch stream takes a one-time
+// ticket there instead: ticket.go).
+func (s *Server) auth(h http.HandlerFunc) http.Handler { return s.checkToken(h) }
 
-// authQuery also accepts access_token in the query, for the watch stream
-// alone: EventSource cannot set headers, and a token in a URL is a token in
-// logs and browser history, so no other endpoint takes it.
-func (s *Server) authQuery(h http.HandlerFunc) http.Handler { return s.checkToken(h, true) }
-
-func (s *Server) checkToken(h http.HandlerFunc, query bool) http.Handler {
+func (s *Server) checkToken(h http.HandlerFunc) http.Handler {
 	want := []byte(s.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := bearer(r.Header.Get("Authorization"))
-		if got == "" && query {
-			got = r.URL.Query().Get("access_token")
-		}
 		if len(want) == 0 || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="salt-volumes"`)
 			writeErr(w, http.StatusUnauthorized, saltvolumes.Error{Code: saltvolumes.CodeUnauthorized, Message: "missing or wrong API token: send Authorization: Bearer <token> (SALT_VOLUMES_TOKEN for the CLI)"})

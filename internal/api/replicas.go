@@ -48,6 +48,7 @@ func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		p := httputil.NewSingleHostReverseProxy(target)
+		p.Transport = s.LeaderTransport
 		p.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) {
 			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
 				Message: fmt.Sprintf("this replica follows %s, which holds node reports, usage and job logs, and could not be reached: %v", role.LeaderID, err)})

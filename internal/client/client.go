@@ -5,12 +5,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
@@ -246,4 +249,35 @@ func (c *Client) Status(ctx context.Context) (string, error) {
 		return body, &Error{Status: resp.StatusCode, Body: saltvolumes.Error{Code: "unavailable", Message: body}}
 	}
 	return body, nil
+}
+
+// HTTPS is an HTTP client for an https URL: trusting caFile's CAs besides
+// the system's when given, presenting the certificate in certFile and
+// keyFile when given. No timeout: watch streams are long-lived.
+func HTTPS(caFile, certFile, keyFile string) (*http.Client, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca-file: %s: no PEM certificate in it", caFile)
+		}
+		tc.RootCAs = pool
+	}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--cert-file and --key-file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = tc
+	return &http.Client{Transport: t}, nil
 }

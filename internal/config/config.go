@@ -18,8 +18,11 @@ import (
 // Config is the whole file. Unknown keys are errors, so a typo never falls
 // back to a default silently.
 type Config struct {
-	// Listen is the API address; loopback unless you put a TLS proxy in front.
-	Listen string `yaml:"listen"`
+	// Listen is the API address. Beyond loopback it needs TLS, or
+	// Insecure for a network that protects it some other way.
+	Listen   string `yaml:"listen"`
+	TLS      *TLS   `yaml:"tls"`
+	Insecure bool   `yaml:"insecure"`
 	// Token (or TokenFile) is the API bearer token.
 	Token     string `yaml:"token"`
 	TokenFile string `yaml:"tokenFile"`
@@ -45,6 +48,19 @@ type Config struct {
 
 	nonLoopback bool
 	storeSet    bool // store was given (not defaulted)
+}
+
+// TLS is serve's own HTTPS: the certificate and key files are read again
+// when they change (a renewal needs no restart).
+type TLS struct {
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// ClientCAFile, when set, makes serve ask every client for a
+	// certificate signed by one of its CAs, besides the token.
+	ClientCAFile string `yaml:"clientCAFile"`
+	// CAFile is what a follower trusts when it passes a request to the
+	// leader's https advertise URL (default: the system's roots).
+	CAFile string `yaml:"caFile"`
 }
 
 // Kubernetes is how to reach the API server and what to serve there.
@@ -212,6 +228,9 @@ func parse(data []byte, o Overrides) (*Config, error) {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}
+	if err := c.checkTLS(); err != nil {
+		return nil, err
+	}
 	if err := c.defaultStore(); err != nil {
 		return nil, err
 	}
@@ -308,9 +327,13 @@ func parse(data []byte, o Overrides) (*Config, error) {
 	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return nil, fmt.Errorf("listen: %q: use host:port, e.g. 127.0.0.1:8080", c.Listen)
 	} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		// Not refused: operators may put the API behind their own network
-		// policy. Said loudly by serve.
+		// The token (and a person's password, once they log in) would
+		// cross the network in clear: refused unless the operator says
+		// something else protects it.
 		c.nonLoopback = true
+		if c.TLS == nil && !c.Insecure {
+			return nil, fmt.Errorf("listen: %s is beyond loopback without TLS: set tls.certFile and tls.keyFile, or insecure: true if a proxy or the network protects the API", c.Listen)
+		}
 	}
 	return &c, nil
 }
@@ -338,7 +361,7 @@ func (c *Config) defaultVolumeObjects(k *Kubernetes) error {
 		if wildcard(c.Listen) {
 			return fmt.Errorf("kubernetes.advertiseURL: missing while listen is %s (every address): the other replicas would be sent to themselves; give the URL they reach this one at, e.g. https://master-1:8443", c.Listen)
 		}
-		k.AdvertiseURL = "http://" + c.Listen
+		k.AdvertiseURL = c.scheme() + "://" + c.Listen
 	}
 	if k.ReplicaID == "" {
 		host, _ := os.Hostname()
@@ -390,7 +413,7 @@ func (c *Config) defaultStore() error {
 		if wildcard(c.Listen) {
 			return fmt.Errorf("etcd.advertiseURL: missing while listen is %s (every address): the other replicas would be sent to themselves; give the URL they reach this one at, e.g. https://master-1:8443", c.Listen)
 		}
-		e.AdvertiseURL = "http://" + c.Listen
+		e.AdvertiseURL = c.scheme() + "://" + c.Listen
 	}
 	if e.ReplicaID == "" {
 		host, _ := os.Hostname()
@@ -409,6 +432,40 @@ func wildcard(listen string) bool {
 	}
 	ip := net.ParseIP(host)
 	return host == "" || ip != nil && ip.IsUnspecified()
+}
+
+// checkTLS checks that the tls section names files that exist, in pairs
+// that make sense; certs loads them.
+func (c *Config) checkTLS() error {
+	t := c.TLS
+	if t == nil {
+		return nil
+	}
+	switch {
+	case t.CertFile == "" && t.KeyFile == "":
+		return errors.New("tls: certFile and keyFile: missing: give both (PEM files), or remove the tls section")
+	case t.CertFile == "":
+		return errors.New("tls.certFile: missing while tls.keyFile is set: give both")
+	case t.KeyFile == "":
+		return errors.New("tls.keyFile: missing while tls.certFile is set: give both")
+	}
+	for _, f := range []struct{ name, path string }{{"tls.certFile", t.CertFile}, {"tls.keyFile", t.KeyFile}, {"tls.clientCAFile", t.ClientCAFile}, {"tls.caFile", t.CAFile}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+	}
+	return nil
+}
+
+// scheme is how other replicas and clients reach this one.
+func (c *Config) scheme() string {
+	if c.TLS != nil {
+		return "https"
+	}
+	return "http"
 }
 
 // NonLoopback reports a listen address reachable from other hosts.

@@ -52,7 +52,7 @@ func TestErrorsNameTheField(t *testing.T) {
 }
 
 func TestValues(t *testing.T) {
-	c, err := Parse([]byte(base + "jobTimeout: 90s\nlisten: 0.0.0.0:9000\nevents:\n  source: sse\n"))
+	c, err := Parse([]byte(base + "jobTimeout: 90s\nlisten: 0.0.0.0:9000\ninsecure: true\nevents:\n  source: sse\n"))
 	require.NoError(t, err)
 	assert.Equal(t, 90*time.Second, time.Duration(c.JobTimeout))
 	assert.True(t, c.NonLoopback())
@@ -167,7 +167,7 @@ func TestVolumeObjects(t *testing.T) {
 func TestListenOverride(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	require.NoError(t, os.WriteFile(path, []byte("token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\n"+
-		"listen: 127.0.0.1:8082\nkubernetes:\n  volumeObjects: true\n"), 0o600))
+		"listen: 127.0.0.1:8082\ninsecure: true\nkubernetes:\n  volumeObjects: true\n"), 0o600))
 	c, err := LoadWith(path, Overrides{Listen: "10.0.0.7:8080"})
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.7:8080", c.Listen)
@@ -185,7 +185,7 @@ func TestListenOverride(t *testing.T) {
 // "http://0.0.0.0:8080" would make each follower proxy /nodes, /usage and
 // /jobs to itself. Refused unless advertiseURL says where it is reached.
 func TestWildcardListenNeedsAnAdvertiseURL(t *testing.T) {
-	salt := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\n"
+	salt := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\ninsecure: true\n"
 	for _, listen := range []string{"0.0.0.0:8080", "[::]:8080", ":8080"} {
 		for section, field := range map[string]string{
 			"etcd:\n  endpoints: [http://127.0.0.1:2379]\n": "etcd.advertiseURL",
@@ -204,4 +204,33 @@ func TestWildcardListenNeedsAnAdvertiseURL(t *testing.T) {
 	// One replica (bbolt) needs none.
 	_, err := Parse([]byte(salt + "listen: 0.0.0.0:8080\n"))
 	require.NoError(t, err)
+}
+
+// Beyond loopback the API needs TLS, or insecure: true; the tls section
+// names both files, which must exist; replicas with TLS advertise https.
+func TestTLSAndInsecure(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	require.NoError(t, os.WriteFile(cert, []byte("x"), 0o600))
+	require.NoError(t, os.WriteFile(key, []byte("x"), 0o600))
+	base := "token: 0123456789abcdef0123\nsalt:\n  url: http://127.0.0.1:8000\n  username: u\n  password: p\n"
+	_, err := Parse([]byte(base + "listen: 10.1.2.3:8443\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "listen: 10.1.2.3:8443 is beyond loopback without TLS: set tls.certFile and tls.keyFile, or insecure: true")
+	_, err = Parse([]byte(base + "listen: 10.1.2.3:8443\ninsecure: true\n"))
+	require.NoError(t, err)
+	c, err := Parse([]byte(base + "listen: 10.1.2.3:8443\ntls:\n  certFile: " + cert + "\n  keyFile: " + key + "\nkubernetes:\n  volumeObjects: true\n"))
+	require.NoError(t, err)
+	assert.Equal(t, "https://10.1.2.3:8443", c.Kubernetes.AdvertiseURL)
+	for text, want := range map[string]string{
+		"tls: {}\n":                                             "tls: certFile and keyFile: missing",
+		"tls:\n  certFile: " + cert + "\n":                      "tls.keyFile: missing while tls.certFile is set",
+		"tls:\n  keyFile: " + key + "\n":                        "tls.certFile: missing while tls.keyFile is set",
+		"tls:\n  certFile: /nope.crt\n  keyFile: " + key + "\n": "tls.certFile: stat /nope.crt",
+		"tls:\n  certFile: " + cert + "\n  keyFile: " + key + "\n  clientCAFile: /nope-ca.crt\n": "tls.clientCAFile: stat /nope-ca.crt",
+	} {
+		_, err := Parse([]byte(base + text))
+		require.Error(t, err, text)
+		assert.Contains(t, err.Error(), want, text)
+	}
 }

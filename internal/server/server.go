@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/salt-volumes/salt-volumes/internal/api"
+	"github.com/salt-volumes/salt-volumes/internal/certs"
 	"github.com/salt-volumes/salt-volumes/internal/config"
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/jobcache"
@@ -141,12 +143,24 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		defer stop()
 	}
 
+	// A follower passes some reads to the leader's advertise URL: over
+	// https, trusting tls.caFile when the replicas' CA is a private one.
+	var leaderTransport http.RoundTripper
+	if cfg.TLS != nil && cfg.TLS.CAFile != "" {
+		pool, err := certs.Pool(cfg.TLS.CAFile)
+		if err != nil {
+			return fmt.Errorf("tls.caFile: %w", err)
+		}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		leaderTransport = t
+	}
 	// The API's watch streams follow the store on every replica.
 	hub := store.NewHub()
 	defer st.Watch(hub.Publish)()
 	srv := &api.Server{
 		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
-		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond,
+		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond, LeaderTransport: leaderTransport,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
 			leads := elector == nil || elector.Leading()
@@ -180,12 +194,25 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			}
 		},
 	}
-	if cfg.NonLoopback() {
-		log.Warn("the API listens beyond loopback: put TLS and a firewall in front of it", "listen", cfg.Listen)
+	if cfg.NonLoopback() && cfg.TLS == nil {
+		log.Warn("the API listens beyond loopback without TLS (insecure: true): only a proxy or the network protects the token", "listen", cfg.Listen)
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
+	}
+	if cfg.TLS != nil {
+		reloader, err := certs.NewReloader(cfg.TLS.CertFile, cfg.TLS.KeyFile, log.With("component", "tls"))
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		tc, err := certs.ServerConfig(reloader, cfg.TLS.ClientCAFile)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		ln = tls.NewListener(ln, tc)
 	}
 	// No WriteTimeout: the watch stream is long-lived and sends heartbeats;
 	// an idle keep-alive connection is closed after IdleTimeout.
@@ -212,7 +239,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		defer c()
 		_ = hs.Shutdown(sctx)
 	}()
-	log.Info("salt-volumes serve listening", "addr", ln.Addr().String(), "store", describeStore(cfg), "events", describe(cfg))
+	log.Info("salt-volumes serve listening", "addr", ln.Addr().String(), "tls", cfg.TLS != nil, "store", describeStore(cfg), "events", describe(cfg))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

@@ -1,14 +1,13 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -17,19 +16,18 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/salt-volumes/salt-volumes/internal/image"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/serveproc"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
-// TestInCluster: serve as its own manifest runs it (deploy/kubernetes/
-// serve.yaml), from the image make image writes, on a real kubelet, with
+// TestInCluster: serve as its Helm chart installs it (deploy/helm/
+// salt-volumes, whose default rendering is deploy/kubernetes' manifests),
+// from the image make image writes, on a real kubelet, with
 // the service account's token and RBAC, salt-api's event stream instead of
 // the master's bus: two replicas elect a leader, kubectl apply prepares a
 // volume, kill -9 of the leader's process hands the lead to the other.
@@ -42,9 +40,6 @@ func TestInCluster(t *testing.T) {
 	_, err := image.Write(archive, image.Serve(bin("salt-volumes"), "in-cluster-test"))
 	require.NoError(t, err)
 	require.NoError(t, k.ImportImage(archive))
-	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
-	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
-
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	token := hex.EncodeToString(b)
@@ -53,52 +48,50 @@ func TestInCluster(t *testing.T) {
 		StringData: map[string]string{"token": token, "salt-password": s.APIPass}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 
-	cm, dep, svc := readServeManifest(t, filepath.Join(s.Repo, "deploy", "kubernetes", "serve.yaml"))
-	// The shipped configuration with this test's salt-api and a short
-	// Lease; the rest (token and password files, sse, volumeObjects) as
-	// shipped.
-	var cfg map[string]any
-	require.NoError(t, yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg))
-	salt := cfg["salt"].(map[string]any)
-	salt["url"], salt["username"], salt["eauth"] = s.APIURL(), s.APIUser, "file"
-	cfg["kubernetes"].(map[string]any)["leaseDuration"] = "3s"
-	text, err := yaml.Marshal(cfg)
-	require.NoError(t, err)
-	cm.Data["config.yaml"] = string(text)
-	_, err = k.Admin.CoreV1().ConfigMaps("salt-volumes").Create(ctx, cm, metav1.CreateOptions{})
-	require.NoError(t, err)
-	_, err = k.Admin.CoreV1().Services("salt-volumes").Create(ctx, svc, metav1.CreateOptions{})
-	require.NoError(t, err)
-
-	// One node and no pod network here: each replica is a one-replica
-	// copy of the Deployment on the host's network with a port of its own
-	// on 127.0.0.1 (the kubelet refuses a loopback node IP, so these pods
-	// have no pod IP to expand), and reaches the API server on 127.0.0.1
-	// (no kube-proxy behind the kubernetes Service). Everything else is
-	// the shipped pod.
+	// One node and no pod network here: each replica runs on the host's
+	// network with a port of its own on 127.0.0.1 (the kubelet refuses a
+	// loopback node IP, so these pods have no pod IP to expand), and
+	// reaches the API server on 127.0.0.1 (no kube-proxy behind the
+	// kubernetes Service). The first is the chart, installed by helm with
+	// those values (and this test's salt-api, a short Lease, one replica);
+	// the second is a copy of the Deployment helm made, with its own port.
+	// The RBAC objects the cluster was started with are the chart's: helm
+	// takes them over.
 	started := time.Now()
-	replicas := make([]*plane, 2)
-	for i, name := range []string{"a", "b"} {
-		port := saltstack.FreePort(t)
-		d := dep.DeepCopy()
-		d.Name = "salt-volumes-" + name
-		one := int32(1)
-		d.Spec.Replicas = &one
-		d.Spec.Selector.MatchLabels["replica"] = name
-		d.Spec.Template.Labels["replica"] = name
-		ps := &d.Spec.Template.Spec
-		ps.HostNetwork = true
-		c := &ps.Containers[0]
-		require.Equal(t, "$(POD_IP):8080", c.Args[len(c.Args)-1], "the shipped --listen")
-		c.Args[len(c.Args)-1] = fmt.Sprintf("127.0.0.1:%d", port)
-		c.Ports[0].ContainerPort = int32(port)
-		c.Env = append(c.Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: "127.0.0.1"},
-			corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: fmt.Sprint(k.APIPort)})
-		_, err := k.Admin.AppsV1().Deployments("salt-volumes").Create(ctx, d, metav1.CreateOptions{})
-		require.NoError(t, err)
-		replicas[i] = serveproc.At(t, bin("salt-volumes"), fmt.Sprintf("http://127.0.0.1:%d", port), token, d.Name)
+	ports := []int{saltstack.FreePort(t), saltstack.FreePort(t)}
+	env, err := json.Marshal([]corev1.EnvVar{{Name: "KUBERNETES_SERVICE_HOST", Value: "127.0.0.1"}, {Name: "KUBERNETES_SERVICE_PORT", Value: fmt.Sprint(k.APIPort)}})
+	require.NoError(t, err)
+	helm, err := testenv.Helm()
+	require.NoError(t, err)
+	out, err := exec.Command(helm, "install", "salt-volumes", filepath.Join(s.Repo, "deploy", "helm", "salt-volumes"),
+		"--kubeconfig", k.AdminKubeconfig, "--namespace", "salt-volumes", "--take-ownership",
+		"--set", "image.tag=in-cluster-test", "--set", "replicaCount=1", "--set", "hostNetwork=true",
+		"--set", fmt.Sprintf("containerPort=%d", ports[0]), "--set", fmt.Sprintf("listen=127.0.0.1:%d", ports[0]),
+		"--set-json", "extraEnv="+string(env), "--set", "salt.url="+s.APIURL(), "--set", "salt.username="+s.APIUser,
+		"--set", "salt.eauth=file", "--set", "config.kubernetes.leaseDuration=3s").CombinedOutput()
+	require.NoError(t, err, "helm install: %s", out)
+	t.Logf("helm install of deploy/helm/salt-volumes: %s", time.Since(started).Round(100*time.Millisecond))
+	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
+	assert.Equal(t, "Helm", must("", "-n", "salt-volumes", "get", "deploy", "salt-volumes", "-o", `jsonpath={.metadata.labels.app\.kubernetes\.io/managed-by}`), "the Deployment is helm's")
+	dep, err := k.Admin.AppsV1().Deployments("salt-volumes").Get(ctx, "salt-volumes", metav1.GetOptions{})
+	require.NoError(t, err)
+	second := dep.DeepCopy()
+	second.ObjectMeta = metav1.ObjectMeta{Name: "salt-volumes-b", Namespace: "salt-volumes", Labels: map[string]string{"replica": "b"}}
+	second.Spec.Selector.MatchLabels["replica"] = "b"
+	second.Spec.Template.Labels["replica"] = "b"
+	c := &second.Spec.Template.Spec.Containers[0]
+	require.Equal(t, fmt.Sprintf("127.0.0.1:%d", ports[0]), c.Args[len(c.Args)-1], "the chart's --listen")
+	c.Args[len(c.Args)-1] = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	c.Ports[0].ContainerPort = int32(ports[1])
+	_, err = k.Admin.AppsV1().Deployments("salt-volumes").Create(ctx, second, metav1.CreateOptions{})
+	require.NoError(t, err)
+	replicas := []*plane{
+		serveproc.At(t, bin("salt-volumes"), fmt.Sprintf("http://127.0.0.1:%d", ports[0]), token, "salt-volumes"),
+		serveproc.At(t, bin("salt-volumes"), fmt.Sprintf("http://127.0.0.1:%d", ports[1]), token, "salt-volumes-b"),
 	}
-	must("", "-n", "salt-volumes", "wait", "--for", "condition=Available", "--timeout", "3m", "deploy/salt-volumes-a", "deploy/salt-volumes-b")
+	// The pods of each, for the kubelet's restart count.
+	podsOf := map[string]string{"salt-volumes": "app.kubernetes.io/name=salt-volumes,!replica", "salt-volumes-b": "replica=b"}
+	must("", "-n", "salt-volumes", "wait", "--for", "condition=Available", "--timeout", "3m", "deploy/salt-volumes", "deploy/salt-volumes-b")
 	t.Logf("both replicas Ready (readiness probe on /readyz) %s after their Deployments were created", time.Since(started).Round(100*time.Millisecond))
 	lead, _ := leaderOf(t, 60*time.Second, replicas...)
 	other := replicas[0]
@@ -161,7 +154,7 @@ func TestInCluster(t *testing.T) {
 		must("", "wait", "--for", "jsonpath={.status.phase}=Available", "--timeout", "2m", "volume/in-failover")
 		t.Logf("the volume applied at the kill Available %s after it", time.Since(killed).Round(100*time.Millisecond))
 		eventually(t, 2*time.Minute, "the killed replica restarted by the kubelet and serving", func() (bool, string) {
-			restarts := must("", "-n", "salt-volumes", "get", "pods", "-l", "replica="+strings.TrimPrefix(lead.Log, "salt-volumes-"),
+			restarts := must("", "-n", "salt-volumes", "get", "pods", "-l", podsOf[lead.Log],
 				"-o", "jsonpath={.items[0].status.containerStatuses[0].restartCount}")
 			r := role(lead)
 			return restarts == "1" && strings.HasPrefix(r, "ok: "), restarts + " " + r
@@ -181,49 +174,6 @@ func TestInCluster(t *testing.T) {
 		_, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "in-fs", metav1.GetOptions{})
 		assert.Error(t, err, "its PV deleted with it")
 	})
-}
-
-// readServeManifest reads the shipped serve.yaml's ConfigMap, Deployment
-// and Service.
-func readServeManifest(t *testing.T, path string) (*corev1.ConfigMap, *appsv1.Deployment, *corev1.Service) {
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	var cm *corev1.ConfigMap
-	var dep *appsv1.Deployment
-	var svc *corev1.Service
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err == io.EOF {
-			break
-		} else {
-			require.NoError(t, err)
-		}
-		var meta metav1.TypeMeta
-		require.NoError(t, json.Unmarshal(raw, &meta))
-		var into any
-		switch meta.Kind {
-		case "ConfigMap":
-			cm = &corev1.ConfigMap{}
-			into = cm
-		case "Deployment":
-			dep = &appsv1.Deployment{}
-			into = dep
-		case "Service":
-			svc = &corev1.Service{}
-			into = svc
-		default:
-			t.Fatalf("%s: unexpected %s", path, meta.Kind)
-		}
-		d := json.NewDecoder(bytes.NewReader(raw))
-		d.DisallowUnknownFields()
-		require.NoError(t, d.Decode(into), "%s: %s", path, meta.Kind)
-	}
-	require.NotNil(t, cm, "a ConfigMap")
-	require.NotNil(t, dep, "a Deployment")
-	require.NotNil(t, svc, "a Service")
-	assert.EqualValues(t, 2, *dep.Spec.Replicas, "two replicas as shipped")
-	return cm, dep, svc
 }
 
 // serveProcess finds the pid of the serve process listening on addr (its

@@ -13,27 +13,19 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 const chart = "../../deploy/helm/salt-volumes"
 
-// helm is the helm binary make setup builds from the module proxy
-// (scripts/setup.sh), or one on PATH.
+// helm is the helm binary (testenv.Helm).
 func helm(t *testing.T) string {
 	t.Helper()
-	cache := os.Getenv("SALT_VOLUMES_CACHE")
-	if cache == "" {
-		cache = "/var/cache/salt-volumes"
-	}
-	if p := filepath.Join(cache, "helm-v3.22.0", "helm"); fileExists(p) {
-		return p
-	}
-	p, err := exec.LookPath("helm")
-	require.NoError(t, err, "helm is needed: make setup builds it into %s/helm-v3.22.0", cache)
+	p, err := testenv.Helm()
+	require.NoError(t, err)
 	return p
 }
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // objects reads YAML documents into objects keyed by kind/namespace/name;
 // a ConfigMap's config.yaml is read as YAML too (its comments aside).
@@ -113,7 +105,9 @@ func TestHelmChart(t *testing.T) {
 	t.Run("the optional objects and the values people change", func(t *testing.T) {
 		got := objects(t, render(t, "--set", "serviceMonitor.enabled=true", "--set", "storageClass.create=true",
 			"--set", "storageClass.fsType=xfs", "--set", "replicaCount=3", "--set", "existingSecret=mine",
-			"--set", "salt.url=https://salt.internal:8000", "--set", "outsideUser=", "--set", "config.limits.volumes=5000"))
+			"--set", "salt.url=https://salt.internal:8000", "--set", "outsideUser=", "--set", "config.limits.volumes=5000",
+			"--set", "config.kubernetes.leaseDuration=30s", "--set", "hostNetwork=true", "--set", "containerPort=9443",
+			"--set", "listen=127.0.0.1:9443", "--set-json", `extraEnv=[{"name":"GOMEMLIMIT","value":"400MiB"}]`))
 		sc := got["StorageClass//salt-volumes"]
 		require.NotNil(t, sc)
 		assert.Equal(t, "salt-volumes.io/sparse", sc["provisioner"])
@@ -128,6 +122,23 @@ func TestHelmChart(t *testing.T) {
 		cfg := got["ConfigMap/salt-volumes/salt-volumes"]["data"].(map[string]any)["config.yaml"].(map[string]any)
 		assert.Equal(t, "https://salt.internal:8000", cfg["salt"].(map[string]any)["url"])
 		assert.Equal(t, map[string]any{"volumes": 5000}, cfg["limits"])
+		assert.Equal(t, map[string]any{"volumeObjects": true, "leaseDuration": "30s"}, cfg["kubernetes"], "config merges over the chart's keys")
+		pod := dep["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+		assert.Equal(t, true, pod["hostNetwork"])
+		c := pod["containers"].([]any)[0].(map[string]any)
+		assert.Equal(t, []any{"serve", "--config", "/etc/salt-volumes/config.yaml", "--listen", "127.0.0.1:9443"}, c["args"])
+		assert.Equal(t, 9443, c["ports"].([]any)[0].(map[string]any)["containerPort"])
+		assert.Contains(t, c["env"], map[string]any{"name": "GOMEMLIMIT", "value": "400MiB"})
+		assert.Equal(t, true, cfg["insecure"], "plain HTTP inside the cluster says so")
+
+		tls := objects(t, render(t, "--set", "tls.secretName=serve-tls"))
+		cfg = tls["ConfigMap/salt-volumes/salt-volumes"]["data"].(map[string]any)["config.yaml"].(map[string]any)
+		assert.Equal(t, map[string]any{"certFile": "/etc/salt-volumes/tls/tls.crt", "keyFile": "/etc/salt-volumes/tls/tls.key"}, cfg["tls"])
+		assert.NotContains(t, cfg, "insecure")
+		d := mustYAML(t, tls["Deployment/salt-volumes/salt-volumes"])
+		assert.Contains(t, d, "secretName: serve-tls")
+		assert.Contains(t, d, "scheme: HTTPS", "the probes speak HTTPS")
+
 		crb := mustYAML(t, got["ClusterRoleBinding//salt-volumes"])
 		assert.NotContains(t, crb, "kind: User", "outsideUser \"\" binds the service account only")
 	})

@@ -1,14 +1,17 @@
 // Package dist tests make dist: the release artifacts are reproducible,
-// their checksums and SBOMs describe them, and the arm64 binaries start
-// (under qemu-user-static's qemu-aarch64).
+// their checksums and SBOMs describe them, the packages pass lintian and
+// rpmlint and carry what the docs say, and the arm64 binaries start (under
+// qemu-user-static's qemu-aarch64).
 package dist
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +63,7 @@ func TestDist(t *testing.T) {
 		}
 	}
 	want = append(want, "SHA256SUMS", "saltext_volumes-"+strings.Replace(v, "-dev", ".dev0", 1)+"-py3-none-any.whl")
+	want = append(want, packageFiles(v)...)
 	sort.Strings(want)
 
 	t.Run("every artifact, the same bytes twice", func(t *testing.T) {
@@ -138,6 +142,73 @@ func TestDist(t *testing.T) {
 		}
 	})
 
+	t.Run("packages are lintian- and rpmlint-clean", func(t *testing.T) {
+		debs, rpms := packagesOf(a, v, "deb"), packagesOf(a, v, "rpm")
+		lintian, err := exec.LookPath("lintian")
+		require.NoError(t, err, "lintian judges the .debs (make setup installs it)")
+		// Every tag, pedantic and informational included; what we waive is
+		// in packaging/nfpm/*.lintian-overrides, each with its reason.
+		out, err := exec.Command(lintian, append([]string{"--tag-display-limit", "0", "-I", "-E", "--pedantic", "--fail-on", "error,warning,info,pedantic"}, debs...)...).CombinedOutput()
+		assert.NoError(t, err, "%s", out)
+		assert.Empty(t, findings(out), "lintian:\n%s", out)
+		rpmlint, err := exec.LookPath("rpmlint")
+		require.NoError(t, err, "rpmlint judges the .rpms (make setup installs it)")
+		// rpmlint 2.4 unpacks with "rpm2cpio | cpio -id" in a temporary
+		// directory, and nfpm's payload names files by absolute paths: cpio
+		// would write them over this machine's /usr and /etc. A cpio that
+		// strips the leading slash comes first on rpmlint's PATH.
+		shim := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(shim, "cpio"), []byte("#!/bin/sh\nexec /usr/bin/cpio --no-absolute-filenames \"$@\"\n"), 0o755))
+		lint := exec.Command(rpmlint, append([]string{"-c", filepath.Join(repo, "packaging", "nfpm", "rpmlint.toml")}, rpms...)...)
+		lint.Env = append(os.Environ(), "PATH="+shim+":"+os.Getenv("PATH"))
+		out, err = lint.CombinedOutput()
+		assert.NoError(t, err, "%s", out)
+		for _, leak := range []string{"/usr/share/licenses/salt-volumes", "/usr/share/salt-volumes/master.d/salt-volumes.conf"} {
+			_, err := os.Stat(leak)
+			assert.True(t, os.IsNotExist(err), "rpmlint unpacked %s onto this machine", leak)
+		}
+		assert.Contains(t, string(out), "4 packages and 0 specfiles checked; 0 errors, 0 warnings", "rpmlint:\n%s", out)
+	})
+
+	t.Run("packages carry what the operations guide says", func(t *testing.T) {
+		deb := func(name string) string { return filepath.Join(a, name+"_"+debVersion(v)+"_amd64.deb") }
+		listing := func(pkg string) string {
+			out, err := exec.Command("dpkg-deb", "--contents", deb(pkg)).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			return string(out)
+		}
+		node := listing("salt-volume-exec")
+		assert.Regexp(t, `(?m)^-rwxr-xr-x root/root .* \./usr/bin/salt-volume-exec$`, node)
+		assert.Regexp(t, `(?m)^drwx------ root/root .* \./var/lib/salt-volumes/$`, node, "the node's records, root's only")
+		assert.Contains(t, node, "./lib/systemd/system/salt-volumes-restore.service")
+		plane := listing("salt-volumes")
+		for _, f := range []string{"./usr/bin/salt-volumes", "./lib/systemd/system/salt-volumes.service", "./etc/salt-volumes/config.yaml",
+			"./usr/share/salt-formulas/states/salt_volumes/installed.sls", "./usr/share/salt-formulas/states/_modules/salt_volumes.py",
+			"./usr/share/salt-formulas/states/salt_volumes/files/salt-volume-exec", "./usr/share/salt-volumes/master.d/salt-volumes.conf"} {
+			assert.Contains(t, plane, f)
+		}
+		file := func(pkg, path string) string {
+			dir := t.TempDir()
+			out, err := exec.Command("dpkg-deb", "-x", deb(pkg), dir).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			b, err := os.ReadFile(filepath.Join(dir, path))
+			require.NoError(t, err)
+			return string(b)
+		}
+		unit := file("salt-volume-exec", "lib/systemd/system/salt-volumes-restore.service")
+		assert.Contains(t, unit, "ExecStart=/usr/bin/salt-volume-exec --state-dir /var/lib/salt-volumes restore")
+		assert.NotContains(t, unit, "{{", "the formula's template is filled in")
+		serve := file("salt-volumes", "lib/systemd/system/salt-volumes.service")
+		assert.Contains(t, serve, "ExecStart=/usr/bin/salt-volumes serve --config /etc/salt-volumes/config.yaml")
+		assert.Contains(t, serve, "User=salt-volumes")
+		snippet := file("salt-volumes", "usr/share/salt-volumes/master.d/salt-volumes.conf")
+		assert.Contains(t, snippet, "    - /usr/share/salt-formulas/states\n")
+		assert.NotContains(t, snippet, "/opt/")
+		out, err := exec.Command("dpkg-deb", "--ctrl-tarfile", deb("salt-volumes")).Output()
+		require.NoError(t, err)
+		assert.Contains(t, tarFile(t, out, "./conffiles"), "/etc/salt-volumes/config.yaml", "the configuration is kept on upgrade")
+	})
+
 	t.Run("the binaries of both architectures start and say their version", func(t *testing.T) {
 		qemu, err := exec.LookPath("qemu-aarch64-static")
 		require.NoError(t, err, "qemu-user-static runs the arm64 binaries (make setup installs it)")
@@ -157,4 +228,55 @@ func TestDist(t *testing.T) {
 			assert.Equal(t, v, exec.Version, arch)
 		}
 	})
+}
+
+// debVersion is v as Debian orders it: a pre-release sorts before its release.
+func debVersion(v string) string { return strings.Replace(v, "-", "~", 1) }
+
+// packageFiles are the .deb and .rpm names make dist writes for version v.
+func packageFiles(v string) []string {
+	var names []string
+	for _, pkg := range []string{"salt-volume-exec", "salt-volumes"} {
+		for _, arch := range [][2]string{{"amd64", "x86_64"}, {"arm64", "aarch64"}} {
+			names = append(names, pkg+"_"+debVersion(v)+"_"+arch[0]+".deb", pkg+"-"+debVersion(v)+"-1."+arch[1]+".rpm")
+		}
+	}
+	return names
+}
+
+func packagesOf(dir, v, ext string) []string {
+	var paths []string
+	for _, n := range packageFiles(v) {
+		if strings.HasSuffix(n, "."+ext) {
+			paths = append(paths, filepath.Join(dir, n))
+		}
+	}
+	return paths
+}
+
+// findings are lintian's tag lines (its own notes, like running as root,
+// are not findings).
+func findings(out []byte) []string {
+	var tags []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if len(l) > 2 && l[1] == ':' && strings.ContainsRune("EWIPX", rune(l[0])) {
+			tags = append(tags, l)
+		}
+	}
+	return tags
+}
+
+// tarFile is the content of one member of a tar archive.
+func tarFile(t *testing.T, archive []byte, name string) string {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(archive))
+	for {
+		h, err := tr.Next()
+		require.NoError(t, err, "%s not in the archive", name)
+		if h.Name == name {
+			b, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			return string(b)
+		}
+	}
 }

@@ -56,6 +56,12 @@ const BootTimeout = 5 * time.Minute
 // Boot starts a guest from image with disks, under dir, and waits until
 // ssh answers. Stop it with Stop, also when Boot fails.
 func Boot(ctx context.Context, image, dir string, disks ...Disk) (*Guest, error) {
+	return BootWithMemory(ctx, image, dir, 768, disks...)
+}
+
+// BootWithMemory is Boot with memMiB of memory: a guest that runs a
+// salt-master as well needs more than a minion.
+func BootWithMemory(ctx context.Context, image, dir string, memMiB int, disks ...Disk) (*Guest, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -71,7 +77,7 @@ func Boot(ctx context.Context, image, dir string, disks ...Disk) (*Guest, error)
 	g.SSHPort = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	args := []string{
-		"-accel", "tcg,tb-size=128", "-smp", "1", "-cpu", "max", "-m", "768",
+		"-accel", "tcg,tb-size=128", "-smp", "1", "-cpu", "max", "-m", fmt.Sprint(memMiB),
 		"-display", "none", "-monitor", "unix:" + filepath.Join(dir, "monitor.sock") + ",server=on,wait=off", "-serial", "file:" + filepath.Join(dir, "console.log"),
 		"-kernel", filepath.Join(image, "vmlinuz"), "-initrd", filepath.Join(image, "initrd.img"),
 		"-append", "root=/dev/vda rw console=ttyS0 quiet",

@@ -56,6 +56,20 @@ type Plane struct {
 	Credential *syscall.Credential
 	// APIURL replaces the stack's salt-api URL in the config.
 	APIURL string
+	// CAFile, with an https URL, is the CA the test's clients and the CLI
+	// trust (serve's tls: section comes with Start's extra); CertFile and
+	// KeyFile the client certificate they present.
+	CAFile, CertFile, KeyFile string
+}
+
+// HTTP is the client that reaches this serve (trusting CAFile).
+func (p *Plane) HTTP() *http.Client {
+	if p.CAFile == "" {
+		return http.DefaultClient
+	}
+	hc, err := client.HTTPS(p.CAFile, p.CertFile, p.KeyFile)
+	require.NoError(p.t, err)
+	return hc
 }
 
 // New is a serve (binary bin) for stack s with a fresh API token, a bbolt
@@ -148,7 +162,7 @@ token: %s
   password: %s
   eauth: file
   master: tcp://127.0.0.1:%d
-%s%s%s`, strings.TrimPrefix(p.URL, "http://"), p.Token, storeCfg, api, p.stack.APIUser, p.stack.APIPass, ret, p.Jobs, p.Events, extra)
+%s%s%s`, strings.TrimPrefix(strings.TrimPrefix(p.URL, "http://"), "https://"), p.Token, storeCfg, api, p.stack.APIUser, p.stack.APIPass, ret, p.Jobs, p.Events, extra)
 	require.NoError(p.t, os.WriteFile(p.Config, []byte(cfg), 0o600))
 	if c := p.Credential; c != nil {
 		require.NoError(p.t, os.Chown(p.Config, int(c.Uid), int(c.Gid)))
@@ -172,8 +186,9 @@ func (p *Plane) Start(extra string) {
 	}
 	require.NoError(p.t, p.Cmd.Start())
 	deadline := time.Now().Add(60 * time.Second)
+	hc := p.HTTP()
 	for {
-		resp, err := http.Get(p.URL + "/readyz")
+		resp, err := hc.Get(p.URL + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -217,13 +232,21 @@ func (p *Plane) Stop() {
 	p.LogFile.Close()
 }
 
-func (p *Plane) Client() *client.Client { return &client.Client{URL: p.URL, Token: p.Token} }
+func (p *Plane) Client() *client.Client {
+	return &client.Client{URL: p.URL, Token: p.Token, HTTP: p.HTTP()}
+}
 
 // CLI runs the salt-volumes client with the plane's URL and token in the
 // environment, as a user would.
 func (p *Plane) CLI(args ...string) (string, string, int) {
 	cmd := exec.Command(p.bin, args...)
 	cmd.Env = append(os.Environ(), "SALT_VOLUMES_URL="+p.URL, "SALT_VOLUMES_TOKEN="+p.Token)
+	if p.CAFile != "" {
+		cmd.Env = append(cmd.Env, "SALT_VOLUMES_CA="+p.CAFile)
+	}
+	if p.CertFile != "" {
+		cmd.Env = append(cmd.Env, "SALT_VOLUMES_CERT="+p.CertFile, "SALT_VOLUMES_KEY="+p.KeyFile)
+	}
 	return testenv.Run(p.t, cmd)
 }
 
@@ -241,7 +264,7 @@ func (p *Plane) Fetch(path string) (int, []byte, error) {
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+p.Token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := p.HTTP().Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

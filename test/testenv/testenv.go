@@ -294,3 +294,21 @@ func Run(t Fataler, cmd *exec.Cmd) (string, string, int) {
 	}
 	return out.String(), errb.String(), code
 }
+
+// Helm is the helm binary make setup builds from the module proxy
+// (scripts/setup.sh), or one on PATH.
+func Helm() (string, error) {
+	cache := os.Getenv("SALT_VOLUMES_CACHE")
+	if cache == "" {
+		cache = "/var/cache/salt-volumes"
+	}
+	if p := filepath.Join(cache, "helm-v3.22.0", "helm"); fileExists(p) {
+		return p, nil
+	}
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("helm is needed: make setup builds it into %s/helm-v3.22.0", cache)
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -45,10 +45,12 @@ systemctl enable salt-master salt-api
 systemctl restart salt-master salt-api
 
 # The control plane. It listens on all addresses inside the VM so the host
-# reaches it through the forwarded port; the token guards every call.
+# reaches it through the forwarded port; the token guards every call, in
+# clear on the VM's private network (insecure: true; a real master sets
+# tls.certFile and tls.keyFile instead).
 install -m 0755 "$SRC/bin/salt-volumes" /usr/local/bin/salt-volumes
 install -m 0755 "$SRC/bin/salt-volumes-e2e" /usr/local/bin/salt-volumes-e2e
-sed 's#^listen: .*#listen: 0.0.0.0:8080#' "$SRC/deploy/config.yaml" >/etc/salt-volumes/config.yaml
+sed 's#^listen: .*#listen: 0.0.0.0:8080\ninsecure: true#' "$SRC/deploy/config.yaml" >/etc/salt-volumes/config.yaml
 chgrp "$master_user" /etc/salt-volumes/config.yaml
 chmod 0640 /etc/salt-volumes/config.yaml
 install -m 0644 "$SRC/deploy/salt-volumes.service" /etc/systemd/system/salt-volumes.service

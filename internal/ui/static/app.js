@@ -77,9 +77,23 @@ function svg(tag, attrs, ...children) {
 
 // ---- watch stream ---------------------------------------------------------
 
-function connect() {
+// The stream takes a one-time ticket in its URL, never the token
+// (EventSource sends no header): a new ticket for every connection, so
+// reconnects are ours, not the browser's (a ticket is spent on first use).
+async function connect() {
   if (state.es) state.es.close();
-  const es = new EventSource("/api/v1/watch?access_token=" + encodeURIComponent(state.token));
+  clearTimeout(state.retry);
+  if (!state.token) return;
+  let r = null;
+  try { r = await api("POST", "/api/v1/watch/ticket"); } catch (e) { r = null; }
+  if (r && r.status === 401) return logout("The token was refused.");
+  if (!r || !r.ok || !r.data || !r.data.ticket) {
+    $("#conn").textContent = "reconnecting…";
+    state.retry = setTimeout(connect, 2000);
+    return;
+  }
+  const ticket = r.data.ticket;
+  const es = new EventSource("/api/v1/watch?ticket=" + encodeURIComponent(ticket));
   state.es = es;
   let fresh = new Map();
   let synced = false;
@@ -103,10 +117,11 @@ function connect() {
     render();
   });
   es.onerror = () => {
-    // The browser reconnects by itself; the list is sent again on reconnect.
-    synced = false;
-    fresh = new Map();
+    // The list is sent again on the next connection, with a new ticket.
+    es.close();
+    if (state.es !== es) return;
     $("#conn").textContent = "reconnecting…";
+    state.retry = setTimeout(connect, 1000);
   };
 }
 
@@ -572,7 +587,9 @@ async function submitCreate(e) {
 function logout(msg) {
   sessionStorage.removeItem("salt-volumes-token");
   state.token = "";
+  clearTimeout(state.retry);
   if (state.es) state.es.close();
+  state.es = null;
   $("#login-error").textContent = msg || "";
   route();
 }

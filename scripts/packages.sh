@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The .deb and .rpm packages of one release, for linux/amd64 and arm64, in
+# DIR (default dist/), from the binaries scripts/dist.sh built there:
+# salt-volume-exec (node) and salt-volumes (control plane, with the Salt
+# formulas and a master.d snippet). nfpm from the module proxy; file times
+# from the commit, so the same commit gives the same bytes.
+# The upgrade test packages an earlier release with this packaging:
+# SOURCE=dir takes the Salt formulas and modules and the master snippet
+# (its ACL names what that release calls) from that tree,
+# VERSION=v names the binaries and the packages, ARCHES limits the
+# architectures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-dist}")
+src=${SOURCE:-.}
+version=${VERSION:-$(scripts/version.sh)}
+nfpm=github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+SOURCE_DATE_EPOCH=$(git -C "$src" log -1 --format=%ct 2>/dev/null || echo 315532800)
+export SOURCE_DATE_EPOCH VERSION=$version
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+
+# Debian's changelog of a native package: one entry, pointing at ours.
+debversion=${version/-/\~}
+{
+  printf 'salt-volumes (%s) unstable; urgency=medium\n\n' "$debversion"
+  printf '  * Release %s, see CHANGELOG.md upstream.\n\n' "$version"
+  printf ' -- salt-volumes developers <salt-volumes@users.noreply.github.com>  %s\n' \
+    "$(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")"
+} | gzip -9 -n >"$stage/changelog.Debian.gz"
+
+gzip -9 -n <packaging/man/salt-volumes.1 >"$stage/salt-volumes.1.gz"
+gzip -9 -n <packaging/man/salt-volume-exec.8 >"$stage/salt-volume-exec.8.gz"
+
+# The restore unit of the formula, its template filled in with the
+# package's paths.
+sed -E -e 's#\{\{ *exec_path[^}]*\}\}#/usr/bin/salt-volume-exec#g' \
+  -e 's#\{\{ *state_dir[^}]*\}\}#/var/lib/salt-volumes#g' \
+  "$src/salt/states/salt_volumes/files/salt-volumes-restore.service" >"$stage/salt-volumes-restore.service"
+sed 's#/usr/local/bin/salt-volumes#/usr/bin/salt-volumes#' "deploy/salt-volumes.service" >"$stage/salt-volumes.service"
+cp "deploy/config.yaml" "$stage/config.yaml"
+# The master.d snippet, with file_roots at the packaged formulas.
+mkdir -p "$stage/master.d"
+sed -e '/^ *- \/opt\/salt-volumes\/salt$/d' \
+  -e 's#/opt/salt-volumes/salt/states#/usr/share/salt-formulas/states#' \
+  -e 's#^\# master\. Paths assume.*#\# master, as the salt-volumes package ships it: review it, then copy it there.#' \
+  "$src/deploy/master.d/salt-volumes.conf" >"$stage/master.d/salt-volumes.conf"
+if grep -q /opt/ "$stage/master.d/salt-volumes.conf" "$stage"/*.service; then
+  echo "packages: a path of the source layout is left in a packaged file" >&2
+  exit 1
+fi
+
+for arch in ${ARCHES:-amd64 arm64}; do
+  rm -rf "$stage/formulas"
+  mkdir -p "$stage/formulas"
+  cp -r "$src/salt/states/salt_volumes" "$stage/formulas/"
+  for kind in modules states beacons engines; do
+    mkdir -p "$stage/formulas/_$kind"
+    cp "$src/salt/_$kind/salt_volumes.py" "$stage/formulas/_$kind/"
+  done
+  # What salt_volumes.installed copies to nodes without the node package.
+  install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/formulas/salt_volumes/files/salt-volume-exec"
+  install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/salt-volume-exec"
+  install -m 0755 "$out/salt-volumes_${version}_linux_$arch" "$stage/salt-volumes"
+  cp packaging/nfpm/* "$stage/"
+  find "$stage" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+  for pkg in salt-volume-exec salt-volumes; do
+    for packager in deb rpm; do
+      (cd "$stage" && ARCH=$arch go run "$nfpm" package --config "$pkg.yaml" \
+        --packager "$packager" --target "$out/" >/dev/null)
+    done
+  done
+done
+ls "$out"/*.deb "$out"/*.rpm

@@ -1,0 +1,521 @@
+// Package packages installs, upgrades and purges salt-volumes' .deb
+// packages on a booted Debian guest (test/guest) that has neither Go nor
+// the source: its own salt-master and minion (Salt as pip installs it,
+// running as the salt user like Salt's packages), the packaged master.d
+// snippet, the control plane as its own user, volumes created and deleted
+// through the CLI, and an upgrade from the previous release with volumes
+// in place.
+package packages
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/test/guest"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+)
+
+// previous is the release before this one: 0.3.0, the commit the
+// packaging work started from (tagged v0.3.0 where the tag was made). The
+// upgrade test packages its binaries and formulas with today's packaging.
+const (
+	previous        = "1ccafbad756d1c6bf2066cf944a36ea3708c89e1"
+	previousVersion = "0.3.0"
+)
+
+const minionID = "pkg-guest"
+
+// TestPackages: a clean guest installs this release's packages, runs
+// Salt's master with the packaged snippet, prepares itself as a node,
+// creates and deletes a volume through the CLI, and purges everything but
+// the node's records. Then it installs the previous release, makes a
+// volume of each kind, upgrades in place, and finds every volume Available
+// with its data, its job history and its node record; purge leaves the
+// volumes.
+func TestPackages(t *testing.T) {
+	repo := saltstack.Need(t)
+	img, err := guest.Image(repo)
+	require.NoError(t, err, "the guest image (scripts/guest-image.sh)")
+	started := time.Now()
+
+	// The guest boots while the packages build.
+	type booted struct {
+		g   *guest.Guest
+		err error
+	}
+	bootc := make(chan booted, 1)
+	go func() {
+		// vdb: a blank disk for a raw volume.
+		g, err := guest.BootWithMemory(context.Background(), img, filepath.Join(t.TempDir(), "guest"), 1536,
+			guest.Disk{Name: "vdb", Size: 128 << 20, Bus: "virtio"})
+		bootc <- booted{g, err}
+	}()
+	var g *guest.Guest
+	t.Cleanup(func() {
+		if g == nil {
+			if b := <-bootc; b.g != nil {
+				b.g.Stop()
+			}
+			return
+		}
+		if t.Failed() {
+			out, _ := g.Run("journalctl", "-b", "--no-pager", "-n", "120")
+			t.Logf("--- journal of the guest in %s\n%s", g.Dir, out)
+		}
+		g.Stop()
+	})
+	current := releaseVersion(t, repo)
+	newDebs := packagesOf(t, repo, repo, current)
+	oldDebs := previousPackages(t, repo)
+	t.Logf("packages of %s and %s built: %s", current, previousVersion, time.Since(started).Round(time.Second))
+	b := <-bootc
+	g = b.g
+	require.NoError(t, b.err)
+	t.Logf("guest booted, ssh answering: %s", time.Since(started).Round(time.Second))
+
+	m := &machine{t: t, g: g}
+	m.saltMaster()
+
+	t.Run("install, use, purge", func(t *testing.T) {
+		m.t = t
+		at := time.Now()
+		m.install(newDebs)
+		m.assertInstalled()
+		m.startMaster()
+		t.Logf("packages installed, salt-master (with the packaged snippet) and minion up: %s", time.Since(at).Round(time.Second))
+		// The node: the package put the binary and the restore unit in
+		// place; salt_volumes.installed adds the tools and the beacon and
+		// leaves the package's files alone.
+		synced := time.Now()
+		m.salt("saltutil.sync_all")
+		m.salt("state.apply", "salt_volumes.installed")
+		t.Logf("installed, modules synced, salt_volumes.installed applied: %s", time.Since(synced).Round(time.Second))
+		_, err := g.Run("test", "-e", "/usr/local/bin/salt-volume-exec")
+		assert.Error(t, err, "salt_volumes.installed copied a second binary beside the package's")
+		_, err = g.Run("test", "-e", "/etc/systemd/system/salt-volumes-restore.service")
+		assert.Error(t, err, "salt_volumes.installed wrote a unit over the package's")
+		assert.Equal(t, "enabled", m.run("systemctl", "is-enabled", "salt-volumes-restore.service"))
+		m.startServe(current)
+		t.Logf("serve ready: %s", time.Since(at).Round(time.Second))
+
+		m.cli("create", "fresh", "--node", minionID, "--size", "64Mi", "--wait", "--timeout", "5m")
+		v := m.volume("fresh")
+		assert.Equal(t, "Available", v.Status.Phase)
+		m.run("test", "-b", v.Status.DevicePath)
+		m.cli("rm", "fresh", "--wait", "--timeout", "5m")
+		var left struct{ Items []any }
+		require.NoError(t, json.Unmarshal([]byte(m.cli("ls", "-o", "json")), &left))
+		assert.Empty(t, left.Items, "volumes left after rm")
+		m.noFailedUnits()
+
+		m.purge()
+		m.assertPurged()
+		t.Logf("install, create, delete and purge of %s: %s", current, time.Since(at).Round(time.Second))
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("upgrade from the previous release with volumes in place", func(t *testing.T) {
+		m.t = t
+		at := time.Now()
+		m.install(oldDebs)
+		m.salt("saltutil.sync_all")
+		m.startServe(previousVersion)
+
+		// A volume of every kind this guest can make: a sparse file with
+		// a filesystem, a sparse Block volume, a raw disk with a
+		// filesystem (LVM needs a volume group: the booted tests cover it).
+		m.cli("create", "old-fs", "--node", minionID, "--size", "64Mi", "--wait", "--timeout", "5m")
+		m.cli("create", "old-block", "--node", minionID, "--size", "32Mi", "--mode", "Block", "--wait", "--timeout", "5m")
+		m.cli("create", "old-raw", "--node", minionID, "--device", "/dev/vdb", "--wait", "--timeout", "5m")
+		names := []string{"old-fs", "old-block", "old-raw"}
+		before := map[string]view{}
+		jobs := map[string][]string{}
+		for _, n := range names {
+			v := m.volume(n)
+			require.Equal(t, "Available", v.Status.Phase, n)
+			before[n] = v
+			jobs[n] = m.jobIDs(n)
+			require.NotEmpty(t, jobs[n], "%s: no job history before the upgrade", n)
+			m.writeMarker(v)
+		}
+		records := m.records("salt-volume-exec")
+		oldPID := m.run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")
+
+		// The operator's step of this upgrade: 0.4.0's account runs one
+		// function with fixed arguments where 0.3.0's ran state.apply, so
+		// the new snippet replaces the old one (install does, and restarts
+		// the master: CHANGELOG, docs/operations.md).
+		m.install(newDebs)
+		assert.Equal(t, current, m.run("salt-volumes", "version"))
+		// And the node's modules, which changed with the formulas: the
+		// upgrade's other documented step.
+		m.salt("saltutil.sync_all")
+		testenv.Eventually(t, 2*time.Minute, "serve restarted on the new binary", func() (bool, string) {
+			pid, _ := g.Run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")
+			pid = strings.TrimSpace(pid)
+			return pid != oldPID && pid != "0" && pid != "", "MainPID " + pid
+		})
+		m.waitReady()
+		for _, n := range names {
+			v := m.volume(n)
+			assert.Equal(t, "Available", v.Status.Phase, n)
+			assert.Equal(t, before[n].Spec, v.Spec, "%s: its spec changed across the upgrade", n)
+			assert.Equal(t, before[n].Status.DevicePath, v.Status.DevicePath, n)
+			assert.Equal(t, jobs[n], m.jobIDs(n), "%s: its job history is not the one before the upgrade", n)
+			m.readMarker(v)
+		}
+		assert.Equal(t, records, m.records("salt-volume-exec"), "the node's records, read by the new salt-volume-exec")
+
+		// The new release works on the old volumes and makes new ones.
+		m.cli("rm", "old-block", "--wait", "--timeout", "5m")
+		m.cli("create", "new-fs", "--node", minionID, "--size", "64Mi", "--wait", "--timeout", "5m")
+		assert.Equal(t, "Available", m.volume("new-fs").Status.Phase)
+		m.cli("rm", "new-fs", "--wait", "--timeout", "5m")
+		m.noFailedUnits()
+		t.Logf("install of %s, three volumes, upgrade to %s, checks: %s", previousVersion, current, time.Since(at).Round(time.Second))
+
+		// Purge takes the packages, never the volumes: the two left are
+		// still there, attached, with their data and their records.
+		m.purge()
+		m.assertPurged()
+		listed := m.records("/root/salt-volume-exec-kept")
+		for _, n := range []string{"old-fs", "old-raw"} {
+			assert.Contains(t, listed, record{Name: n, UUID: before[n].Spec.UUID, DevicePath: before[n].Status.DevicePath, State: "prepared"}, "%s: its node record went with the purge", n)
+			m.readMarker(before[n])
+		}
+	})
+	t.Logf("whole test: %s", time.Since(started).Round(time.Second))
+}
+
+// machine is the guest as an operator sees it.
+type machine struct {
+	t *testing.T
+	g *guest.Guest
+}
+
+func (m *machine) run(args ...string) string {
+	m.t.Helper()
+	out, err := m.g.Run(args...)
+	require.NoError(m.t, err)
+	return strings.TrimSpace(out)
+}
+
+// salt runs a function on the guest's minion from its master.
+func (m *machine) salt(args ...string) string {
+	m.t.Helper()
+	out, err := m.g.Run(append([]string{"/opt/salt/bin/salt", "--timeout=600", "--out=json", "--static", minionID}, args...)...)
+	require.NoError(m.t, err, "%s", out)
+	var ret map[string]any
+	require.NoError(m.t, json.Unmarshal([]byte(out), &ret), out)
+	if states, ok := ret[minionID].(map[string]any); ok && len(args) > 0 && args[0] == "state.apply" {
+		for id, s := range states {
+			st, _ := s.(map[string]any)
+			assert.Equal(m.t, true, st["result"], "%s: %v", id, st["comment"])
+		}
+	}
+	return out
+}
+
+func (m *machine) cli(args ...string) string {
+	m.t.Helper()
+	out, err := m.g.Run(append([]string{"env", "SALT_VOLUMES_URL=http://127.0.0.1:8080", "SALT_VOLUMES_TOKEN_FILE=/etc/salt-volumes/token", "salt-volumes"}, args...)...)
+	if err != nil {
+		journal, _ := m.g.Run("journalctl", "-u", "salt-volumes", "--no-pager", "-n", "60")
+		m.t.Fatalf("salt-volumes %v: %v\n%s\n--- serve's journal\n%s", args, err, out, journal)
+	}
+	return out
+}
+
+// saltMaster prepares the guest to be a Salt master of itself as Salt's
+// packages set one up: a salt user that the master runs as, its
+// directories, a unit; startMaster starts it.
+func (m *machine) saltMaster() {
+	m.t.Helper()
+	m.run("useradd", "--system", "--user-group", "--home-dir", "/var/lib/salt", "--shell", "/usr/sbin/nologin", "salt")
+	// The master's directories are its user's, as Salt's packages make
+	// them; its log first of all, which root's salt and salt-key write too.
+	for _, d := range []string{"/etc/salt/pki/master", "/var/cache/salt/master", "/var/run/salt/master", "/var/log/salt"} {
+		m.run("install", "-d", "-o", "salt", "-g", "salt", "-m", "0750", d)
+	}
+	m.run("install", "-o", "salt", "-g", "salt", "-m", "0640", "/dev/null", "/var/log/salt/master")
+	m.run("install", "-o", "salt", "-g", "salt", "-m", "0640", "/dev/null", "/var/log/salt/key")
+	require.NoError(m.t, m.g.Write("/etc/systemd/system/salt-master.service", []byte(
+		"[Unit]\nDescription=Salt master\nAfter=network.target\n\n[Service]\nExecStart=/opt/salt/bin/salt-master\nLimitNOFILE=100000\nKillMode=process\nRestart=on-failure\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n"), 0o644))
+	// Few workers: the guest is emulated and small.
+	m.run("mkdir", "-p", "/etc/salt/master.d")
+	// The master accepts its own minion's key: it listens on loopback only.
+	require.NoError(m.t, m.g.Write("/etc/salt/master.d/10-guest.conf", []byte("user: salt\nworker_threads: 2\ninterface: 127.0.0.1\nauto_accept: True\n"), 0o644))
+	require.NoError(m.t, m.g.Write("/etc/salt/minion.d/master.conf", []byte("id: "+minionID+"\nmaster: 127.0.0.1\nacceptance_wait_time: 2\n"), 0o644))
+}
+
+// startMaster starts the master and the minion, accepts the minion's key
+// and waits until it answers.
+func (m *machine) startMaster() {
+	m.t.Helper()
+	// Salt gives its publisher 30 s to start, which a cold emulated guest
+	// can miss: its modules are read once before, and the unit restarts.
+	m.run("/opt/salt/bin/python3", "-c", "import salt.master, salt.channel.server, salt.transport.tcp, salt.transport.zeromq")
+	m.run("systemctl", "daemon-reload")
+	// The master alone first: the minion's retries would slow its start.
+	m.run("systemctl", "stop", "salt-minion.service")
+	m.run("systemctl", "enable", "--now", "salt-master.service")
+	testenv.Eventually(m.t, 5*time.Minute, "the master's event bus is up", func() (bool, string) {
+		_, err := m.g.Run("test", "-S", "/var/run/salt/master/master_event_pub.ipc")
+		return err == nil, fmt.Sprint(err)
+	})
+	m.run("systemctl", "start", "salt-minion.service")
+	testenv.Eventually(m.t, 10*time.Minute, "the minion answers", func() (bool, string) {
+		out, err := m.g.Run("/opt/salt/bin/salt", "--timeout=30", minionID, "test.ping")
+		return err == nil && strings.Contains(out, "True"), out
+	})
+}
+
+// install installs .debs as an operator does, both at once, and enables
+// the packaged snippet on the master (a running master is restarted when
+// the snippet changed).
+func (m *machine) install(debs []string) {
+	m.t.Helper()
+	var remote []string
+	for _, d := range debs {
+		data, err := os.ReadFile(d)
+		require.NoError(m.t, err)
+		r := "/root/" + filepath.Base(d)
+		require.NoError(m.t, m.g.Write(r, data, 0o644))
+		remote = append(remote, r)
+	}
+	out, err := m.g.Run(append([]string{"dpkg", "--install"}, remote...)...)
+	require.NoError(m.t, err, "%s", out)
+	m.run("rm", "-f", remote[0], remote[1])
+	snippet := "/etc/salt/master.d/salt-volumes.conf"
+	if _, err := m.g.Run("cmp", "-s", "/usr/share/salt-volumes/master.d/salt-volumes.conf", snippet); err != nil {
+		m.run("cp", "/usr/share/salt-volumes/master.d/salt-volumes.conf", snippet)
+		if _, err := m.g.Run("systemctl", "is-active", "--quiet", "salt-master.service"); err != nil {
+			return
+		}
+		m.run("systemctl", "restart", "salt-master.service")
+		testenv.Eventually(m.t, 5*time.Minute, "the minion answers the restarted master", func() (bool, string) {
+			out, err := m.g.Run("/opt/salt/bin/salt", "--timeout=30", minionID, "test.ping")
+			return err == nil && strings.Contains(out, "True"), out
+		})
+	}
+}
+
+// assertInstalled checks what the packages promise before anything runs.
+func (m *machine) assertInstalled() {
+	m.t.Helper()
+	t := m.t
+	assert.Contains(t, m.run("id", "salt-volumes"), "(salt)", "serve's user is in the master's group")
+	assert.NotContains(t, m.run("id", "salt-volumes"), "uid=0")
+	for f, want := range map[string]string{
+		"/etc/salt-volumes/token":             "640 root salt-volumes",
+		"/etc/salt-volumes/salt-api-password": "640 root salt-volumes",
+		"/etc/salt-volumes/config.yaml":       "640 root salt-volumes",
+		"/etc/salt/api-users":                 "600 salt salt",
+		"/var/lib/salt-volumes":               "700 root root",
+	} {
+		assert.Equal(t, want, m.run("stat", "-c", "%a %U %G", f), f)
+	}
+	password := m.run("cat", "/etc/salt-volumes/salt-api-password")
+	assert.Len(t, password, 64)
+	assert.Equal(t, "salt-volumes:"+password, m.run("cat", "/etc/salt/api-users"), "the master's eauth file holds the generated password")
+	assert.Equal(t, "disabled", strings.TrimSpace(mustOut(m.g.Run("systemctl", "is-enabled", "salt-volumes.service"))), "serve starts once the operator enabled the snippet")
+}
+
+func mustOut(out string, _ error) string { return out }
+
+// startServe enables and starts the packaged unit and waits until serve
+// is ready, running as its own user.
+func (m *machine) startServe(version string) {
+	m.t.Helper()
+	m.run("systemctl", "enable", "--now", "salt-volumes.service")
+	m.waitReady()
+	assert.Equal(m.t, version, m.run("salt-volumes", "version"))
+	pid := m.run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")
+	assert.Equal(m.t, "salt-volumes", m.run("stat", "-c", "%U", "/proc/"+pid), "serve runs as its own user")
+}
+
+func (m *machine) waitReady() {
+	m.t.Helper()
+	testenv.Eventually(m.t, 5*time.Minute, "serve is ready", func() (bool, string) {
+		out, err := m.g.Run("env", "SALT_VOLUMES_URL=http://127.0.0.1:8080", "SALT_VOLUMES_TOKEN_FILE=/etc/salt-volumes/token", "salt-volumes", "status", "-o", "json")
+		return err == nil, out + fmt.Sprint(err)
+	})
+}
+
+func (m *machine) noFailedUnits() {
+	m.t.Helper()
+	assert.Empty(m.t, m.run("systemctl", "list-units", "--failed", "--no-legend", "--plain"), "failed units")
+}
+
+// purge removes both packages with their configuration.
+func (m *machine) purge() {
+	m.t.Helper()
+	// The node binary, kept outside the package, to read the records after.
+	m.run("cp", "/usr/bin/salt-volume-exec", "/root/salt-volume-exec-kept")
+	out, err := m.g.Run("dpkg", "--purge", "salt-volumes", "salt-volume-exec")
+	require.NoError(m.t, err, "%s", out)
+}
+
+// assertPurged: nothing of the packages is left but the node's records.
+func (m *machine) assertPurged() {
+	m.t.Helper()
+	t := m.t
+	for _, f := range []string{"/etc/salt-volumes", "/usr/bin/salt-volumes", "/usr/bin/salt-volume-exec",
+		"/lib/systemd/system/salt-volumes.service", "/lib/systemd/system/salt-volumes-restore.service",
+		"/etc/systemd/system/local-fs.target.wants/salt-volumes-restore.service",
+		"/usr/share/salt-formulas", "/usr/share/salt-volumes", "/var/lib/salt-volumes-control", "/etc/salt/api-users"} {
+		_, err := m.g.Run("test", "-e", f)
+		assert.Error(t, err, "%s is left after purge", f)
+	}
+	_, err := m.g.Run("getent", "passwd", "salt-volumes")
+	assert.Error(t, err, "the salt-volumes user is left after purge")
+	_, err = m.g.Run("getent", "group", "salt-volumes")
+	assert.Error(t, err, "the salt-volumes group is left after purge")
+	assert.Equal(t, "700 root", m.run("stat", "-c", "%a %U", "/var/lib/salt-volumes"), "the node's records stay")
+	m.noFailedUnits()
+}
+
+// record is what the checks read of a node's record of a volume.
+type record struct {
+	Name, UUID, DevicePath, PersistentPath, State string
+}
+
+// records are the node's records as salt-volume-exec (at path) lists
+// them; usage and the filesystem's free space left out.
+func (m *machine) records(exec string) []record {
+	m.t.Helper()
+	out := m.run(exec, "list")
+	var list struct{ Volumes []record }
+	require.NoError(m.t, json.Unmarshal([]byte(out), &list), out)
+	for i := range list.Volumes {
+		list.Volumes[i].PersistentPath = ""
+	}
+	return list.Volumes
+}
+
+// view is what the checks read of a volume.
+type view struct {
+	Spec struct {
+		UUID string `json:"uuid"`
+		Mode string `json:"mode,omitempty"`
+		Name string `json:"name"`
+	} `json:"spec"`
+	Status struct {
+		Phase      string `json:"phase"`
+		DevicePath string `json:"devicePath"`
+	} `json:"status"`
+}
+
+func (m *machine) volume(name string) view {
+	m.t.Helper()
+	var v view
+	out := m.cli("get", name, "-o", "json")
+	require.NoError(m.t, json.Unmarshal([]byte(out), &v), out)
+	return v
+}
+
+// jobIDs are the ids of a volume's last state runs, from the REST API.
+func (m *machine) jobIDs(name string) []string {
+	m.t.Helper()
+	out := m.run("python3", "-c", `import json, sys, urllib.request
+token = open("/etc/salt-volumes/token").read().strip()
+req = urllib.request.Request("http://127.0.0.1:8080/api/v1/volumes/" + sys.argv[1] + "/jobs", headers={"Authorization": "Bearer " + token})
+print(json.dumps([j["jid"] for j in json.load(urllib.request.urlopen(req))["items"]]))`, name)
+	var ids []string
+	require.NoError(m.t, json.Unmarshal([]byte(out), &ids), out)
+	return ids
+}
+
+// writeMarker leaves data in a volume: a file on a filesystem, bytes at
+// the start of a Block volume.
+func (m *machine) writeMarker(v view) {
+	m.t.Helper()
+	marker := "salt-volumes upgrade marker " + v.Spec.UUID + "\n"
+	if v.Spec.Mode == "Block" {
+		_, err := m.g.RunInput([]byte(marker), "dd", "of="+v.Status.DevicePath, "bs=512", "conv=fsync", "status=none")
+		require.NoError(m.t, err)
+		return
+	}
+	m.run("mkdir", "-p", "/mnt/"+v.Spec.Name)
+	m.run("mount", v.Status.DevicePath, "/mnt/"+v.Spec.Name)
+	require.NoError(m.t, m.g.Write("/mnt/"+v.Spec.Name+"/marker", []byte(marker), 0o644))
+	m.run("umount", "/mnt/"+v.Spec.Name)
+}
+
+func (m *machine) readMarker(v view) {
+	m.t.Helper()
+	marker := "salt-volumes upgrade marker " + v.Spec.UUID
+	if v.Spec.Mode == "Block" {
+		out := m.run("head", "-c", fmt.Sprint(len(marker)), v.Status.DevicePath)
+		assert.Equal(m.t, marker, out, "%s: its data", v.Spec.Name)
+		return
+	}
+	m.run("mount", "-o", "ro", v.Status.DevicePath, "/mnt/"+v.Spec.Name)
+	defer m.run("umount", "/mnt/"+v.Spec.Name)
+	assert.Equal(m.t, marker, m.run("cat", "/mnt/"+v.Spec.Name+"/marker"), "%s: its data", v.Spec.Name)
+}
+
+// releaseVersion is the version make dist would give this tree.
+func releaseVersion(t *testing.T, repo string) string {
+	out, err := exec.Command(filepath.Join(repo, "scripts", "version.sh")).Output()
+	require.NoError(t, err)
+	return strings.TrimSpace(string(out))
+}
+
+// packagesOf builds the amd64 binaries of the tree src as version and
+// packages them with this tree's packaging (scripts/packages.sh); it
+// returns the two .debs.
+func packagesOf(t *testing.T, repo, src, version string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, cmd := range []string{"salt-volume-exec", "salt-volumes"} {
+		build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w -X main.version="+version,
+			"-o", filepath.Join(dir, cmd+"_"+version+"_linux_amd64"), "./cmd/"+cmd)
+		build.Dir = src
+		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+		out, err := build.CombinedOutput()
+		require.NoError(t, err, "building %s of %s: %s", cmd, version, out)
+	}
+	pkg := exec.Command(filepath.Join(repo, "scripts", "packages.sh"), dir)
+	pkg.Env = append(os.Environ(), "ARCHES=amd64", "VERSION="+version, "SOURCE="+src)
+	out, err := pkg.CombinedOutput()
+	require.NoError(t, err, "packaging %s: %s", version, out)
+	deb := strings.Replace(version, "-", "~", 1)
+	return []string{
+		filepath.Join(dir, "salt-volume-exec_"+deb+"_amd64.deb"),
+		filepath.Join(dir, "salt-volumes_"+deb+"_amd64.deb"),
+	}
+}
+
+// previousPackages packages the previous release from its commit (git
+// archive: the checkout stays as it is). A clone without that commit
+// (shallow) cannot test the upgrade and says so.
+func previousPackages(t *testing.T, repo string) []string {
+	t.Helper()
+	if out, err := exec.Command("git", "-C", repo, "cat-file", "-e", previous+"^{commit}").CombinedOutput(); err != nil {
+		t.Fatalf("the previous release's commit %s is not in this clone (%v: %s): fetch the history (git fetch --unshallow)", previous, err, out)
+	}
+	src := t.TempDir()
+	archive := exec.Command("git", "-C", repo, "archive", "--format=tar", previous)
+	untar := exec.Command("tar", "-x", "-C", src)
+	pipe, err := archive.StdoutPipe()
+	require.NoError(t, err)
+	untar.Stdin = pipe
+	require.NoError(t, untar.Start())
+	require.NoError(t, archive.Run())
+	require.NoError(t, untar.Wait())
+	return packagesOf(t, repo, src, previousVersion)
+}
