@@ -497,7 +497,11 @@ func TestEndToEnd(t *testing.T) {
 			if b, _ := os.ReadFile(minionLog); strings.Contains(string(b), lost) {
 				p.Stop()
 				p.Start("jobTimeout: 1s\n")
-				waitPhase(t, p, "restart-1", "Failed")
+				// The CLI's wait knows Available and Deleted only.
+				eventually(t, 2*time.Minute, "restart-1 Failed by its job timeout", func() (bool, string) {
+					v := getJSON(t, p, "restart-1")
+					return v.Status.Phase == volume.Failed, v.Status.Phase.String() + ": " + v.Status.Message
+				})
 				_, errs, code := p.CLI("rm", "restart-1", "--wait", "--timeout", "2m")
 				require.Equal(t, 0, code, errs)
 				p.Stop()
