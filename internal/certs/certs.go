@@ -88,11 +88,10 @@ func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 		}
 		return r.cert, nil
 	}
-	old := r.cert
+	// load replaces the pair only when the new one loads.
 	if err := r.load(); err != nil {
 		r.log.Warn("TLS certificate files changed but do not load: serving the last good pair", "error", err)
-		r.cert = old
-		return old, nil
+		return r.cert, nil
 	}
 	r.log.Info("TLS certificate reloaded", "certFile", r.certFile, "notAfter", notAfter(r.cert))
 	return r.cert, nil
