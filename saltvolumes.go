@@ -109,6 +109,7 @@ const ReasonWipeUnverified = "WipeUnverified"
 const (
 	CodeInvalid         = "invalid"          // 400: the field is named
 	CodeUnauthorized    = "unauthorized"     // 401
+	CodeForbidden       = "forbidden"        // 403: who asked may not do this; the message names the role or grant missing
 	CodeNotFound        = "not_found"        // 404
 	CodeExists          = "exists"           // 409: name or uuid taken
 	CodeDeleteForbidden = "delete_forbidden" // 409: the deletion criteria say no, with the reason

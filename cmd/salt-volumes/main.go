@@ -28,6 +28,7 @@ const (
 	exitRefused  = 3 // conflict: name taken, deletion forbidden, a limit
 	exitNotFound = 4
 	exitTimeout  = 5
+	exitDenied   = 6 // 401 or 403: the token is not valid, or its role or Salt ACL does not allow it
 )
 
 const usage = `salt-volumes: local persistent volumes on Salt-managed nodes
@@ -51,6 +52,12 @@ SALT_VOLUMES_CERT and SALT_VOLUMES_KEY or --cert-file/--key-file):
   salt-volumes nodes [-o table|json]
   salt-volumes node forget NODE [--yes]   a node gone for good: forget its volumes (listed, confirmed), touching no disk
   salt-volumes status [-o table|json]     ready? and the replica's role (leader, follower of ...)
+  salt-volumes whoami [-o table|json]     who the token is: user, role (viewer, operator, admin)
+  salt-volumes token create NAME --role viewer|operator|admin [--expires 90d]
+                                          a service token (admin); its secret is printed once
+  salt-volumes token list | token revoke NAME
+  salt-volumes audit [--user U] [--volume V] [--since 7d] [--limit N] [-o table|json]
+                                          who changed what, and what was refused (admin)
   salt-volumes pv NAME [--storage-class S] [--hostname H] [--reclaim-policy Retain|Delete]
                   [--mount-option O]...      a local PersistentVolume (YAML) for kubectl
   salt-volumes storageclass [--name S] [--reclaim-policy Delete|Retain] [--fs-type T] [--mkfs-options O]
@@ -61,7 +68,7 @@ SALT_VOLUMES_CERT and SALT_VOLUMES_KEY or --cert-file/--key-file):
   salt-volumes version
 
 Exit codes: 0 ok, 1 failed, 2 invalid input, 3 refused (conflict or deletion
-not allowed now), 4 not found, 5 timed out.
+not allowed now), 4 not found, 5 timed out, 6 not allowed (token or role).
 `
 
 // commands maps each command (and its aliases) to its function.
@@ -82,6 +89,9 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 	"storageclass": (*cli).storageClass,
 	"store":        (*cli).storeCmd,
 	"status":       (*cli).status,
+	"token":        (*cli).tokenCmd,
+	"audit":        (*cli).audit,
+	"whoami":       (*cli).whoami,
 	"version": func(c *cli, _ context.Context, _ []string) error {
 		fmt.Fprintln(c.out, version)
 		return nil
@@ -143,6 +153,8 @@ func (c *cli) exit(err error) int {
 		switch ce.Status {
 		case 400:
 			code = exitUsage
+		case 401, 403:
+			code = exitDenied
 		case 404:
 			code = exitNotFound
 		case 409, 429, 503:

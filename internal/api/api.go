@@ -12,6 +12,7 @@ import (
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -42,8 +43,13 @@ type Server struct {
 	// Role says what this replica does when several share a store:
 	// "leader" (it reconciles) or "follower" (it serves; writes go to the
 	// store and the leader acts on them). nil: the only control plane.
-	Role  func() Role
+	Role func() Role
+	// Token is the bootstrap admin token (config's token).
 	Token string
+	// Tokens checks every request's token (default: Token alone).
+	Tokens *access.Tokens
+	// Audit records changes and refusals (nil: none kept).
+	Audit *access.Audit
 	// Nodes lists the minions Salt knows are up.
 	Nodes func(ctx context.Context) ([]string, error)
 	// Ready says why the server is not ready (nil when it is).
@@ -66,11 +72,17 @@ type Server struct {
 	// (nil: http.DefaultTransport); serve's trusts tls.caFile.
 	LeaderTransport http.RoundTripper
 
-	watchers atomic.Int64
-	tickets  tickets
-	createMu sync.Mutex
-	tokens   float64
-	refilled time.Time
+	watchers   atomic.Int64
+	tokensOnce sync.Once
+	// refused counts requests without a valid token; refusedAt throttles
+	// their audit entries per source.
+	refused   atomic.Int64
+	refusedMu sync.Mutex
+	refusedAt map[string]time.Time
+	tickets   tickets
+	createMu  sync.Mutex
+	tokens    float64
+	refilled  time.Time
 }
 
 // allowCreate is a token bucket: CreatesPerSecond, bursts of twice that.
@@ -109,19 +121,27 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", s.auth(query(s.metrics)))
-	mux.Handle("POST /api/v1/volumes", s.auth(query(s.create)))
-	mux.Handle("GET /api/v1/volumes", s.auth(query(s.list, "node")))
-	mux.Handle("GET /api/v1/volumes/{name}", s.auth(query(s.get)))
-	mux.Handle("GET /api/v1/volumes/{name}/usage", s.auth(query(s.fromLeader(s.usage), "since")))
-	mux.Handle("GET /api/v1/volumes/{name}/jobs", s.auth(query(s.fromLeader(s.jobs))))
-	mux.Handle("DELETE /api/v1/volumes/{name}", s.auth(query(s.delete, "wipe", "forget")))
-	mux.Handle("POST /api/v1/volumes/{name}/resize", s.auth(query(s.resize)))
+	view, op, admin := func(h http.HandlerFunc) http.Handler { return s.need(access.Viewer, h) },
+		func(h http.HandlerFunc) http.Handler { return s.need(access.Operator, h) },
+		func(h http.HandlerFunc) http.Handler { return s.need(access.Admin, h) }
+	mux.Handle("GET /metrics", view(query(s.metrics)))
+	mux.Handle("POST /api/v1/volumes", op(query(s.create)))
+	mux.Handle("GET /api/v1/volumes", view(query(s.list, "node")))
+	mux.Handle("GET /api/v1/volumes/{name}", view(query(s.get)))
+	mux.Handle("GET /api/v1/volumes/{name}/usage", view(query(s.fromLeader(s.usage), "since")))
+	mux.Handle("GET /api/v1/volumes/{name}/jobs", view(query(s.fromLeader(s.jobs))))
+	mux.Handle("DELETE /api/v1/volumes/{name}", op(query(s.delete, "wipe", "forget")))
+	mux.Handle("POST /api/v1/volumes/{name}/resize", op(query(s.resize)))
 	mux.Handle("GET /api/v1/watch", s.authWatch(query(s.watch, "node", "name", "ticket")))
-	mux.Handle("POST /api/v1/watch/ticket", s.auth(query(s.watchTicket)))
-	mux.Handle("GET /api/v1/nodes", s.auth(query(s.fromLeader(s.nodes))))
-	mux.Handle("POST /api/v1/nodes/{node}/forget", s.auth(query(s.forgetNode)))
-	mux.Handle("/api/", s.auth(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /api/v1/watch/ticket", view(query(s.watchTicket)))
+	mux.Handle("GET /api/v1/nodes", view(query(s.fromLeader(s.nodes))))
+	mux.Handle("POST /api/v1/nodes/{node}/forget", admin(query(s.forgetNode)))
+	mux.Handle("GET /api/v1/whoami", view(query(s.whoami)))
+	mux.Handle("GET /api/v1/tokens", admin(query(s.listTokens)))
+	mux.Handle("POST /api/v1/tokens", admin(query(s.createToken)))
+	mux.Handle("DELETE /api/v1/tokens/{name}", admin(query(s.revokeToken)))
+	mux.Handle("GET /api/v1/audit", admin(query(s.auditList, "user", "volume", "since", "limit")))
+	mux.Handle("/api/", view(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: r.Method + " " + r.URL.Path + " is not an API endpoint"})
 	}))
 	if s.UI != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -51,6 +52,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Message: err.Error()})
+		return
+	}
+	n := noteOf(r.Context())
+	n.volume, n.uuid, n.node = sp.Name, sp.UUID, sp.Node
+	// A raw device may hold anyone's data: only an admin names one.
+	if sp.RawBlockDevice != nil && !s.escalate(w, r, access.Admin, "create a volume on a raw device ("+sp.RawBlockDevice.DevicePath+")") {
 		return
 	}
 	v, err := s.Requests.Create(r.Context(), sp)
@@ -145,9 +152,18 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, *e)
 		return
 	}
+	n := noteOf(r.Context())
+	n.volume = name
+	if cur, err := s.Store.Get(name); err == nil {
+		n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node
+	}
 	var v *volume.Volume
 	var err error
 	switch {
+	case wipe && !s.escalate(w, r, access.Admin, "wipe volume "+name+" (?wipe=true)"):
+		return
+	case forget && !s.escalate(w, r, access.Admin, "forget volume "+name+" (?forget=true)"):
+		return
 	case wipe && forget:
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
 		return
@@ -185,6 +201,11 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 			Message: `the body must be {"size": "20Gi"} (a sparse volume: the size it grows to, a quantity or a number of bytes) or {"toDevice": true} (a raw volume: to what its device has become)`})
 		return
 	}
+	n := noteOf(r.Context())
+	n.volume = name
+	if cur, err := s.Store.Get(name); err == nil {
+		n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node
+	}
 	size := ""
 	if body.Size != nil {
 		size = string(*body.Size)
@@ -211,6 +232,7 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 // whatever their phase, nothing runs on any node.
 func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	node := r.PathValue("node")
+	noteOf(r.Context()).node = node
 	var body struct {
 		Volumes []string `json:"volumes"`
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,6 +43,8 @@ type Config struct {
 	BatchSize int    `yaml:"batchSize"`
 	LogLevel  string `yaml:"logLevel"`
 	Limits    Limits `yaml:"limits"`
+	// Audit bounds the audit trail kept in the store.
+	Audit Audit `yaml:"audit"`
 	// Kubernetes turns on Kubernetes mode: PVs for volumes, provisioning
 	// from claims. Absent: no Kubernetes at all.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
@@ -176,13 +179,26 @@ type Events struct {
 	TCP    string `yaml:"tcp"`
 }
 
-// Duration is a time.Duration written as "10m", "30s".
+// Audit bounds the audit trail: entries older than MaxAge go, and the
+// oldest beyond MaxEntries.
+type Audit struct {
+	MaxAge     Duration `yaml:"maxAge"`     // default 90d
+	MaxEntries int      `yaml:"maxEntries"` // default 5000
+}
+
+// Duration is a time.Duration written as "10m", "30s", or in whole days
+// as "90d".
 type Duration time.Duration
 
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
+	if days, ok := strings.CutSuffix(n.Value, "d"); ok && err != nil {
+		if k, aerr := strconv.Atoi(days); aerr == nil && k >= 0 {
+			v, err = time.Duration(k)*24*time.Hour, nil
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration: write it like 30s, 10m or 1h", n.Line, n.Value)
+		return fmt.Errorf("line %d: %q is not a duration: write it like 30s, 10m, 1h or 90d", n.Line, n.Value)
 	}
 	*d = Duration(v)
 	return nil
@@ -323,6 +339,8 @@ func parse(data []byte, o Overrides) (*Config, error) {
 		return nil, fmt.Errorf("salt.hashType: %q: use the master's hash_type: sha256 (Salt's default), sha512, sha1 or md5", c.Salt.HashType)
 	case c.Limits.Watchers < 0 || c.Limits.Volumes < 0 || c.Limits.CreatesPerSecond < 0:
 		return nil, errors.New("limits: watchers, volumes and createsPerSecond must be positive")
+	case c.Audit.MaxAge < 0 || c.Audit.MaxEntries < 0:
+		return nil, errors.New("audit: maxAge and maxEntries must be positive (leave them out for 90d and 5000)")
 	}
 	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return nil, fmt.Errorf("listen: %q: use host:port, e.g. 127.0.0.1:8080", c.Listen)

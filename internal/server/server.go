@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/api"
 	"github.com/salt-volumes/salt-volumes/internal/certs"
 	"github.com/salt-volumes/salt-volumes/internal/config"
@@ -158,8 +159,20 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	// The API's watch streams follow the store on every replica.
 	hub := store.NewHub()
 	defer st.Watch(hub.Publish)()
+	records, err := recordsFor(st, cfg)
+	if err != nil {
+		return err
+	}
+	tokens := &access.Tokens{Records: records, Bootstrap: cfg.Token}
+	audit := &access.Audit{Records: records, Log: log.With("component", "audit"),
+		MaxAge: time.Duration(cfg.Audit.MaxAge), MaxEntries: cfg.Audit.MaxEntries}
+	if all, err := tokens.List(ctx); err == nil && len(all) == 0 {
+		log.Warn("the bootstrap token (config's token) is the only way in: give automation and people their own tokens " +
+			"(salt-volumes token create NAME --role viewer|operator|admin) and keep the bootstrap token for recovery")
+	}
 	srv := &api.Server{
 		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
+		Tokens: tokens, Audit: audit,
 		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond, LeaderTransport: leaderTransport,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
@@ -335,6 +348,24 @@ func openKubeStore(ctx context.Context, k *config.Kubernetes, log *slog.Logger) 
 			log.Error("leader election cannot run", "error", err)
 		}
 	}}, func() { ks.Close() }, nil
+}
+
+// recordsFor keeps tokens and the audit trail in the volumes' backend;
+// beside Volume objects, as Secrets in the control plane's namespace.
+func recordsFor(st store.Store, cfg *config.Config) (store.Records, error) {
+	if r, ok := st.(store.Records); ok {
+		return r, nil
+	}
+	k := cfg.Kubernetes
+	rc, err := restConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	return &store.KubeRecords{Client: cs, Namespace: k.Namespace}, nil
 }
 
 func describeStore(cfg *config.Config) string {
