@@ -54,7 +54,7 @@ for arch in ${ARCHES:-amd64 arm64}; do
   rm -rf "$stage/formulas"
   mkdir -p "$stage/formulas"
   cp -r "$src/salt/states/salt_volumes" "$stage/formulas/"
-  for kind in modules states beacons engines; do
+  for kind in modules states beacons engines runners; do
     mkdir -p "$stage/formulas/_$kind"
     cp "$src/salt/_$kind/salt_volumes.py" "$stage/formulas/_$kind/"
   done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Salt extension wheel saltext.volumes into DIR (default dist/):
-# salt/_modules, _states, _beacons and _engines as the packages
-# saltext/volumes/{modules,states,beacons,engines}, with the salt.loader
+# salt/_modules, _states, _beacons, _engines and _runners as the packages
+# saltext/volumes/{modules,states,beacons,engines,runners}, with the salt.loader
 # entry point. Reproducible: file times from the commit (SOURCE_DATE_EPOCH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ trap 'rm -rf "$stage"' EXIT
 pkg="$stage/src/saltext/volumes"
 mkdir -p "$pkg"
 : > "$pkg/__init__.py"
-for kind in modules states beacons engines; do
+for kind in modules states beacons engines runners; do
   mkdir -p "$pkg/$kind"
   : > "$pkg/$kind/__init__.py"
   cp "salt/_$kind/salt_volumes.py" "$pkg/$kind/salt_volumes.py"

@@ -39,7 +39,10 @@ Server:
 Client (finds the server through SALT_VOLUMES_URL and SALT_VOLUMES_TOKEN or
 SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file; for https with a
 private CA, SALT_VOLUMES_CA or --ca-file, and a client certificate with
-SALT_VOLUMES_CERT and SALT_VOLUMES_KEY or --cert-file/--key-file):
+SALT_VOLUMES_CERT and SALT_VOLUMES_KEY or --cert-file/--key-file; without a token, the session
+salt-volumes login keeps):
+  salt-volumes login [--user U] [--eauth pam|ldap|file|...]   log in with your Salt identity
+  salt-volumes logout
   salt-volumes create NAME --node N (--size Q | --device PATH) [--mode Block] [--fs xfs]
                       [--mkfs-option OPT]... [--uuid U] [--wait] [--timeout D]
   salt-volumes ls [--node N] [-o table|json]
@@ -92,6 +95,8 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 	"token":        (*cli).tokenCmd,
 	"audit":        (*cli).audit,
 	"whoami":       (*cli).whoami,
+	"login":        (*cli).login,
+	"logout":       (*cli).logout,
 	"version": func(c *cli, _ context.Context, _ []string) error {
 		fmt.Fprintln(c.out, version)
 		return nil
@@ -238,11 +243,15 @@ func (c *cli) client() (*client.Client, error) {
 		}
 		c.token = strings.TrimSpace(string(b))
 	}
+	// No token given: the saved login, for its server.
+	if s := loadSession(); c.token == "" && s != nil && (c.url == "" || c.url == s.URL) {
+		c.url, c.token = s.URL, s.Token
+	}
 	switch {
 	case c.url == "":
 		return nil, failf(exitUsage, "no server: set SALT_VOLUMES_URL (e.g. http://127.0.0.1:8080) or pass --url")
 	case c.token == "":
-		return nil, failf(exitUsage, "no token: set SALT_VOLUMES_TOKEN or SALT_VOLUMES_TOKEN_FILE, or pass --token-file")
+		return nil, failf(exitUsage, "no token: salt-volumes login, or set SALT_VOLUMES_TOKEN or SALT_VOLUMES_TOKEN_FILE, or pass --token-file")
 	case c.output != "table" && c.output != "json":
 		return nil, failf(exitUsage, "-o %s: use table or json", c.output)
 	case (c.certFile == "") != (c.keyFile == ""):

@@ -68,3 +68,30 @@ func From(ctx context.Context) *Principal {
 	p, _ := ctx.Value(principalKey{}).(*Principal)
 	return p
 }
+
+// RoleMap gives a person their role from their Salt user name and groups:
+// the highest of their own entry, their groups' and Default.
+type RoleMap struct {
+	Users   map[string]Role
+	Groups  map[string]Role
+	Default Role
+}
+
+// For returns the role ("" when the map gives none: no login).
+func (m RoleMap) For(user string, groups []string) Role {
+	best := m.Default
+	better := func(r Role) {
+		if r.Allows(Viewer) && (best == "" || r.Allows(best)) {
+			best = r
+		}
+	}
+	if r, ok := m.Users[user]; ok {
+		better(r)
+	}
+	for _, g := range groups {
+		if r, ok := m.Groups[g]; ok {
+			better(r)
+		}
+	}
+	return best
+}

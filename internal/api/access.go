@@ -54,10 +54,23 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 			writeErr(w, http.StatusUnauthorized, saltvolumes.Error{Code: saltvolumes.CodeUnauthorized, Message: "missing, wrong, revoked or expired API token: send Authorization: Bearer <token> (SALT_VOLUMES_TOKEN for the CLI)"})
 			return
 		}
-		n := &note{}
+		// What the route names; handlers add what the body names.
+		n := &note{volume: r.PathValue("name"), node: r.PathValue("node")}
+		if n.volume != "" && s.Store != nil && strings.HasPrefix(r.URL.Path, "/api/v1/volumes/") {
+			if cur, err := s.Store.Get(n.volume); err == nil {
+				n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node
+			}
+		}
 		ctx := context.WithValue(access.With(r.Context(), p), noteKey{}, n)
 		r = r.WithContext(ctx)
 		if !p.Role.Allows(role) {
+			if r.Method == http.MethodPost && r.URL.Path == "/api/v1/volumes" {
+				// What was asked for, for the audit: the body is not
+				// otherwise read when the role already refuses it.
+				var want struct{ Name, Node string }
+				_ = json.NewDecoder(r.Body).Decode(&want)
+				n.volume, n.node = want.Name, want.Node
+			}
 			msg := fmt.Sprintf("%s (role %s) may not %s %s: it needs role %s", p.User, p.Role, r.Method, r.URL.Path, role)
 			writeErr(w, http.StatusForbidden, saltvolumes.Error{Code: saltvolumes.CodeForbidden, Message: msg})
 			s.audit(r, p, n, "refused", http.StatusForbidden, msg)

@@ -50,6 +50,8 @@ type Server struct {
 	Tokens *access.Tokens
 	// Audit records changes and refusals (nil: none kept).
 	Audit *access.Audit
+	// Logins lets people log in with their Salt identity (nil: tokens only).
+	Logins *Logins
 	// Nodes lists the minions Salt knows are up.
 	Nodes func(ctx context.Context) ([]string, error)
 	// Ready says why the server is not ready (nil when it is).
@@ -79,6 +81,10 @@ type Server struct {
 	refused   atomic.Int64
 	refusedMu sync.Mutex
 	refusedAt map[string]time.Time
+	// loginFails slows down guessing; acl caches the master's answers.
+	loginFails    loginFailures
+	loginsRefused atomic.Int64
+	acl           aclCache
 	tickets   tickets
 	createMu  sync.Mutex
 	tokens    float64
@@ -137,6 +143,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/nodes", view(query(s.fromLeader(s.nodes))))
 	mux.Handle("POST /api/v1/nodes/{node}/forget", admin(query(s.forgetNode)))
 	mux.Handle("GET /api/v1/whoami", view(query(s.whoami)))
+	mux.Handle("POST /api/v1/login", query(s.login))
+	mux.Handle("POST /api/v1/logout", view(query(s.logout)))
 	mux.Handle("GET /api/v1/tokens", admin(query(s.listTokens)))
 	mux.Handle("POST /api/v1/tokens", admin(query(s.createToken)))
 	mux.Handle("DELETE /api/v1/tokens/{name}", admin(query(s.revokeToken)))

@@ -60,6 +60,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if sp.RawBlockDevice != nil && !s.escalate(w, r, access.Admin, "create a volume on a raw device ("+sp.RawBlockDevice.DevicePath+")") {
 		return
 	}
+	if !s.inScope(w, r, sp.Node) {
+		return
+	}
 	v, err := s.Requests.Create(r.Context(), sp)
 	var lerr *requests.LimitError
 	if errors.As(err, &lerr) {
@@ -152,17 +155,14 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, *e)
 		return
 	}
-	n := noteOf(r.Context())
-	n.volume = name
-	if cur, err := s.Store.Get(name); err == nil {
-		n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node
-	}
 	var v *volume.Volume
 	var err error
 	switch {
 	case wipe && !s.escalate(w, r, access.Admin, "wipe volume "+name+" (?wipe=true)"):
 		return
 	case forget && !s.escalate(w, r, access.Admin, "forget volume "+name+" (?forget=true)"):
+		return
+	case noteOf(r.Context()).node != "" && !s.inScope(w, r, noteOf(r.Context()).node):
 		return
 	case wipe && forget:
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
@@ -201,14 +201,12 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 			Message: `the body must be {"size": "20Gi"} (a sparse volume: the size it grows to, a quantity or a number of bytes) or {"toDevice": true} (a raw volume: to what its device has become)`})
 		return
 	}
-	n := noteOf(r.Context())
-	n.volume = name
-	if cur, err := s.Store.Get(name); err == nil {
-		n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node
-	}
 	size := ""
 	if body.Size != nil {
 		size = string(*body.Size)
+	}
+	if n := noteOf(r.Context()); n.node != "" && !s.inScope(w, r, n.node) {
+		return
 	}
 	v, err := s.Requests.Resize(r.Context(), name, size)
 	var re *requests.ResizeError
@@ -232,7 +230,6 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 // whatever their phase, nothing runs on any node.
 func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	node := r.PathValue("node")
-	noteOf(r.Context()).node = node
 	var body struct {
 		Volumes []string `json:"volumes"`
 	}
@@ -245,6 +242,9 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(body.Volumes) == 0 {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "volumes", Message: "volumes: empty: name the volumes of node " + node + " to forget"})
+		return
+	}
+	if !s.inScope(w, r, node) {
 		return
 	}
 	got, err := s.Requests.ForgetNode(r.Context(), node, body.Volumes)

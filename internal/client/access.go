@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/access"
 )
@@ -59,4 +60,30 @@ func (c *Client) Audit(ctx context.Context, user, volume, since string, limit st
 	}
 	err := c.do(ctx, http.MethodGet, path, nil, &out)
 	return out.Items, err
+}
+
+// Session is a person's login as the API answers it.
+type Session struct {
+	Token  string      `json:"token"`
+	Expire time.Time   `json:"expire"`
+	User   string      `json:"user"`
+	Role   access.Role `json:"role"`
+	Groups []string    `json:"groups,omitempty"`
+	Eauth  string      `json:"eauth"`
+	// Scopes are the minions the user's Salt ACL lets them change volumes
+	// on (of those up at login); Grants the ACL's targets that grant it.
+	Scopes []string `json:"scopes"`
+	Grants []string `json:"grants,omitempty"`
+}
+
+// Login logs a person in with their Salt identity; it needs no token.
+func (c *Client) Login(ctx context.Context, user, password, eauth string) (Session, error) {
+	var s Session
+	err := c.do(ctx, http.MethodPost, "/api/v1/login", map[string]string{"username": user, "password": password, "eauth": eauth}, &s)
+	return s, err
+}
+
+// Logout ends the client's session.
+func (c *Client) Logout(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/api/v1/logout", nil, nil)
 }

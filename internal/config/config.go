@@ -45,6 +45,8 @@ type Config struct {
 	Limits    Limits `yaml:"limits"`
 	// Audit bounds the audit trail kept in the store.
 	Audit Audit `yaml:"audit"`
+	// Access maps Salt users and groups who log in onto roles.
+	Access Access `yaml:"access"`
 	// Kubernetes turns on Kubernetes mode: PVs for volumes, provisioning
 	// from claims. Absent: no Kubernetes at all.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
@@ -177,6 +179,22 @@ type Events struct {
 	// the master's event publisher when ipc_mode is tcp (127.0.0.1:4512).
 	Socket string `yaml:"socket"`
 	TCP    string `yaml:"tcp"`
+}
+
+// Access: who may log in with their Salt identity, and with which role.
+// A user's role is the highest of their own entry, their groups' entries
+// (groups as the master's eauth reports them) and DefaultRole.
+type Access struct {
+	Users  map[string]string `yaml:"users"`
+	Groups map[string]string `yaml:"groups"`
+	// DefaultRole is the role of any other user the master authenticates
+	// ("" or absent: their login is refused).
+	DefaultRole string `yaml:"defaultRole"`
+	// SessionTTL is how long a login lasts (default 12h).
+	SessionTTL Duration `yaml:"sessionTTL"`
+	// Eauth lists the eauth backends people may log in with (default:
+	// any the master has configured).
+	Eauth []string `yaml:"eauth"`
 }
 
 // Audit bounds the audit trail: entries older than MaxAge go, and the
@@ -341,6 +359,21 @@ func parse(data []byte, o Overrides) (*Config, error) {
 		return nil, errors.New("limits: watchers, volumes and createsPerSecond must be positive")
 	case c.Audit.MaxAge < 0 || c.Audit.MaxEntries < 0:
 		return nil, errors.New("audit: maxAge and maxEntries must be positive (leave them out for 90d and 5000)")
+	case c.Access.SessionTTL < 0:
+		return nil, errors.New("access.sessionTTL: must be positive (leave it out for 12h)")
+	}
+	if c.Access.SessionTTL == 0 {
+		c.Access.SessionTTL = Duration(12 * time.Hour)
+	}
+	for field, m := range map[string]map[string]string{"access.users": c.Access.Users, "access.groups": c.Access.Groups} {
+		for k, v := range m {
+			if !validRole(v) {
+				return nil, fmt.Errorf("%s.%s: %q is not a role: give viewer, operator or admin", field, k, v)
+			}
+		}
+	}
+	if c.Access.DefaultRole != "" && !validRole(c.Access.DefaultRole) {
+		return nil, fmt.Errorf("access.defaultRole: %q is not a role: give viewer, operator or admin, or leave it out to refuse users not listed", c.Access.DefaultRole)
 	}
 	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return nil, fmt.Errorf("listen: %q: use host:port, e.g. 127.0.0.1:8080", c.Listen)
@@ -488,3 +521,5 @@ func (c *Config) scheme() string {
 
 // NonLoopback reports a listen address reachable from other hosts.
 func (c *Config) NonLoopback() bool { return c.nonLoopback }
+
+func validRole(r string) bool { return r == "viewer" || r == "operator" || r == "admin" }

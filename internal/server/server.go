@@ -172,7 +172,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	}
 	srv := &api.Server{
 		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
-		Tokens: tokens, Audit: audit,
+		Tokens: tokens, Audit: audit, Logins: logins(cfg, salt),
 		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond, LeaderTransport: leaderTransport,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
@@ -348,6 +348,23 @@ func openKubeStore(ctx context.Context, k *config.Kubernetes, log *slog.Logger) 
 			log.Error("leader election cannot run", "error", err)
 		}
 	}}, func() { ks.Close() }, nil
+}
+
+// logins lets people log in with their Salt identity when serve's config
+// gives them roles.
+func logins(cfg *config.Config, salt *saltapi.Client) *api.Logins {
+	a := cfg.Access
+	if len(a.Users) == 0 && len(a.Groups) == 0 && a.DefaultRole == "" {
+		return nil
+	}
+	m := access.RoleMap{Users: map[string]access.Role{}, Groups: map[string]access.Role{}, Default: access.Role(a.DefaultRole)}
+	for k, v := range a.Users {
+		m.Users[k] = access.Role(v)
+	}
+	for k, v := range a.Groups {
+		m.Groups[k] = access.Role(v)
+	}
+	return &api.Logins{People: salt, Roles: m, TTL: time.Duration(a.SessionTTL), Eauth: a.Eauth}
 }
 
 // recordsFor keeps tokens and the audit trail in the volumes' backend;

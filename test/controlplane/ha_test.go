@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -165,6 +166,41 @@ func TestHighAvailability(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, status, string(body))
 		assert.Contains(t, string(body), v.Status.JobID, "the follower relays the leader's job log")
+	})
+
+	t.Run("a token made through one replica works on both; revoked through the other, both refuse it at once", func(t *testing.T) {
+		out, errs, code := r1.CLI("token", "create", "ha-viewer", "--role", "viewer", "--expires", "1d")
+		require.Equal(t, 0, code, errs)
+		tok := strings.TrimSpace(out)
+		require.True(t, strings.HasPrefix(tok, "svt_"), out)
+		assert.Contains(t, errs, "shown this once")
+		for _, p := range replicas {
+			out, errs, code = p.CLIAs(tok, "ls")
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, out, "ha-1")
+		}
+		_, errs, code = r2.CLIAs(tok, "rm", "ha-1")
+		assert.Equal(t, 6, code, "exit 6: not allowed")
+		assert.Contains(t, errs, "token:ha-viewer (role viewer) may not DELETE /api/v1/volumes/ha-1: it needs role operator")
+		_, errs, code = r2.CLI("token", "revoke", "ha-viewer")
+		require.Equal(t, 0, code, errs)
+		for _, p := range replicas {
+			_, errs, code = p.CLIAs(tok, "ls")
+			assert.Equal(t, 6, code, "revoked: refused by %s at once", p.URL)
+			assert.Contains(t, errs, "revoked")
+		}
+		out, errs, code = r1.CLI("audit", "--user", "token:ha-viewer", "-o", "json")
+		require.Equal(t, 0, code, errs)
+		var entries []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &entries))
+		require.Len(t, entries, 1, "the refused delete, written by the other replica: %s", out)
+		assert.Equal(t, "refused", entries[0]["decision"])
+		assert.Equal(t, "ha-1", entries[0]["volume"])
+		assert.Equal(t, "node-1", entries[0]["node"])
+		out, errs, code = r2.CLI("audit", "--user", "bootstrap")
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, "POST /api/v1/tokens", "who made the token")
+		assert.Contains(t, out, "DELETE /api/v1/tokens/ha-viewer")
 	})
 
 	t.Run("the leader killed while a prepare runs: another leads, the job it started settles the volume", func(t *testing.T) {

@@ -9,10 +9,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -56,6 +58,7 @@ type Stack struct {
 	confs                    map[string]string // daemon name -> its -c directory
 	minionExtra, saltVolumes string
 	extension                string
+	people                   map[string]map[string]any
 }
 
 // RepoRoot finds the checkout (the directory holding go.mod).
@@ -211,21 +214,42 @@ type Options struct {
 	// install --target): the daemons find it on their PYTHONPATH, and
 	// file_roots hold only the formulas, no _modules to sync.
 	Extension string
+	// People are more eauth users beside the control plane's account:
+	// backend ("file", "pam") -> user (or "group%") -> ACL.
+	People map[string]map[string]any
+	// FileUsers are more lines of the file eauth's password file.
+	FileUsers map[string]string
 }
 
 // StartOpts is Start with Options.
 func StartOpts(t T, execPath string, o Options) *Stack {
 	api, masterExtra := o.API, o.MasterExtra
 	s := newStack(t, execPath)
-	s.minionExtra, s.saltVolumes, s.extension = o.MinionExtra, o.SaltVolumes, o.Extension
 	if o.Venv != "" {
 		s.Venv = o.Venv
 	}
+	if o.People["pam"] != nil {
+		// Salt's PAM eauth checks the password in a child Python, by
+		// default /usr/bin/python3, which has no Salt when Salt comes from
+		// pip. auth.pam.python names another, but Salt resolves symlinks,
+		// and a virtualenv's python is a symlink to a Python without the
+		// virtualenv: a two-line script that execs it by its own path.
+		py := filepath.Join(s.Root, "python-for-pam")
+		if err := os.WriteFile(py, []byte("#!/bin/sh\nexec "+s.bin("python3")+" \"$@\"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		masterExtra += "auth.pam.python: " + py + "\n"
+	}
+	s.minionExtra, s.saltVolumes, s.extension, s.people = o.MinionExtra, o.SaltVolumes, o.Extension, o.People
 	s.pubPort, s.retPort = FreePort(t), FreePort(t)
 	pub, ret := s.pubPort, s.retPort
 	s.APIPort = FreePort(t)
 	s.APIUser, s.APIPass = "salt-volumes", "test-password-"+filepath.Base(s.Root)
-	if err := os.WriteFile(filepath.Join(s.Conf, "api-users"), []byte(s.APIUser+":"+s.APIPass+"\n"), 0o600); err != nil {
+	users := s.APIUser + ":" + s.APIPass + "\n"
+	for _, u := range slices.Sorted(maps.Keys(o.FileUsers)) {
+		users += u + ":" + o.FileUsers[u] + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(s.Conf, "api-users"), []byte(users), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s.write("master", s.common()+fmt.Sprintf(`interface: 127.0.0.1
@@ -312,12 +336,21 @@ func (s *Stack) shippedAuth() string {
 	if !ok || len(conf.Clients) == 0 {
 		s.t.Fatalf("deploy/master.d/salt-volumes.conf: no external_auth:file:%s or netapi_enable_clients", s.APIUser)
 	}
+	eauth := map[string]any{"file": map[string]any{
+		"^filename": filepath.Join(s.Conf, "api-users"),
+		s.APIUser:   acl,
+	}}
+	for backend, users := range s.people {
+		m, _ := eauth[backend].(map[string]any)
+		if m == nil {
+			m = map[string]any{}
+			eauth[backend] = m
+		}
+		maps.Copy(m, users)
+	}
 	out, err := yaml.Marshal(map[string]any{
 		"netapi_enable_clients": conf.Clients,
-		"external_auth": map[string]any{"file": map[string]any{
-			"^filename": filepath.Join(s.Conf, "api-users"),
-			s.APIUser:   acl,
-		}},
+		"external_auth":         eauth,
 	})
 	if err != nil {
 		s.t.Fatal(err)

@@ -250,6 +250,16 @@ func (p *Plane) CLI(args ...string) (string, string, int) {
 	return testenv.Run(p.t, cmd)
 }
 
+// CLIAs runs the CLI against this plane with another token.
+func (p *Plane) CLIAs(token string, args ...string) (string, string, int) {
+	cmd := exec.Command(p.bin, args...)
+	cmd.Env = append(os.Environ(), "SALT_VOLUMES_URL="+p.URL, "SALT_VOLUMES_TOKEN="+token)
+	if p.CAFile != "" {
+		cmd.Env = append(cmd.Env, "SALT_VOLUMES_CA="+p.CAFile)
+	}
+	return testenv.Run(p.t, cmd)
+}
+
 // Metric returns one metric's value from /metrics.
 func (p *Plane) Metric(name string) float64 {
 	v, err := p.MetricValue(name)
