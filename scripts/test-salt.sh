@@ -25,7 +25,7 @@ start=$SECONDS
 # master engine, forged events, node health from the beacon, a node
 # forgotten, the demo's smoke run; on a line older than the pinned one, its
 # master upgraded to the pinned release under a running serve.
-plane='^(TestEndToEnd|TestMasterEngine|TestForgedEventsChangeNothing|TestNodeHealth|TestNodeForget|TestDemo|TestSaltUpgradeUnderServe|TestServeAsItsOwnUser)$'
+plane='^(TestEndToEnd|TestMasterEngine|TestForgedEventsChangeNothing|TestNodeHealth|TestNodeForget|TestDemo|TestSaltUpgradeUnderServe|TestServeAsItsOwnUser|TestPeopleLogInWithSalt)$'
 pinned=$(sed -n 's/^salt==//p' salt/requirements.txt)
 if [ "$release" != "$pinned" ]; then
   export SALT_VOLUMES_UPGRADE_TO=$PWD/.venv
