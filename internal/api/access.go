@@ -123,7 +123,13 @@ func (s *Server) audit(r *http.Request, p *access.Principal, n *note, decision s
 	if s.Audit == nil {
 		return
 	}
-	e := access.Entry{Source: source(r), Method: r.Method, Route: r.URL.Path,
+	route := r.URL.Path
+	if r.Method != http.MethodGet && r.URL.RawQuery != "" {
+		// ?wipe=true, ?forget=true: what the change was. GET queries (a
+		// watch ticket) are never kept.
+		route += "?" + r.URL.RawQuery
+	}
+	e := access.Entry{Source: source(r), Method: r.Method, Route: route,
 		Volume: n.volume, UUID: n.uuid, Node: n.node, Decision: decision, Status: status, Reason: reason}
 	if p != nil {
 		e.User, e.Role, e.Groups = p.User, p.Role, p.Groups

@@ -121,11 +121,15 @@ func TestRolesAndAudit(t *testing.T) {
 	assert.Equal(t, []string{
 		"POST /api/v1/volumes allowed v1",
 		"POST /api/v1/volumes refused raw",
-		"DELETE /api/v1/volumes/v1 refused v1",
-		"DELETE /api/v1/volumes/v1 refused v1",
+		"DELETE /api/v1/volumes/v1?wipe=true refused v1",
+		"DELETE /api/v1/volumes/v1?forget=true refused v1",
 		"POST /api/v1/nodes/node-1/forget refused ",
 		"DELETE /api/v1/volumes/v1 allowed v1",
 	}, got)
+	// A volume's own history is for everyone who may read the volume.
+	code, m = do(t, ts, "GET", "/api/v1/volumes/v1/history", viewer, "")
+	require.Equal(t, 200, code, m)
+	assert.Len(t, m["items"], 5, "the viewer's refused create, the create, the two refused deletes, the delete")
 	code, m = do(t, ts, "GET", "/api/v1/audit?user=unauthenticated", token, "")
 	require.Equal(t, 200, code)
 	assert.Len(t, m["items"], 1, "the revoked token's refusal, once per source per 10 s")

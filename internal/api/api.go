@@ -136,6 +136,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/volumes/{name}", view(query(s.get)))
 	mux.Handle("GET /api/v1/volumes/{name}/usage", view(query(s.fromLeader(s.usage), "since")))
 	mux.Handle("GET /api/v1/volumes/{name}/jobs", view(query(s.fromLeader(s.jobs))))
+	mux.Handle("GET /api/v1/volumes/{name}/history", view(query(s.history)))
 	mux.Handle("DELETE /api/v1/volumes/{name}", op(query(s.delete, "wipe", "forget")))
 	mux.Handle("POST /api/v1/volumes/{name}/resize", op(query(s.resize)))
 	mux.Handle("GET /api/v1/watch", s.authWatch(query(s.watch, "node", "name", "ticket")))

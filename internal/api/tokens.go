@@ -121,3 +121,29 @@ func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": items})
 }
+
+// history: the audit entries of one volume, for everyone who may read it
+// (the UI's "created by alice 3 h ago"): those of this volume's uuid, and
+// refusals that named it before it had one.
+func (s *Server) history(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	v, err := s.Store.Get(name)
+	if err != nil {
+		notFound(w, name)
+		return
+	}
+	items := []access.Entry{}
+	if s.Audit != nil {
+		all, err := s.Audit.List(r.Context(), access.Filter{Volume: name})
+		if err != nil {
+			storeErr(w, err)
+			return
+		}
+		for _, e := range all {
+			if e.UUID == "" || e.UUID == v.Spec.UUID {
+				items = append(items, e)
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -201,6 +202,53 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 		assert.Equal(t, 2, code, "no session left: %s", errs)
 	})
 
+	t.Run("in Chromium: alice signs in, creates on node-1, is refused on node-2 with the reason, sees who created the volume, signs out", func(t *testing.T) {
+		aliceSessions := func() int {
+			out, errs, code := p.CLI("token", "list", "-o", "json")
+			require.Equal(t, 0, code, errs)
+			return strings.Count(out, `"user": "alice"`)
+		}
+		before := aliceSessions()
+		b := newBrowser(t, p)
+		row := func(name, phase string) string {
+			return `#volumes tbody tr[data-volume="` + name + `"][data-phase="` + phase + `"]`
+		}
+		b.do(chromedp.Navigate(p.URL+"/"),
+			chromedp.WaitVisible("#l-user"),
+			chromedp.SendKeys("#l-user", "alice"),
+			chromedp.SendKeys("#l-password", alicePw),
+			chromedp.SetValue("#l-eauth", "file"),
+			chromedp.Click(`#salt-login-form button[type="submit"]`),
+			chromedp.WaitVisible(`#nodes tr[data-node="node-2"]`))
+		require.Eventually(t, func() bool { return b.text("#who") == "alice (operator)" }, 10*time.Second, 100*time.Millisecond)
+		b.do(chromedp.Click(`#nodes tr[data-node="node-1"] a`),
+			chromedp.WaitVisible("#node-view"),
+			chromedp.Click("#show-create"),
+			chromedp.SendKeys("#f-name", "alice-ui"),
+			chromedp.SendKeys("#f-size", "16Mi"),
+			chromedp.Click(`#create-form button[type="submit"]`),
+			chromedp.WaitVisible(row("alice-ui", "Available")))
+		v, err := p.Client().Get(ctx, "alice-ui")
+		require.NoError(t, err)
+		uuids = append(uuids, v.Spec.UUID)
+		b.do(chromedp.Navigate(p.URL+"/#/node/node-2"),
+			chromedp.WaitVisible("#node-view"),
+			chromedp.Click("#show-create"),
+			chromedp.SendKeys("#f-name", "alice-ui-2"),
+			chromedp.SendKeys("#f-size", "16Mi"),
+			chromedp.Click(`#create-form button[type="submit"]`))
+		require.Eventually(t, func() bool { return strings.Contains(b.text("#create-error"), "may not change volumes on node-2") }, 10*time.Second, 100*time.Millisecond)
+		assert.Contains(t, b.text("#create-error"), "grants salt_volumes.apply_volume on node-1 only")
+		b.do(chromedp.Navigate(p.URL+"/#/volume/alice-ui"),
+			chromedp.WaitVisible("#vol-history li"))
+		assert.Regexp(t, `^created by alice \d+s ago$`, b.text("#vol-history li"))
+		b.shot("people-alice-volume")
+		b.do(chromedp.Click("#logout"), chromedp.WaitVisible("#l-user"))
+		assert.Equal(t, "Logged out.", b.text("#login-error"))
+		b.noConsoleErrors()
+		assert.Equal(t, before, aliceSessions(), "the browser's session is gone on the server too")
+	})
+
 	t.Run("the audit shows who did what and what was refused", func(t *testing.T) {
 		out, errs, code := p.CLI("audit", "-o", "json")
 		require.Equal(t, 0, code, errs)
@@ -224,6 +272,7 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 			"alice refused POST /api/v1/login @",
 			"mallory refused POST /api/v1/login @",
 			"alice refused POST /api/v1/volumes alice-3@node-2",
+			"alice refused POST /api/v1/volumes alice-ui-2@node-2",
 		} {
 			assert.Contains(t, got, want)
 		}

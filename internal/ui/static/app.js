@@ -152,10 +152,12 @@ function refreshDetail() {
     const name = state.volume;
     if (!name) return;
     const enc = encodeURIComponent(name);
-    const [u, j] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs")]);
+    const [u, j, h] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs"),
+      api("GET", "/api/v1/volumes/" + enc + "/history")]);
     if (u.status === 401) return logout("The token was refused.");
     if (name !== state.volume) return;
-    state.detail = { usage: u.ok ? u.data.current : null, samples: u.ok ? u.data.samples : [], jobs: j.ok ? j.data.items : [] };
+    state.detail = { usage: u.ok ? u.data.current : null, samples: u.ok ? u.data.samples : [], jobs: j.ok ? j.data.items : [],
+      history: h.ok ? h.data.items : [] };
     render();
   }, 300);
 }
@@ -361,6 +363,7 @@ function renderDetail() {
   }
   renderChart(v);
   renderJobs();
+  renderHistory();
 }
 
 function renderChart(v) {
@@ -403,6 +406,23 @@ function renderChart(v) {
   if (samples.some((p) => p.fsUsed)) g.append(svg("path", { class: "line-fsused", d: path("fsUsed") }));
   g.append(svg("text", { x: L + 8, y: T + 12 }, "allocated (solid)" + (samples.some((p) => p.fsUsed) ? ", filesystem used (dashed)" : "")));
   box.replaceChildren(g);
+}
+
+// What people did to the volume, newest first: "created by alice 3h ago".
+const ACTS = { POST: "created", DELETE: "deleted" };
+function renderHistory() {
+  const ul = $("#vol-history");
+  ul.replaceChildren();
+  const items = [...(state.detail.history || [])].reverse();
+  $("#vol-history-empty").hidden = items.length > 0;
+  for (const e of items) {
+    let act = /\/resize$/.test(e.route) ? "growth" : (ACTS[e.method] || e.method);
+    if (/[?&]wipe=true/.test(e.route)) act += " and wiped";
+    const text = e.decision === "allowed"
+      ? `${act} by ${e.user} ${age(e.time)} ago`
+      : `${act === "created" ? "create" : act === "deleted" ? "delete" : act} ${e.decision} for ${e.user} ${age(e.time)} ago` + (e.reason ? ": " + e.reason : "");
+    ul.append(el("li", { class: "history-" + e.decision, title: new Date(e.time).toLocaleString() + " from " + e.source, text }));
+  }
 }
 
 function renderJobs() {
@@ -587,6 +607,9 @@ async function submitCreate(e) {
 function logout(msg) {
   sessionStorage.removeItem("salt-volumes-token");
   state.token = "";
+  state.who = null;
+  $("#who").textContent = "";
+  $("#logout").hidden = true;
   clearTimeout(state.retry);
   if (state.es) state.es.close();
   state.es = null;
@@ -596,13 +619,46 @@ function logout(msg) {
 
 // ---- wiring ---------------------------------------------------------------
 
+// whoami shows who the token is, and the log-out button.
+async function whoami() {
+  const r = await api("GET", "/api/v1/whoami");
+  if (!r.ok) return;
+  state.who = r.data;
+  $("#who").textContent = `${r.data.user} (${r.data.role})`;
+  $("#logout").hidden = false;
+}
+
 function init() {
+  $("#salt-login-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    $("#salt-login-error").textContent = "";
+    const resp = await fetch("/api/v1/login", { method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ username: $("#l-user").value.trim(), password: $("#l-password").value, eauth: $("#l-eauth").value.trim() }) });
+    let data = null;
+    try { data = await resp.json(); } catch (err) { data = null; }
+    $("#l-password").value = "";
+    if (!resp.ok) {
+      $("#salt-login-error").textContent = (data && data.error && data.error.message) || "The server answered HTTP " + resp.status + ".";
+      return;
+    }
+    state.token = data.token;
+    sessionStorage.setItem("salt-volumes-token", state.token);
+    whoami();
+    connect();
+    route();
+  });
+  $("#logout").addEventListener("click", async () => {
+    // A session ends on the server too; a token is only forgotten here.
+    if (state.who && state.who.kind === "session") await api("POST", "/api/v1/logout");
+    logout("Logged out.");
+  });
   $("#login-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     state.token = $("#token").value.trim();
     const r = await api("GET", "/api/v1/nodes");
     if (!r.ok) return logout(r.status === 401 ? "The token was refused." : "The server answered HTTP " + r.status + ".");
     sessionStorage.setItem("salt-volumes-token", state.token);
+    whoami();
     connect();
     route();
   });
@@ -637,7 +693,7 @@ function init() {
     else if (state.node === null) loadNodes();
     else render();
   }, 30000);
-  if (state.token) connect();
+  if (state.token) { whoami(); connect(); }
   route();
 }
 
