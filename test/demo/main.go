@@ -21,9 +21,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/test/etcdcluster"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testcerts"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -53,6 +55,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "control plane address (a free port is used if taken)")
 	withKube := flag.Bool("kubernetes", false, "also run etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a kubelet on containerd; volumes are Volume objects")
 	ha := flag.Bool("ha", false, "three etcd members and two serve replicas sharing the volumes (one leads)")
+	withTLS := flag.Bool("tls", false, "serve HTTPS with a CA made for the demo (the CLI trusts it through SALT_VOLUMES_CA)")
 	binDir := flag.String("bin", "", "directory of salt-volume-exec and salt-volumes (default: the repository's bin/, where make build puts them)")
 	flag.Parse()
 	if *ha && *withKube {
@@ -79,13 +82,26 @@ func main() {
 	step("starting salt-master, salt-minion and salt-api on loopback")
 	// A 2 s beacon (default 10 s) so that the node's first report shows
 	// without waiting.
-	s := saltstack.StartOpts(r, bin("salt-volume-exec"), saltstack.Options{API: true, SaltVolumes: "beacon_interval: 2\nbeacon_heartbeat: 60"})
+	// Two people with Salt identities of their own (file eauth): alice
+	// may change volumes on node-1 only (her Salt ACL), carol reads.
+	alicePw, carolPw := randomHex(12), randomHex(12)
+	s := saltstack.StartOpts(r, bin("salt-volume-exec"), saltstack.Options{API: true, SaltVolumes: "beacon_interval: 2\nbeacon_heartbeat: 60",
+		FileUsers: map[string]string{"alice": alicePw, "carol": carolPw},
+		People: map[string]map[string]any{"file": {
+			"alice": []any{map[string]any{"node-1": []any{`^salt_volumes\.apply_volume$`, `^test\.ping$`}}},
+			"carol": []any{`^test\.ping$`},
+		}}})
 	fmt.Printf("  salt root %s, salt-api %s, minion %s\n", s.Root, s.APIURL(), s.MinionID)
-	if out, code := s.SyncAll(s.MinionID); code != 0 {
+	step("a second minion, node-2")
+	s.AddMinion("node-2")
+	if out, code := s.SyncAll("*"); code != 0 {
 		r.Fatalf("saltutil.sync_all failed: %s", out)
 	}
-	step("turning on the salt_volumes beacon (state salt_volumes.beacon): the node pushes health, usage and capacity")
-	if out, code := s.Salt(s.MinionID, "state.apply", "salt_volumes.beacon", "--out=json"); code != 0 {
+	if out, code := s.SaltRun("saltutil.sync_runners"); code != 0 {
+		r.Fatalf("saltutil.sync_runners failed: %s", out)
+	}
+	step("turning on the salt_volumes beacon (state salt_volumes.beacon): the nodes push health, usage and capacity")
+	if out, code := s.Salt("*", "state.apply", "salt_volumes.beacon", "--out=json"); code != 0 {
 		r.Fatalf("state.apply salt_volumes.beacon failed: %s", out)
 	}
 	r.Cleanup(func() { testenv.Cleanup(s.StateDir, nil, r.Logf) })
@@ -118,9 +134,29 @@ func main() {
 		kubeSection = "kubernetes:\n  kubeconfig: " + kc.ControlKubeconfig + "\n  volumeObjects: true\n"
 	}
 
-	tok := make([]byte, 24)
-	_, _ = rand.Read(tok)
-	token := hex.EncodeToString(tok)
+	token := randomHex(24)
+	accessSection := "access:\n  users: {alice: operator, carol: viewer}\n"
+	tlsSection, caFile, scheme := "", "", "http"
+	if *withTLS {
+		step("a CA for the demo, and serve's certificate from it (HTTPS)")
+		ca, err := testcerts.NewCA("salt-volumes demo CA")
+		if err != nil {
+			r.Fatal(err)
+		}
+		dir := filepath.Join(s.Root, "tls")
+		caFile = filepath.Join(dir, "ca.crt")
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			if err = ca.WriteCA(caFile); err == nil {
+				err = ca.Issue(dir, "serve", "salt-volumes", true)
+			}
+		}
+		if err != nil {
+			r.Fatal(err)
+		}
+		tlsSection = fmt.Sprintf("tls:\n  certFile: %[1]s/serve.crt\n  keyFile: %[1]s/serve.key\n  caFile: %[1]s/ca.crt\n", dir)
+		scheme = "https"
+		fmt.Printf("  CA %s, certificate %s/serve.crt (localhost, 127.0.0.1)\n", caFile, dir)
+	}
 	storeSection := fmt.Sprintf("store: %s/control/volumes.db\n", s.Root)
 	if *withKube {
 		storeSection = "" // the Volume objects are the store
@@ -149,7 +185,7 @@ func main() {
 		if n > 1 {
 			addr = "127.0.0.1:0"
 		}
-		u, pid := startServe(r, s, bin("salt-volumes"), n, freeAddr(r, addr), token, storeSection+kubeSection)
+		u, pid := startServe(r, s, bin("salt-volumes"), n, freeAddr(r, addr), token, scheme, caFile, storeSection+kubeSection+accessSection+tlsSection)
 		if n == 1 {
 			url = u
 		}
@@ -161,7 +197,7 @@ func main() {
 	cli := func(args ...string) error {
 		fmt.Printf("  $ salt-volumes %s\n", join(args))
 		cmd := exec.Command(bin("salt-volumes"), args...)
-		cmd.Env = append(os.Environ(), "SALT_VOLUMES_URL="+url, "SALT_VOLUMES_TOKEN="+token)
+		cmd.Env = append(os.Environ(), "SALT_VOLUMES_URL="+url, "SALT_VOLUMES_TOKEN="+token, "SALT_VOLUMES_CA="+caFile)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		return cmd.Run()
 	}
@@ -273,13 +309,21 @@ func main() {
 	step("the stack is running; in another shell:")
 	fmt.Printf("export SALT_VOLUMES_URL=%s\n", url)
 	fmt.Printf("export SALT_VOLUMES_TOKEN=%s\n", token)
+	if caFile != "" {
+		fmt.Printf("export SALT_VOLUMES_CA=%s\n", caFile)
+	}
 	fmt.Printf("  %s/bin/salt-volumes ls\n", repo)
+	fmt.Println("  people, with their own Salt identities (salt-volumes login --user U --eauth file, or the web UI's form):")
+	fmt.Printf("user alice password %s eauth file\n", alicePw)
+	fmt.Println("  (operator: creates, grows and deletes volumes; her Salt ACL grants node-1 only)")
+	fmt.Printf("user carol password %s eauth file\n", carolPw)
+	fmt.Println("  (viewer: reads, watches, scrapes metrics; refused every change)")
 	if kc != nil {
 		fmt.Printf("export KUBECONFIG=%s\n", kc.AdminKubeconfig)
 		fmt.Printf("export PATH=%s:$PATH\n", kc.BinDir)
 		fmt.Printf("  kubectl get volumes,pv,pvc\n")
 	}
-	fmt.Printf("  web UI: %s/ (paste the token when asked)\n", url)
+	fmt.Printf("  web UI: %s/ (sign in as alice or carol, or paste the token)\n", url)
 	if !*once {
 		fmt.Println("\nCtrl-C (or SIGTERM) stops everything and detaches what the demo attached.")
 		<-sigs
@@ -362,7 +406,7 @@ func freeAddr(r *runner, addr string) string {
 
 // startServe runs replica n of salt-volumes serve and waits until it is
 // ready; it returns its URL and pid.
-func startServe(r *runner, s *saltstack.Stack, bin string, n int, listen, token, extra string) (string, int) {
+func startServe(r *runner, s *saltstack.Stack, bin string, n int, listen, token, scheme, caFile, extra string) (string, int) {
 	step("starting salt-volumes serve (replica %d)", n)
 	cfg := filepath.Join(s.Root, fmt.Sprintf("control-%d.yaml", n))
 	_, ret := s.Ports()
@@ -396,10 +440,17 @@ events:
 		_ = serve.Process.Signal(syscall.SIGTERM)
 		_ = serve.Wait()
 	})
-	url := "http://" + listen
+	url := scheme + "://" + listen
+	hc := http.DefaultClient
+	if caFile != "" {
+		var err error
+		if hc, err = client.HTTPS(caFile, "", ""); err != nil {
+			r.Fatal(err)
+		}
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get(url + "/readyz")
+		resp, err := hc.Get(url + "/readyz")
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -413,4 +464,10 @@ events:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
