@@ -49,11 +49,14 @@ type Principal struct {
 	Groups []string `json:"groups,omitempty"`
 	// Eauth is the Salt eauth backend a session logged in with.
 	Eauth string `json:"eauth,omitempty"`
-	// Kind: "bootstrap", "service" or "session".
+	// Kind: "bootstrap", "service", "session" or "kubernetes" (a token
+	// the API server vouched for; RBAC decides each action, not Role).
 	Kind string `json:"kind"`
 	// Salt is the master's token of a session (kept server-side only):
 	// with it the master answers what the user's own ACL allows.
 	Salt string `json:"-"`
+	// UID is a Kubernetes identity's uid (for its SubjectAccessReviews).
+	UID string `json:"-"`
 }
 
 type principalKey struct{}

@@ -1,10 +1,12 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -44,6 +46,11 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 		audited := r.Method != http.MethodGet && r.Method != http.MethodHead
 		secret := bearer(r.Header.Get("Authorization"))
 		p, err := s.checker().Check(r.Context(), secret)
+		if errors.Is(err, access.ErrUnauthenticated) && s.Kube != nil && secret != "" &&
+			!strings.HasPrefix(secret, "svt_") && !strings.HasPrefix(secret, "svs_") {
+			// Not one of ours: perhaps the API server's (Kubernetes mode).
+			p, err = s.Kube.Authenticate(r.Context(), secret)
+		}
 		if err != nil {
 			if !errors.Is(err, access.ErrUnauthenticated) {
 				storeErr(w, fmt.Errorf("checking the token: %w", err))
@@ -61,16 +68,22 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 				n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node
 			}
 		}
+		if r.Method == http.MethodPost && r.URL.Path == "/api/v1/volumes" {
+			// What is asked for, for the audit of a refusal before the
+			// handler reads the body (which it then reads as sent).
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var want struct{ Name, Node string }
+			_ = json.Unmarshal(body, &want)
+			n.volume, n.node = want.Name, want.Node
+		}
 		ctx := context.WithValue(access.With(r.Context(), p), noteKey{}, n)
 		r = r.WithContext(ctx)
-		if !p.Role.Allows(role) {
-			if r.Method == http.MethodPost && r.URL.Path == "/api/v1/volumes" {
-				// What was asked for, for the audit: the body is not
-				// otherwise read when the role already refuses it.
-				var want struct{ Name, Node string }
-				_ = json.NewDecoder(r.Body).Decode(&want)
-				n.volume, n.node = want.Name, want.Node
+		if p.Kind == "kubernetes" {
+			if !s.kubeAllowed(w, r, p, n, kubeVerb(role, r), r.PathValue("name"), true) {
+				return
 			}
+		} else if !p.Role.Allows(role) {
 			msg := fmt.Sprintf("%s (role %s) may not %s %s: it needs role %s", p.User, p.Role, r.Method, r.URL.Path, role)
 			writeErr(w, http.StatusForbidden, saltvolumes.Error{Code: saltvolumes.CodeForbidden, Message: msg})
 			s.audit(r, p, n, "refused", http.StatusForbidden, msg)
@@ -97,6 +110,10 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 // false when the principal lacks it.
 func (s *Server) escalate(w http.ResponseWriter, r *http.Request, role access.Role, what string) bool {
 	p := access.From(r.Context())
+	if p != nil && p.Kind == "kubernetes" {
+		// The route's own audit entry records the refusal.
+		return s.kubeAllowed(w, r, p, noteOf(r.Context()), "admin", r.PathValue("name"), false)
+	}
 	if p != nil && p.Role.Allows(role) {
 		return true
 	}
@@ -217,3 +234,61 @@ func (c *captureWriter) reason() string {
 	}
 	return strconv.Itoa(c.status) + " " + strings.ToLower(http.StatusText(c.status))
 }
+
+// KubeAuth checks Kubernetes identities (kubeauth.Reviewer).
+type KubeAuth interface {
+	Authenticate(ctx context.Context, token string) (*access.Principal, error)
+	Allowed(ctx context.Context, p *access.Principal, verb, name string) (bool, string, error)
+}
+
+// kubeVerb is the Volume resource's verb a route stands for: reads are
+// get, list or watch; changes create, delete or patch (a growth); what
+// needs admin here needs the custom verb "admin" on volumes there.
+func kubeVerb(role access.Role, r *http.Request) string {
+	switch {
+	case role == access.Admin:
+		return "admin"
+	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/volumes":
+		return "create"
+	case r.Method == http.MethodDelete:
+		return "delete"
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/resize"):
+		return "patch"
+	case r.URL.Path == "/api/v1/watch":
+		return "watch"
+	case r.PathValue("name") != "":
+		return "get"
+	}
+	return "list"
+}
+
+// kubeAllowed asks the API server whether p may do verb on the Volume
+// name; a refusal is a 403 that names the verb and the resource, audited
+// here when audit says so.
+func (s *Server) kubeAllowed(w http.ResponseWriter, r *http.Request, p *access.Principal, n *note, verb, name string, audit bool) bool {
+	ok, reason, err := s.Kube.Allowed(r.Context(), p, verb, name)
+	if err != nil {
+		writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: "asking the Kubernetes API server: " + err.Error() + "; nothing was changed"})
+		return false
+	}
+	if ok {
+		return true
+	}
+	target := Resource()
+	if name != "" {
+		target += " " + name
+	}
+	msg := fmt.Sprintf("%s may not %s %s: Kubernetes RBAC does not allow it", p.User, verb, target)
+	if reason != "" {
+		msg += " (" + reason + ")"
+	}
+	n.refused = true
+	writeErr(w, http.StatusForbidden, saltvolumes.Error{Code: saltvolumes.CodeForbidden, Message: msg})
+	if audit {
+		s.audit(r, p, n, "refused", http.StatusForbidden, msg)
+	}
+	return false
+}
+
+// Resource names the Volume resource as kubectl does.
+func Resource() string { return "volumes.salt-volumes.io" }

@@ -52,6 +52,8 @@ type Server struct {
 	Audit *access.Audit
 	// Logins lets people log in with their Salt identity (nil: tokens only).
 	Logins *Logins
+	// Kube accepts Kubernetes bearer tokens (Kubernetes mode; nil: none).
+	Kube KubeAuth
 	// Nodes lists the minions Salt knows are up.
 	Nodes func(ctx context.Context) ([]string, error)
 	// Ready says why the server is not ready (nil when it is).

@@ -27,6 +27,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/jobcache"
 	"github.com/salt-volumes/salt-volumes/internal/keep"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
+	"github.com/salt-volumes/salt-volumes/internal/kubeauth"
 	"github.com/salt-volumes/salt-volumes/internal/leader"
 	"github.com/salt-volumes/salt-volumes/internal/logbridge"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
@@ -163,6 +164,20 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	if err != nil {
 		return err
 	}
+	// In Kubernetes mode the API server's tokens work too, RBAC on
+	// Volume objects deciding each action.
+	var kubeAuth api.KubeAuth
+	if cfg.Kubernetes != nil {
+		rc, err := restConfig(cfg.Kubernetes)
+		if err != nil {
+			return err
+		}
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		kubeAuth = &kubeauth.Reviewer{Client: cs}
+	}
 	tokens := &access.Tokens{Records: records, Bootstrap: cfg.Token}
 	audit := &access.Audit{Records: records, Log: log.With("component", "audit"),
 		MaxAge: time.Duration(cfg.Audit.MaxAge), MaxEntries: cfg.Audit.MaxEntries}
@@ -172,7 +187,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	}
 	srv := &api.Server{
 		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
-		Tokens: tokens, Audit: audit, Logins: logins(cfg, salt),
+		Tokens: tokens, Audit: audit, Logins: logins(cfg, salt), Kube: kubeAuth,
 		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond, LeaderTransport: leaderTransport,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
@@ -572,9 +573,104 @@ func TestKubernetes(t *testing.T) {
 		assert.True(t, os.IsNotExist(err), "no record on the node")
 	})
 
+	t.Run("Kubernetes tokens: the REST API asks RBAC, as kubectl does", func(t *testing.T) {
+		// Two service accounts: one may read Volumes, one may also create
+		// and delete them; neither has the custom verb admin.
+		manifest := filepath.Join(e.s.Root, "volume-users.yaml")
+		require.NoError(t, os.WriteFile(manifest, []byte(volumeUsers), 0o600))
+		out, err := e.k.Kubectl("apply", "-f", manifest)
+		require.NoError(t, err, out)
+		token := func(sa string) string {
+			out, err := e.k.Kubectl("create", "token", sa, "-n", "default", "--duration", "1h")
+			require.NoError(t, err, out)
+			return strings.TrimSpace(out)
+		}
+		reader := &client.Client{URL: e.p.URL, Token: token("volume-reader")}
+		writer := &client.Client{URL: e.p.URL, Token: token("volume-writer")}
+		forbidden := func(err error) string {
+			t.Helper()
+			var ce *client.Error
+			require.ErrorAs(t, err, &ce)
+			require.Equal(t, 403, ce.Status, ce.Error())
+			return ce.Error()
+		}
+		p, err := reader.WhoAmI(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "k8s:system:serviceaccount:default:volume-reader", p.User)
+		assert.Equal(t, "kubernetes", p.Kind)
+		_, err = reader.List(ctx, "")
+		require.NoError(t, err, "list volumes is granted")
+		_, err = reader.Create(ctx, map[string]any{"name": "k8s-r", "node": e.s.MinionID, "sparseLoopDevice": map[string]any{"size": "16Mi"}})
+		msg := forbidden(err)
+		assert.Contains(t, msg, "k8s:system:serviceaccount:default:volume-reader may not create volumes.salt-volumes.io: Kubernetes RBAC does not allow it")
+
+		v, err := writer.Create(ctx, map[string]any{"name": "k8s-w", "node": e.s.MinionID, "sparseLoopDevice": map[string]any{"size": "16Mi"}})
+		require.NoError(t, err, "create volumes is granted")
+		*e.uuids = append(*e.uuids, v.Spec.UUID)
+		_, errs, code := e.p.CLI("wait", "k8s-w", "--for", "Available", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+		_, err = reader.Delete(ctx, "k8s-w", false)
+		assert.Contains(t, forbidden(err), "may not delete volumes.salt-volumes.io k8s-w")
+		_, err = writer.Delete(ctx, "k8s-w", true)
+		assert.Contains(t, forbidden(err), "may not admin volumes.salt-volumes.io k8s-w", "a wipe needs the verb admin")
+		_, err = writer.Delete(ctx, "k8s-w", false)
+		require.NoError(t, err)
+		_, errs, code = e.p.CLI("wait", "k8s-w", "--for", "Deleted", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+
+		bogus := &client.Client{URL: e.p.URL, Token: "not-a-kubernetes-token"}
+		_, err = bogus.List(ctx, "")
+		var ce *client.Error
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, 401, ce.Status)
+
+		out, errs, code = e.p.CLI("audit", "--user", "k8s:system:serviceaccount:default:volume-reader", "-o", "json")
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, `"decision": "refused"`)
+		assert.Contains(t, out, `"volume": "k8s-r"`)
+	})
+
 	t.Run("serve's stderr is one format, client-go's lines included", func(t *testing.T) {
 		c := e.p.OneLogFormat(t)
 		t.Logf("logged by component: %v", c)
 		assert.NotZero(t, c["kubernetes"], "the controller logged nothing: %v", c)
 	})
 }
+
+// volumeUsers are two service accounts with Volume rights of their own.
+const volumeUsers = `apiVersion: v1
+kind: ServiceAccount
+metadata: {name: volume-reader, namespace: default}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: volume-writer, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: volume-reader}
+rules:
+  - apiGroups: [salt-volumes.io]
+    resources: [volumes]
+    verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: volume-writer}
+rules:
+  - apiGroups: [salt-volumes.io]
+    resources: [volumes]
+    verbs: [get, list, watch, create, delete, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: volume-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volume-reader}
+subjects: [{kind: ServiceAccount, name: volume-reader, namespace: default}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: volume-writer}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volume-writer}
+subjects: [{kind: ServiceAccount, name: volume-writer, namespace: default}]
+`
