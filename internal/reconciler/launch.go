@@ -61,7 +61,19 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 		specs = append(specs, b.Spec)
 	}
 	wipe := sls == SLSUnprepared && v.Wipe
-	job, err := r.salt.LocalAsync(ctx, v.Spec.Node, FunApply, []any{strings.TrimPrefix(sls, "salt_volumes."), specs, wipe}, nil)
+	// Who asked, per volume, in the job's metadata: the job cache names
+	// the people behind a run the control plane's account published.
+	asked := map[string]any{}
+	for _, w := range append([]*volume.Volume{v}, batch...) {
+		if w.RequestedBy != "" {
+			asked[w.Spec.Name] = w.RequestedBy
+		}
+	}
+	jctx := ctx
+	if len(asked) > 0 {
+		jctx = saltapi.WithMetadata(ctx, map[string]any{"salt-volumes": map[string]any{"requestedBy": asked}})
+	}
+	job, err := r.salt.LocalAsync(jctx, v.Spec.Node, FunApply, []any{strings.TrimPrefix(sls, "salt_volumes."), specs, wipe}, nil)
 	st.Step = ""
 	if err != nil {
 		for _, b := range batch {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -35,6 +36,15 @@ func New(st store.Store, maxVolumes int) *Service {
 // Get reads one volume from the store.
 func (s *Service) Get(name string) (*volume.Volume, error) { return s.store.Get(name) }
 
+// requester is who asks, as the audit names them ("" for the control
+// plane's own doings: claims, adoption).
+func requester(ctx context.Context) string {
+	if p := access.From(ctx); p != nil {
+		return p.User
+	}
+	return ""
+}
+
 // Create stores a new volume (phase Unknown); the store's watch queues it
 // on the replica that reconciles.
 func (s *Service) Create(ctx context.Context, sp *spec.Spec) (*volume.Volume, error) {
@@ -54,7 +64,7 @@ func (s *Service) Provision(ctx context.Context, sp *spec.Spec, claim *saltvolum
 
 func (s *Service) insert(ctx context.Context, sp *spec.Spec, claim *saltvolumes.Claim) (*volume.Volume, error) {
 	now := time.Now().UTC()
-	v := &volume.Volume{Spec: *sp, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}}
+	v := &volume.Volume{Spec: *sp, CreatedAt: now, Claim: claim, Status: volume.Status{Status: saltvolumes.Status{UpdatedAt: now}}, RequestedBy: requester(ctx)}
 	if err := s.store.Create(ctx, v); err != nil {
 		return nil, err
 	}
@@ -78,6 +88,7 @@ func (s *Service) Delete(ctx context.Context, name string, wipe bool) (*volume.V
 			return &DeleteError{Reason: why}
 		}
 		v.DeleteRequested, v.Wipe = true, wipe
+		v.RequestedBy = requester(ctx)
 		return nil
 	})
 }
@@ -216,6 +227,7 @@ func (s *Service) Resize(ctx context.Context, name, q string) (*volume.Volume, e
 				return &ResizeError{Field: "size", Reason: "only an Available volume grows (it is " + v.Status.Phase.String() + "): wait until it is, then ask again", Conflict: true}
 			}
 			volume.StartGrowth(v, "growing to what its device has become")
+			v.RequestedBy = requester(ctx)
 			return nil
 		}
 		cur := v.Spec.Bytes()
@@ -244,6 +256,7 @@ func (s *Service) Resize(ctx context.Context, name, q string) (*volume.Volume, e
 		}
 		v.Spec = grown
 		volume.StartGrowth(v, "growing to "+spec.FormatSize(n))
+		v.RequestedBy = requester(ctx)
 		return nil
 	})
 }

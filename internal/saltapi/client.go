@@ -313,6 +313,9 @@ func (c *Client) LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwa
 	if len(kwarg) > 0 {
 		low["kwarg"] = kwarg
 	}
+	if md := Metadata(ctx); md != nil {
+		low["metadata"] = md
+	}
 	ret, err := c.Run(ctx, low)
 	if err != nil {
 		return Job{}, err

@@ -130,3 +130,18 @@ func (c *Client) UserAccess(ctx context.Context, user, eauth string, minions []s
 	}
 	return out.Access, nil
 }
+
+type metadataKey struct{}
+
+// WithMetadata returns ctx carrying md for the jobs LocalAsync starts with
+// it: Salt keeps a job's metadata in its job cache (jobs.list_job shows it
+// as Metadata), beside the user who published it.
+func WithMetadata(ctx context.Context, md map[string]any) context.Context {
+	return context.WithValue(ctx, metadataKey{}, md)
+}
+
+// Metadata is the job metadata ctx carries (nil: none).
+func Metadata(ctx context.Context) map[string]any {
+	md, _ := ctx.Value(metadataKey{}).(map[string]any)
+	return md
+}

@@ -314,15 +314,25 @@ func (c *Client) LocalAsync(ctx context.Context, tgt, fun string, arg []any, kwa
 	if err != nil {
 		return saltapi.Job{}, fmt.Errorf("salt master publish %s: encoding the arguments: %w", fun, err)
 	}
+	var md any
+	if m := saltapi.Metadata(ctx); m != nil {
+		if md, err = plain(m); err != nil {
+			return saltapi.Job{}, fmt.Errorf("salt master publish %s: encoding the metadata: %w", fun, err)
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for try := 0; ; try++ {
 		if err := c.login(ctx, try > 0); err != nil {
 			return saltapi.Job{}, err
 		}
+		kwargs := map[string]any{"token": c.token}
+		if md != nil {
+			kwargs["metadata"] = md
+		}
 		v, err := c.requestOnce(ctx, "publish", map[string]any{
 			"cmd": "publish", "tgt": []string{tgt}, "tgt_type": "list", "fun": fun, "arg": plainArgs,
-			"ret": "", "jid": "", "user": c.cfg.Username, "kwargs": map[string]any{"token": c.token},
+			"ret": "", "jid": "", "user": c.cfg.Username, "kwargs": kwargs,
 		})
 		if err != nil {
 			return saltapi.Job{}, err

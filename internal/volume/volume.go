@@ -67,6 +67,10 @@ type Volume struct {
 	Origin string `json:"origin,omitempty"`
 	// Claim is the PersistentVolumeClaim the volume was provisioned for.
 	Claim *saltvolumes.Claim `json:"claim,omitempty"`
+	// RequestedBy names who asked for the change last requested (create,
+	// deletion, growth) as the audit names them: the Salt jobs that carry
+	// it out say so in their metadata.
+	RequestedBy string `json:"requestedBy,omitempty"`
 	// DeletionMarked says the store's object itself is marked for
 	// deletion (Kubernetes: kubectl delete set its deletionTimestamp): the
 	// deletion cannot be dropped, only waited for, and the store sets it.

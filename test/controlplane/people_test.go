@@ -106,6 +106,19 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 		uuids = append(uuids, v.Spec.UUID)
 		_, errs, code := p.CLI("wait", "alice-1", "--for", "Available", "--timeout", "2m")
 		require.Equal(t, 0, code, errs)
+		// The job cache: published by the control plane's account, on
+		// alice's behalf.
+		got, err := p.Client().Get(ctx, "alice-1")
+		require.NoError(t, err)
+		out, code := s.SaltRun("jobs.list_job", got.Status.JobID, "--out=json")
+		require.Equal(t, 0, code, out)
+		var job struct {
+			User     string         `json:"User"`
+			Metadata map[string]any `json:"Metadata"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &job), out)
+		assert.Equal(t, "salt-volumes", job.User)
+		assert.Equal(t, map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"alice-1": "alice"}}}, job.Metadata)
 		_, err = as(alice).Create(ctx, sparse("alice-2", "node-2"))
 		msg := forbidden(err)
 		assert.Contains(t, msg, "alice may not change volumes on node-2")

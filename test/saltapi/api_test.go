@@ -40,9 +40,18 @@ func TestRealSaltAPI(t *testing.T) {
 	assert.Equal(t, []string{s.MinionID}, ids)
 
 	spec := map[string]any{"name": "api-1", "uuid": u, "node": s.MinionID, "sparseLoopDevice": map[string]any{"size": "32Mi"}}
-	job, err := c.LocalAsync(ctx, s.MinionID, "salt_volumes.apply_volume", []any{"prepared", []any{spec}, false}, nil)
+	// With who asked in the job's metadata, as the reconciler sends it.
+	md := map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"api-1": "alice"}}}
+	job, err := c.LocalAsync(saltapi.WithMetadata(ctx, md), s.MinionID, "salt_volumes.apply_volume", []any{"prepared", []any{spec}, false}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{s.MinionID}, job.Minions)
+	raw, err := c.Runner(ctx, "jobs.list_job", map[string]any{"jid": job.JID})
+	require.NoError(t, err)
+	var listed struct {
+		Metadata map[string]any `json:"Metadata"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &listed))
+	assert.Equal(t, md, listed.Metadata, "the job cache keeps who asked")
 
 	// Poll the job cache here only because this test has no event reader;
 	// the control plane learns it from the bus.
