@@ -2,6 +2,7 @@ package api
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -139,4 +140,21 @@ func TestRolesAndAudit(t *testing.T) {
 	code, m = do(t, ts, "GET", "/api/v1/audit?since=yesterday", token, "")
 	assert.Equal(t, 400, code)
 	assert.Equal(t, "since", errField(m, "field"))
+}
+
+// Failed logins from one address are counted within the window, others'
+// apart, and a success forgets them.
+func TestLoginFailuresPerSource(t *testing.T) {
+	var f loginFailures
+	now := time.Now()
+	for range loginFree {
+		f.add("10.0.0.1", now)
+	}
+	f.add("10.0.0.2", now)
+	assert.Equal(t, loginFree, f.recent("10.0.0.1", now), "slowed down from the next attempt")
+	assert.Equal(t, 1, f.recent("10.0.0.2", now))
+	assert.Equal(t, 0, f.recent("10.0.0.1", now.Add(loginWindow)), "forgotten after the window")
+	f.add("10.0.0.2", now)
+	f.reset("10.0.0.2")
+	assert.Equal(t, 0, f.recent("10.0.0.2", now))
 }

@@ -87,10 +87,10 @@ type Server struct {
 	loginFails    loginFailures
 	loginsRefused atomic.Int64
 	acl           aclCache
-	tickets   tickets
-	createMu  sync.Mutex
-	tokens    float64
-	refilled  time.Time
+	tickets       tickets
+	createMu      sync.Mutex
+	tokens        float64
+	refilled      time.Time
 }
 
 // allowCreate is a token bucket: CreatesPerSecond, bursts of twice that.

@@ -28,7 +28,7 @@ func TestVolumeObjectKeepsEveryField(t *testing.T) {
 			RawBlockDevice: &spec.RawBlockDevice{DevicePath: "/dev/sdb"}, LVMLogicalVolume: &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"},
 			Template: &spec.Template{Metadata: spec.TemplateMetadata{Labels: map[string]string{"tier": "gold"}}}},
 		CreatedAt: now, DeleteRequested: true, Wipe: true, ForgetRequested: true, NodeForgotten: true, Origin: volume.OriginSalt,
-		Claim: &saltvolumes.Claim{Namespace: "apps", Name: "data", UID: "u", StorageClass: "sv", ReclaimPolicy: "Delete"},
+		Claim: &saltvolumes.Claim{Namespace: "apps", Name: "data", UID: "u", StorageClass: "sv", ReclaimPolicy: "Delete"}, RequestedBy: "alice",
 	}
 	v.Status.Phase, v.Status.Reason, v.Status.Message, v.Status.Step = volume.Pending, "Resizing", "growing", "attach"
 	v.Status.JobID, v.Status.JobStartedAt, v.Status.UpdatedAt = "20261126120000000000", now, now
