@@ -33,6 +33,12 @@ type Entry struct {
 	Decision string `json:"decision"`
 	Status   int    `json:"status"`
 	Reason   string `json:"reason,omitempty"`
+	// JobID and Outcome: the Salt job that carried an allowed change out
+	// and how it ended (running, succeeded, failed, retried, timed out),
+	// filled in when read, while the control plane remembers the job (its
+	// last 8 per volume).
+	JobID   string `json:"jobId,omitempty"`
+	Outcome string `json:"outcome,omitempty"`
 }
 
 // Audit keeps entries in the store, bounded by age and count, and writes

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
@@ -119,6 +120,7 @@ func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
 		storeErr(w, err)
 		return
 	}
+	s.withJobs(items)
 	writeJSON(w, http.StatusOK, map[string]any{"items": items})
 }
 
@@ -145,5 +147,39 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	s.withJobs(items)
 	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+}
+
+// withJobs fills in the Salt job of each allowed change this replica
+// remembers: the first state run of the right kind (unprepared for a
+// deletion, prepared for a create or a growth) started after the request.
+// A follower remembers none (the leader runs the jobs): its entries come
+// without.
+func (s *Server) withJobs(items []access.Entry) {
+	if s.Jobs == nil {
+		return
+	}
+	byVolume := map[string][]saltvolumes.Job{}
+	for i := range items {
+		e := &items[i]
+		if e.Decision != "allowed" || e.Volume == "" || strings.Contains(e.Route, "forget=") {
+			continue
+		}
+		jobs, ok := byVolume[e.Volume]
+		if !ok {
+			jobs = s.Jobs(e.Volume)
+			byVolume[e.Volume] = jobs
+		}
+		sls := "salt_volumes.prepared"
+		if e.Method == http.MethodDelete {
+			sls = "salt_volumes.unprepared"
+		}
+		for _, j := range jobs {
+			if j.SLS == sls && !j.Started.Before(e.Time) {
+				e.JobID, e.Outcome = j.JID, j.Result
+				break
+			}
+		}
+	}
 }

@@ -254,7 +254,7 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 		assert.Contains(t, b.text("#create-error"), "grants salt_volumes.apply_volume on node-1 only")
 		b.do(chromedp.Navigate(p.URL+"/#/volume/alice-ui"),
 			chromedp.WaitVisible("#vol-history li"))
-		assert.Regexp(t, `^created by alice \d+s ago$`, b.text("#vol-history li"))
+		assert.Regexp(t, `^created by alice \d+s ago \(job \d{20}: succeeded\)$`, b.text("#vol-history li"))
 		b.shot("people-alice-volume")
 		b.do(chromedp.Click("#logout"), chromedp.WaitVisible("#l-user"))
 		assert.Equal(t, "Logged out.", b.text("#login-error"))
@@ -273,6 +273,15 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 			node, _ := e["node"].(string)
 			got = append(got, fmt.Sprintf("%s %s %s %s %s@%s", e["user"], e["decision"], e["method"], e["route"], vol, node))
 		}
+		created, err := p.Client().Get(ctx, "alice-1")
+		require.NoError(t, err)
+		var withJob bool
+		for _, e := range entries {
+			if e["user"] == "alice" && e["volume"] == "alice-1" && e["decision"] == "allowed" {
+				withJob = e["jobId"] == created.Status.JobID && e["outcome"] == "succeeded"
+			}
+		}
+		assert.True(t, withJob, "alice's create names the Salt job that carried it out, and how it ended")
 		for _, want := range []string{
 			"alice allowed POST /api/v1/login @",
 			"alice allowed POST /api/v1/volumes alice-1@node-1",

@@ -419,7 +419,7 @@ function renderHistory() {
     let act = /\/resize$/.test(e.route) ? "growth" : (ACTS[e.method] || e.method);
     if (/[?&]wipe=true/.test(e.route)) act += " and wiped";
     const text = e.decision === "allowed"
-      ? `${act} by ${e.user} ${age(e.time)} ago`
+      ? `${act} by ${e.user} ${age(e.time)} ago` + (e.jobId ? ` (job ${e.jobId}: ${e.outcome})` : "")
       : `${act === "created" ? "create" : act === "deleted" ? "delete" : act} ${e.decision} for ${e.user} ${age(e.time)} ago` + (e.reason ? ": " + e.reason : "");
     ul.append(el("li", { class: "history-" + e.decision, title: new Date(e.time).toLocaleString() + " from " + e.source, text }));
   }
