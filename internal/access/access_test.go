@@ -122,3 +122,14 @@ func TestAuditBounds(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, "v"+string(rune('a'+pruneEvery%26)), got[0].Volume, "the newest")
 }
+
+func TestRoleMap(t *testing.T) {
+	m := RoleMap{Users: map[string]Role{"alice": Operator, "bob": Viewer}, Groups: map[string]Role{"storage": Admin, "web": Viewer}}
+	assert.Equal(t, Operator, m.For("alice", nil))
+	assert.Equal(t, Admin, m.For("bob", []string{"web", "storage"}), "the highest of the user's and their groups'")
+	assert.Equal(t, Viewer, m.For("dave", []string{"web"}))
+	assert.Equal(t, Role(""), m.For("mallory", []string{"other"}), "no role: no login")
+	m.Default = Viewer
+	assert.Equal(t, Viewer, m.For("mallory", nil))
+	assert.Equal(t, Operator, m.For("alice", nil), "the default never lowers a role")
+}
