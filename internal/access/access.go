@@ -52,9 +52,6 @@ type Principal struct {
 	// Kind: "bootstrap", "service", "session" or "kubernetes" (a token
 	// the API server vouched for; RBAC decides each action, not Role).
 	Kind string `json:"kind"`
-	// Salt is the master's token of a session (kept server-side only):
-	// with it the master answers what the user's own ACL allows.
-	Salt string `json:"-"`
 	// UID is a Kubernetes identity's uid (for its SubjectAccessReviews).
 	UID string `json:"-"`
 }

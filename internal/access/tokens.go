@@ -37,8 +37,6 @@ type Token struct {
 	Created   time.Time `json:"created"`
 	Expires   time.Time `json:"expires,omitempty"`
 	CreatedBy string    `json:"createdBy,omitempty"`
-	// Salt is a session's token from the master (see Principal.Salt).
-	Salt string `json:"salt,omitempty"`
 	// hash is the record's key.
 	hash string
 }
@@ -109,7 +107,7 @@ func (t *Tokens) Check(ctx context.Context, secret string) (*Principal, error) {
 		_ = t.Records.DeleteRecord(ctx, tokensKind, key)
 		return nil, ErrUnauthenticated
 	}
-	p := &Principal{User: tok.User, Role: tok.Role, Groups: tok.Groups, Eauth: tok.Eauth, Kind: tok.Kind, Salt: tok.Salt}
+	p := &Principal{User: tok.User, Role: tok.Role, Groups: tok.Groups, Eauth: tok.Eauth, Kind: tok.Kind}
 	if tok.Kind == "service" {
 		p.User = "token:" + tok.Name
 	}
@@ -152,7 +150,7 @@ func (t *Tokens) CreateService(ctx context.Context, name string, role Role, ttl 
 // their login.
 func (t *Tokens) CreateSession(ctx context.Context, p *Principal, ttl time.Duration) (string, *Token, error) {
 	now := t.now().UTC()
-	tok := &Token{Kind: "session", User: p.User, Role: p.Role, Groups: p.Groups, Eauth: p.Eauth, Salt: p.Salt,
+	tok := &Token{Kind: "session", User: p.User, Role: p.Role, Groups: p.Groups, Eauth: p.Eauth,
 		Created: now, Expires: now.Add(ttl), CreatedBy: p.User}
 	secret, err := t.put(ctx, "svs_", tok)
 	return secret, tok, err
@@ -252,7 +250,7 @@ func ParseTTL(field, s string) (time.Duration, error) {
 }
 
 // TokenView is a token as the API lists it: never its secret (kept
-// nowhere, shown once in Token when created) nor a session's Salt token.
+// nowhere, shown once in Token when created).
 type TokenView struct {
 	Name      string     `json:"name"`
 	Kind      string     `json:"kind"`
