@@ -43,6 +43,9 @@ umask 022
 
 systemctl enable salt-master salt-api
 systemctl restart salt-master salt-api
+# The runner that answers for people's Salt ACLs when they log in to
+# salt-volumes (docs/security.md, Logins).
+salt-run --out=quiet saltutil.sync_runners || echo "salt-run saltutil.sync_runners failed: logins with a Salt identity will not work until it runs" >&2
 
 # The control plane. It listens on all addresses inside the VM so the host
 # reaches it through the forwarded port; the token guards every call, in
