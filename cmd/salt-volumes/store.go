@@ -39,12 +39,12 @@ func (c *cli) storeCmd(ctx context.Context, in []string) error {
 	if *from == "" || *to == "" {
 		return failf(exitUsage, "store migrate: --from and --to are both needed, e.g. --from bbolt:/var/lib/salt-volumes-control/volumes.db --to etcd:https://10.0.0.1:2379")
 	}
-	src, closeSrc, err := openForMigration(ctx, "--from", *from, ec, *ns)
+	src, srcRecords, closeSrc, err := openForMigration(ctx, "--from", *from, ec, *ns)
 	if err != nil {
 		return err
 	}
 	defer closeSrc()
-	dst, closeDst, err := openForMigration(ctx, "--to", *to, ec, *ns)
+	dst, dstRecords, closeDst, err := openForMigration(ctx, "--to", *to, ec, *ns)
 	if err != nil {
 		return err
 	}
@@ -54,68 +54,76 @@ func (c *cli) storeCmd(ctx context.Context, in []string) error {
 		return failf(exitFailed, "store migrate: %v", err)
 	}
 	fmt.Fprintf(c.out, "migrated %d volumes from %s to %s; verified: %d records in each, every record the same\n", n, *from, *to, n)
+	// Tokens and the audit trail go with them: the same service tokens
+	// and sessions keep working, and the history stays.
+	m, err := store.MigrateRecords(ctx, srcRecords, dstRecords, store.RecordKinds)
+	if err != nil {
+		return failf(exitFailed, "store migrate: the volumes are migrated, the tokens and audit trail not all: %v (running it again into a new target is safe)", err)
+	}
+	fmt.Fprintf(c.out, "migrated %d token and audit records\n", m)
 	return nil
 }
 
 // openForMigration opens one side, refusing a store with records it
 // cannot read (they would not be copied).
-func openForMigration(ctx context.Context, flagName, where string, ec store.EtcdConfig, ns string) (store.Store, func(), error) {
-	st, closeSt, skipped, err := openSide(ctx, flagName, where, ec, ns)
+func openForMigration(ctx context.Context, flagName, where string, ec store.EtcdConfig, ns string) (store.Store, store.Records, func(), error) {
+	st, rec, closeSt, skipped, err := openSide(ctx, flagName, where, ec, ns)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if len(skipped) > 0 {
 		closeSt()
-		return nil, nil, failf(exitFailed, "%s: %d records cannot be read (%s): fix or remove them first", flagName, len(skipped), strings.Join(skipped, "; "))
+		return nil, nil, nil, failf(exitFailed, "%s: %d records cannot be read (%s): fix or remove them first", flagName, len(skipped), strings.Join(skipped, "; "))
 	}
-	return st, closeSt, nil
+	return st, rec, closeSt, nil
 }
 
 // openSide opens bbolt:FILE or etcd:URLS. An etcd store that a serve
 // replica still reconciles is refused: its writes would race the copy.
-func openSide(ctx context.Context, flagName, where string, ec store.EtcdConfig, ns string) (store.Store, func(), []string, error) {
+func openSide(ctx context.Context, flagName, where string, ec store.EtcdConfig, ns string) (store.Store, store.Records, func(), []string, error) {
 	kind, arg, _ := strings.Cut(where, ":")
 	switch kind {
 	case "bbolt":
 		st, err := store.Open(arg)
 		if err != nil {
-			return nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
+			return nil, nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
 		}
-		return st, func() { st.Close() }, st.Skipped, nil
+		return st, st, func() { st.Close() }, st.Skipped, nil
 	case "etcd":
 		ec.Endpoints = strings.Split(arg, ",")
 		st, cli, err := store.OpenEtcd(ctx, ec)
 		if err != nil {
-			return nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
+			return nil, nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
 		}
 		closeBoth := func() { st.Close(); cli.Close() }
 		leaders, err := cli.Get(ctx, st.Prefix()+"/leader/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		switch {
 		case err != nil:
 			closeBoth()
-			return nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
+			return nil, nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
 		case leaders.Count > 0:
 			closeBoth()
-			return nil, nil, nil, failf(exitRefused, "%s: serve replicas are running on %s (an election under %s/leader): stop every replica first", flagName, where, st.Prefix())
+			return nil, nil, nil, nil, failf(exitRefused, "%s: serve replicas are running on %s (an election under %s/leader): stop every replica first", flagName, where, st.Prefix())
 		}
-		return st, closeBoth, st.Skipped, nil
+		return st, st, closeBoth, st.Skipped, nil
 	case "kubernetes":
-		st, err := openKubeSide(ctx, arg, ns)
+		st, cs, err := openKubeSide(ctx, arg, ns)
 		if err != nil {
-			return nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
+			return nil, nil, nil, nil, failf(exitFailed, "%s: %v", flagName, err)
 		}
 		if st == nil {
-			return nil, nil, nil, failf(exitRefused, "%s: a serve replica holds the Lease %s/salt-volumes: stop every replica first", flagName, ns)
+			return nil, nil, nil, nil, failf(exitRefused, "%s: a serve replica holds the Lease %s/salt-volumes: stop every replica first", flagName, ns)
 		}
-		return st, func() { st.Close() }, st.Skipped, nil
+		// Beside Volume objects, records are Secrets in serve's namespace.
+		return st, &store.KubeRecords{Client: cs, Namespace: ns}, func() { st.Close() }, st.Skipped, nil
 	}
-	return nil, nil, nil, failf(exitUsage, "%s %q: write bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG", flagName, where)
+	return nil, nil, nil, nil, failf(exitUsage, "%s %q: write bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG", flagName, where)
 }
 
 // openKubeSide opens the Volume objects of the cluster a kubeconfig names
 // (empty: the pod's service account). It returns nil while a replica
 // holds the election's Lease.
-func openKubeSide(ctx context.Context, kubeconfig, ns string) (*store.Kube, error) {
+func openKubeSide(ctx context.Context, kubeconfig, ns string) (*store.Kube, kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -124,23 +132,24 @@ func openKubeSide(ctx context.Context, kubeconfig, ns string) (*store.Kube, erro
 		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	l, err := cs.CoordinationV1().Leases(ns).Get(ctx, "salt-volumes", metav1.GetOptions{})
 	switch {
 	case err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" && l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil &&
 		time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second:
-		return nil, nil
+		return nil, nil, nil
 	case err != nil && !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("reading the election's Lease: %w", err)
+		return nil, nil, fmt.Errorf("reading the election's Lease: %w", err)
 	}
 	dc, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return store.OpenKube(ctx, store.KubeConfig{Client: dc})
+	st, err := store.OpenKube(ctx, store.KubeConfig{Client: dc})
+	return st, cs, err
 }

@@ -43,3 +43,34 @@ func Verify(a, b Reader) error {
 	}
 	return nil
 }
+
+// RecordKinds are the records store migrate moves with the volumes:
+// tokens (and sessions) and the audit trail.
+var RecordKinds = []string{"tokens", "audit"}
+
+// MigrateRecords copies every record of kinds from src to dst (a put
+// replaces a record of the same key: running it again is safe) and
+// verifies the count of each kind.
+func MigrateRecords(ctx context.Context, src, dst Records, kinds []string) (int, error) {
+	n := 0
+	for _, kind := range kinds {
+		recs, err := src.ListRecords(ctx, kind)
+		if err != nil {
+			return n, fmt.Errorf("listing the source's %s records: %w", kind, err)
+		}
+		for _, r := range recs {
+			if err := dst.PutRecord(ctx, kind, r.Key, r.Data); err != nil {
+				return n, fmt.Errorf("copying %s record %s (%d copied): %w", kind, r.Key, n, err)
+			}
+			n++
+		}
+		got, err := dst.ListRecords(ctx, kind)
+		if err != nil {
+			return n, fmt.Errorf("verifying the target's %s records: %w", kind, err)
+		}
+		if len(got) < len(recs) {
+			return n, fmt.Errorf("verification failed: %d %s records in the source, %d in the target", len(recs), kind, len(got))
+		}
+	}
+	return n, nil
+}
