@@ -55,6 +55,9 @@ for arch in ${ARCHES:-amd64 arm64}; do
   mkdir -p "$stage/formulas"
   cp -r "$src/salt/states/salt_volumes" "$stage/formulas/"
   for kind in modules states beacons engines runners; do
+    # Releases before 0.4.0 (the upgrade test packages 0.3.0 with today's
+    # packaging) have no runner.
+    [ -f "$src/salt/_$kind/salt_volumes.py" ] || continue
     mkdir -p "$stage/formulas/_$kind"
     cp "$src/salt/_$kind/salt_volumes.py" "$stage/formulas/_$kind/"
   done
