@@ -30,6 +30,10 @@ const usage = `usage:
   salt-volume-exec [--state-dir DIR] list
   salt-volume-exec [--state-dir DIR] restore
   salt-volume-exec [--state-dir DIR] last-restore  (the report the last restore left)
+  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME
+                   (a sparse volume's point-in-time copy: reflink, else a sparse copy)
+  salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME
+  salt-volume-exec [--state-dir DIR] snapshots [--spec FILE|-]
 
 Global flags: --state-dir DIR, --log-level LEVEL, --overcommit-ratio R
 (default 1, or $SALT_VOLUMES_OVERCOMMIT_RATIO: prepare refuses a sparse
@@ -72,6 +76,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	sub.SetOutput(io.Discard)
 	specFile := sub.String("spec", "", "volume spec JSON file, or - for stdin")
 	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
+	snapName := sub.String("name", "", "snapshot, snapshot-delete: the snapshot's name")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
 	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
 	if err := sub.Parse(rest); err != nil {
@@ -128,6 +133,33 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			out, err = e.Unprepare(ctx, s, engine.UnprepareOptions{Wipe: *wipe})
 		default:
 			out, err = e.Info(ctx, s)
+		}
+	case "snapshot", "snapshot-delete":
+		var s *spec.Spec
+		if s, err = readSpec(); err != nil {
+			break
+		}
+		if *snapName == "" {
+			err = &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: cmd + " needs --name NAME (the snapshot's name)"}
+			break
+		}
+		if cmd == "snapshot" {
+			out, err = e.TakeSnapshot(ctx, s, *snapName)
+		} else if err = e.DeleteSnapshot(ctx, s, *snapName); err == nil {
+			out = map[string]any{"deleted": *snapName, "volumeUUID": s.UUID}
+		}
+	case "snapshots":
+		uuid := ""
+		if *specFile != "" {
+			var s *spec.Spec
+			if s, err = readSpec(); err != nil {
+				break
+			}
+			uuid = s.UUID
+		}
+		var snaps []*engine.Snapshot
+		if snaps, err = e.Snapshots(uuid); err == nil {
+			out = map[string]any{"snapshots": snaps}
 		}
 	case "list":
 		var vols []*engine.Result

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
@@ -46,6 +47,17 @@ func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOpti
 	}
 	if same, why := s.SameVolume(rec.Spec); !same {
 		return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
+	}
+	// Its snapshots go first, by name: removing the volume never takes
+	// them along unasked.
+	if snaps, err := e.Snapshots(s.UUID); err != nil {
+		return nil, err
+	} else if len(snaps) > 0 {
+		names := make([]string, 0, len(snaps))
+		for _, sn := range snaps {
+			names = append(names, sn.Name)
+		}
+		return nil, refused("has_snapshots", "volume %s has snapshots (%s): delete them first (salt-volume-exec snapshot-delete --name NAME); nothing was removed", s.Name, strings.Join(names, ", "))
 	}
 	switch {
 	case s.SparseLoopDevice != nil:

@@ -1,0 +1,274 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/filecopy"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+// Snapshots: a point-in-time copy of a sparse volume's backing file, kept
+// by the node under snapshots/<volume uuid>/ as an image and a record of
+// its own: never a volume, never attached, never offered as storage.
+
+// Snapshot phases.
+const (
+	// SnapshotTaking is recorded before the copy starts: a crash leaves a
+	// record that says the partial image is ours to remove.
+	SnapshotTaking = "taking"
+	SnapshotTaken  = "taken"
+)
+
+// Snapshot is a snapshot's record, and what the binary prints for one.
+type Snapshot struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	// Volume is the volume's name and UUID when the snapshot was taken.
+	Volume     string `json:"volume"`
+	VolumeUUID string `json:"volumeUUID"`
+	Phase      string `json:"phase"`
+	// Method: reflink (no space, no time) or sparse-copy (the data
+	// extents, holes kept).
+	Method filecopy.Method `json:"method,omitempty"`
+	// Frozen: the volume's filesystem was mounted and frozen for the copy
+	// (FIFREEZE); else the copy is crash-consistent as of its start.
+	Frozen bool `json:"frozen"`
+	// Size is the image's size, Allocated the space it really uses
+	// (shared extents of a reflink count here too: du's view).
+	Size      int64     `json:"size"`
+	Allocated int64     `json:"allocated"`
+	Mode      string    `json:"mode"`
+	FSType    string    `json:"fsType,omitempty"`
+	TakenAt   time.Time `json:"takenAt"`
+	Image     string    `json:"image"`
+	Took      string    `json:"took,omitempty"`
+}
+
+var snapshotName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+
+func (e *Engine) snapshotDir(u string) string { return filepath.Join(e.State.Root, "snapshots", u) }
+
+func (e *Engine) snapshotPaths(u, name string) (record, image string) {
+	d := e.snapshotDir(u)
+	return filepath.Join(d, name+".json"), filepath.Join(d, name+".img")
+}
+
+// TakeSnapshot copies the sparse volume s's backing file as snapshot name,
+// its filesystem frozen meanwhile when it is mounted. Taking it again
+// answers the snapshot taken; a crash in the middle is finished by the
+// next run, which starts the copy over.
+func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*Snapshot, error) {
+	if !snapshotName.MatchString(name) {
+		return nil, invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.', at most 63, starting and ending with a letter or digit", name)
+	}
+	l, err := e.lockVolume(s.UUID)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Unlock()
+	rec, err := e.State.Load(s.UUID)
+	if err != nil {
+		return nil, failed("state", err, "reading the record of volume %s", s.Name)
+	}
+	if rec == nil || rec.Phase != nodestate.PhasePrepared {
+		return nil, refused("not_prepared", "volume %s (%s) is not prepared on this node: nothing to snapshot", s.Name, s.UUID)
+	}
+	switch {
+	case rec.Spec.RawBlockDevice != nil:
+		return nil, refused("snapshot_unsupported", "volume %s is a raw device: there is nothing on this node to snapshot a bare disk with (a snapshot needs a sparse file, or an LVM volume)", s.Name)
+	case rec.Spec.LVMLogicalVolume != nil:
+		return nil, refused("snapshot_unsupported", "volume %s is an LVM logical volume: LVM snapshots are not done yet (sparse volumes only)", s.Name)
+	}
+	recPath, img := e.snapshotPaths(s.UUID, name)
+	if old, err := readSnapshot(recPath); err == nil && old.Phase == SnapshotTaken {
+		if _, err := os.Stat(img); err == nil {
+			return old, nil
+		}
+		return nil, failed("snapshot_missing", os.ErrNotExist, "snapshot %s of %s: its record is here, its image %s is gone: delete the snapshot and take it again", name, s.Name, img)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, failed("state", err, "reading snapshot %s of %s", name, s.Name)
+	}
+	if err := os.MkdirAll(e.snapshotDir(s.UUID), 0o700); err != nil {
+		return nil, failed("state", err, "creating %s", e.snapshotDir(s.UUID))
+	}
+	snap := &Snapshot{Version: 1, Name: name, Volume: rec.Spec.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
+		Mode: rec.Spec.Mode, FSType: rec.Spec.FSType, Image: img}
+	if err := writeSnapshot(recPath, snap); err != nil {
+		return nil, failed("state", err, "recording snapshot %s", name)
+	}
+	part := img + ".part"
+	os.Remove(part) // a crashed run's partial copy: ours (the record says so)
+	o := &op{e: e, s: rec.Spec}
+	file := e.State.SparseFile(s.UUID)
+	start := time.Now()
+	thaw, err := e.quiesce(o, rec.Spec, file)
+	if err != nil {
+		return nil, err
+	}
+	snap.Frozen = thaw != nil
+	o.step("snapshot-copying", "snapshot", name, "frozen", snap.Frozen)
+	method, err := filecopy.Copy(file, part)
+	if thaw != nil {
+		if terr := thaw(); terr != nil && err == nil {
+			err = terr
+		}
+	}
+	if err != nil {
+		os.Remove(part)
+		return nil, failed("snapshot_copy", err, "copying %s for snapshot %s", file, name)
+	}
+	if err := os.Rename(part, img); err != nil {
+		return nil, failed("snapshot_copy", err, "naming snapshot image %s", img)
+	}
+	snap.Took = time.Since(start).Round(time.Millisecond).String()
+	st, err := os.Stat(img)
+	if err != nil {
+		return nil, failed("snapshot_copy", err, "reading %s", img)
+	}
+	snap.Size = st.Size()
+	snap.Allocated, _ = filecopy.Allocated(img)
+	snap.Method, snap.Phase, snap.TakenAt = method, SnapshotTaken, start.UTC()
+	if err := writeSnapshot(recPath, snap); err != nil {
+		return nil, failed("state", err, "recording snapshot %s", name)
+	}
+	o.step("snapshot-taken", "snapshot", name, "method", string(method))
+	return snap, nil
+}
+
+// quiesce makes the backing file hold everything written to the volume:
+// a mounted filesystem is frozen (thaw undoes it), and the loop device's
+// writes are flushed to the file either way.
+func (e *Engine) quiesce(o *op, s *spec.Spec, file string) (thaw func() error, err error) {
+	devs, err := loopdev.Find(file)
+	if err != nil {
+		return nil, failed("loop", err, "looking for the loop device of %s", file)
+	}
+	for _, d := range devs {
+		if s.Mode == spec.ModeFilesystem {
+			dev, err := blockdev.Stat(d.Path)
+			if err != nil {
+				return nil, failed("loop", err, "reading %s", d.Path)
+			}
+			mps, err := blockdev.Mountpoints(dev)
+			if err != nil {
+				return nil, failed("mounts", err, "reading the mount table")
+			}
+			for _, mp := range mps {
+				if mp == "[SWAP]" {
+					continue
+				}
+				// One mount's freeze holds the whole filesystem.
+				t, err := filecopy.Freeze(mp)
+				if err != nil {
+					return nil, failed("freeze", err, "freezing %s (volume %s)", mp, s.Name)
+				}
+				o.step("frozen", "mountpoint", mp)
+				return t, nil
+			}
+		}
+		f, err := os.OpenFile(d.Path, os.O_RDONLY, 0)
+		if err != nil {
+			return nil, failed("loop", err, "opening %s", d.Path)
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return nil, failed("loop", err, "flushing %s", d.Path)
+		}
+	}
+	return nil, nil
+}
+
+// DeleteSnapshot removes snapshot name of volume uuid: image first, then
+// the record (a crash between leaves a record whose image is gone, which
+// the next delete finishes). Deleting a snapshot that is not there is done.
+func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) error {
+	if !snapshotName.MatchString(name) {
+		return invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.'", name)
+	}
+	l, err := e.lockVolume(s.UUID)
+	if err != nil {
+		return err
+	}
+	defer l.Unlock()
+	recPath, img := e.snapshotPaths(s.UUID, name)
+	if _, err := readSnapshot(recPath); errors.Is(err, os.ErrNotExist) {
+		// No record: nothing of ours by that name (an image without a
+		// record is not ours to remove).
+		return nil
+	}
+	for _, p := range []string{img + ".part", img, recPath} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return failed("snapshot_delete", err, "removing %s", p)
+		}
+	}
+	_ = os.Remove(e.snapshotDir(s.UUID)) // only when it is empty
+	return nil
+}
+
+// Snapshots lists the snapshots of volume uuid ("" for every volume's),
+// by volume then name.
+func (e *Engine) Snapshots(uuid string) ([]*Snapshot, error) {
+	root := filepath.Join(e.State.Root, "snapshots")
+	pattern := filepath.Join(root, "*", "*.json")
+	if uuid != "" {
+		pattern = filepath.Join(root, uuid, "*.json")
+	}
+	paths, err := filepath.Glob(pattern)
+	if err != nil {
+		return nil, err
+	}
+	out := []*Snapshot{}
+	for _, p := range paths {
+		s, err := readSnapshot(p)
+		if err != nil {
+			return nil, failed("state", err, "reading %s", p)
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].VolumeUUID != out[j].VolumeUUID {
+			return out[i].VolumeUUID < out[j].VolumeUUID
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, nil
+}
+
+func readSnapshot(p string) (*Snapshot, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if s.Version > 1 {
+		return nil, fmt.Errorf("%s: record version %d is newer than this salt-volume-exec reads (1)", p, s.Version)
+	}
+	if s.Name+".json" != filepath.Base(p) || !strings.Contains(p, s.VolumeUUID) {
+		return nil, fmt.Errorf("%s: names snapshot %s of %s", p, s.Name, s.VolumeUUID)
+	}
+	return &s, nil
+}
+
+func writeSnapshot(p string, s *Snapshot) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return nodestate.WriteFileAtomic(p, append(b, '\n'), 0o600)
+}

@@ -1,0 +1,118 @@
+package filecopy
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/salt-volumes/salt-volumes/test/testenv"
+)
+
+// sparseFile is a 64 MiB file with data at 1 MiB and at 40 MiB, holes
+// around them.
+func sparseFile(t *testing.T, dir string) (string, []byte) {
+	p := filepath.Join(dir, "src")
+	f, err := os.Create(p)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Truncate(64<<20))
+	data := bytes.Repeat([]byte("salt-volumes "), 80_000) // ~1 MiB
+	_, err = f.WriteAt(data, 1<<20)
+	require.NoError(t, err)
+	_, err = f.WriteAt(data, 40<<20)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	return p, data
+}
+
+func sameContent(t *testing.T, a, b string) {
+	t.Helper()
+	x, err := os.ReadFile(a)
+	require.NoError(t, err)
+	y, err := os.ReadFile(b)
+	require.NoError(t, err)
+	require.Equal(t, len(x), len(y), "size")
+	assert.True(t, bytes.Equal(x, y), "content")
+}
+
+// On a filesystem without shared extents (the host's ext4): the data
+// extents copied, the holes kept.
+func TestSparseCopyKeepsHoles(t *testing.T) {
+	dir := t.TempDir()
+	src, data := sparseFile(t, dir)
+	dst := filepath.Join(dir, "dst")
+	m, err := Copy(src, dst)
+	require.NoError(t, err)
+	if m == Reflink {
+		t.Skip("this filesystem shares extents: the sparse path is tested where it cannot")
+	}
+	assert.Equal(t, Sparse, m)
+	sameContent(t, src, dst)
+	used, err := Allocated(dst)
+	require.NoError(t, err)
+	assert.Less(t, used, int64(8<<20), "about the 2 MiB written, not the 64 MiB size: %d", used)
+	assert.GreaterOrEqual(t, used, int64(2*len(data)))
+
+	_, err = Copy(src, dst)
+	assert.ErrorIs(t, err, os.ErrExist, "never over an existing file")
+	sameContent(t, src, dst)
+}
+
+// On xfs with reflink (mkfs.xfs's default): the copy shares the extents,
+// and writing to the source afterwards leaves the copy as it was.
+func TestReflinkOnXFS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a loop device and a mount")
+	}
+	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+		t.Skip("no mkfs.xfs (make setup installs xfsprogs)")
+	}
+	// mkfs.xfs refuses devices under 300 MB.
+	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
+		out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).CombinedOutput()
+		if err != nil {
+			t.Logf("mkfs.xfs: %s", out)
+		}
+		return err
+	})
+	mnt := t.TempDir()
+	require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+
+	src, _ := sparseFile(t, mnt)
+	dst := filepath.Join(mnt, "dst")
+	m, err := Copy(src, dst)
+	require.NoError(t, err)
+	assert.Equal(t, Reflink, m)
+	sameContent(t, src, dst)
+	before, err := os.ReadFile(dst)
+	require.NoError(t, err)
+	f, err := os.OpenFile(src, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("changed after the copy"), 1<<20)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	after, err := os.ReadFile(dst)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(before, after), "the copy keeps the content of its moment")
+
+	// Freezing the filesystem holds writes until the thaw.
+	thaw, err := Freeze(mnt)
+	require.NoError(t, err)
+	wrote := make(chan error, 1)
+	go func() { wrote <- os.WriteFile(filepath.Join(mnt, "while-frozen"), []byte("x"), 0o600) }()
+	select {
+	case err := <-wrote:
+		t.Fatalf("a write went through a frozen filesystem: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, thaw())
+	require.NoError(t, <-wrote, "the write goes on after the thaw")
+}
