@@ -18,6 +18,11 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	file := e.State.SparseFile(s.UUID)
 	res.BackingFile = file
 	grow := growing(s, rec)
+	if s.Source != nil && rec.Phase != nodestate.PhasePrepared {
+		if _, err := e.cloneSparse(ctx, o); err != nil {
+			return err
+		}
+	}
 
 	f, created, fresh, grown, err := e.openSparseFile(s, grow)
 	if err != nil {
@@ -70,7 +75,11 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	if err := e.finishDevice(ctx, o, dev.Name, res); err != nil {
 		return err
 	}
-	if grow && s.Mode == spec.ModeFilesystem {
+	// A clone larger than its snapshot: its filesystem to the file's end
+	// (asked on every run until the volume is prepared: a crash after the
+	// copy forgets whether it was larger; growing a full one is nothing).
+	cloneGrow := s.Source != nil && rec.Phase != nodestate.PhasePrepared
+	if (grow || cloneGrow) && s.Mode == spec.ModeFilesystem {
 		if err := e.growFS(ctx, o, res.DeviceName); err != nil {
 			return err
 		}

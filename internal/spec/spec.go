@@ -91,9 +91,55 @@ type Spec struct {
 	LVMLogicalVolume *LVMLogicalVolume `json:"lvmLogicalVolume,omitempty"`
 	// Template is for the volume's PersistentVolume (Kubernetes mode).
 	Template *Template `json:"template,omitempty"`
+	// Source makes a new sparse volume a clone of a snapshot on its node.
+	Source *Source `json:"source,omitempty"`
 
 	// SizeBytes is the parsed sparse or LV size; filled in by Validate.
 	SizeBytes int64 `json:"-"`
+}
+
+// Source names the snapshot a volume starts as a copy of: snapshot Name
+// of the volume VolumeUUID, on the same node.
+type Source struct {
+	VolumeUUID string `json:"volumeUUID"`
+	Snapshot   string `json:"snapshot"`
+}
+
+func (src *Source) validate(s *Spec) error {
+	if src == nil {
+		return nil
+	}
+	if s.SparseLoopDevice == nil {
+		if s.RawBlockDevice == nil && s.LVMLogicalVolume == nil {
+			return nil // the missing kind is said next
+		}
+		return &FieldError{"source", "clones are made of sparse volumes only: use sparseLoopDevice"}
+	}
+	u, err := uuid.Parse(src.VolumeUUID)
+	if err != nil || len(src.VolumeUUID) != 36 {
+		return &FieldError{"source.volumeUUID", fmt.Sprintf("%q is not a UUID: give the uuid of the volume the snapshot was taken of", src.VolumeUUID)}
+	}
+	src.VolumeUUID = u.String()
+	if src.VolumeUUID == s.UUID {
+		return &FieldError{"source.volumeUUID", "is the new volume's own uuid: a clone is a new volume with a uuid of its own"}
+	}
+	if n := src.Snapshot; n == "" || len(n) > 63 || !snapshotName(n) {
+		return &FieldError{"source.snapshot", fmt.Sprintf("%q is not a snapshot name: lower-case letters, digits, '-' and '.', at most 63", n)}
+	}
+	return nil
+}
+
+func snapshotName(n string) bool {
+	if n[0] == '-' || n[0] == '.' || n[len(n)-1] == '-' || n[len(n)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // FieldError names the offending field so the message can tell the user
@@ -211,8 +257,9 @@ func jsonKind(c byte) string {
 // free keys and are not listed.
 var knownKeys = map[string]map[string]bool{
 	"": {"name": true, "uuid": true, "node": true, "mode": true, "fsType": true, "mkfsOptions": true,
-		"sparseLoopDevice": true, "rawBlockDevice": true, "lvmLogicalVolume": true, "template": true},
+		"sparseLoopDevice": true, "rawBlockDevice": true, "lvmLogicalVolume": true, "template": true, "source": true},
 	"sparseLoopDevice":  {"size": true},
+	"source":            {"volumeUUID": true, "snapshot": true},
 	"lvmLogicalVolume":  {"vgName": true, "size": true, "wipeSignatures": true},
 	"rawBlockDevice":    {"devicePath": true},
 	"template":          {"metadata": true},
@@ -373,6 +420,9 @@ func (s *Spec) Validate() error {
 	}
 
 	if err := s.Template.validate(); err != nil {
+		return err
+	}
+	if err := s.Source.validate(s); err != nil {
 		return err
 	}
 

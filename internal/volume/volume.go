@@ -97,6 +97,10 @@ func (v *Volume) Clone() *Volume {
 		l := *v.Spec.LVMLogicalVolume
 		c.Spec.LVMLogicalVolume = &l
 	}
+	if v.Spec.Source != nil {
+		src := *v.Spec.Source
+		c.Spec.Source = &src
+	}
 	if v.Status.PersistentVolume != nil {
 		pv := *v.Status.PersistentVolume
 		c.Status.PersistentVolume = &pv

@@ -1,0 +1,181 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/salt-volumes/salt-volumes/internal/filecopy"
+	"github.com/salt-volumes/salt-volumes/internal/gpt"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/probe"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"golang.org/x/sys/unix"
+)
+
+// Clones: a new sparse volume whose backing file starts as a copy of a
+// snapshot's image, with an identity of its own written before anything
+// can attach it (the filesystem's UUID, or the GPT's partition GUID), so
+// that the clone and its origin can be used at once and their by-uuid
+// links stay distinct.
+
+// cloneSparse makes the volume's backing file from its source snapshot
+// unless the file exists already. It works on <file>.clone and renames it
+// last: a crash leaves either no file (the next run starts over, removing
+// the partial copy, which the preparing record says is ours) or the whole
+// clone. grown says the clone is larger than the snapshot (its table is
+// laid out to the end here; its filesystem grows once it is attached).
+func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error) {
+	s := o.s
+	file := e.State.SparseFile(s.UUID)
+	if _, err := os.Stat(file); err == nil {
+		return false, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return false, failed("file", err, "reading %s", file)
+	}
+	src := s.Source
+	recPath, img := e.snapshotPaths(src.VolumeUUID, src.Snapshot)
+	snap, err := readSnapshot(recPath)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && snap.Phase != SnapshotTaken) {
+		return false, invalid("snapshot_not_found", "source: snapshot %s of volume %s is not on this node (salt-volume-exec snapshots lists them)", src.Snapshot, src.VolumeUUID)
+	}
+	if err != nil {
+		return false, failed("state", err, "reading snapshot %s", src.Snapshot)
+	}
+	switch {
+	case snap.Mode != s.Mode:
+		return false, invalid("source_mismatch", "source: snapshot %s is of a %s volume: the clone must be mode %s too", src.Snapshot, snap.Mode, snap.Mode)
+	case snap.FSType != s.FSType:
+		return false, invalid("source_mismatch", "source: snapshot %s holds %s: the clone's fsType must be %s", src.Snapshot, snap.FSType, snap.FSType)
+	case snap.Size > s.SizeBytes:
+		return false, invalid("source_mismatch", "sparseLoopDevice.size: %s is smaller than snapshot %s (%s): a clone is at least as large as its source", spec.FormatSize(s.SizeBytes), src.Snapshot, spec.FormatSize(snap.Size))
+	}
+	part := file + ".clone"
+	// An interrupted run's copy is ours (the preparing record says so),
+	// and so is a loop device it left on it while replaying a log.
+	if devs, err := loopdev.Find(part); err == nil {
+		for _, d := range devs {
+			_ = loopdev.Detach(ctx, d, e.DetachWait)
+		}
+	}
+	os.Remove(part)
+	if err := os.MkdirAll(e.State.Sparse(), 0o700); err != nil {
+		return false, failed("file", err, "creating %s", e.State.Sparse())
+	}
+	method, err := filecopy.Copy(img, part)
+	if err != nil {
+		return false, failed("clone_copy", err, "copying snapshot %s", src.Snapshot)
+	}
+	o.changed = true
+	o.step("cloned", "snapshot", src.Snapshot, "method", string(method))
+	fail := func(err error) (bool, error) {
+		os.Remove(part)
+		return false, err
+	}
+	grown = snap.Size < s.SizeBytes
+	if grown {
+		if err := os.Truncate(part, s.SizeBytes); err != nil {
+			return fail(failed("file", err, "sizing %s", part))
+		}
+	}
+	if err := e.newIdentity(ctx, o, part, snap); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(part, file); err != nil {
+		return fail(failed("file", err, "naming %s", file))
+	}
+	return grown, nil
+}
+
+// newIdentity gives the copy the volume's UUID: tune2fs -U (after the
+// forced check it asks for) or xfs_admin -U for a filesystem, a table
+// laid out again with the volume's partition GUID and a new disk GUID for
+// Block.
+func (e *Engine) newIdentity(ctx context.Context, o *op, part string, snap *Snapshot) error {
+	s := o.s
+	run := func(name string, args ...string) error {
+		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: %v: %s", name, err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	switch {
+	case s.Mode == spec.ModeBlock:
+		f, err := os.OpenFile(part, os.O_RDWR, 0)
+		if err != nil {
+			return failed("file", err, "opening %s", part)
+		}
+		defer f.Close()
+		if _, _, err := gpt.Relay(f, s.SizeBytes, 512, s.UUID, s.Name, ""); err != nil {
+			return failed("gpt", err, "giving the clone's partition its GUID")
+		}
+	case s.FSType == "xfs":
+		// A snapshot of a mounted xfs (frozen or not) carries a log to
+		// replay, and xfs_admin refuses a dirty log (exiting 0 all the
+		// same): mount the copy once, beside its origin (nouuid), so that
+		// the kernel replays it.
+		if err := e.replayXFSLog(ctx, o, part); err != nil {
+			return err
+		}
+		if err := run("xfs_admin", "-U", s.UUID, part); err != nil {
+			return failed("clone_uuid", err, "giving the clone's xfs its UUID")
+		}
+	default:
+		// e2fsck exits 1 when it corrected something (a snapshot of a
+		// mounted ext4 is as after a crash): that is fine here.
+		cmd := exec.CommandContext(ctx, "e2fsck", "-f", "-p", part)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() > 1 {
+				return failed("clone_fsck", fmt.Errorf("e2fsck: %v: %s", err, strings.TrimSpace(string(out))), "checking the clone's ext4")
+			}
+		}
+		if err := run("tune2fs", "-U", s.UUID, part); err != nil {
+			return failed("clone_uuid", err, "giving the clone's ext4 its UUID")
+		}
+	}
+	// Never trust a tool's exit code alone here: a copy that does not
+	// carry the volume's own signature now would be taken for a file to
+	// format by the rest of prepare.
+	f, err := os.Open(part)
+	if err != nil {
+		return failed("file", err, "opening %s", part)
+	}
+	r, err := probe.Device(f, s.SizeBytes, 512)
+	f.Close()
+	if err != nil {
+		return failed("probe", err, "reading %s", part)
+	}
+	if !ours(s, r) {
+		return failed("clone_uuid", fmt.Errorf("it carries %s", r), "giving the clone of snapshot %s the volume's UUID %s", snap.Name, s.UUID)
+	}
+	o.step("clone-identity", "uuid", s.UUID)
+	return nil
+}
+
+// replayXFSLog mounts the copy of an xfs once and unmounts it, which
+// replays its log.
+func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
+	dev, err := loopdev.Attach(ctx, part)
+	if err != nil {
+		return failed("attach", err, "attaching %s to replay its log", part)
+	}
+	defer func() { _ = loopdev.Detach(context.Background(), dev, e.DetachWait) }()
+	dir, err := os.MkdirTemp(e.State.Root, ".clone-")
+	if err != nil {
+		return failed("file", err, "making a mount point")
+	}
+	defer os.Remove(dir)
+	if err := unix.Mount(dev.Path, dir, "xfs", unix.MS_NOATIME, "nouuid"); err != nil {
+		return failed("clone_log", err, "mounting the copy of the snapshot to replay its xfs log")
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		return failed("clone_log", err, "unmounting the copy of the snapshot")
+	}
+	o.step("clone-log-replayed")
+	return nil
+}
