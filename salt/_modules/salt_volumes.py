@@ -452,6 +452,55 @@ def unprepare(name=None, spec=None, wipe=False):
     return out
 
 
+def snapshot(name=None, snapshot_name=None, spec=None):
+    """
+    Take a point-in-time snapshot of a sparse volume on this minion
+    (idempotent: taking it again answers the snapshot taken). The volume's
+    filesystem is frozen while mounted; the copy is a reflink where the
+    state dir's filesystem shares extents, else a sparse copy.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot data-1 snapshot_name=before-upgrade
+    """
+    if not snapshot_name:
+        raise SaltInvocationError("give snapshot_name: the snapshot's name (lower-case letters, digits, '-' and '.')")
+    return _run("snapshot", _spec(name, spec), ["--name", str(snapshot_name)])
+
+
+def snapshot_delete(name=None, snapshot_name=None, spec=None):
+    """
+    Delete a volume's snapshot on this minion (done already is fine).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot_delete data-1 snapshot_name=before-upgrade
+    """
+    if not snapshot_name:
+        raise SaltInvocationError("give snapshot_name: the snapshot to delete")
+    return _run("snapshot-delete", _spec(name, spec), ["--name", str(snapshot_name)])
+
+
+def snapshots(name=None, spec=None):
+    """
+    List the snapshots on this minion: a volume's, or all of them.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshots
+        salt node-1 salt_volumes.snapshots data-1
+    """
+    if name is None and spec is None:
+        return _run("snapshots")["snapshots"]
+    return _run("snapshots", _spec(name, spec))["snapshots"]
+
+
 def info(name=None, spec=None):
     """
     Report a volume's state on this minion without changing anything.

@@ -116,6 +116,26 @@ func TestMasterless(t *testing.T) {
 	require.Equal(t, 0, code)
 	assert.Len(t, saltstack.JSON(t, out)["local"], 2)
 
+	// Snapshots through the execution module, as a pillar-driven fleet
+	// takes them: taken, listed, a volume with one is not removed, deleted.
+	out, code = s.SaltCall("--out=json", "salt_volumes.snapshot", "spec="+specJSON, "snapshot_name=before")
+	require.Equal(t, 0, code, out)
+	snap := saltstack.JSON(t, out)["local"].(map[string]any)
+	assert.Equal(t, "taken", snap["phase"])
+	assert.Contains(t, []any{"reflink", "sparse-copy"}, snap["method"])
+	out, code = s.SaltCall("--out=json", "salt_volumes.snapshots")
+	require.Equal(t, 0, code, out)
+	require.Len(t, saltstack.JSON(t, out)["local"], 1)
+	_, code = s.SaltCall("--out=json", "--retcode-passthrough", "salt_volumes.unprepare", "spec="+specJSON)
+	assert.NotEqual(t, 0, code, "refused: it has a snapshot (the message names it)")
+	_, err = os.Stat(filepath.Join(s.StateDir, "sparse", fsU))
+	require.NoError(t, err, "the volume is still there")
+	out, code = s.SaltCall("--out=json", "salt_volumes.snapshot_delete", "spec="+specJSON, "snapshot_name=before")
+	require.Equal(t, 0, code, out)
+	out, code = s.SaltCall("--out=json", "salt_volumes.snapshots")
+	require.Equal(t, 0, code, out)
+	assert.Empty(t, saltstack.JSON(t, out)["local"])
+
 	// Bad pillar: the state fails naming the volume and the field, and
 	// nothing is prepared for it.
 	badU := uuid.NewString()
