@@ -54,6 +54,10 @@ type Snapshot struct {
 	TakenAt   time.Time `json:"takenAt"`
 	Image     string    `json:"image"`
 	Took      string    `json:"took,omitempty"`
+	// Freezing names the mountpoint while this run holds it frozen: a run
+	// killed then leaves it frozen (the kernel never thaws by itself), and
+	// the next run on the snapshot thaws it first.
+	Freezing string `json:"freezing,omitempty"`
 }
 
 var snapshotName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
@@ -92,7 +96,11 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*
 		return nil, refused("snapshot_unsupported", "volume %s is an LVM logical volume: LVM snapshots are not done yet (sparse volumes only)", s.Name)
 	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
-	if old, err := readSnapshot(recPath); err == nil && old.Phase == SnapshotTaken {
+	old, err := readSnapshot(recPath)
+	if err == nil && old.Freezing != "" {
+		e.thawLeftover(opFor(e, rec.Spec), old.Freezing)
+	}
+	if err == nil && old.Phase == SnapshotTaken {
 		if _, err := os.Stat(img); err == nil {
 			return old, nil
 		}
@@ -113,7 +121,10 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*
 	o := &op{e: e, s: rec.Spec}
 	file := e.State.SparseFile(s.UUID)
 	start := time.Now()
-	thaw, err := e.quiesce(o, rec.Spec, file)
+	thaw, err := e.quiesce(o, rec.Spec, file, func(mp string) error {
+		snap.Freezing = mp
+		return writeSnapshot(recPath, snap)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -125,8 +136,10 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*
 			err = terr
 		}
 	}
+	snap.Freezing = ""
 	if err != nil {
 		os.Remove(part)
+		_ = writeSnapshot(recPath, snap)
 		return nil, failed("snapshot_copy", err, "copying %s for snapshot %s", file, name)
 	}
 	if err := os.Rename(part, img); err != nil {
@@ -148,9 +161,10 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*
 }
 
 // quiesce makes the backing file hold everything written to the volume:
-// a mounted filesystem is frozen (thaw undoes it), and the loop device's
-// writes are flushed to the file either way.
-func (e *Engine) quiesce(o *op, s *spec.Spec, file string) (thaw func() error, err error) {
+// a mounted filesystem is frozen (thaw undoes it; before freezing, note
+// records where), and the loop device's writes are flushed to the file
+// either way.
+func (e *Engine) quiesce(o *op, s *spec.Spec, file string, note func(mountpoint string) error) (thaw func() error, err error) {
 	devs, err := loopdev.Find(file)
 	if err != nil {
 		return nil, failed("loop", err, "looking for the loop device of %s", file)
@@ -170,6 +184,9 @@ func (e *Engine) quiesce(o *op, s *spec.Spec, file string) (thaw func() error, e
 					continue
 				}
 				// One mount's freeze holds the whole filesystem.
+				if err := note(mp); err != nil {
+					return nil, failed("state", err, "recording the freeze of %s", mp)
+				}
 				t, err := filecopy.Freeze(mp)
 				if err != nil {
 					return nil, failed("freeze", err, "freezing %s (volume %s)", mp, s.Name)
@@ -191,6 +208,19 @@ func (e *Engine) quiesce(o *op, s *spec.Spec, file string) (thaw func() error, e
 	return nil, nil
 }
 
+// thawLeftover thaws a mountpoint an earlier run froze and was killed
+// before thawing; one that is not frozen (any more) is fine.
+func (e *Engine) thawLeftover(o *op, mp string) {
+	if err := filecopy.Thaw(mp); err != nil {
+		e.Log.Warn("thawing a filesystem an interrupted snapshot left frozen", "mountpoint", mp, "error", err)
+		return
+	}
+	o.step("thawed", "mountpoint", mp)
+}
+
+// opFor is an op for steps outside prepare and unprepare.
+func opFor(e *Engine, s *spec.Spec) *op { return &op{e: e, s: s} }
+
 // DeleteSnapshot removes snapshot name of volume uuid: image first, then
 // the record (a crash between leaves a record whose image is gone, which
 // the next delete finishes). Deleting a snapshot that is not there is done.
@@ -204,7 +234,11 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 	}
 	defer l.Unlock()
 	recPath, img := e.snapshotPaths(s.UUID, name)
-	if _, err := readSnapshot(recPath); errors.Is(err, os.ErrNotExist) {
+	old, err := readSnapshot(recPath)
+	if err == nil && old.Freezing != "" {
+		e.thawLeftover(opFor(e, s), old.Freezing)
+	}
+	if errors.Is(err, os.ErrNotExist) {
 		// No record: nothing of ours by that name (an image without a
 		// record is not ours to remove).
 		return nil

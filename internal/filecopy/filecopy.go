@@ -152,3 +152,17 @@ func Freeze(mountpoint string) (thaw func() error, err error) {
 		return nil
 	}, nil
 }
+
+// Thaw thaws the filesystem mounted at mountpoint; one that is not frozen
+// is not an error (EINVAL from the kernel).
+func Thaw(mountpoint string) error {
+	f, err := os.Open(mountpoint)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), fithaw, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("thawing %s: %w", mountpoint, err)
+	}
+	return nil
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -254,4 +255,60 @@ func TestCloneFromSnapshot(t *testing.T) {
 		n.ok("snapshot-delete", origin, "--name", "s1")
 		n.ok("unprepare", origin)
 	})
+}
+
+// A snapshot or a clone killed after any of its steps converges on the
+// next run: the snapshot is taken, the clone has the snapshot's content
+// and its own UUID.
+func TestSnapshotAndCloneKilledAtEveryStepConverge(t *testing.T) {
+	n := newNode(t)
+	u1 := n.newUUID()
+	origin := sparseSpec("crash-origin", u1, "32Mi", nil)
+	r := n.ok("prepare", origin)
+	mp := mount(t, r.str("persistentPath"))
+	require.NoError(t, os.WriteFile(filepath.Join(mp, "data"), []byte("kept\n"), 0o600))
+
+	probe := steps(n.ok("snapshot", origin, "--name", "probe").Stderr)
+	n.ok("snapshot-delete", origin, "--name", "probe")
+	require.Contains(t, probe, "snapshot-taken")
+	for i, step := range probe {
+		name := "k" + string(rune('a'+i))
+		killed := n.exec([]string{failpoint.CrashEnv + "=" + step}, mustJSON(t, origin), "snapshot", "--spec", "-", "--name", name)
+		require.Equal(t, -1, killed.Code, "snapshot must be killed after %s", step)
+		// Killed while frozen, the filesystem stays frozen (the kernel
+		// thaws only when told): the next run thaws it first.
+		r := n.ok("snapshot", origin, "--name", name)
+		assert.Equal(t, "taken", r.str("phase"), "taken after a kill at %s", step)
+		if step == "frozen" || step == "snapshot-copying" {
+			assert.Contains(t, steps(r.Stderr), "thawed", "after a kill at %s", step)
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(mp, "after-"+step), []byte("x"), 0o600), "writable again after a kill at %s", step)
+		assert.Equal(t, "kept\n", debugfsCat(t, r.str("image"), "/data"), "after a kill at %s", step)
+	}
+	umount(t, mp)
+
+	u := n.newUUID()
+	clone := func(u string) map[string]any {
+		return sparseSpec("crash-clone", u, "48Mi", map[string]any{"source": map[string]any{"volumeUUID": u1, "snapshot": "ka"}})
+	}
+	cloneSteps := steps(n.ok("prepare", clone(u)).Stderr)
+	n.ok("unprepare", clone(u))
+	require.Contains(t, cloneSteps, "clone-identity")
+	for _, step := range cloneSteps {
+		if step == "prepared" {
+			continue
+		}
+		u := n.newUUID()
+		killed := n.exec([]string{failpoint.CrashEnv + "=" + step}, mustJSON(t, clone(u)), "prepare", "--spec", "-")
+		require.Equal(t, -1, killed.Code, "prepare must be killed after %s", step)
+		r := n.ok("prepare", clone(u))
+		assert.Equal(t, u, blkid(t, r.str("devicePath"))["UUID"], "the clone's UUID after a kill at %s", step)
+		assert.Equal(t, "kept\n", debugfsCat(t, r.str("devicePath"), "/data"), "the snapshot's content after a kill at %s", step)
+		assert.Equal(t, false, n.ok("prepare", clone(u)).Out["changed"], "converged after a kill at %s", step)
+		n.ok("unprepare", clone(u))
+	}
+	for i := range probe {
+		n.ok("snapshot-delete", origin, "--name", "k"+string(rune('a'+i)))
+	}
+	n.ok("unprepare", origin)
 }
