@@ -113,11 +113,11 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*
 	}
 	snap := &Snapshot{Version: 1, Name: name, Volume: rec.Spec.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
 		Mode: rec.Spec.Mode, FSType: rec.Spec.FSType, Image: img}
-	if err := writeSnapshot(recPath, snap); err != nil {
-		return nil, failed("state", err, "recording snapshot %s", name)
-	}
+	// The partial copy needs no record to be ours: every name under
+	// snapshots/ is this binary's. A record is written before a freeze
+	// only (quiesce's note), which a killed run must be able to undo.
 	part := img + ".part"
-	os.Remove(part) // a crashed run's partial copy: ours (the record says so)
+	os.Remove(part)
 	o := &op{e: e, s: rec.Spec}
 	file := e.State.SparseFile(s.UUID)
 	start := time.Now()
@@ -239,8 +239,10 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 		e.thawLeftover(opFor(e, s), old.Freezing)
 	}
 	if errors.Is(err, os.ErrNotExist) {
-		// No record: nothing of ours by that name (an image without a
-		// record is not ours to remove).
+		// No record: at most an interrupted run's partial copy.
+		if err := os.Remove(img + ".part"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return failed("snapshot_delete", err, "removing %s", img+".part")
+		}
 		return nil
 	}
 	for _, p := range []string{img + ".part", img, recPath} {
