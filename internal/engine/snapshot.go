@@ -25,8 +25,9 @@ import (
 
 // Snapshot phases.
 const (
-	// SnapshotTaking is recorded before the copy starts: a crash leaves a
-	// record that says the partial image is ours to remove.
+	// SnapshotTaking is recorded before a freeze (with the mountpoint), so
+	// that a run killed while it holds the filesystem frozen can be undone;
+	// a partial image needs no record (every name under snapshots/ is ours).
 	SnapshotTaking = "taking"
 	SnapshotTaken  = "taken"
 )
