@@ -197,3 +197,26 @@ type JobStep struct {
 	Name string    `json:"name"`
 	At   time.Time `json:"at"`
 }
+
+// Snapshot is one snapshot of a volume, kept on the volume's node
+// (GET /api/v1/snapshots). Phase: Pending, Ready, Failed or Deleting.
+type Snapshot struct {
+	Name       string `json:"name"`
+	Volume     string `json:"volume"`
+	VolumeUUID string `json:"volumeUUID"`
+	Node       string `json:"node"`
+	Phase      string `json:"phase"`
+	// Method, Frozen, Size, Allocated and TakenAt are the node's answer:
+	// reflink or sparse-copy, whether the mounted filesystem was frozen,
+	// the image's size and the bytes it really uses.
+	Method      string     `json:"method,omitempty"`
+	Frozen      bool       `json:"frozen,omitempty"`
+	Size        int64      `json:"size,omitempty"`
+	Allocated   int64      `json:"allocated,omitempty"`
+	TakenAt     *time.Time `json:"takenAt,omitempty"`
+	Message     string     `json:"message,omitempty"`
+	JobID       string     `json:"jobId,omitempty"`
+	RequestedBy string     `json:"requestedBy,omitempty"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	UpdatedAt   time.Time  `json:"updatedAt"`
+}

@@ -115,6 +115,7 @@ const (
 	CodeDeleteForbidden = "delete_forbidden" // 409: the deletion criteria say no, with the reason
 	CodeResizeForbidden = "resize_forbidden" // 409: the volume cannot grow now, with the reason
 	CodeLimit           = "limit"            // 429/503: a limit of the control plane
+	CodeSnapshot        = "snapshot_refused" // 409/422: no snapshot of this volume now, with the reason and the fix
 	CodeBusy            = "busy"             // 409: the volume kept changing under the request; nothing was recorded, ask again
 	CodeInternal        = "internal"         // 500
 	CodeUnavailable     = "unavailable"      // 503: the store (etcd) is out of reach; retry

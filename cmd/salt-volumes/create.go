@@ -1,7 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"flag"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -22,11 +25,47 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	var labels, annotations multi
 	fs.Var(&labels, "label", "KEY=VALUE: a label for the volume's PersistentVolume (repeat for each)")
 	fs.Var(&annotations, "annotation", "KEY=VALUE: an annotation for the volume's PersistentVolume (repeat for each)")
+	from := fs.String("from", "", "snapshot/NAME: a clone of that snapshot, on its node, of its volume's mode and filesystem (--size: the same or larger)")
 	wait := fs.Bool("wait", false, "wait until the volume is Available (or Failed)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
 	pos, cl, err := c.open(fs, in, 1, "give exactly one volume NAME")
 	if err != nil {
 		return err
+	}
+	var source map[string]any
+	if *from != "" {
+		// Resolved here: the volume spec names the snapshot by its
+		// volume's uuid and its name, on the clone's own node.
+		kind, name, _ := strings.Cut(*from, "/")
+		if kind != "snapshot" || name == "" {
+			return failf(exitUsage, "create: --from %q: write snapshot/NAME (salt-volumes snapshot ls lists them)", *from)
+		}
+		if *device != "" || *vg != "" {
+			return failf(exitUsage, "create: --from makes a sparse volume: leave out --device and --vg")
+		}
+		snap, err := cl.Snapshot(ctx, name)
+		if err != nil {
+			return err
+		}
+		if snap.Phase != "Ready" {
+			return failf(exitUsage, "create: --from %s: the snapshot is %s, not Ready: %s", *from, snap.Phase, snap.Message)
+		}
+		if *node != "" && *node != snap.Node {
+			return failf(exitUsage, "create: --node %s: snapshot %s is on %s, and a clone is made on its snapshot's node: leave --node out", *node, name, snap.Node)
+		}
+		*node = snap.Node
+		if *size == "" {
+			*size = fmt.Sprint(snap.Size)
+		}
+		if src, err := cl.Get(ctx, snap.Volume); err == nil {
+			if !isSet(fs, "mode") {
+				*mode = cmp.Or(src.Spec.Mode, *mode)
+			}
+			if *fsType == "" {
+				*fsType = src.Spec.FSType
+			}
+		}
+		source = map[string]any{"volumeUUID": snap.VolumeUUID, "snapshot": snap.Name}
 	}
 	if *node == "" {
 		return failf(exitUsage, "create: --node: missing: the Salt minion id that will hold the volume")
@@ -80,6 +119,9 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	default:
 		sp["rawBlockDevice"] = map[string]any{"devicePath": *device}
 	}
+	if source != nil {
+		sp["source"] = source
+	}
 	v, err := cl.Create(ctx, sp)
 	if err != nil {
 		return err
@@ -88,4 +130,10 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		return c.show(v)
 	}
 	return c.waitFor(ctx, cl, v.Spec.Name, "Available", *timeout)
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -45,12 +45,16 @@ salt-volumes login keeps):
   salt-volumes logout
   salt-volumes create NAME --node N (--size Q | --device PATH) [--mode Block] [--fs xfs]
                       [--mkfs-option OPT]... [--uuid U] [--wait] [--timeout D]
+  salt-volumes create NAME --from snapshot/SNAP [--size Q] [--wait]
+                                 a clone of a snapshot, on its node (its own uuid)
   salt-volumes ls [--node N] [-o table|json]
   salt-volumes get NAME [-o table|json]
   salt-volumes rm NAME [--wipe | --forget] [--wait] [--timeout D]
   salt-volumes resize NAME --size Q | --to-device [--wait] [--timeout D]
                                  grow a sparse volume to Q, or a raw one to its grown device (never shrinks)
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
+  salt-volumes snapshot create VOLUME NAME [--wait] | snapshot ls [VOLUME] | snapshot get NAME
+  salt-volumes snapshot rm NAME [--wait]   snapshots of sparse volumes, kept on their nodes
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
   salt-volumes node forget NODE [--yes]   a node gone for good: forget its volumes (listed, confirmed), touching no disk
@@ -93,6 +97,7 @@ var commands = map[string]func(c *cli, ctx context.Context, args []string) error
 	"store":        (*cli).storeCmd,
 	"status":       (*cli).status,
 	"token":        (*cli).tokenCmd,
+	"snapshot":     (*cli).snapshotCmd,
 	"audit":        (*cli).audit,
 	"whoami":       (*cli).whoami,
 	"login":        (*cli).login,
@@ -214,7 +219,8 @@ func args(fs *flag.FlagSet, in []string, want int, what string) ([]string, error
 		pos = append(pos, fs.Arg(0))
 		in = fs.Args()[1:]
 	}
-	if len(pos) != want {
+	// want < 0: any number, the command checks them.
+	if want >= 0 && len(pos) != want {
 		return nil, failf(exitUsage, "%s: %s", fs.Name(), what)
 	}
 	return pos, nil

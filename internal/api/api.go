@@ -15,6 +15,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/health"
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -54,6 +55,8 @@ type Server struct {
 	Logins *Logins
 	// Kube accepts Kubernetes bearer tokens (Kubernetes mode; nil: none).
 	Kube KubeAuth
+	// Snapshots of volumes (nil: none kept).
+	Snapshots *snapshots.Service
 	// Nodes lists the minions Salt knows are up.
 	Nodes func(ctx context.Context) ([]string, error)
 	// Ready says why the server is not ready (nil when it is).
@@ -141,6 +144,11 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/volumes/{name}/history", view(query(s.history)))
 	mux.Handle("DELETE /api/v1/volumes/{name}", op(query(s.delete, "wipe", "forget")))
 	mux.Handle("POST /api/v1/volumes/{name}/resize", op(query(s.resize)))
+	mux.Handle("POST /api/v1/volumes/{name}/snapshots", op(query(s.fromLeader(s.takeSnapshot))))
+	mux.Handle("GET /api/v1/volumes/{name}/snapshots", view(query(s.listSnapshots)))
+	mux.Handle("GET /api/v1/snapshots", view(query(s.listSnapshots, "volume")))
+	mux.Handle("GET /api/v1/snapshots/{name}", view(query(s.getSnapshot)))
+	mux.Handle("DELETE /api/v1/snapshots/{name}", op(query(s.fromLeader(s.deleteSnapshot))))
 	mux.Handle("GET /api/v1/watch", s.authWatch(query(s.watch, "node", "name", "ticket")))
 	mux.Handle("POST /api/v1/watch/ticket", view(query(s.watchTicket)))
 	mux.Handle("GET /api/v1/nodes", view(query(s.fromLeader(s.nodes))))

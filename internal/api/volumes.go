@@ -168,7 +168,14 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "forget", Message: "forget leaves the node untouched, so it cannot wipe: use one or the other"})
 		return
 	case forget:
-		v, err = s.Requests.Forget(r.Context(), name)
+		if v, err = s.Requests.Forget(r.Context(), name); err == nil && s.Snapshots != nil {
+			// Left on the node as the volume is: the records go with it.
+			if gone, ferr := s.Snapshots.Forget(r.Context(), []string{name}); ferr != nil || len(gone) > 0 {
+				s.Log.Warn("snapshots of a forgotten volume forgotten", "volume", name, "snapshots", gone, "error", ferr)
+			}
+		}
+	case s.heldBySnapshots(w, r, name):
+		return
 	default:
 		v, err = s.Requests.Delete(r.Context(), name, wipe)
 	}
@@ -261,6 +268,11 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 	items := make([]saltvolumes.View, 0, len(got))
 	for _, v := range got {
 		items = append(items, v.View())
+	}
+	if s.Snapshots != nil {
+		if gone, ferr := s.Snapshots.Forget(r.Context(), body.Volumes); ferr != nil || len(gone) > 0 {
+			s.Log.Warn("snapshots of a drained node's volumes forgotten", "node", node, "snapshots", gone, "error", ferr)
+		}
 	}
 	s.Log.Warn("node drained: its volumes are forgotten without touching any disk", "node", node, "volumes", body.Volumes)
 	writeJSON(w, http.StatusAccepted, map[string]any{"items": items})

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"strings"
 	"time"
 
@@ -74,6 +75,12 @@ func (r *Reconciler) Handle(ev events.Event) {
 		jr, _ := ev.AsJobReturn()
 		if jr.Fun == FunStatus {
 			r.statusReturned(jr.JID)
+			return
+		}
+		if jr.Fun == snapshots.FunApply {
+			if r.Snapshots != nil {
+				r.Snapshots.Hint(jr.JID)
+			}
 			return
 		}
 		if jr.Fun != FunApply && !strings.HasPrefix(jr.Fun, "state.") {

@@ -18,6 +18,7 @@ package reconciler
 
 import (
 	"context"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"log/slog"
 	"sync"
 	"time"
@@ -199,7 +200,10 @@ func (r *Rejections) Values() map[string]int64 {
 
 // Reconciler owns the volume objects in its store.
 type Reconciler struct {
-	store store.Store
+	// Snapshots, when set, are taken and deleted by the leader beside
+	// the volumes (their job returns come through the same bus).
+	Snapshots *snapshots.Service
+	store     store.Store
 	// w is what workers write through during a term (Lead): the store
 	// itself, or a writer fenced on this replica's leadership.
 	w    store.Writer

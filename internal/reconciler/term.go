@@ -53,6 +53,15 @@ func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
 			t.work(func(name string) Result { return r.reconcile(ctx, name) })
 		}()
 	}
+	if r.Snapshots != nil {
+		// Snapshots have jobs of their own, taken and deleted by the
+		// leader too.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.Snapshots.Run(ctx)
+		}()
+	}
 	// Every volume gets a first pass: Unknown ones are launched, waiting
 	// ones get their timeout timer back.
 	for _, v := range r.store.List() {
@@ -67,11 +76,19 @@ func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
 				done = true
 			case <-tick.C:
 				r.lookupPending(ctx, "poll")
+				if r.Snapshots != nil {
+					r.Snapshots.Kick()
+				}
 			}
 		}
 		tick.Stop()
 	} else {
-		_ = r.source.Run(ctx, func() { go r.lookupPending(ctx, "lookup") }, r.Handle)
+		_ = r.source.Run(ctx, func() {
+			go r.lookupPending(ctx, "lookup")
+			if r.Snapshots != nil {
+				r.Snapshots.Kick()
+			}
+		}, r.Handle)
 	}
 	t.q.ShutDown()
 	wg.Wait()

@@ -34,6 +34,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/saltreq"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
 
@@ -178,6 +179,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		}
 		kubeAuth = &kubeauth.Reviewer{Client: cs}
 	}
+	snaps := &snapshots.Service{Records: records, Salt: jobs, Log: log.With("component", "snapshots"), JobTimeout: time.Duration(cfg.JobTimeout)}
+	rec.Snapshots = snaps
 	tokens := &access.Tokens{Records: records, Bootstrap: cfg.Token}
 	audit := &access.Audit{Records: records, Log: log.With("component", "audit"),
 		MaxAge: time.Duration(cfg.Audit.MaxAge), MaxEntries: cfg.Audit.MaxEntries}
@@ -187,7 +190,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	}
 	srv := &api.Server{
 		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
-		Tokens: tokens, Audit: audit, Logins: logins(cfg, salt), Kube: kubeAuth,
+		Tokens: tokens, Audit: audit, Logins: logins(cfg, salt), Kube: kubeAuth, Snapshots: snaps,
 		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond, LeaderTransport: leaderTransport,
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
@@ -208,6 +211,17 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 				conn = 1
 			}
 			w.Gauge("salt_volumes_event_source_connected", "1 while the event source is connected.", "", map[string]float64{"": conn})
+			w.Counter("salt_volumes_snapshots_taken_total", "Snapshots taken on their nodes.", snaps.Taken.Load())
+			w.Counter("salt_volumes_snapshots_deleted_total", "Snapshots deleted on their nodes.", snaps.Deleted.Load())
+			w.Counter("salt_volumes_snapshot_failures_total", "Snapshot jobs that failed (the snapshot's message says why).", snaps.Failures.Load())
+			if use, err := snaps.PerNode(context.Background()); err == nil {
+				count, bytes := map[string]float64{}, map[string]float64{}
+				for node, u := range use {
+					count[node], bytes[node] = float64(u.Count), float64(u.Allocated)
+				}
+				w.Gauge("salt_volumes_node_snapshots", "Ready snapshots per node.", "node", count)
+				w.Gauge("salt_volumes_node_snapshot_bytes", "Bytes the Ready snapshots really use per node (their images' allocated space).", "node", bytes)
+			}
 			w.Counter("salt_volumes_saltapi_logins_total", "Logins to salt-api.", int64(salt.LoginCount()))
 			if req != nil {
 				w.Counter("salt_volumes_master_tokens_total", "Tokens the salt master issued for publishing through its request server.", int64(req.Logins()))

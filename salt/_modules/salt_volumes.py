@@ -405,6 +405,41 @@ def apply_volume(action, volumes, wipe=False):
     )
 
 
+def apply_snapshot(action, volume, snapshot):
+    """
+    Take or delete one snapshot of a volume on this minion, with nothing
+    else a caller can choose: the control plane's Salt account calls this
+    (like ``apply_volume``) instead of ``snapshot``/``snapshot_delete``,
+    whose ``name`` would let it pick a volume by name alone.
+
+    action
+        ``taken`` or ``deleted``
+    volume
+        the volume's spec (its name, uuid and kind: the snapshot is of the
+        volume this minion prepared under that uuid)
+    snapshot
+        the snapshot's name
+
+    Returns the snapshot's record (``taken``) or what was deleted.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.apply_snapshot taken '{"name": "data-1", "uuid": "...", "sparseLoopDevice": {"size": "1Gi"}}' before-upgrade
+    """
+    if action not in ("taken", "deleted"):
+        raise SaltInvocationError(
+            "action: {!r} is not a snapshot action: use taken or deleted".format(action)
+        )
+    if not isinstance(volume, dict) or not volume.get("name") or not volume.get("uuid"):
+        raise SaltInvocationError("volume: give the volume's spec, with its name and uuid")
+    if not isinstance(snapshot, str) or not snapshot:
+        raise SaltInvocationError("snapshot: give the snapshot's name")
+    command = "snapshot" if action == "taken" else "snapshot-delete"
+    return _run(command, volume, ["--name", snapshot])
+
+
 def prepare(name=None, spec=None):
     """
     Prepare a volume on this minion (idempotent). Returns the device info,

@@ -1,0 +1,172 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/access"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+)
+
+// Snapshots: taken and deleted through the leader (its snapshot loop acts
+// at once), read from the store on any replica.
+
+func (s *Server) snapshotsOff(w http.ResponseWriter) bool {
+	if s.Snapshots == nil {
+		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: "this control plane keeps no snapshots"})
+		return true
+	}
+	return false
+}
+
+func snapshotErr(w http.ResponseWriter, name string, err error) {
+	var se *snapshots.Error
+	switch {
+	case errors.As(err, &se):
+		code := saltvolumes.CodeSnapshot
+		if se.Status == http.StatusBadRequest {
+			code = saltvolumes.CodeInvalid
+		}
+		writeErr(w, se.Status, saltvolumes.Error{Code: code, Field: se.Field, Message: se.Msg + "; nothing was changed"})
+	case errors.Is(err, snapshots.ErrNotFound):
+		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: fmt.Sprintf("snapshot %q not found (salt-volumes snapshot ls lists them)", name)})
+	default:
+		storeErr(w, err)
+	}
+}
+
+// takeSnapshot: POST /api/v1/volumes/{name}/snapshots {"name": "..."}.
+func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
+	if s.snapshotsOff(w) {
+		return
+	}
+	name := r.PathValue("name")
+	var body struct {
+		Name string `json:"name"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil || dec.More() || body.Name == "" {
+		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "name",
+			Message: `the body must be {"name": "SNAPSHOT"}: the new snapshot's name (lower-case letters, digits and '-')`})
+		return
+	}
+	v, err := s.Store.Get(name)
+	if errors.Is(err, store.ErrNotFound) {
+		notFound(w, name)
+		return
+	}
+	if err != nil {
+		storeErr(w, err)
+		return
+	}
+	n := noteOf(r.Context())
+	n.volume, n.uuid, n.node = name, v.Spec.UUID, v.Spec.Node
+	if !s.inScope(w, r, v.Spec.Node) {
+		return
+	}
+	by := ""
+	if p := access.From(r.Context()); p != nil {
+		by = p.User
+	}
+	snap, created, err := s.Snapshots.Take(r.Context(), v, body.Name, by)
+	if err != nil {
+		snapshotErr(w, body.Name, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+		s.Log.Info("snapshot asked for", "snapshot", snap.Name, "volume", name, "node", v.Spec.Node)
+	}
+	w.Header().Set("Location", "/api/v1/snapshots/"+snap.Name)
+	writeJSON(w, status, snap)
+}
+
+// listSnapshots: GET /api/v1/snapshots[?volume=], and a volume's own at
+// GET /api/v1/volumes/{name}/snapshots.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	if s.snapshotsOff(w) {
+		return
+	}
+	vol := r.URL.Query().Get("volume")
+	if n := r.PathValue("name"); n != "" {
+		vol = n
+	}
+	items, err := s.Snapshots.List(r.Context(), vol)
+	if err != nil {
+		storeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	if s.snapshotsOff(w) {
+		return
+	}
+	name := r.PathValue("name")
+	snap, err := s.Snapshots.Get(r.Context(), name)
+	if err != nil {
+		snapshotErr(w, name, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snap)
+}
+
+// deleteSnapshot: DELETE /api/v1/snapshots/{name}; 202 while its node
+// deletes it.
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if s.snapshotsOff(w) {
+		return
+	}
+	name := r.PathValue("name")
+	snap, err := s.Snapshots.Get(r.Context(), name)
+	if err != nil {
+		snapshotErr(w, name, err)
+		return
+	}
+	n := noteOf(r.Context())
+	n.volume, n.uuid, n.node = snap.Volume, snap.VolumeUUID, snap.Node
+	if !s.inScope(w, r, snap.Node) {
+		return
+	}
+	by := ""
+	if p := access.From(r.Context()); p != nil {
+		by = p.User
+	}
+	if snap, err = s.Snapshots.Delete(r.Context(), name, by); err != nil {
+		snapshotErr(w, name, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, snap)
+}
+
+// heldBySnapshots refuses a volume's deletion while it has snapshots: the
+// node would refuse it too (has_snapshots), after the volume had left
+// Available.
+func (s *Server) heldBySnapshots(w http.ResponseWriter, r *http.Request, name string) bool {
+	if s.Snapshots == nil {
+		return false
+	}
+	snaps, err := s.Snapshots.List(r.Context(), name)
+	if err != nil {
+		storeErr(w, err)
+		return true
+	}
+	if len(snaps) == 0 {
+		return false
+	}
+	var ns []string
+	for _, sn := range snaps {
+		ns = append(ns, sn.Name)
+	}
+	writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeDeleteForbidden,
+		Message: fmt.Sprintf("volume %q has snapshots (%s): delete them first (salt-volumes snapshot rm %s); nothing was changed", name, strings.Join(ns, ", "), strings.Join(ns, " "))})
+	return true
+}

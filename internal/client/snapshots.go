@@ -1,0 +1,44 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+)
+
+// TakeSnapshot asks for snapshot name of a volume (taking it again answers
+// the one asked for).
+func (c *Client) TakeSnapshot(ctx context.Context, volume, name string) (saltvolumes.Snapshot, error) {
+	var s saltvolumes.Snapshot
+	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(volume)+"/snapshots", map[string]any{"name": name}, &s)
+	return s, err
+}
+
+// Snapshots lists snapshots: one volume's, or all ("").
+func (c *Client) Snapshots(ctx context.Context, volume string) ([]saltvolumes.Snapshot, error) {
+	var out struct {
+		Items []saltvolumes.Snapshot `json:"items"`
+	}
+	path := "/api/v1/snapshots"
+	if volume != "" {
+		path += "?volume=" + url.QueryEscape(volume)
+	}
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out.Items, err
+}
+
+// Snapshot reads one snapshot.
+func (c *Client) Snapshot(ctx context.Context, name string) (saltvolumes.Snapshot, error) {
+	var s saltvolumes.Snapshot
+	err := c.do(ctx, http.MethodGet, "/api/v1/snapshots/"+url.PathEscape(name), nil, &s)
+	return s, err
+}
+
+// DeleteSnapshot asks for a snapshot's deletion on its node.
+func (c *Client) DeleteSnapshot(ctx context.Context, name string) (saltvolumes.Snapshot, error) {
+	var s saltvolumes.Snapshot
+	err := c.do(ctx, http.MethodDelete, "/api/v1/snapshots/"+url.PathEscape(name), nil, &s)
+	return s, err
+}

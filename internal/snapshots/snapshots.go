@@ -1,0 +1,499 @@
+// Package snapshots keeps the control plane's snapshots of volumes: a
+// record per snapshot in the store beside the volumes (kind "snapshots"),
+// and, on the replica that leads, the Salt jobs that take and delete them
+// on the volumes' nodes.
+//
+// A snapshot is the node's (salt-volume-exec snapshot): a frozen,
+// reflinked or sparse copy of a sparse volume's backing file in its state
+// dir. The record is what the control plane asked for and what the node
+// answered. Like the reconciler's, a job's return on the bus only says
+// when to look: the outcome is read from the job cache.
+package snapshots
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// Kind is the records' kind in the store.
+const Kind = "snapshots"
+
+// FunApply takes or deletes one snapshot on a node with fixed arguments
+// (action, volume spec, snapshot name): the function the control plane's
+// Salt account is allowed for snapshots.
+const FunApply = "salt_volumes.apply_snapshot"
+
+// Phases of a snapshot.
+const (
+	Pending  = "Pending"  // asked for; its job runs (or is about to)
+	Ready    = "Ready"    // on its node
+	Failed   = "Failed"   // the node refused or failed: Message says why
+	Deleting = "Deleting" // its deletion runs
+)
+
+// Snapshot is one snapshot as the API shows it.
+type Snapshot = saltvolumes.Snapshot
+
+// record is what the store keeps: the snapshot and what its jobs need.
+type record struct {
+	Snapshot
+	// Spec is the volume's spec when the snapshot was asked for: the node
+	// finds the volume by its uuid and kind, also once the volume record
+	// has changed.
+	Spec         spec.Spec  `json:"spec"`
+	JobStartedAt *time.Time `json:"jobStartedAt,omitempty"`
+	// Synced: the node's modules were synced once for this snapshot (its
+	// minion did not know apply_snapshot yet).
+	Synced bool `json:"synced,omitempty"`
+}
+
+// Error is a refusal that names the field at fault and the fix.
+type Error struct {
+	Status int // HTTP status the API answers with
+	Field  string
+	Msg    string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// ErrNotFound: no snapshot of that name.
+var ErrNotFound = errors.New("no such snapshot")
+
+// names are the store's record keys: a DNS label, so that every backend
+// (Kubernetes Secrets too) can hold it, and the node accepts it.
+var names = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// Service keeps the records and, while it leads, runs their jobs.
+type Service struct {
+	Records store.Records
+	Salt    saltapi.Jobs
+	Log     *slog.Logger
+	// JobTimeout: a job with no return after this long is started again
+	// (taking and deleting a snapshot are idempotent on the node).
+	JobTimeout time.Duration
+	// Every is how often the leader looks up jobs no event announced
+	// (default 5 s); a job's return on the bus looks it up at once.
+	Every time.Duration
+
+	// mu orders the leader's read-modify-write of a record with the
+	// API's (requests that change snapshots are passed to the leader).
+	mu   sync.Mutex
+	wake chan struct{}
+	once sync.Once
+
+	Taken, Deleted, Failures atomic.Int64
+}
+
+func (s *Service) init() {
+	s.once.Do(func() {
+		s.wake = make(chan struct{}, 1)
+		if s.Log == nil {
+			s.Log = slog.New(slog.DiscardHandler)
+		}
+		if s.JobTimeout <= 0 {
+			s.JobTimeout = 10 * time.Minute
+		}
+		if s.Every <= 0 {
+			s.Every = 5 * time.Second
+		}
+	})
+}
+
+// Kick makes the leader's loop look at every unfinished snapshot now.
+func (s *Service) Kick() {
+	s.init()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Hint is a snapshot job's return seen on the bus: look it up.
+func (s *Service) Hint(string) { s.Kick() }
+
+func (s *Service) read(ctx context.Context, name string) (*record, error) {
+	b, err := s.Records.GetRecord(ctx, Kind, name)
+	if errors.Is(err, store.ErrNoRecord) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	return &r, nil
+}
+
+func (s *Service) write(ctx context.Context, r *record) error {
+	r.UpdatedAt = time.Now().UTC()
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return s.Records.PutRecord(ctx, Kind, r.Name, b)
+}
+
+func (s *Service) all(ctx context.Context) ([]*record, error) {
+	recs, err := s.Records.ListRecords(ctx, Kind)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*record, 0, len(recs))
+	for _, rec := range recs {
+		var r record
+		if err := json.Unmarshal(rec.Data, &r); err != nil {
+			s.Log.Warn("unreadable snapshot record skipped", "key", rec.Key, "error", err)
+			continue
+		}
+		out = append(out, &r)
+	}
+	return out, nil
+}
+
+// Get returns one snapshot.
+func (s *Service) Get(ctx context.Context, name string) (Snapshot, error) {
+	r, err := s.read(ctx, name)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return r.Snapshot, nil
+}
+
+// List returns the snapshots of one volume ("" for all), by name.
+func (s *Service) List(ctx context.Context, vol string) ([]Snapshot, error) {
+	rs, err := s.all(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []Snapshot{}
+	for _, r := range rs {
+		if vol == "" || r.Volume == vol {
+			out = append(out, r.Snapshot)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Take asks for snapshot name of volume v. Asking again for the same one
+// answers it (and starts a failed one again); created says whether a new
+// record was written.
+func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (snap Snapshot, created bool, err error) {
+	s.init()
+	if !names.MatchString(name) {
+		return Snapshot{}, false, &Error{400, "name", fmt.Sprintf("name: %q is not a snapshot name: lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit", name)}
+	}
+	switch {
+	case v.Spec.RawBlockDevice != nil:
+		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is a raw device: there is nothing on a bare disk or partition to take a snapshot with (sparse volumes have snapshots; LVM ones will)", v.Spec.Name)}
+	case v.Spec.LVMLogicalVolume != nil:
+		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is an LVM logical volume: LVM snapshots are not done yet (take one with lvcreate --snapshot on %s meanwhile); sparse volumes have them", v.Spec.Name, v.Spec.Node)}
+	case v.DeleteRequested:
+		return Snapshot{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to take a snapshot of", v.Spec.Name)}
+	case v.Status.Phase != volume.Available:
+		return Snapshot{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is %s: take its snapshot once it is Available (salt-volumes wait %s --for Available)", v.Spec.Name, v.Status.Phase, v.Spec.Name)}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.read(ctx, name)
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return Snapshot{}, false, err
+	case r.VolumeUUID != v.Spec.UUID:
+		return Snapshot{}, false, &Error{409, "name", fmt.Sprintf("name: snapshot %s is volume %s's: pick another name", name, r.Volume)}
+	case r.Phase == Failed:
+		r.Phase, r.Message, r.JobID, r.JobStartedAt = Pending, "", "", nil
+		if err := s.write(ctx, r); err != nil {
+			return Snapshot{}, false, err
+		}
+		s.Kick()
+		return r.Snapshot, false, nil
+	default:
+		return r.Snapshot, false, nil
+	}
+	now := time.Now().UTC()
+	r = &record{Snapshot: Snapshot{Name: name, Volume: v.Spec.Name, VolumeUUID: v.Spec.UUID, Node: v.Spec.Node,
+		Phase: Pending, RequestedBy: by, CreatedAt: now}, Spec: v.Spec}
+	if err := s.write(ctx, r); err != nil {
+		return Snapshot{}, false, err
+	}
+	s.Kick()
+	return r.Snapshot, true, nil
+}
+
+// Delete asks for a snapshot's deletion on its node.
+func (s *Service) Delete(ctx context.Context, name, by string) (Snapshot, error) {
+	s.init()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.read(ctx, name)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if r.Phase != Deleting {
+		r.Phase, r.Message, r.JobID, r.JobStartedAt = Deleting, "", "", nil
+		if by != "" {
+			r.RequestedBy = by
+		}
+		if err := s.write(ctx, r); err != nil {
+			return Snapshot{}, err
+		}
+	}
+	s.Kick()
+	return r.Snapshot, nil
+}
+
+// Forget drops the records of the named volumes' snapshots without
+// touching any node (node forget: the node is gone).
+func (s *Service) Forget(ctx context.Context, vols []string) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs, err := s.all(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	for _, r := range rs {
+		for _, v := range vols {
+			if r.Volume == v {
+				if err := s.Records.DeleteRecord(ctx, Kind, r.Name); err != nil {
+					return gone, err
+				}
+				gone = append(gone, r.Name)
+			}
+		}
+	}
+	return gone, nil
+}
+
+// Run takes and deletes snapshots on their nodes until ctx ends: on the
+// replica that leads, for one term.
+func (s *Service) Run(ctx context.Context) {
+	s.init()
+	for {
+		busy := s.pass(ctx)
+		every := s.Every
+		if !busy {
+			// Nothing unfinished: a request here kicks; one through
+			// another replica is seen within this.
+			every = 6 * s.Every
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-s.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// pass acts on every unfinished snapshot; it says whether any is left.
+func (s *Service) pass(ctx context.Context) bool {
+	rs, err := s.all(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.Log.Warn("reading snapshots", "error", err)
+		}
+		return true
+	}
+	busy := false
+	for _, r := range rs {
+		if r.Phase != Pending && r.Phase != Deleting {
+			continue
+		}
+		busy = true
+		if r.JobID == "" {
+			s.launch(ctx, r)
+			continue
+		}
+		info, err := s.Salt.ListJob(ctx, r.JobID)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.Log.Warn("looking up a snapshot's job", "snapshot", r.Name, "job", r.JobID, "error", err)
+			}
+			continue
+		}
+		s.settle(ctx, r, info)
+	}
+	return busy
+}
+
+func (s *Service) launch(ctx context.Context, r *record) {
+	action := "taken"
+	if r.Phase == Deleting {
+		action = "deleted"
+	}
+	jctx := ctx
+	if r.RequestedBy != "" {
+		jctx = saltapi.WithMetadata(ctx, map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"snapshot/" + r.Name: r.RequestedBy}}})
+	}
+	job, err := s.Salt.LocalAsync(jctx, r.Node, FunApply, []any{action, r.Spec, r.Name}, nil)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, rerr := s.read(ctx, r.Name)
+	if rerr != nil || cur.Phase != r.Phase || cur.JobID != "" {
+		// Changed meanwhile (a deletion asked for while this took it):
+		// the next pass acts on what it is now.
+		return
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			cur.Message = fmt.Sprintf("could not start the job on %s: %v; trying again", r.Node, err)
+			_ = s.write(ctx, cur)
+			s.Log.Warn("starting a snapshot job", "snapshot", r.Name, "node", r.Node, "error", err)
+		}
+		return
+	}
+	now := time.Now().UTC()
+	cur.JobID, cur.JobStartedAt, cur.Message = job.JID, &now, ""
+	if err := s.write(ctx, cur); err != nil {
+		s.Log.Warn("saving a snapshot's job", "snapshot", r.Name, "job", job.JID, "error", err)
+		return
+	}
+	s.Log.Info("snapshot job started", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "action", action, "job", job.JID)
+}
+
+// nodeAnswer is the part of the node's answer a snapshot record keeps.
+type nodeAnswer struct {
+	Name       string     `json:"name"`
+	VolumeUUID string     `json:"volumeUUID"`
+	Method     string     `json:"method"`
+	Frozen     bool       `json:"frozen"`
+	Size       int64      `json:"size"`
+	Allocated  int64      `json:"allocated"`
+	TakenAt    *time.Time `json:"takenAt"`
+	Deleted    string     `json:"deleted"`
+}
+
+func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) {
+	ret, returned := info.Returns[r.Node]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, err := s.read(ctx, r.Name)
+	if err != nil || cur.JobID != r.JobID || cur.Phase != r.Phase {
+		return
+	}
+	if !returned {
+		started := time.Time{}
+		if cur.JobStartedAt != nil {
+			started = *cur.JobStartedAt
+		}
+		switch age := time.Since(started); {
+		case !info.Known && age > 30*time.Second, age > s.JobTimeout:
+			// Lost (the master never ran it, or its cache expired) or
+			// stuck: start it again.
+			s.Log.Warn("snapshot job without a return; starting it again", "snapshot", cur.Name, "job", cur.JobID, "age", age.Round(time.Second))
+			cur.JobID, cur.JobStartedAt = "", nil
+			cur.Message = fmt.Sprintf("job %s had no return from %s after %s; started again", r.JobID, r.Node, age.Round(time.Second))
+			_ = s.write(ctx, cur)
+			s.Kick()
+		}
+		return
+	}
+	var ans nodeAnswer
+	okAnswer := ret.Retcode == 0 && json.Unmarshal(ret.Return, &ans) == nil
+	if okAnswer && cur.Phase == Pending && (ans.Name != cur.Name || ans.VolumeUUID != cur.VolumeUUID) {
+		okAnswer = false
+	}
+	if !okAnswer {
+		msg := failure(ret.Return)
+		if !cur.Synced && strings.Contains(msg, "is not available") {
+			// The minion's modules predate apply_snapshot: sync them
+			// from base once and run it again.
+			cur.Synced, cur.JobID, cur.JobStartedAt = true, "", nil
+			cur.Message = r.Node + " did not know " + FunApply + ": its modules are synced (saltutil.sync_all base), running again"
+			if _, err := s.Salt.LocalAsync(ctx, r.Node, "saltutil.sync_all", []any{"base"}, nil); err != nil {
+				s.Log.Warn("syncing a node's modules", "node", r.Node, "error", err)
+			}
+			_ = s.write(ctx, cur)
+			return
+		}
+		s.Failures.Add(1)
+		verb := "taking"
+		if cur.Phase == Deleting {
+			verb = "deleting"
+		}
+		cur.Phase, cur.JobID, cur.JobStartedAt = Failed, "", nil
+		cur.Message = fmt.Sprintf("%s it on %s failed (job %s): %s", verb, r.Node, r.JobID, msg)
+		s.Log.Warn("snapshot job failed", "snapshot", cur.Name, "node", r.Node, "job", r.JobID, "message", msg)
+		_ = s.write(ctx, cur)
+		return
+	}
+	if cur.Phase == Deleting {
+		if err := s.Records.DeleteRecord(ctx, Kind, cur.Name); err != nil {
+			s.Log.Warn("removing a deleted snapshot's record", "snapshot", cur.Name, "error", err)
+			return
+		}
+		s.Deleted.Add(1)
+		s.Log.Info("snapshot deleted", "snapshot", cur.Name, "volume", cur.Volume, "node", cur.Node, "job", r.JobID)
+		return
+	}
+	s.Taken.Add(1)
+	cur.Phase, cur.Message, cur.JobStartedAt = Ready, "", nil
+	cur.Method, cur.Frozen, cur.Size, cur.Allocated, cur.TakenAt = ans.Method, ans.Frozen, ans.Size, ans.Allocated, ans.TakenAt
+	if err := s.write(ctx, cur); err != nil {
+		s.Log.Warn("saving a snapshot", "snapshot", cur.Name, "error", err)
+		return
+	}
+	s.Log.Info("snapshot taken", "snapshot", cur.Name, "volume", cur.Volume, "node", cur.Node, "method", ans.Method, "job", r.JobID)
+}
+
+// failure reads a failed return: Salt's "ERROR: ..." string, or whatever
+// else the minion answered.
+func failure(raw json.RawMessage) string {
+	var msg string
+	if json.Unmarshal(raw, &msg) != nil {
+		msg = string(raw)
+	}
+	msg = strings.TrimPrefix(strings.TrimSpace(msg), "ERROR: ")
+	if len(msg) > 2000 {
+		msg = msg[:2000] + "..."
+	}
+	return msg
+}
+
+// NodeUse is a node's snapshots: how many, and the bytes they use.
+type NodeUse struct {
+	Count     int
+	Allocated int64
+}
+
+// PerNode sums the Ready snapshots per node (for metrics).
+func (s *Service) PerNode(ctx context.Context) (map[string]NodeUse, error) {
+	rs, err := s.all(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]NodeUse{}
+	for _, r := range rs {
+		if r.Phase != Ready {
+			continue
+		}
+		u := out[r.Node]
+		u.Count++
+		u.Allocated += r.Allocated
+		out[r.Node] = u
+	}
+	return out, nil
+}
