@@ -171,3 +171,98 @@ def restored(name):
         len(changed), "; orphans left alone: " + ", ".join(orphans) if orphans else ""
     )
     return ret
+
+
+def _snapshot_of(name, volume, spec, ret):
+    """The volume's spec and its snapshot ``name`` on this minion, if any."""
+    spec = _checked(volume, spec, ret)
+    if spec is None:
+        return None, None
+    try:
+        snaps = __salt__["salt_volumes.snapshots"](spec=spec)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: {}".format(volume, __salt__["salt_volumes.message"](exc))
+        return None, None
+    for snap in snaps or []:
+        if snap.get("name") == name:
+            return spec, snap
+    return spec, {}
+
+
+def snapshot_present(name, volume, spec=None):
+    """
+    Make sure the volume has snapshot ``name`` on this minion: taken once,
+    then left as it is (a snapshot is a point in time: a later run does not
+    take it again). Sparse volumes only; the filesystem is frozen for the
+    copy while mounted.
+
+    .. code-block:: yaml
+
+        before-upgrade:
+          salt_volumes.snapshot_present:
+            - volume: data-1
+
+    name
+        The snapshot's name (lower-case letters, digits, '-' and '.').
+    volume
+        The volume's name; its spec comes from pillar when ``spec`` is not
+        given.
+    """
+    ret = _ret(name)
+    spec, snap = _snapshot_of(name, volume, spec, ret)
+    if spec is None:
+        return ret
+    if snap.get("phase") == "taken":
+        ret["result"] = True
+        ret["comment"] = "Snapshot {} of volume {} was taken at {}".format(name, volume, snap.get("takenAt"))
+        ret["snapshot"] = snap
+        return ret
+    if __opts__["test"]:
+        ret["result"] = None
+        ret["comment"] = "Snapshot {} of volume {} would be taken".format(name, volume)
+        ret["changes"] = {"snapshot": {"old": None, "new": name}}
+        return ret
+    try:
+        out = __salt__["salt_volumes.snapshot"](spec=spec, snapshot_name=name)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: snapshot {}: {}".format(volume, name, __salt__["salt_volumes.message"](exc))
+        return ret
+    ret["result"] = True
+    ret["snapshot"] = out
+    ret["changes"] = {"taken": {k: out.get(k) for k in ("name", "method", "frozen", "size", "allocated", "takenAt")}}
+    ret["comment"] = "Snapshot {} of volume {} taken ({})".format(name, volume, out.get("method"))
+    return ret
+
+
+def snapshot_absent(name, volume, spec=None):
+    """
+    Make sure the volume has no snapshot ``name`` on this minion.
+
+    name
+        The snapshot's name.
+    volume
+        The volume's name; its spec comes from pillar when ``spec`` is not
+        given.
+    """
+    ret = _ret(name)
+    spec, snap = _snapshot_of(name, volume, spec, ret)
+    if spec is None:
+        return ret
+    if not snap:
+        ret["result"] = True
+        ret["comment"] = "Volume {} has no snapshot {}".format(volume, name)
+        return ret
+    if __opts__["test"]:
+        ret["result"] = None
+        ret["comment"] = "Snapshot {} of volume {} would be deleted".format(name, volume)
+        ret["changes"] = {"snapshot": {"old": name, "new": None}}
+        return ret
+    try:
+        __salt__["salt_volumes.snapshot_delete"](spec=spec, snapshot_name=name)
+    except CommandExecutionError as exc:
+        ret["comment"] = "volume {}: snapshot {}: {}".format(volume, name, __salt__["salt_volumes.message"](exc))
+        return ret
+    ret["result"] = True
+    ret["changes"] = {"deleted": name}
+    ret["comment"] = "Snapshot {} of volume {} deleted".format(name, volume)
+    return ret

@@ -136,6 +136,30 @@ func TestMasterless(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	assert.Empty(t, saltstack.JSON(t, out)["local"])
 
+	// The formula a pillar-driven fleet applies: salt_volumes:snapshots
+	// names each volume's snapshots; taken once, then left; a name under
+	// snapshots_absent deleted.
+	snapPillar := func(key string) string {
+		return saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{
+			"volumes": map[string]any{"data-fs": vol("", fsU, "node-1", nil)},
+			key:       map[string]any{"data-fs": []string{"nightly"}}}})
+	}
+	res, code = apply("salt_volumes.snapshotted", snapPillar("snapshots"))
+	require.Equal(t, 0, code, res)
+	taken := res["salt_volumes snapshot data-fs nightly"]
+	require.NotNil(t, taken, res)
+	assert.Equal(t, true, taken["result"], taken["comment"])
+	assert.Contains(t, taken["changes"], "taken")
+	res, code = apply("salt_volumes.snapshotted", snapPillar("snapshots"))
+	require.Equal(t, 0, code, res)
+	assert.Empty(t, res["salt_volumes snapshot data-fs nightly"]["changes"], "a snapshot is a point in time: not taken again")
+	res, code = apply("salt_volumes.snapshotted", snapPillar("snapshots_absent"))
+	require.Equal(t, 0, code, res)
+	assert.Equal(t, "nightly", res["salt_volumes snapshot data-fs nightly absent"]["changes"].(map[string]any)["deleted"])
+	out, code = s.SaltCall("--out=json", "salt_volumes.snapshots")
+	require.Equal(t, 0, code, out)
+	assert.Empty(t, saltstack.JSON(t, out)["local"])
+
 	// Bad pillar: the state fails naming the volume and the field, and
 	// nothing is prepared for it.
 	badU := uuid.NewString()
