@@ -163,7 +163,9 @@ func (s *Server) withJobs(items []access.Entry) {
 	byVolume := map[string][]saltvolumes.Job{}
 	for i := range items {
 		e := &items[i]
-		if e.Decision != "allowed" || e.Volume == "" || strings.Contains(e.Route, "forget=") {
+		// Snapshot jobs are the snapshot's own (its record names it), not
+		// the volume's state runs.
+		if e.Decision != "allowed" || e.Volume == "" || strings.Contains(e.Route, "forget=") || strings.Contains(e.Route, "/snapshots") {
 			continue
 		}
 		jobs, ok := byVolume[e.Volume]

@@ -173,6 +173,28 @@ func TestWebUI(t *testing.T) {
 	grown, err := p.Client().Get(context.Background(), "ui-1")
 	require.NoError(t, err)
 	assert.Equal(t, int64(96<<20), grown.Status.Size)
+
+	// A snapshot from its page: a bad name is refused in the form; a good
+	// one runs on the node and shows Ready with its method and space, then
+	// is deleted from its row.
+	do(chromedp.SendKeys("#snapshot-name", "Bad_Name"),
+		chromedp.Click("#take-snapshot"))
+	assert.Contains(t, text("#m-snapshot"), "lower-case")
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#snapshot-name').value = ''; true`))
+	require.NoError(t, err)
+	snapRow := `#vol-snapshots tr[data-snapshot="ui-snap"]`
+	do(chromedp.SendKeys("#snapshot-name", "ui-snap"),
+		chromedp.Click("#take-snapshot"),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('`+snapRow+` .phase') || {}).textContent === 'Ready'`, chromedp.WithPollingTimeout(time.Minute)))
+	shot("3c-snapshot")
+	assert.Regexp(t, `^(reflink|sparse-copy)`, text(snapRow+" td:nth-child(3)"))
+	snap, err := p.Client().Snapshot(context.Background(), "ui-snap")
+	require.NoError(t, err)
+	assert.Equal(t, "Ready", snap.Phase)
+	do(chromedp.Click(snapRow+" button"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('`+snapRow+`') === null && !document.querySelector('#vol-snapshots-empty').hidden`, chromedp.WithPollingTimeout(time.Minute)))
+	_, err = p.Client().Snapshot(context.Background(), "ui-snap")
+	assert.Error(t, err, "deleted")
 	do(chromedp.Navigate(p.URL+"/#/node/node-1"),
 		chromedp.WaitVisible(row("ui-1", "Available")))
 

@@ -51,6 +51,12 @@ async function api(method, path, body) {
   return { ok: resp.ok, status: resp.status, data };
 }
 
+// refusal is what the control plane said when it refused: its message
+// names the field and the fix.
+function refusal(r) {
+  return (r.data && r.data.error && r.data.error.message) || "The control plane refused (HTTP " + r.status + ").";
+}
+
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -152,13 +158,16 @@ function refreshDetail() {
     const name = state.volume;
     if (!name) return;
     const enc = encodeURIComponent(name);
-    const [u, j, h] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs"),
-      api("GET", "/api/v1/volumes/" + enc + "/history")]);
+    const [u, j, h, sn] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs"),
+      api("GET", "/api/v1/volumes/" + enc + "/history"), api("GET", "/api/v1/volumes/" + enc + "/snapshots")]);
     if (u.status === 401) return logout("The token was refused.");
     if (name !== state.volume) return;
     state.detail = { usage: u.ok ? u.data.current : null, samples: u.ok ? u.data.samples : [], jobs: j.ok ? j.data.items : [],
-      history: h.ok ? h.data.items : [] };
+      history: h.ok ? h.data.items : [], snapshots: sn.ok ? sn.data.items : [] };
     render();
+    // A snapshot's job changes no volume, so no watch event says when it
+    // ends: look again each second while one runs.
+    if (state.detail.snapshots.some((x) => x.phase === "Pending" || x.phase === "Deleting")) setTimeout(refreshDetail, 1000);
   }, 300);
 }
 
@@ -364,6 +373,47 @@ function renderDetail() {
   renderChart(v);
   renderJobs();
   renderHistory();
+  renderSnapshots(v);
+}
+
+function renderSnapshots(v) {
+  $("#snapshot-form").hidden = !v.spec.sparseLoopDevice;
+  const tbody = $("#vol-snapshots tbody");
+  tbody.replaceChildren();
+  const items = state.detail.snapshots || [];
+  $("#vol-snapshots-empty").hidden = items.length > 0;
+  for (const x of items) {
+    const del = el("button", { type: "button", class: "danger", text: "Delete" });
+    del.hidden = x.phase === "Deleting";
+    del.addEventListener("click", async () => {
+      const r = await api("DELETE", "/api/v1/snapshots/" + encodeURIComponent(x.name));
+      $("#m-snapshot").textContent = r.ok ? "" : refusal(r);
+      refreshDetail();
+    });
+    tbody.append(el("tr", { "data-snapshot": x.name },
+      el("td", { text: x.name }), el("td", { class: "phase", text: x.phase, title: x.message || "" }),
+      el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }), el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
+      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || "") }), el("td", {}, del)));
+  }
+}
+
+async function submitSnapshot(e) {
+  e.preventDefault();
+  const v = state.volumes.get(state.volume);
+  const name = $("#snapshot-name").value.trim();
+  if (!v) return;
+  if (!/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/.test(name)) {
+    $("#m-snapshot").textContent = "Name it with lower-case letters, digits and '-', e.g. before-upgrade.";
+    return;
+  }
+  const r = await api("POST", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/snapshots", { name });
+  if (r.ok) {
+    $("#snapshot-name").value = "";
+    $("#m-snapshot").textContent = "";
+  } else {
+    $("#m-snapshot").textContent = refusal(r);
+  }
+  refreshDetail();
 }
 
 function renderChart(v) {
@@ -416,7 +466,10 @@ function renderHistory() {
   const items = [...(state.detail.history || [])].reverse();
   $("#vol-history-empty").hidden = items.length > 0;
   for (const e of items) {
-    let act = /\/resize$/.test(e.route) ? "growth" : (ACTS[e.method] || e.method);
+    const snap = e.route.match(/\/snapshots(?:\/([^/?]+))?/);
+    let act = /\/resize$/.test(e.route) ? "growth"
+      : snap ? (e.method === "POST" ? "snapshot" : "snapshot " + decodeURIComponent(snap[1] || "") + " deletion")
+        : (ACTS[e.method] || e.method);
     if (/[?&]wipe=true/.test(e.route)) act += " and wiped";
     const text = e.decision === "allowed"
       ? `${act} by ${e.user} ${age(e.time)} ago` + (e.jobId ? ` (job ${e.jobId}: ${e.outcome})` : "")
@@ -461,7 +514,7 @@ async function submitGrow(e) {
       state.volumes.set(v.spec.name, r.data);
       renderDetail();
     } else {
-      $("#m-grow").textContent = (r.data && r.data.message) || "The control plane refused (HTTP " + r.status + ").";
+      $("#m-grow").textContent = refusal(r);
     }
     return;
   }
@@ -486,7 +539,7 @@ async function submitGrow(e) {
     $("#grow-size").value = "";
     renderDetail();
   } else {
-    $("#m-grow").textContent = (r.data && r.data.message) || "The control plane refused (HTTP " + r.status + ").";
+    $("#m-grow").textContent = refusal(r);
   }
 }
 
@@ -685,6 +738,7 @@ function init() {
     });
   }
   $("#grow-form").addEventListener("submit", submitGrow);
+  $("#snapshot-form").addEventListener("submit", submitSnapshot);
   window.addEventListener("hashchange", route);
   // Ages move on even when nothing else does; node reports and usage
   // arrive from the beacons, not on the watch stream.
