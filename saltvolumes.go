@@ -67,6 +67,11 @@ type Capacity struct {
 	Free            int64   `json:"free"`
 	Committed       int64   `json:"committed"`
 	OvercommitRatio float64 `json:"overcommitRatio"`
+	// Snapshots kept in the node's state dir (on the same filesystem as
+	// the sparse files, when the state dir holds them), and the bytes
+	// their images really use.
+	Snapshots     int   `json:"snapshots,omitempty"`
+	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
 }
 
 // Check validates device info that came from a node before anything (the

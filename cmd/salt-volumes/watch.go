@@ -60,7 +60,7 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 		return c.json(map[string]any{"items": items})
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tUP\tBEACON\tCOMMITTED\tSIZE\tFREE\tORPHANS\tVOLUMES\tPHASES")
+	fmt.Fprintln(tw, "NODE\tUP\tBEACON\tCOMMITTED\tSIZE\tFREE\tSNAPSHOTS\tORPHANS\tVOLUMES\tPHASES")
 	for _, n := range items {
 		var ph []string
 		for _, p := range []string{"Unknown", "Pending", "Available", "Failed", "Terminating"} {
@@ -68,10 +68,11 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 				ph = append(ph, fmt.Sprintf("%s=%d", p, n.Phases[p]))
 			}
 		}
-		committed, size, free := "-", "-", "-"
+		committed, size, free, snaps := "-", "-", "-", "-"
 		if c := n.Capacity; c != nil {
 			committed = fmt.Sprintf("%s (%.0f%%)", spec.Approx(c.Committed), 100*float64(c.Committed)/float64(max(c.Size, 1)))
 			size, free = spec.Approx(c.Size), spec.Approx(c.Free)
+			snaps = fmt.Sprintf("%d (%s)", c.Snapshots, spec.Approx(c.SnapshotBytes))
 		}
 		beacon, orphans := "-", 0
 		if h := n.Health; h != nil && !h.LastReport.IsZero() {
@@ -84,7 +85,7 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 			}
 			orphans = len(h.Orphans)
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.Up, beacon, committed, size, free, orphans, n.Volumes, strings.Join(ph, " "))
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.Up, beacon, committed, size, free, snaps, orphans, n.Volumes, strings.Join(ph, " "))
 	}
 	return tw.Flush()
 }

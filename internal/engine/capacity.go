@@ -65,7 +65,19 @@ func (e *Engine) Capacity() (*saltvolumes.Capacity, error) {
 	if len(errs) > 0 {
 		return nil, failed("state", errors.Join(errs...), "reading node state")
 	}
-	return e.capacity(recs)
+	c, err := e.capacity(recs)
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := e.Snapshots("")
+	if err != nil {
+		return nil, failed("state", err, "reading snapshots")
+	}
+	for _, s := range snaps {
+		c.Snapshots++
+		c.SnapshotBytes += s.Allocated
+	}
+	return c, nil
 }
 
 func (e *Engine) capacity(recs []*nodestate.Record) (*saltvolumes.Capacity, error) {

@@ -132,10 +132,12 @@ def changed(old, new):
             elif w.get(k) != v.get(k):
                 return True
     oc, nc = old.get("capacity") or {}, new.get("capacity") or {}
-    for k in ("path", "size", "committed", "overcommitRatio"):
+    for k in ("path", "size", "committed", "overcommitRatio", "snapshots"):
         if oc.get(k) != nc.get(k):
             return True
-    return _moved(oc.get("free"), nc.get("free"), nc.get("size"))
+    return _moved(oc.get("free"), nc.get("free"), nc.get("size")) or _moved(
+        oc.get("snapshotBytes"), nc.get("snapshotBytes"), nc.get("size")
+    )
 
 
 def _boot_time():

@@ -509,3 +509,44 @@ def test_apply_volume_takes_no_other_keyword(mod):
     params = inspect.signature(mod.apply_volume).parameters
     assert list(params) == ["action", "volumes", "wipe"]
     assert not any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def test_beacon_fires_when_snapshots_come_or_grow(beacon):
+    cfg = [{"interval": 10}, {"heartbeat": 300}]
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 1
+    beacon.clock[0] += 10
+    beacon.doc["capacity"].update(snapshots=1, snapshotBytes=10 << 20)
+    beacon.beacon(cfg)
+    assert beacon.fired[-1][1]["kind"] == "change"
+    assert beacon.fired[-1][1]["capacity"]["snapshots"] == 1
+    # A few bytes more: quiet; past 1 % of the filesystem: news.
+    beacon.clock[0] += 10
+    beacon.doc["capacity"]["snapshotBytes"] += 1 << 20
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 2
+    beacon.clock[0] += 10
+    beacon.doc["capacity"]["snapshotBytes"] += beacon.doc["capacity"]["size"] // 50
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 3
+
+
+@pytest.mark.parametrize("args,field", [
+    (("taken-later", SPEC, "s1"), "action"),
+    (("taken", "data-1", "s1"), "volume"),
+    (("taken", {"name": "v1"}, "s1"), "volume"),
+    (("deleted", SPEC, ""), "snapshot"),
+    (("deleted", SPEC, ["s1"]), "snapshot"),
+])
+def test_apply_snapshot_refuses_anything_else_before_running(mod, args, field, monkeypatch):
+    monkeypatch.setattr(mod, "_run", lambda *a, **kw: pytest.fail("nothing may run"))
+    with pytest.raises(SaltInvocationError, match="^" + field + ":"):
+        mod.apply_snapshot(*args)
+
+
+def test_apply_snapshot_runs_the_binary_with_the_volume_and_the_name(mod, monkeypatch):
+    calls = []
+    monkeypatch.setattr(mod, "_run", lambda *a: calls.append(a) or {"name": a[2][1]})
+    assert mod.apply_snapshot("taken", SPEC, "s1") == {"name": "s1"}
+    mod.apply_snapshot("deleted", SPEC, "s1")
+    assert calls == [("snapshot", SPEC, ["--name", "s1"]), ("snapshot-delete", SPEC, ["--name", "s1"])]

@@ -88,6 +88,18 @@ func TestSnapshotsThroughTheControlPlane(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"snapshot/" + snap: who.User}}}, job.Metadata)
 
+			// What the node's beacon reports: its snapshots and their space.
+			out, code = s.SaltCall("--out=json", "salt_volumes.status")
+			require.Equal(t, 0, code, out)
+			var st struct {
+				Local struct {
+					Capacity saltvolumes.Capacity `json:"capacity"`
+				} `json:"local"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(out), &st), out)
+			assert.Equal(t, 1, st.Local.Capacity.Snapshots)
+			assert.Equal(t, got.Allocated, st.Local.Capacity.SnapshotBytes)
+
 			require.NoError(t, os.WriteFile(filepath.Join(mp, "note"), []byte("after the snapshot"), 0o600))
 			out, errs, code = p.CLI("create", clone, "--from", "snapshot/"+snap, "--wait", "--timeout", "2m")
 			require.Equal(t, 0, code, out+errs)
