@@ -322,9 +322,9 @@ func (s *Service) pass(ctx context.Context) bool {
 		if r.Phase != Pending && r.Phase != Deleting {
 			continue
 		}
-		busy = true
 		if r.JobID == "" {
 			s.launch(ctx, r)
+			busy = true
 			continue
 		}
 		info, err := s.Salt.ListJob(ctx, r.JobID)
@@ -332,9 +332,12 @@ func (s *Service) pass(ctx context.Context) bool {
 			if ctx.Err() == nil {
 				s.Log.Warn("looking up a snapshot's job", "snapshot", r.Name, "job", r.JobID, "error", err)
 			}
+			busy = true
 			continue
 		}
-		s.settle(ctx, r, info)
+		if !s.settle(ctx, r, info) {
+			busy = true
+		}
 	}
 	return busy
 }
@@ -386,13 +389,15 @@ type nodeAnswer struct {
 	Deleted    string     `json:"deleted"`
 }
 
-func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) {
+// settle applies the job cache's answer; it says whether the snapshot
+// is finished (Ready, Failed or deleted).
+func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) bool {
 	ret, returned := info.Returns[r.Node]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur, err := s.read(ctx, r.Name)
 	if err != nil || cur.JobID != r.JobID || cur.Phase != r.Phase {
-		return
+		return false
 	}
 	if !returned {
 		started := time.Time{}
@@ -409,7 +414,7 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) {
 			_ = s.write(ctx, cur)
 			s.Kick()
 		}
-		return
+		return false
 	}
 	var ans nodeAnswer
 	okAnswer := ret.Retcode == 0 && json.Unmarshal(ret.Return, &ans) == nil
@@ -427,7 +432,7 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) {
 				s.Log.Warn("syncing a node's modules", "node", r.Node, "error", err)
 			}
 			_ = s.write(ctx, cur)
-			return
+			return false
 		}
 		s.Failures.Add(1)
 		verb := "taking"
@@ -438,25 +443,26 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) {
 		cur.Message = fmt.Sprintf("%s it on %s failed (job %s): %s", verb, r.Node, r.JobID, msg)
 		s.Log.Warn("snapshot job failed", "snapshot", cur.Name, "node", r.Node, "job", r.JobID, "message", msg)
 		_ = s.write(ctx, cur)
-		return
+		return true
 	}
 	if cur.Phase == Deleting {
 		if err := s.Records.DeleteRecord(ctx, Kind, cur.Name); err != nil {
 			s.Log.Warn("removing a deleted snapshot's record", "snapshot", cur.Name, "error", err)
-			return
+			return false
 		}
 		s.Deleted.Add(1)
 		s.Log.Info("snapshot deleted", "snapshot", cur.Name, "volume", cur.Volume, "node", cur.Node, "job", r.JobID)
-		return
+		return true
 	}
 	s.Taken.Add(1)
 	cur.Phase, cur.Message, cur.JobStartedAt = Ready, "", nil
 	cur.Method, cur.Frozen, cur.Size, cur.Allocated, cur.TakenAt = ans.Method, ans.Frozen, ans.Size, ans.Allocated, ans.TakenAt
 	if err := s.write(ctx, cur); err != nil {
 		s.Log.Warn("saving a snapshot", "snapshot", cur.Name, "error", err)
-		return
+		return false
 	}
 	s.Log.Info("snapshot taken", "snapshot", cur.Name, "volume", cur.Volume, "node", cur.Node, "method", ans.Method, "job", r.JobID)
+	return true
 }
 
 // failure reads a failed return: Salt's "ERROR: ..." string, or whatever

@@ -1,0 +1,231 @@
+package snapshots
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// fakeSalt is a master whose job cache the test fills in: the error
+// paths (lost jobs, failures, a minion without our function) that real
+// Salt gives only by accident. The real path is test/controlplane's.
+type fakeSalt struct {
+	mu       sync.Mutex
+	n        int
+	launched []string // fun action name
+	returns  map[string]saltapi.JobInfo
+	fail     error
+}
+
+func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, _ map[string]any) (saltapi.Job, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return saltapi.Job{}, f.fail
+	}
+	f.n++
+	desc := fun
+	if fun == FunApply {
+		desc = fmt.Sprintf("%s %v %v", fun, arg[0], arg[2])
+	}
+	f.launched = append(f.launched, desc)
+	return saltapi.Job{JID: fmt.Sprint(f.n), Minions: []string{tgt}}, nil
+}
+
+func (f *fakeSalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if info, ok := f.returns[jid]; ok {
+		return info, nil
+	}
+	return saltapi.JobInfo{Known: true}, nil // running
+}
+
+func (f *fakeSalt) answer(jid string, retcode int, ret any) {
+	b, _ := json.Marshal(ret)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.returns[jid] = saltapi.JobInfo{Known: true, Returns: map[string]saltapi.MinionReturn{"node-1": {Return: b, Retcode: retcode}}}
+}
+
+func setup(t *testing.T) (*Service, *fakeSalt, *volume.Volume) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "store.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	f := &fakeSalt{returns: map[string]saltapi.JobInfo{}}
+	s := &Service{Records: st, Salt: f, JobTimeout: time.Hour}
+	v := &volume.Volume{Spec: spec.Spec{Name: "data-1", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301", Node: "node-1",
+		SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}}
+	v.Status.Phase = volume.Available
+	return s, f, v
+}
+
+func TestTakeSettleAndDelete(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	snap, created, err := s.Take(ctx, v, "before", "alice")
+	require.NoError(t, err)
+	assert.True(t, created)
+	assert.Equal(t, Pending, snap.Phase)
+	assert.True(t, s.pass(ctx), "unfinished")
+	assert.Equal(t, []string{FunApply + " taken before"}, f.launched)
+	s.pass(ctx)
+	assert.Len(t, f.launched, 1, "a running job is not started again")
+	taken := time.Now().UTC().Truncate(time.Second)
+	f.answer("1", 0, map[string]any{"name": "before", "volumeUUID": v.Spec.UUID, "method": "reflink", "frozen": true,
+		"size": 1 << 30, "allocated": 4096, "takenAt": taken})
+	assert.False(t, s.pass(ctx), "settled")
+	got, err := s.Get(ctx, "before")
+	require.NoError(t, err)
+	assert.Equal(t, Ready, got.Phase)
+	assert.Equal(t, "reflink", got.Method)
+	assert.Equal(t, int64(4096), got.Allocated)
+	assert.Equal(t, taken, got.TakenAt.UTC())
+	assert.Equal(t, "alice", got.RequestedBy)
+	again, created, err := s.Take(ctx, v, "before", "bob")
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, got, again, "asking again answers the one taken")
+
+	_, err = s.Delete(ctx, "before", "bob")
+	require.NoError(t, err)
+	s.pass(ctx)
+	assert.Equal(t, FunApply+" deleted before", f.launched[1])
+	f.answer("2", 0, map[string]any{"deleted": "before"})
+	s.pass(ctx)
+	_, err = s.Get(ctx, "before")
+	assert.ErrorIs(t, err, ErrNotFound)
+	assert.Equal(t, int64(1), s.Taken.Load())
+	assert.Equal(t, int64(1), s.Deleted.Load())
+}
+
+func TestRefusalsNameTheFieldAndWriteNothing(t *testing.T) {
+	s, _, v := setup(t)
+	ctx := context.Background()
+	raw := v.Clone()
+	raw.Spec.SparseLoopDevice, raw.Spec.RawBlockDevice = nil, &spec.RawBlockDevice{DevicePath: "/dev/sdb"}
+	pending := v.Clone()
+	pending.Status.Phase = volume.Pending
+	other := v.Clone()
+	other.Spec.Name, other.Spec.UUID = "data-2", "9b2f0c1e-1111-4222-8333-444455556666"
+	_, _, err := s.Take(ctx, v, "taken", "")
+	require.NoError(t, err)
+	for _, c := range []struct {
+		v       *volume.Volume
+		name    string
+		field   string
+		status  int
+		message string
+	}{
+		{v, "Before_Upgrade", "name", 400, "not a snapshot name"},
+		{v, "a.b", "name", 400, "not a snapshot name"},
+		{raw, "s", "volume", 422, "raw device"},
+		{pending, "s", "volume", 409, "once it is Available"},
+		{other, "taken", "name", 409, "is volume data-1's"},
+	} {
+		_, _, err := s.Take(ctx, c.v, c.name, "")
+		var se *Error
+		require.ErrorAs(t, err, &se, c.name)
+		assert.Equal(t, c.field, se.Field)
+		assert.Equal(t, c.status, se.Status)
+		assert.Contains(t, se.Msg, c.message)
+	}
+	all, err := s.List(ctx, "")
+	require.NoError(t, err)
+	assert.Len(t, all, 1)
+}
+
+func TestFailuresLostJobsAndOldMinions(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	_, _, err := s.Take(ctx, v, "s1", "")
+	require.NoError(t, err)
+
+	// salt-api down: said in the snapshot, tried again.
+	f.fail = fmt.Errorf("salt-api: connection refused")
+	s.pass(ctx)
+	got, _ := s.Get(ctx, "s1")
+	assert.Contains(t, got.Message, "connection refused")
+	assert.Empty(t, got.JobID)
+	f.fail = nil
+
+	// A minion whose modules predate apply_snapshot: synced once, run
+	// again.
+	s.pass(ctx)
+	f.answer("1", 254, "'salt_volumes.apply_snapshot' is not available.")
+	s.pass(ctx)
+	assert.Equal(t, "saltutil.sync_all", f.launched[1])
+	got, _ = s.Get(ctx, "s1")
+	assert.Equal(t, Pending, got.Phase)
+	assert.Contains(t, got.Message, "synced")
+
+	// The node refuses: Failed with its message; asking again retries.
+	s.pass(ctx)
+	f.answer("3", 1, "ERROR: volume data-1 is not prepared on this node")
+	s.pass(ctx)
+	got, _ = s.Get(ctx, "s1")
+	assert.Equal(t, Failed, got.Phase)
+	assert.Contains(t, got.Message, "volume data-1 is not prepared on this node")
+	assert.NotContains(t, got.Message, "ERROR:")
+	got, created, err := s.Take(ctx, v, "s1", "")
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, Pending, got.Phase)
+
+	// A job the master never ran: started again after 30 s.
+	s.pass(ctx)
+	f.mu.Lock()
+	f.returns["4"] = saltapi.JobInfo{Known: false}
+	f.mu.Unlock()
+	r, err := s.read(ctx, "s1")
+	require.NoError(t, err)
+	old := time.Now().Add(-time.Minute)
+	r.JobStartedAt = &old
+	require.NoError(t, s.write(ctx, r))
+	s.pass(ctx)
+	got, _ = s.Get(ctx, "s1")
+	assert.Empty(t, got.JobID)
+	assert.Contains(t, got.Message, "started again")
+	s.pass(ctx)
+	assert.Equal(t, FunApply+" taken s1", f.launched[len(f.launched)-1])
+
+	// A return that describes another snapshot is not this one's.
+	f.answer("5", 0, map[string]any{"name": "other", "volumeUUID": v.Spec.UUID})
+	s.pass(ctx)
+	got, _ = s.Get(ctx, "s1")
+	assert.Equal(t, Failed, got.Phase)
+	assert.Equal(t, int64(2), s.Failures.Load())
+}
+
+func TestForgetDropsOnlyTheNamedVolumes(t *testing.T) {
+	s, _, v := setup(t)
+	ctx := context.Background()
+	other := v.Clone()
+	other.Spec.Name, other.Spec.UUID = "data-2", "9b2f0c1e-1111-4222-8333-444455556666"
+	for _, c := range []struct {
+		v    *volume.Volume
+		name string
+	}{{v, "a"}, {v, "b"}, {other, "c"}} {
+		_, _, err := s.Take(ctx, c.v, c.name, "")
+		require.NoError(t, err)
+	}
+	gone, err := s.Forget(ctx, []string{"data-1"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b"}, gone)
+	left, err := s.List(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	assert.Equal(t, "c", left[0].Name)
+}
