@@ -217,6 +217,9 @@ type Snapshot struct {
 	Message     string     `json:"message,omitempty"`
 	JobID       string     `json:"jobId,omitempty"`
 	RequestedBy string     `json:"requestedBy,omitempty"`
-	CreatedAt   time.Time  `json:"createdAt"`
-	UpdatedAt   time.Time  `json:"updatedAt"`
+	// For names the clone this snapshot was taken for (a claim's
+	// dataSource): it is deleted once that clone is Available.
+	For       string    `json:"for,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }

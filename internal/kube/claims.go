@@ -78,7 +78,7 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		return true
 	}
 	err := c.syncClaim(ctx, key)
-	if errors.Is(err, errVolumeLeaving) || errors.Is(err, errVolumeBusy) {
+	if errors.Is(err, errVolumeLeaving) || errors.Is(err, errVolumeBusy) || errors.Is(err, errCloneWaiting) {
 		c.claims.Forget(key)
 		c.claims.AddAfter(key, time.Second)
 		return true
@@ -187,6 +187,17 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 		c.event(&saltvolumes.Claim{Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)}, corev1.EventTypeWarning, "ProvisioningFailed", d.Refuse)
 		return nil
 	}
+	if _, _, _, _, ok := dataSource(pvc); ok {
+		refuse, err := c.withSource(ctx, pvc, d.Spec)
+		if err != nil {
+			return err
+		}
+		if refuse != "" {
+			c.Metrics.ClaimsRefused.Inc()
+			c.event(d.Claim, corev1.EventTypeWarning, "ProvisioningFailed", refuse)
+			return nil
+		}
+	}
 	v, err := c.vols.Provision(ctx, d.Spec, d.Claim)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
@@ -197,7 +208,11 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	}
 	c.Metrics.ClaimsProvisioned.Inc()
 	c.log.Info("provisioning a volume for a claim", "claim", key, "volume", v.Spec.Name, "node", v.Spec.Node, "size", d.Spec.SizeBytes)
-	c.event(d.Claim, corev1.EventTypeNormal, "Provisioning", fmt.Sprintf("salt-volumes is creating volume %s: a sparse %s %s volume of %s (asked: %s) on Salt minion %s",
-		v.Spec.Name, v.Spec.Mode, v.Spec.FSType, spec.FormatSize(d.Spec.SizeBytes), d.Size, v.Spec.Node))
+	from := ""
+	if src := d.Spec.Source; src != nil {
+		from = ", a clone of snapshot " + src.Snapshot
+	}
+	c.event(d.Claim, corev1.EventTypeNormal, "Provisioning", fmt.Sprintf("salt-volumes is creating volume %s: a sparse %s %s volume of %s (asked: %s) on Salt minion %s%s",
+		v.Spec.Name, v.Spec.Mode, v.Spec.FSType, spec.FormatSize(d.Spec.SizeBytes), d.Size, v.Spec.Node, from))
 	return nil
 }

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"log/slog"
 	"sync"
 	"time"
@@ -81,6 +82,7 @@ type Controller struct {
 	cfg     Config
 	cs      kubernetes.Interface
 	vols    Volumes
+	snaps   *snapshots.Service
 	log     *slog.Logger
 	Metrics *Metrics
 

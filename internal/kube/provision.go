@@ -45,8 +45,9 @@ type claimDecision struct {
 
 // decideClaim is the whole provisioning decision for a claim of class sc,
 // given the Salt minion the selected node maps to. It never provisions
-// what does not match the claim: no selectors, no data sources, no access
-// mode a local volume cannot honour.
+// what does not match the claim: no selectors, no data sources but ours
+// (the source itself is resolved by withSource), no access mode a local
+// volume cannot honour.
 func decideClaim(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, provisioner, minion string) claimDecision {
 	if pvc.Spec.VolumeName != "" || pvc.DeletionTimestamp != nil {
 		return claimDecision{Wait: true}
@@ -62,8 +63,8 @@ func decideClaim(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, 
 	if pvc.Spec.Selector != nil {
 		return claimDecision{Refuse: "salt-volumes cannot provision a claim with a selector (it could not honour the labels): remove spec.selector, or create a volume and bind it with spec.volumeName"}
 	}
-	if pvc.Spec.DataSource != nil || pvc.Spec.DataSourceRef != nil {
-		return claimDecision{Refuse: "salt-volumes cannot provision from a data source (no snapshots or clones of local volumes): remove spec.dataSource"}
+	if refuse := checkSource(pvc); refuse != "" {
+		return claimDecision{Refuse: refuse}
 	}
 	if sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		return claimDecision{Refuse: fmt.Sprintf("StorageClass %s: set volumeBindingMode: WaitForFirstConsumer: a local volume is made on the node the scheduler picks for the pod", sc.Name)}

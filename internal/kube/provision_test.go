@@ -108,9 +108,15 @@ func TestDecideClaim(t *testing.T) {
 			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
 				p.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "fast"}}
 			})},
-		{name: "data source", minion: "node-1", sc: testClass(), refuse: "data source",
+		{name: "a CSI snapshot as data source", minion: "node-1", sc: testClass(), refuse: "VolumeSnapshots of snapshot.storage.k8s.io are for CSI drivers",
 			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
-				p.Spec.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"}
+				g := "snapshot.storage.k8s.io"
+				p.Spec.DataSource = &corev1.TypedLocalObjectReference{APIGroup: &g, Kind: "VolumeSnapshot", Name: "snap"}
+			})},
+		{name: "a data source in another namespace", minion: "node-1", sc: testClass(), refuse: "within the claim's own namespace",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) {
+				ns := "other"
+				p.Spec.DataSourceRef = &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "src", Namespace: &ns}
 			})},
 		{name: "immediate binding", minion: "node-1", pvc: testClaim(), refuse: "WaitForFirstConsumer",
 			sc: testClass(func(sc *storagev1.StorageClass) { sc.VolumeBindingMode = &immediate })},

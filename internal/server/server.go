@@ -109,6 +109,17 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		log.Info("jobs are published through the salt master's request server", "master", cfg.Salt.Master)
 	}
 	rec := reconciler.New(st, jobs, source, opt, log.With("component", "reconciler"))
+	records, err := recordsFor(st, cfg)
+	if err != nil {
+		return err
+	}
+	// Snapshots: taken by the leader beside the volumes; claims clone
+	// from them.
+	snaps := &snapshots.Service{Records: records, Salt: jobs, Volumes: st, Log: log.With("component", "snapshots"), JobTimeout: time.Duration(cfg.JobTimeout)}
+	rec.Snapshots = snaps
+	if kc != nil {
+		kc.SetSnapshots(snaps)
+	}
 	if overlay != nil {
 		overlay.Published = rec.Published
 	}
@@ -161,10 +172,6 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	// The API's watch streams follow the store on every replica.
 	hub := store.NewHub()
 	defer st.Watch(hub.Publish)()
-	records, err := recordsFor(st, cfg)
-	if err != nil {
-		return err
-	}
 	// In Kubernetes mode the API server's tokens work too, RBAC on
 	// Volume objects deciding each action.
 	var kubeAuth api.KubeAuth
@@ -179,8 +186,6 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		}
 		kubeAuth = &kubeauth.Reviewer{Client: cs}
 	}
-	snaps := &snapshots.Service{Records: records, Salt: jobs, Log: log.With("component", "snapshots"), JobTimeout: time.Duration(cfg.JobTimeout)}
-	rec.Snapshots = snaps
 	tokens := &access.Tokens{Records: records, Bootstrap: cfg.Token}
 	audit := &access.Audit{Records: records, Log: log.With("component", "audit"),
 		MaxAge: time.Duration(cfg.Audit.MaxAge), MaxEntries: cfg.Audit.MaxEntries}

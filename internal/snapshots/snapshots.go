@@ -89,6 +89,9 @@ type Service struct {
 	// Every is how often the leader looks up jobs no event announced
 	// (default 5 s); a job's return on the bus looks it up at once.
 	Every time.Duration
+	// Volumes, when set, lets the leader delete the snapshots taken for a
+	// clone (a claim's dataSource) once the clone is Available.
+	Volumes store.Reader
 
 	// mu orders the leader's read-modify-write of a record with the
 	// API's (requests that change snapshots are passed to the leader).
@@ -196,6 +199,13 @@ func (s *Service) List(ctx context.Context, vol string) ([]Snapshot, error) {
 // answers it (and starts a failed one again); created says whether a new
 // record was written.
 func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (snap Snapshot, created bool, err error) {
+	return s.TakeFor(ctx, v, name, by, "")
+}
+
+// TakeFor is Take of a snapshot that exists only to be cloned as volume
+// clone: the leader deletes it once that volume is Available (or, an hour
+// on, when no such volume was ever made).
+func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone string) (snap Snapshot, created bool, err error) {
 	s.init()
 	if !names.MatchString(name) {
 		return Snapshot{}, false, &Error{400, "name", fmt.Sprintf("name: %q is not a snapshot name: lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit", name)}
@@ -231,7 +241,7 @@ func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (
 	}
 	now := time.Now().UTC()
 	r = &record{Snapshot: Snapshot{Name: name, Volume: v.Spec.Name, VolumeUUID: v.Spec.UUID, Node: v.Spec.Node,
-		Phase: Pending, RequestedBy: by, CreatedAt: now}, Spec: v.Spec}
+		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone}, Spec: v.Spec}
 	if err := s.write(ctx, r); err != nil {
 		return Snapshot{}, false, err
 	}
@@ -319,6 +329,18 @@ func (s *Service) pass(ctx context.Context) bool {
 	}
 	busy := false
 	for _, r := range rs {
+		if r.Phase == Ready && r.For != "" && s.cloned(r) {
+			// Its clone has its own copy now.
+			s.Log.Info("snapshot taken for a clone deleted: the clone is Available", "snapshot", r.Name, "clone", r.For)
+			if _, err := s.Delete(ctx, r.Name, ""); err != nil {
+				s.Log.Warn("deleting a clone's snapshot", "snapshot", r.Name, "error", err)
+			}
+			busy = true
+			continue
+		}
+		if r.Phase == Ready && r.For != "" {
+			busy = true // its clone is on its way: look again soon
+		}
 		if r.Phase != Pending && r.Phase != Deleting {
 			continue
 		}
@@ -375,6 +397,19 @@ func (s *Service) launch(ctx context.Context, r *record) {
 		return
 	}
 	s.Log.Info("snapshot job started", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "action", action, "job", job.JID)
+}
+
+// cloned tells whether the clone a snapshot was taken for no longer needs
+// it: Available, or never made within an hour of the snapshot.
+func (s *Service) cloned(r *record) bool {
+	if s.Volumes == nil {
+		return false
+	}
+	v, err := s.Volumes.Get(r.For)
+	if errors.Is(err, store.ErrNotFound) {
+		return time.Since(r.CreatedAt) > time.Hour
+	}
+	return err == nil && v.Status.Phase == volume.Available && v.Spec.Source != nil && v.Spec.Source.Snapshot == r.Name
 }
 
 // nodeAnswer is the part of the node's answer a snapshot record keeps.

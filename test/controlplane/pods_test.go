@@ -244,6 +244,88 @@ func TestPods(t *testing.T) {
 		})
 	})
 
+	t.Run("a running pod's claim is cloned by a second claim, and restored from a snapshot", func(t *testing.T) {
+		name := newClass("clonable", corev1.PersistentVolumeReclaimDelete)
+		claim("origin", "", "32Mi", false, &name)
+		// The first pod keeps running: the snapshot its clone starts from
+		// freezes its mounted filesystem for the copy.
+		// Ready once it wrote (the kubelet runs the probe: no exec or
+		// logs through the API server here).
+		po := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "origin-writer", Namespace: "default"}, Spec: corev1.PodSpec{
+			HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "c", Image: kubecluster.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:        []string{"/bin/sh", "-c", "echo original > /data/file.tmp && sync && mv /data/file.tmp /data/file && sleep 3600"},
+				VolumeMounts:   []corev1.VolumeMount{{Name: "v", MountPath: "/data"}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-e", "/data/file"}}}, PeriodSeconds: 1}}},
+			Volumes: []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "origin"}}}},
+		}}
+		_, err := k.Admin.CoreV1().Pods("default").Create(ctx, po, metav1.CreateOptions{})
+		require.NoError(t, err)
+		must("", "wait", "--for", "condition=Ready", "--timeout", "2m", "pod/origin-writer")
+		pvc, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "origin", metav1.GetOptions{})
+		require.NoError(t, err)
+		origin := pvc.Spec.VolumeName
+		*uuids = append(*uuids, strings.TrimPrefix(origin, "pvc-"))
+
+		withSource := func(claimName string, ref *corev1.TypedObjectReference) {
+			t.Helper()
+			pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName, Namespace: "default"},
+				Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &name, DataSourceRef: ref,
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("32Mi")}}}}
+			_, err := k.Admin.CoreV1().PersistentVolumeClaims("default").Create(ctx, pvc, metav1.CreateOptions{})
+			require.NoError(t, err)
+		}
+		withSource("copy", &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "origin"})
+		pod("copy-reader", "copy", false, `test "$(cat /data/file)" = original && echo copy-only > /data/mine && sync`)
+		waitPod("copy-reader", corev1.PodSucceeded)
+		pvc, err = k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "copy", metav1.GetOptions{})
+		require.NoError(t, err)
+		clone := pvc.Spec.VolumeName
+		*uuids = append(*uuids, strings.TrimPrefix(clone, "pvc-"))
+		assert.NotEqual(t, must("", "get", "volume", origin, "-o", "jsonpath={.metadata.uid}"), must("", "get", "volume", clone, "-o", "jsonpath={.metadata.uid}"))
+		evs := must("", "get", "events", "--field-selector", "involvedObject.name=copy", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}")
+		assert.Contains(t, evs, "a clone of snapshot pvc-"+string(pvc.UID))
+		// The snapshot taken for the clone goes once the clone is ready:
+		// the origin can be deleted later.
+		eventually(t, time.Minute, "the clone's snapshot deleted", func() (bool, string) {
+			out, _, _ := p.CLI("snapshot", "ls", origin)
+			return !strings.Contains(out, "pvc-"), out
+		})
+		// A snapshot of ours, restored by a claim's dataSourceRef.
+		_, errs, code := p.CLI("snapshot", "create", origin, "nightly", "--wait")
+		require.Equal(t, 0, code, errs)
+		group := "salt-volumes.io"
+		withSource("restored", &corev1.TypedObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "nightly"})
+		// The origin's data, without what the clone's pod wrote in its own.
+		pod("restored-reader", "restored", false, `test "$(cat /data/file)" = original && test ! -e /data/mine`)
+		waitPod("restored-reader", corev1.PodSucceeded)
+		pvc, err = k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "restored", metav1.GetOptions{})
+		require.NoError(t, err)
+		*uuids = append(*uuids, strings.TrimPrefix(pvc.Spec.VolumeName, "pvc-"))
+		_, errs, code = p.CLI("snapshot", "rm", "nightly", "--wait")
+		require.Equal(t, 0, code, errs)
+
+		// A source that is not ours is refused on the claim, with the reason.
+		csi := "snapshot.storage.k8s.io"
+		withSource("from-csi", &corev1.TypedObjectReference{APIGroup: &csi, Kind: "VolumeSnapshot", Name: "x"})
+		pod("csi-reader", "from-csi", false, "true")
+		eventually(t, time.Minute, "the refusal on the claim", func() (bool, string) {
+			evs := must("", "get", "events", "--field-selector", "involvedObject.name=from-csi", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}")
+			return strings.Contains(evs, "ProvisioningFailed: dataSource VolumeSnapshot"), evs
+		})
+		for _, po := range []string{"origin-writer", "copy-reader", "restored-reader", "csi-reader"} {
+			deletePod(po)
+		}
+		for _, c := range []string{"origin", "copy", "restored", "from-csi"} {
+			require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, c, metav1.DeleteOptions{}))
+		}
+		eventually(t, 2*time.Minute, "the three volumes go with their claims", func() (bool, string) {
+			out, _ := k.Kubectl("get", "volume", "-o", "name")
+			return !strings.Contains(out, origin) && !strings.Contains(out, clone) && !strings.Contains(out, pvc.Spec.VolumeName), out
+		})
+	})
+
 	pvCapacity := func(name string) string {
 		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
