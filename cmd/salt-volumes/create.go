@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
 // create asks for a new volume, and with --wait follows it to Available.
@@ -25,7 +27,7 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	var labels, annotations multi
 	fs.Var(&labels, "label", "KEY=VALUE: a label for the volume's PersistentVolume (repeat for each)")
 	fs.Var(&annotations, "annotation", "KEY=VALUE: an annotation for the volume's PersistentVolume (repeat for each)")
-	from := fs.String("from", "", "snapshot/NAME: a clone of that snapshot, on its node, of its volume's mode and filesystem (--size: the same or larger)")
+	from := fs.String("from", "", "snapshot/NAME or volume/NAME: a clone of that snapshot, or of the volume as it is now, on its node, of its mode and filesystem (--size: the same or larger)")
 	wait := fs.Bool("wait", false, "wait until the volume is Available (or Failed)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
 	pos, cl, err := c.open(fs, in, 1, "give exactly one volume NAME")
@@ -37,13 +39,25 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		// Resolved here: the volume spec names the snapshot by its
 		// volume's uuid and its name, on the clone's own node.
 		kind, name, _ := strings.Cut(*from, "/")
-		if kind != "snapshot" || name == "" {
-			return failf(exitUsage, "create: --from %q: write snapshot/NAME (salt-volumes snapshot ls lists them)", *from)
+		if (kind != "snapshot" && kind != "volume") || name == "" {
+			return failf(exitUsage, "create: --from %q: write snapshot/NAME (salt-volumes snapshot ls lists them) or volume/NAME", *from)
 		}
 		if *device != "" || *vg != "" {
 			return failf(exitUsage, "create: --from makes a sparse volume: leave out --device and --vg")
 		}
-		snap, err := cl.Snapshot(ctx, name)
+		var snap saltvolumes.Snapshot
+		var err error
+		if kind == "volume" {
+			// A snapshot for this clone alone: the control plane deletes
+			// it once the clone is Available (or after an hour, if this
+			// command never gets to create the clone).
+			helper := strings.TrimRight(("clone-" + pos[0])[:min(63, 6+len(pos[0]))], "-")
+			if snap, err = cl.TakeSnapshotFor(ctx, name, helper, pos[0]); err == nil {
+				snap, err = c.waitSnapshot(ctx, cl, snap.Name, false, *timeout)
+			}
+		} else {
+			snap, err = cl.Snapshot(ctx, name)
+		}
 		if err != nil {
 			return err
 		}

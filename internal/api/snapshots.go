@@ -48,12 +48,15 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var body struct {
 		Name string `json:"name"`
+		// For: the snapshot is taken to be cloned as this new volume,
+		// and deleted once it is Available (create --from volume/NAME).
+		For string `json:"for"`
 	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil || dec.More() || body.Name == "" {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "name",
-			Message: `the body must be {"name": "SNAPSHOT"}: the new snapshot's name (lower-case letters, digits and '-')`})
+			Message: `the body must be {"name": "SNAPSHOT"} (and "for": "VOLUME" for a snapshot that is only to be cloned): the new snapshot's name (lower-case letters, digits and '-')`})
 		return
 	}
 	v, err := s.Store.Get(name)
@@ -74,7 +77,7 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 	if p := access.From(r.Context()); p != nil {
 		by = p.User
 	}
-	snap, created, err := s.Snapshots.Take(r.Context(), v, body.Name, by)
+	snap, created, err := s.Snapshots.TakeFor(r.Context(), v, body.Name, by, body.For)
 	if err != nil {
 		snapshotErr(w, body.Name, err)
 		return

@@ -16,6 +16,14 @@ func (c *Client) TakeSnapshot(ctx context.Context, volume, name string) (saltvol
 	return s, err
 }
 
+// TakeSnapshotFor asks for a snapshot that exists only to be cloned as the
+// new volume clone: the control plane deletes it once that is Available.
+func (c *Client) TakeSnapshotFor(ctx context.Context, volume, name, clone string) (saltvolumes.Snapshot, error) {
+	var s saltvolumes.Snapshot
+	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(volume)+"/snapshots", map[string]any{"name": name, "for": clone}, &s)
+	return s, err
+}
+
 // Snapshots lists snapshots: one volume's, or all ("").
 func (c *Client) Snapshots(ctx context.Context, volume string) ([]saltvolumes.Snapshot, error) {
 	var out struct {

@@ -36,6 +36,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/saltreq"
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 // keepEvery is how often usage history and job logs are saved when they
@@ -117,6 +118,12 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	// from them.
 	snaps := &snapshots.Service{Records: records, Salt: jobs, Volumes: st, Log: log.With("component", "snapshots"), JobTimeout: time.Duration(cfg.JobTimeout)}
 	rec.Snapshots = snaps
+	// A clone that became Available frees the snapshot taken for it.
+	defer st.Watch(func(ev store.Event) {
+		if v := ev.Volume; v != nil && v.Spec.Source != nil && v.Status.Phase == volume.Available {
+			snaps.Kick()
+		}
+	})()
 	if kc != nil {
 		kc.SetSnapshots(snaps)
 	}

@@ -207,6 +207,9 @@ func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (
 // on, when no such volume was ever made).
 func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone string) (snap Snapshot, created bool, err error) {
 	s.init()
+	if clone != "" && !names.MatchString(clone) {
+		return Snapshot{}, false, &Error{400, "for", fmt.Sprintf("for: %q is not a volume name", clone)}
+	}
 	if !names.MatchString(name) {
 		return Snapshot{}, false, &Error{400, "name", fmt.Sprintf("name: %q is not a snapshot name: lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit", name)}
 	}
@@ -338,7 +341,7 @@ func (s *Service) pass(ctx context.Context) bool {
 			busy = true
 			continue
 		}
-		if r.Phase == Ready && r.For != "" {
+		if r.For != "" && r.Phase != Failed {
 			busy = true // its clone is on its way: look again soon
 		}
 		if r.Phase != Pending && r.Phase != Deleting {

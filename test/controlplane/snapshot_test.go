@@ -3,12 +3,14 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -140,6 +142,31 @@ func TestSnapshotsThroughTheControlPlane(t *testing.T) {
 			require.NoError(t, err, "no snapshots left")
 		})
 	}
+
+	t.Run("a clone of a volume as it is now: its snapshot goes once the clone is Available", func(t *testing.T) {
+		_, errs, code := p.CLI("create", "live", "--node", "node-1", "--size", "32Mi", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, errs)
+		v := getJSON(t, p, "live")
+		uuids = append(uuids, v.Spec.UUID)
+		mp := mount(v.Status.PersistentPath)
+		require.NoError(t, os.WriteFile(filepath.Join(mp, "note"), []byte("live data"), 0o600))
+		started := time.Now()
+		out, errs, code := p.CLI("create", "live-copy", "--from", "volume/live", "--wait", "--timeout", "2m")
+		require.Equal(t, 0, code, out+errs)
+		t.Logf("create --from volume/live --wait: %s", time.Since(started).Round(100*time.Millisecond))
+		cv := getJSON(t, p, "live-copy")
+		uuids = append(uuids, cv.Spec.UUID)
+		assert.Equal(t, "clone-live-copy", cv.Spec.Source.Snapshot)
+		b, err := os.ReadFile(filepath.Join(mount(cv.Status.PersistentPath), "note"))
+		require.NoError(t, err)
+		assert.Equal(t, "live data", string(b))
+		started = time.Now()
+		eventually(t, time.Minute, "the clone's snapshot deleted", func() (bool, string) {
+			items, err := c.Snapshots(ctx, "live")
+			return err == nil && len(items) == 0, fmt.Sprint(items, err)
+		})
+		t.Logf("the clone's snapshot deleted %s after the clone was Available", time.Since(started).Round(100*time.Millisecond))
+	})
 
 	t.Run("refused with the field and the fix, changing nothing", func(t *testing.T) {
 		_, err := c.TakeSnapshot(ctx, "no-such-volume", "x")
