@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	corelisters "k8s.io/client-go/listers/core/v1"
 
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -31,6 +32,9 @@ var errCloneWaiting = errors.New("the clone's snapshot is being taken")
 
 // SetSnapshots lets claims be provisioned from snapshots and other claims.
 func (c *Controller) SetSnapshots(s *snapshots.Service) { c.snaps = s }
+
+// Claims lists the claims the controller watches.
+func (c *Controller) Claims() corelisters.PersistentVolumeClaimLister { return c.pvcs }
 
 // dataSource is the claim's source, from dataSourceRef (which the API
 // server fills in from dataSource too) or dataSource.
@@ -81,7 +85,12 @@ func (c *Controller) withSource(ctx context.Context, pvc *corev1.PersistentVolum
 	}
 	var snap snapshots.Snapshot
 	if kind == kindSnapshot {
-		snap, err = c.snaps.Get(ctx, name)
+		// A VolumeSnapshot object of the claim's namespace, else a
+		// snapshot taken through the API by that name.
+		snap, err = c.snaps.Get(ctx, SnapshotName(pvc.Namespace, name))
+		if errors.Is(err, snapshots.ErrNotFound) {
+			snap, err = c.snaps.Get(ctx, name)
+		}
 		if errors.Is(err, snapshots.ErrNotFound) {
 			return fmt.Sprintf("dataSourceRef: snapshot %s not found (salt-volumes snapshot ls lists them)", name), nil
 		}

@@ -152,6 +152,22 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		}
 		// Before the store closes (deferred earlier, run later).
 		defer kc.Stop()
+		rc, err := restConfig(cfg.Kubernetes)
+		if err != nil {
+			return err
+		}
+		dc, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		leads := func() bool { return true }
+		if elector != nil {
+			leads = elector.Leading
+		}
+		so := &kube.SnapshotObjects{Client: dc, Snapshots: snaps, Volumes: st, Claims: kc.Claims(), Leading: leads, Log: log.With("component", "volumesnapshots")}
+		if err := so.Run(ctx); err != nil {
+			return err
+		}
 		log.Info("kubernetes mode: publishing PersistentVolumes", "storageClass", cfg.Kubernetes.StorageClass, "provisioner", cfg.Kubernetes.Provisioner)
 	}
 	if ks, ok := st.(*store.Kube); ok && kc != nil {

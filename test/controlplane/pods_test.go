@@ -34,7 +34,8 @@ func TestPods(t *testing.T) {
 	s, k, must, uuids := withKubelet(t, "volumes,pv,pvc,pods")
 	ctx := context.Background()
 	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
-	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
+	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volumesnapshot-crd.yaml"))
+	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io", "crd/volumesnapshots.salt-volumes.io")
 	p := newPlane(t, s)
 	p.StoreConfig = "# no store file: the volumes are Volume objects\n"
 	p.Start(fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n  volumeObjects: true\n", k.ControlKubeconfig))
@@ -292,9 +293,17 @@ func TestPods(t *testing.T) {
 			out, _, _ := p.CLI("snapshot", "ls", origin)
 			return !strings.Contains(out, "pvc-"), out
 		})
-		// A snapshot of ours, restored by a claim's dataSourceRef.
-		_, errs, code := p.CLI("snapshot", "create", origin, "nightly", "--wait")
+		// A VolumeSnapshot object of ours, made with kubectl, restored by
+		// a claim's dataSourceRef.
+		must("apiVersion: salt-volumes.io/v1alpha1\nkind: VolumeSnapshot\nmetadata:\n  name: nightly\n  namespace: default\nspec:\n  source: {persistentVolumeClaimName: origin}\n", "apply")
+		must("", "wait", "--for", "jsonpath={.status.readyToUse}=true", "--timeout", "2m", "volumesnapshots.salt-volumes.io/nightly")
+		listed := must("", "get", "volumesnapshots.salt-volumes.io")
+		assert.Contains(t, listed, "nightly")
+		assert.Contains(t, listed, origin)
+		assert.Equal(t, "default-nightly", must("", "get", "volumesnapshots.salt-volumes.io", "nightly", "-o", "jsonpath={.status.snapshot}"))
+		out, errs, code := p.CLI("snapshot", "get", "default-nightly")
 		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, "Ready")
 		group := "salt-volumes.io"
 		withSource("restored", &corev1.TypedObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "nightly"})
 		// The origin's data, without what the clone's pod wrote in its own.
@@ -303,8 +312,10 @@ func TestPods(t *testing.T) {
 		pvc, err = k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "restored", metav1.GetOptions{})
 		require.NoError(t, err)
 		*uuids = append(*uuids, strings.TrimPrefix(pvc.Spec.VolumeName, "pvc-"))
-		_, errs, code = p.CLI("snapshot", "rm", "nightly", "--wait")
-		require.Equal(t, 0, code, errs)
+		// Deleting the object deletes the snapshot on its node first.
+		must("", "delete", "volumesnapshots.salt-volumes.io", "nightly", "--timeout", "2m")
+		_, errs, code = p.CLI("snapshot", "get", "default-nightly")
+		assert.Equal(t, 4, code, errs)
 
 		// A source that is not ours is refused on the claim, with the reason.
 		csi := "snapshot.storage.k8s.io"

@@ -78,7 +78,7 @@ func TestHelmChart(t *testing.T) {
 	assert.Contains(t, string(out), "0 chart(s) failed")
 
 	var raw []byte
-	for _, f := range []string{"rbac.yaml", "volume-crd.yaml", "serve.yaml"} {
+	for _, f := range []string{"rbac.yaml", "volume-crd.yaml", "volumesnapshot-crd.yaml", "serve.yaml"} {
 		b, err := os.ReadFile(filepath.Join("../../deploy/kubernetes", f))
 		require.NoError(t, err)
 		raw = append(raw, []byte("\n---\n")...)
@@ -101,6 +101,11 @@ func TestHelmChart(t *testing.T) {
 	rawCRD, err := os.ReadFile("../../deploy/kubernetes/volume-crd.yaml")
 	require.NoError(t, err)
 	assert.Equal(t, string(rawCRD), string(crd), "the chart's CRD is a copy of deploy/kubernetes/volume-crd.yaml")
+	crd, err = os.ReadFile(filepath.Join(chart, "crds", "volumesnapshot-crd.yaml"))
+	require.NoError(t, err)
+	rawCRD, err = os.ReadFile("../../deploy/kubernetes/volumesnapshot-crd.yaml")
+	require.NoError(t, err)
+	assert.Equal(t, string(rawCRD), string(crd), "the chart's CRD is a copy of deploy/kubernetes/volumesnapshot-crd.yaml")
 
 	t.Run("the optional objects and the values people change", func(t *testing.T) {
 		got := objects(t, render(t, "--set", "serviceMonitor.enabled=true", "--set", "storageClass.create=true",
