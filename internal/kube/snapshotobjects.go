@@ -46,6 +46,10 @@ type SnapshotObjects struct {
 	Claims  corelisters.PersistentVolumeClaimLister
 	Leading func() bool
 	Log     *slog.Logger
+	// Served tells whether the API server serves the resource (its CRD
+	// applied): until it does, nothing watches it (a watch of a missing
+	// resource would log its failure every few seconds).
+	Served func() bool
 
 	queue workqueue.TypedRateLimitingInterface[string]
 	lis   cache.GenericLister
@@ -57,6 +61,26 @@ type SnapshotObjects struct {
 func (o *SnapshotObjects) Run(ctx context.Context) error {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Served != nil && !o.Served() {
+		o.Log.Warn("volumesnapshots." + ourGroup + " is not served (apply deploy/kubernetes/volumesnapshot-crd.yaml): VolumeSnapshot objects are watched once it is")
+		go func() {
+			t := time.NewTicker(30 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if o.Served() {
+						o.Served = nil
+						_ = o.Run(ctx)
+						return
+					}
+				}
+			}
+		}()
+		return nil
 	}
 	f := dynamicinformer.NewDynamicSharedInformerFactory(o.Client, 10*time.Minute)
 	inf := f.ForResource(SnapshotResource)

@@ -164,7 +164,23 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		if elector != nil {
 			leads = elector.Leading
 		}
-		so := &kube.SnapshotObjects{Client: dc, Snapshots: snaps, Volumes: st, Claims: kc.Claims(), Leading: leads, Log: log.With("component", "volumesnapshots")}
+		disc, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		served := func() bool {
+			rl, err := disc.Discovery().ServerResourcesForGroupVersion(kube.SnapshotResource.GroupVersion().String())
+			if err != nil {
+				return false
+			}
+			for _, r := range rl.APIResources {
+				if r.Name == kube.SnapshotResource.Resource {
+					return true
+				}
+			}
+			return false
+		}
+		so := &kube.SnapshotObjects{Client: dc, Snapshots: snaps, Volumes: st, Claims: kc.Claims(), Leading: leads, Served: served, Log: log.With("component", "volumesnapshots")}
 		if err := so.Run(ctx); err != nil {
 			return err
 		}
