@@ -23,9 +23,10 @@ start=$SECONDS
 
 # serve against this line's master: creates and deletes over the job, the
 # master engine, forged events, node health from the beacon, a node
-# forgotten, the demo's smoke run; on a line older than the pinned one, its
+# forgotten, the demo's smoke run, people's logins, snapshots and clones
+# through apply_snapshot; on a line older than the pinned one, its
 # master upgraded to the pinned release under a running serve.
-plane='^(TestEndToEnd|TestMasterEngine|TestForgedEventsChangeNothing|TestNodeHealth|TestNodeForget|TestDemo|TestSaltUpgradeUnderServe|TestServeAsItsOwnUser|TestPeopleLogInWithSalt)$'
+plane='^(TestEndToEnd|TestMasterEngine|TestForgedEventsChangeNothing|TestNodeHealth|TestNodeForget|TestDemo|TestSaltUpgradeUnderServe|TestServeAsItsOwnUser|TestPeopleLogInWithSalt|TestSnapshotsThroughTheControlPlane)$'
 pinned=$(sed -n 's/^salt==//p' salt/requirements.txt)
 if [ "$release" != "$pinned" ]; then
   export SALT_VOLUMES_UPGRADE_TO=$PWD/.venv
