@@ -1,0 +1,148 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// takingSalt is a master whose every snapshot job returns at once, as the
+// node would answer it.
+type takingSalt struct {
+	mu   sync.Mutex
+	args map[string][]any
+}
+
+func (f *takingSalt) LocalAsync(_ context.Context, _, _ string, arg []any, _ map[string]any) (saltapi.Job, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	jid := time.Now().Format("150405.000000000")
+	f.args[jid] = arg
+	return saltapi.Job{JID: jid}, nil
+}
+
+func (f *takingSalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo, error) {
+	f.mu.Lock()
+	arg := f.args[jid]
+	f.mu.Unlock()
+	sp := arg[1].(spec.Spec)
+	b, _ := json.Marshal(map[string]any{"name": arg[2], "volumeUUID": sp.UUID, "method": "reflink", "size": sp.Bytes(), "allocated": 4096})
+	return saltapi.JobInfo{Known: true, Returns: map[string]saltapi.MinionReturn{sp.Node: {Return: b}}}, nil
+}
+
+const srcUID = "7c1d2e3f-0000-4000-8000-000000000001"
+
+func sourceVolume(mut ...func(*volume.Volume)) *volume.Volume {
+	v := &volume.Volume{Spec: spec.Spec{Name: "pvc-" + srcUID, UUID: srcUID, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
+		SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}}
+	if err := v.Spec.Validate(); err != nil {
+		panic(err)
+	}
+	v.Status.Phase = volume.Available
+	for _, m := range mut {
+		m(v)
+	}
+	return v
+}
+
+func cloneClaim(mut ...func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+	return testClaim(append([]func(*corev1.PersistentVolumeClaim){func(p *corev1.PersistentVolumeClaim) {
+		p.Spec.DataSource = &corev1.TypedLocalObjectReference{Kind: kindClaim, Name: "origin"}
+	}}, mut...)...)
+}
+
+func originClaim() *corev1.PersistentVolumeClaim {
+	return testClaim(func(p *corev1.PersistentVolumeClaim) {
+		p.Name, p.UID, p.Spec.VolumeName = "origin", srcUID, "pvc-"+srcUID
+	})
+}
+
+func snapService(t *testing.T) *snapshots.Service {
+	st, err := store.Open(filepath.Join(t.TempDir(), "store.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	return &snapshots.Service{Records: st, Salt: &takingSalt{args: map[string][]any{}}, Every: 10 * time.Millisecond}
+}
+
+func TestDecisionCloneOfAClaim(t *testing.T) {
+	vols := &recVolumes{vols: map[string]*volume.Volume{"pvc-" + srcUID: sourceVolume()}}
+	c, _ := follower(t, vols, testClass(), originClaim(), cloneClaim())
+	snaps := snapService(t)
+	c.SetSnapshots(snaps)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go snaps.Run(ctx)
+
+	// The snapshot is taken first (named for the new claim); the claim
+	// waits for it, then its volume is provisioned from it.
+	require.ErrorIs(t, c.syncClaim(ctx, "apps/data"), errCloneWaiting)
+	snap, err := snaps.Get(ctx, "pvc-"+uid)
+	require.NoError(t, err)
+	assert.Equal(t, claimVolume, snap.For, "deleted once the clone is Available")
+	assert.Equal(t, "pvc-"+srcUID, snap.Volume)
+	require.Eventually(t, func() bool { return c.syncClaim(ctx, "apps/data") == nil }, 10*time.Second, 20*time.Millisecond)
+	require.Len(t, vols.provisioned, 1)
+	assert.Equal(t, &spec.Source{VolumeUUID: srcUID, Snapshot: "pvc-" + uid}, vols.provisioned[0].Source)
+	assert.Equal(t, "node-1", vols.provisioned[0].Node)
+}
+
+func TestDecisionCloneRefusals(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name  string
+		src   *volume.Volume
+		claim *corev1.PersistentVolumeClaim
+		want  string
+	}{
+		{"the source on another node", sourceVolume(func(v *volume.Volume) { v.Spec.Node = "node-2" }), cloneClaim(),
+			"is on Salt minion node-2 but the scheduler chose node-1"},
+		{"no such claim", sourceVolume(), cloneClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.DataSource.Name = "nope" }),
+			"claim nope not found in namespace apps"},
+		{"another filesystem", sourceVolume(func(v *volume.Volume) { v.Spec.FSType = "xfs" }), cloneClaim(),
+			"holds xfs but this claim's StorageClass makes ext4"},
+		{"a raw source", sourceVolume(func(v *volume.Volume) {
+			v.Spec.SparseLoopDevice, v.Spec.RawBlockDevice = nil, &spec.RawBlockDevice{DevicePath: "/dev/sdb"}
+		}), cloneClaim(), "is not a sparse volume"},
+		{"smaller than the source", sourceVolume(func(v *volume.Volume) { v.Spec.SparseLoopDevice.Size = "2Gi"; v.Spec.SizeBytes = 2 << 30 }),
+			cloneClaim(), "smaller than the source (2Gi)"},
+		{"a snapshot of ours that is not there", sourceVolume(), cloneClaim(func(p *corev1.PersistentVolumeClaim) {
+			g := ourGroup
+			p.Spec.DataSource = nil
+			p.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: &g, Kind: kindSnapshot, Name: "gone"}
+		}), "snapshot gone not found"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			vols := &recVolumes{vols: map[string]*volume.Volume{"pvc-" + srcUID: c.src}}
+			ctl, _ := follower(t, vols, testClass(), originClaim(), c.claim)
+			snaps := snapService(t)
+			ctl.SetSnapshots(snaps)
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go snaps.Run(rctx)
+			s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
+				SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
+			require.NoError(t, s.Validate())
+			var refuse string
+			require.Eventually(t, func() bool {
+				var err error
+				refuse, err = ctl.withSource(rctx, c.claim, s)
+				return err == nil
+			}, 10*time.Second, 20*time.Millisecond)
+			assert.Contains(t, refuse, c.want)
+			assert.Nil(t, s.Source, "nothing to clone from")
+		})
+	}
+}
