@@ -203,6 +203,27 @@ func TestHighAvailability(t *testing.T) {
 		assert.Contains(t, out, "DELETE /api/v1/tokens/ha-viewer")
 	})
 
+	t.Run("a snapshot asked through a follower is taken by the leader; deleted through the other replica", func(t *testing.T) {
+		lead, _ := leaderOf(t, 30*time.Second, replicas...)
+		follower := other(lead)
+		out, errs, code := follower.CLI("snapshot", "create", "ha-1", "ha-snap", "--wait", "-o", "json")
+		require.Equal(t, 0, code, errs)
+		var snap saltvolumes.Snapshot
+		require.NoError(t, json.Unmarshal([]byte(out), &snap), out)
+		assert.Equal(t, "Ready", snap.Phase)
+		assert.NotEmpty(t, snap.JobID)
+		assert.EqualValues(t, 0, follower.Metric("salt_volumes_snapshots_taken_total"), "only the leader runs snapshot jobs")
+		assert.EqualValues(t, 1, lead.Metric("salt_volumes_snapshots_taken_total"))
+		got, err := lead.Client().Snapshot(ctx, "ha-snap")
+		require.NoError(t, err, "the record is in etcd, read by both")
+		assert.Equal(t, snap.JobID, got.JobID)
+		_, errs, code = lead.CLI("snapshot", "rm", "ha-snap", "--wait")
+		require.Equal(t, 0, code, errs)
+		items, err := follower.Client().Snapshots(ctx, "")
+		require.NoError(t, err)
+		assert.Empty(t, items)
+	})
+
 	t.Run("the leader killed while a prepare runs: another leads, the job it started settles the volume", func(t *testing.T) {
 		lead, _ := leaderOf(t, 30*time.Second, replicas...)
 		follower := other(lead)
