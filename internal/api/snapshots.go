@@ -73,11 +73,7 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 	if !s.inScope(w, r, v.Spec.Node) {
 		return
 	}
-	by := ""
-	if p := access.From(r.Context()); p != nil {
-		by = p.User
-	}
-	snap, created, err := s.Snapshots.TakeFor(r.Context(), v, body.Name, by, body.For)
+	snap, created, err := s.Snapshots.TakeFor(r.Context(), v, body.Name, requester(r), body.For)
 	if err != nil {
 		snapshotErr(w, body.Name, err)
 		return
@@ -139,11 +135,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	if !s.inScope(w, r, snap.Node) {
 		return
 	}
-	by := ""
-	if p := access.From(r.Context()); p != nil {
-		by = p.User
-	}
-	if snap, err = s.Snapshots.Delete(r.Context(), name, by); err != nil {
+	if snap, err = s.Snapshots.Delete(r.Context(), name, requester(r)); err != nil {
 		snapshotErr(w, name, err)
 		return
 	}
@@ -172,4 +164,12 @@ func (s *Server) heldBySnapshots(w http.ResponseWriter, r *http.Request, name st
 	writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeDeleteForbidden,
 		Message: fmt.Sprintf("volume %q has snapshots (%s): delete them first (salt-volumes snapshot rm %s); nothing was changed", name, strings.Join(ns, ", "), strings.Join(ns, " "))})
 	return true
+}
+
+// requester is who asked: the user the request's token names.
+func requester(r *http.Request) string {
+	if p := access.From(r.Context()); p != nil {
+		return p.User
+	}
+	return ""
 }
