@@ -536,7 +536,7 @@ func TestEndToEnd(t *testing.T) {
 		assert.Greater(t, p.Metric("salt_volumes_events_decoded_total"), 0.0)
 		out, errs, code = p.CLI("nodes")
 		require.Equal(t, 0, code, errs)
-		assert.Regexp(t, `node-1\s+true\s+-\s+-\s+-\s+-\s+0\s+\d+\s+Available=`, out, "no beacon here: capacity unknown, volumes counted")
+		assert.Regexp(t, `node-1\s+true\s+-\s+-\s+-\s+-\s+-\s+0\s+\d+\s+Available=`, out, "no beacon here: capacity and snapshots unknown, volumes counted")
 		_, errs, code = p.CLI("rm", "sse-1", "--wait", "--timeout", "2m")
 		require.Equal(t, 0, code, errs)
 	})

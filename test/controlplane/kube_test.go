@@ -609,6 +609,12 @@ func TestKubernetes(t *testing.T) {
 		*e.uuids = append(*e.uuids, v.Spec.UUID)
 		_, errs, code := e.p.CLI("wait", "k8s-w", "--for", "Available", "--timeout", "2m")
 		require.Equal(t, 0, code, errs)
+		// Its PV goes Pending -> Available by the PV controller a moment
+		// later; until then a deletion is refused (CI saw it once).
+		require.Eventually(t, func() bool {
+			got, err := e.p.Client().Get(ctx, "k8s-w")
+			return err == nil && got.Status.PersistentVolume != nil && got.Status.PersistentVolume.Phase == "Available"
+		}, time.Minute, 50*time.Millisecond, "its PV Available")
 		_, err = reader.Delete(ctx, "k8s-w", false)
 		assert.Contains(t, forbidden(err), "may not delete volumes.salt-volumes.io k8s-w")
 		_, err = writer.Delete(ctx, "k8s-w", true)
