@@ -209,14 +209,19 @@ type Snapshot struct {
 	// Method, Frozen, Size, Allocated and TakenAt are the node's answer:
 	// reflink or sparse-copy, whether the mounted filesystem was frozen,
 	// the image's size and the bytes it really uses.
-	Method      string     `json:"method,omitempty"`
-	Frozen      bool       `json:"frozen,omitempty"`
-	Size        int64      `json:"size,omitempty"`
-	Allocated   int64      `json:"allocated,omitempty"`
-	TakenAt     *time.Time `json:"takenAt,omitempty"`
-	Message     string     `json:"message,omitempty"`
-	JobID       string     `json:"jobId,omitempty"`
-	RequestedBy string     `json:"requestedBy,omitempty"`
+	Method    string     `json:"method,omitempty"`
+	Frozen    bool       `json:"frozen,omitempty"`
+	Size      int64      `json:"size,omitempty"`
+	Allocated int64      `json:"allocated,omitempty"`
+	TakenAt   *time.Time `json:"takenAt,omitempty"`
+	// COWSize: a thick LVM snapshot's copy-on-write space, as asked
+	// (0: a quarter of the LV), then as the node set it aside; LV is the
+	// snapshot's logical volume (vg/name) on its node.
+	COWSize     int64  `json:"cowSize,omitempty"`
+	LV          string `json:"lv,omitempty"`
+	Message     string `json:"message,omitempty"`
+	JobID       string `json:"jobId,omitempty"`
+	RequestedBy string `json:"requestedBy,omitempty"`
 	// For names the clone this snapshot was taken for (a claim's
 	// dataSource): it is deleted once that clone is Available.
 	For       string    `json:"for,omitempty"`

@@ -72,6 +72,10 @@ type Capacity struct {
 	// their images really use.
 	Snapshots     int   `json:"snapshots,omitempty"`
 	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
+	// SnapshotWarnings: LVM snapshots close to overflowing their
+	// copy-on-write space or thin pool (80 % and up), or lost to it, one
+	// line each naming the snapshot and what to do.
+	SnapshotWarnings []string `json:"snapshotWarnings,omitempty"`
 }
 
 // Check validates device info that came from a node before anything (the

@@ -30,7 +30,7 @@ const usage = `usage:
   salt-volume-exec [--state-dir DIR] list
   salt-volume-exec [--state-dir DIR] restore
   salt-volume-exec [--state-dir DIR] last-restore  (the report the last restore left)
-  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME
+  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME [--size SIZE]
                    (a sparse volume's point-in-time copy: reflink, else a sparse copy)
   salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME
   salt-volume-exec [--state-dir DIR] snapshots [--spec FILE|-]
@@ -77,6 +77,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	specFile := sub.String("spec", "", "volume spec JSON file, or - for stdin")
 	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
 	snapName := sub.String("name", "", "snapshot, snapshot-delete: the snapshot's name")
+	snapSize := sub.String("size", "", "snapshot: a thick LVM snapshot's copy-on-write space (default: a quarter of the LV)")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
 	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
 	if err := sub.Parse(rest); err != nil {
@@ -144,7 +145,14 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			break
 		}
 		if cmd == "snapshot" {
-			out, err = e.TakeSnapshot(ctx, s, *snapName)
+			var opts engine.SnapshotOptions
+			if *snapSize != "" {
+				if opts.COWSize, err = spec.ParseSize(*snapSize); err != nil {
+					err = &engine.Error{Kind: engine.KindInvalid, Code: "invalid_size", Message: "--size: " + err.Error() + " (a thick LVM snapshot's copy-on-write space, e.g. 64Mi)"}
+					break
+				}
+			}
+			out, err = e.TakeSnapshot(ctx, s, *snapName, opts)
 		} else if err = e.DeleteSnapshot(ctx, s, *snapName); err == nil {
 			out = map[string]any{"deleted": *snapName, "volumeUUID": s.UUID}
 		}

@@ -19,6 +19,7 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	device := fs.String("device", "", "raw block device or partition on the node, e.g. /dev/sdb")
 	vg := fs.String("vg", "", "LVM volume group to create the volume's logical volume in (with --size)")
 	wipeSigs := fs.Bool("wipe-signatures", false, "with --vg: erase what an earlier LV left on the new LV's extents (refused otherwise)")
+	thinPool := fs.String("thin-pool", "", "with --vg: make a thin LV in this thin pool of the VG (its snapshots are thin too)")
 	mode := fs.String("mode", "Filesystem", "Filesystem or Block")
 	fsType := fs.String("fs", "", "ext4 (default) or xfs; Filesystem mode only")
 	id := fs.String("uuid", "", "volume UUID (default: a new random one)")
@@ -42,8 +43,8 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		if (kind != "snapshot" && kind != "volume") || name == "" {
 			return failf(exitUsage, "create: --from %q: write snapshot/NAME (salt-volumes snapshot ls lists them) or volume/NAME", *from)
 		}
-		if *device != "" || *vg != "" {
-			return failf(exitUsage, "create: --from makes a sparse volume: leave out --device and --vg")
+		if *device != "" || *thinPool != "" {
+			return failf(exitUsage, "create: --from makes a clone where its snapshot is (a sparse file, or an LV in the snapshot's VG and pool): leave out --device and --thin-pool")
 		}
 		var snap saltvolumes.Snapshot
 		var err error
@@ -68,6 +69,16 @@ func (c *cli) create(ctx context.Context, in []string) error {
 			return failf(exitUsage, "create: --node %s: snapshot %s is on %s, and a clone is made on its snapshot's node: leave --node out", *node, name, snap.Node)
 		}
 		*node = snap.Node
+		if snap.LV != "" {
+			// An LVM snapshot's clone is an LV in the same VG.
+			snapVG, _, _ := strings.Cut(snap.LV, "/")
+			if *vg != "" && *vg != snapVG {
+				return failf(exitUsage, "create: --vg %s: snapshot %s is in volume group %s, where its clone is made too: leave --vg out", *vg, snap.Name, snapVG)
+			}
+			*vg = snapVG
+		} else if *vg != "" {
+			return failf(exitUsage, "create: --vg: snapshot %s is a sparse volume's: its clone is a sparse volume too; leave --vg out", snap.Name)
+		}
 		if *size == "" {
 			*size = fmt.Sprint(snap.Size)
 		}
@@ -92,6 +103,9 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	}
 	if *wipeSigs && *vg == "" {
 		return failf(exitUsage, "create: --wipe-signatures is for a logical volume: give --vg too")
+	}
+	if *thinPool != "" && *vg == "" {
+		return failf(exitUsage, "create: --thin-pool is for a logical volume: give --vg too")
 	}
 	sp := map[string]any{"name": pos[0], "node": *node, "mode": *mode}
 	if *id != "" {
@@ -126,6 +140,9 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		l := map[string]any{"vgName": *vg, "size": *size}
 		if *wipeSigs {
 			l["wipeSignatures"] = true
+		}
+		if *thinPool != "" {
+			l["thinPool"] = *thinPool
 		}
 		sp["lvmLogicalVolume"] = l
 	case *size != "":

@@ -23,12 +23,13 @@ func (c *cli) snapshotCmd(ctx context.Context, in []string) error {
 	case "create", "take":
 		fs := c.flags("snapshot create")
 		wait := fs.Bool("wait", false, "wait until the snapshot is Ready (or Failed)")
+		size := fs.String("size", "", "a thick LVM snapshot's copy-on-write space (default: a quarter of the LV); sparse and thin volumes take none")
 		timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
 		pos, cl, err := c.open(fs, in[1:], 2, "give the VOLUME and the snapshot's NAME")
 		if err != nil {
 			return err
 		}
-		s, err := cl.TakeSnapshot(ctx, pos[0], pos[1])
+		s, err := cl.TakeSnapshot(ctx, pos[0], pos[1], *size)
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
 
@@ -51,6 +52,8 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 		// For: the snapshot is taken to be cloned as this new volume,
 		// and deleted once it is Available (create --from volume/NAME).
 		For string `json:"for"`
+		// Size: a thick LVM snapshot's copy-on-write space ("2Gi").
+		Size string `json:"size"`
 	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
@@ -58,6 +61,15 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "name",
 			Message: `the body must be {"name": "SNAPSHOT"} (and "for": "VOLUME" for a snapshot that is only to be cloned): the new snapshot's name (lower-case letters, digits and '-')`})
 		return
+	}
+	var cow int64
+	if body.Size != "" {
+		var err error
+		if cow, err = spec.ParseSize(body.Size); err != nil {
+			writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "size",
+				Message: "size: " + err.Error() + ": give a thick LVM snapshot's copy-on-write space, such as 2Gi, or leave it out"})
+			return
+		}
 	}
 	v, err := s.Store.Get(name)
 	if errors.Is(err, store.ErrNotFound) {
@@ -73,7 +85,7 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 	if !s.inScope(w, r, v.Spec.Node) {
 		return
 	}
-	snap, created, err := s.Snapshots.TakeFor(r.Context(), v, body.Name, requester(r), body.For)
+	snap, created, err := s.Snapshots.TakeFor(r.Context(), v, body.Name, requester(r), body.For, cow)
 	if err != nil {
 		snapshotErr(w, body.Name, err)
 		return

@@ -10,9 +10,16 @@ import (
 
 // TakeSnapshot asks for snapshot name of a volume (taking it again answers
 // the one asked for).
-func (c *Client) TakeSnapshot(ctx context.Context, volume, name string) (saltvolumes.Snapshot, error) {
+//
+// size, a thick LVM snapshot's copy-on-write space ("2Gi"), is optional:
+// a sparse or thin volume takes none.
+func (c *Client) TakeSnapshot(ctx context.Context, volume, name string, size ...string) (saltvolumes.Snapshot, error) {
 	var s saltvolumes.Snapshot
-	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(volume)+"/snapshots", map[string]any{"name": name}, &s)
+	body := map[string]any{"name": name}
+	if len(size) > 0 && size[0] != "" {
+		body["size"] = size[0]
+	}
+	err := c.do(ctx, http.MethodPost, "/api/v1/volumes/"+url.PathEscape(volume)+"/snapshots", body, &s)
 	return s, err
 }
 

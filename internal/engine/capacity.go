@@ -76,6 +76,9 @@ func (e *Engine) Capacity() (*saltvolumes.Capacity, error) {
 	for _, s := range snaps {
 		c.Snapshots++
 		c.SnapshotBytes += s.Allocated
+		if s.Warning != "" {
+			c.SnapshotWarnings = append(c.SnapshotWarnings, "snapshot "+s.Name+" of "+s.Volume+": "+s.Warning)
+		}
 	}
 	return c, nil
 }

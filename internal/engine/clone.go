@@ -46,6 +46,8 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 		return false, failed("state", err, "reading snapshot %s", src.Snapshot)
 	}
 	switch {
+	case snap.LV != "":
+		return false, invalid("source_mismatch", "source: snapshot %s is an LVM snapshot (%s): its clone is an lvmLogicalVolume volume in the same volume group", src.Snapshot, snap.LV)
 	case snap.Mode != s.Mode:
 		return false, invalid("source_mismatch", "source: snapshot %s is of a %s volume: the clone must be mode %s too", src.Snapshot, snap.Mode, snap.Mode)
 	case snap.FSType != s.FSType:
@@ -90,10 +92,10 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 	return grown, nil
 }
 
-// newIdentity gives the copy the volume's UUID: tune2fs -U (after the
-// forced check it asks for) or xfs_admin -U for a filesystem, a table
-// laid out again with the volume's partition GUID and a new disk GUID for
-// Block.
+// newIdentity gives the copy (a file, or an LV's device) the volume's
+// UUID: tune2fs -U (after the forced check it asks for) or xfs_admin -U
+// for a filesystem, a table laid out again with the volume's partition
+// GUID and a new disk GUID for a sparse Block volume.
 func (e *Engine) newIdentity(ctx context.Context, o *op, part string, snap *Snapshot) error {
 	s := o.s
 	run := func(name string, args ...string) error {
@@ -157,20 +159,24 @@ func (e *Engine) newIdentity(ctx context.Context, o *op, part string, snap *Snap
 	return nil
 }
 
-// replayXFSLog mounts the copy of an xfs once and unmounts it, which
-// replays its log.
+// replayXFSLog mounts the copy of an xfs (a file through a loop device,
+// or a device) once and unmounts it, which replays its log.
 func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
-	dev, err := loopdev.Attach(ctx, part)
-	if err != nil {
-		return failed("attach", err, "attaching %s to replay its log", part)
+	path := part
+	if !strings.HasPrefix(part, "/dev/") {
+		dev, err := loopdev.Attach(ctx, part)
+		if err != nil {
+			return failed("attach", err, "attaching %s to replay its log", part)
+		}
+		defer func() { _ = loopdev.Detach(context.Background(), dev, e.DetachWait) }()
+		path = dev.Path
 	}
-	defer func() { _ = loopdev.Detach(context.Background(), dev, e.DetachWait) }()
 	dir, err := os.MkdirTemp(e.State.Root, ".clone-")
 	if err != nil {
 		return failed("file", err, "making a mount point")
 	}
 	defer os.Remove(dir)
-	if err := unix.Mount(dev.Path, dir, "xfs", unix.MS_NOATIME, "nouuid"); err != nil {
+	if err := unix.Mount(path, dir, "xfs", unix.MS_NOATIME, "nouuid"); err != nil {
 		return failed("clone_log", err, "mounting the copy of the snapshot to replay its xfs log")
 	}
 	if err := unix.Unmount(dir, 0); err != nil {

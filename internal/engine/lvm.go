@@ -109,6 +109,11 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 	}
 	raw.path = "/dev/" + l.VGName + "/" + s.Name
 	if !rec.Formatted() {
+		if s.Source != nil {
+			if err := e.cloneLVContent(ctx, o, name); err != nil {
+				return err
+			}
+		}
 		if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
 			return err
 		}
@@ -159,7 +164,8 @@ func (e *Engine) growLV(ctx context.Context, o *op, rec *nodestate.Record, name 
 	}
 	want := roundUp(s.SizeBytes, vg.ExtentSize)
 	if lv.Size < want {
-		if more := want - lv.Size; more > vg.Free {
+		// A thin LV grows in its pool, not in the VG's free extents.
+		if more := want - lv.Size; lv.Pool == "" && more > vg.Free {
 			return invalid("size_too_large", "lvmLogicalVolume.size: growing to %s needs %s more, and volume group %s has %s free: use a smaller size or extend the VG (vgextend)",
 				spec.FormatSize(s.SizeBytes), spec.FormatSize(more), l.VGName, spec.FormatSize(vg.Free))
 		}
@@ -204,6 +210,23 @@ func (e *Engine) ensureLV(ctx context.Context, o *op, rec *nodestate.Record) (st
 	case lv == nil && rec.LVUUID != "":
 		return "", failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for this volume, is gone: its data is lost; delete the volume and create it again",
 			l.VGName, s.Name, rec.LVUUID)
+	case lv == nil && s.Source != nil:
+		if err := e.createCloneLV(ctx, o, rec); err != nil {
+			return "", err
+		}
+		if lv, err = lvm.GetLV(ctx, l.VGName, s.Name); err != nil || lv == nil {
+			return "", failed("lvm", err, "reading logical volume %s/%s back", l.VGName, s.Name)
+		}
+	case lv == nil && l.ThinPool != "":
+		if err := lvm.CreateThin(ctx, l.VGName, l.ThinPool, s.Name, s.SizeBytes, lvTag(s)); err != nil {
+			e.dropUnstarted(rec)
+			return "", failed("lvcreate", err, "creating thin logical volume %s/%s in pool %s (lvmLogicalVolume.thinPool)", l.VGName, s.Name, l.ThinPool)
+		}
+		o.changed = true
+		o.step("lv-created", "lv", l.VGName+"/"+s.Name, "tag", lvTag(s), "pool", l.ThinPool)
+		if lv, err = lvm.GetLV(ctx, l.VGName, s.Name); err != nil || lv == nil {
+			return "", failed("lvm", err, "reading logical volume %s/%s back", l.VGName, s.Name)
+		}
 	case lv == nil:
 		vg, err := lvm.GetVG(ctx, l.VGName)
 		if err != nil {

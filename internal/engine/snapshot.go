@@ -59,6 +59,18 @@ type Snapshot struct {
 	// killed then leaves it frozen (the kernel never thaws by itself), and
 	// the next run on the snapshot thaws it first.
 	Freezing string `json:"freezing,omitempty"`
+
+	// An LVM snapshot (methods lvm-thick, lvm-thin) is an LV of its own,
+	// vg/name in LV, selected by LVUUID once taken; a thick one has
+	// COWSize bytes of copy-on-write space (Allocated too).
+	LV      string `json:"lv,omitempty"`
+	LVUUID  string `json:"lvUUID,omitempty"`
+	COWSize int64  `json:"cowSize,omitempty"`
+	// DataPercent is read from LVM whenever the snapshot is listed: a
+	// thick snapshot's copy-on-write space used, or a thin one's pool's
+	// data; Warning says when it is close to overflowing or has.
+	DataPercent *float64 `json:"dataPercent,omitempty"`
+	Warning     string   `json:"warning,omitempty"`
 }
 
 var snapshotName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
@@ -70,11 +82,17 @@ func (e *Engine) snapshotPaths(u, name string) (record, image string) {
 	return filepath.Join(d, name+".json"), filepath.Join(d, name+".img")
 }
 
+// SnapshotOptions: COWSize is a thick LVM snapshot's copy-on-write space
+// (0: a quarter of the LV); nothing else takes options.
+type SnapshotOptions struct {
+	COWSize int64
+}
+
 // TakeSnapshot copies the sparse volume s's backing file as snapshot name,
 // its filesystem frozen meanwhile when it is mounted. Taking it again
 // answers the snapshot taken; a crash in the middle is finished by the
 // next run, which starts the copy over.
-func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*Snapshot, error) {
+func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, opts SnapshotOptions) (*Snapshot, error) {
 	if !snapshotName.MatchString(name) {
 		return nil, invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.', at most 63, starting and ending with a letter or digit", name)
 	}
@@ -94,7 +112,7 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string) (*
 	case rec.Spec.RawBlockDevice != nil:
 		return nil, refused("snapshot_unsupported", "volume %s is a raw device: there is nothing on this node to snapshot a bare disk with (a snapshot needs a sparse file, or an LVM volume)", s.Name)
 	case rec.Spec.LVMLogicalVolume != nil:
-		return nil, refused("snapshot_unsupported", "volume %s is an LVM logical volume: LVM snapshots are not done yet (sparse volumes only)", s.Name)
+		return e.takeLVMSnapshot(ctx, rec, name, opts)
 	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
 	old, err := readSnapshot(recPath)
@@ -239,6 +257,9 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 	if err == nil && old.Freezing != "" {
 		e.thawLeftover(opFor(e, s), old.Freezing)
 	}
+	if err == nil && old.LV != "" {
+		return e.deleteLVMSnapshot(ctx, s, old, recPath)
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		// No record: at most an interrupted run's partial copy.
 		if err := os.Remove(img + ".part"); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -256,7 +277,7 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 }
 
 // Snapshots lists the snapshots of volume uuid ("" for every volume's),
-// by volume then name.
+// by volume then name, LVM snapshots with their fill level as of now.
 func (e *Engine) Snapshots(uuid string) ([]*Snapshot, error) {
 	root := filepath.Join(e.State.Root, "snapshots")
 	pattern := filepath.Join(root, "*", "*.json")
@@ -275,6 +296,7 @@ func (e *Engine) Snapshots(uuid string) ([]*Snapshot, error) {
 		}
 		out = append(out, s)
 	}
+	e.lvmFill(out)
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].VolumeUUID != out[j].VolumeUUID {
 			return out[i].VolumeUUID < out[j].VolumeUUID

@@ -103,6 +103,9 @@ func (c *Controller) withSource(ctx context.Context, pvc *corev1.PersistentVolum
 			}
 			return fmt.Sprintf("dataSourceRef: snapshot %s is %s: %s", name, snap.Phase, snap.Message), nil
 		}
+		if snap.LV != "" {
+			return fmt.Sprintf("dataSourceRef: snapshot %s is an LVM snapshot (%s) and this class provisions sparse volumes: restore it as an LV with salt-volumes create NAME --from snapshot/%s", name, snap.LV, name), nil
+		}
 	} else {
 		src, err := c.pvcs.PersistentVolumeClaims(pvc.Namespace).Get(name)
 		if apierrors.IsNotFound(err) {
@@ -126,7 +129,7 @@ func (c *Controller) withSource(ctx context.Context, pvc *corev1.PersistentVolum
 		}
 		// One snapshot per clone, named for the new claim: a retry finds
 		// it, and it is deleted once the clone is Available.
-		snap, _, err = c.snaps.TakeFor(ctx, v, "pvc-"+string(pvc.UID), "k8s:claim "+pvc.Namespace+"/"+pvc.Name, s.Name)
+		snap, _, err = c.snaps.TakeFor(ctx, v, "pvc-"+string(pvc.UID), "k8s:claim "+pvc.Namespace+"/"+pvc.Name, s.Name, 0)
 		var se *snapshots.Error
 		if errors.As(err, &se) {
 			return "dataSource: " + se.Msg, nil

@@ -84,7 +84,7 @@ func TestDecisionCloneOfAClaim(t *testing.T) {
 	c.SetSnapshots(snaps)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go snaps.Run(ctx)
+	go snaps.Run(ctx, nil)
 
 	// The snapshot is taken first (named for the new claim); the claim
 	// waits for it, then its volume is provisioned from it.
@@ -131,7 +131,7 @@ func TestDecisionCloneRefusals(t *testing.T) {
 			ctl.SetSnapshots(snaps)
 			rctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			go snaps.Run(rctx)
+			go snaps.Run(rctx, nil)
 			s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
 				SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
 			require.NoError(t, s.Validate())

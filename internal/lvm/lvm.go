@@ -35,6 +35,15 @@ type LV struct {
 	Tags       []string
 	Active     bool
 	DevicePath string // /dev/<vg>/<lv>, when active
+	// Pool is the thin pool of a thin LV ("" for another LV); Origin the
+	// LV a snapshot was taken of.
+	Pool, Origin string
+	// DataPercent: how full a thin LV or pool, or a thick snapshot's
+	// copy-on-write space, is (0-100); -1 when LVM reports none.
+	DataPercent float64
+	// Invalid: a thick snapshot whose copy-on-write space overflowed
+	// (lv_attr's state 'I'): LVM dropped it, its data is lost.
+	Invalid bool
 }
 
 // DMUUID is the device-mapper UUID of an LV, the name udev gives its
@@ -117,7 +126,13 @@ func ParseLVs(b []byte) ([]LV, error) {
 	var out []LV
 	for _, r := range rows {
 		l := LV{Name: r["lv_name"], VG: r["vg_name"], UUID: r["lv_uuid"], VGUUID: r["vg_uuid"], Size: num(r["lv_size"]),
-			Active: r["lv_active"] == "active", DevicePath: r["lv_path"]}
+			Active: r["lv_active"] == "active", DevicePath: r["lv_path"], Pool: r["pool_lv"], Origin: r["origin"], DataPercent: -1}
+		if p, err := strconv.ParseFloat(strings.TrimSpace(r["data_percent"]), 64); err == nil {
+			l.DataPercent = p
+		}
+		if a := r["lv_attr"]; len(a) > 4 && a[4] == 'I' {
+			l.Invalid = true
+		}
 		if t := r["lv_tags"]; t != "" {
 			l.Tags = strings.Split(t, ",")
 		}
@@ -155,7 +170,7 @@ func GetVG(ctx context.Context, name string) (*VG, error) {
 	return nil, fmt.Errorf("%q: %w", name, ErrNoVG)
 }
 
-const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path"
+const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path,pool_lv,origin,data_percent,lv_attr"
 
 // GetLV reads the LV named name in vg; nil if there is none.
 func GetLV(ctx context.Context, vg, name string) (*LV, error) {
@@ -173,6 +188,43 @@ func GetLV(ctx context.Context, vg, name string) (*LV, error) {
 		}
 	}
 	return nil, nil
+}
+
+// List reads every LV of every volume group on the machine.
+func List(ctx context.Context) ([]LV, error) {
+	b, err := run(ctx, "lvs", append(units, "-o", lvFields)...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLVs(b)
+}
+
+// CreateThin makes a thin LV of virtual size bytes in the thin pool
+// vg/pool, carrying tag. Its blocks read as zeros until written.
+func CreateThin(ctx context.Context, vg, pool, name string, size int64, tag string) error {
+	_, err := run(ctx, "lvcreate", "--yes", "--wipesignatures", "n", "--activate", "y",
+		"--type", "thin", "--virtualsize", strconv.FormatInt(size, 10)+"b", "--thinpool", pool,
+		"--name", name, "--addtag", tag, vg)
+	return err
+}
+
+// Snapshot takes a snapshot name of vg/origin carrying tags: thick, with
+// cow bytes of copy-on-write space, when cow > 0; else a thin snapshot
+// (the origin must be thin), which LVM leaves inactive and skips at
+// activation unless activate makes it an LV like any other. LVM suspends
+// the origin meanwhile, which freezes a filesystem mounted on it.
+func Snapshot(ctx context.Context, vg, origin, name string, cow int64, activate bool, tags ...string) error {
+	args := []string{"--yes", "--snapshot", "--name", name}
+	if cow > 0 {
+		args = append(args, "--size", strconv.FormatInt(cow, 10)+"b")
+	} else if activate {
+		args = append(args, "--setactivationskip", "n", "--activate", "y")
+	}
+	for _, t := range tags {
+		args = append(args, "--addtag", t)
+	}
+	_, err := run(ctx, "lvcreate", append(args, vg+"/"+origin)...)
+	return err
 }
 
 // Create makes a linear LV of at least size bytes (LVM rounds up to its

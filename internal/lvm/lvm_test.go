@@ -33,6 +33,19 @@ func TestParseReports(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []VG{{Name: "vg0", UUID: "u", Size: 1069547520, Free: 998244352, ExtentSize: 4 << 20}}, vgs)
 
+	// A thick snapshot 85.5 % full, and one that overflowed.
+	snaps, err := ParseLVs([]byte(`{"report":[{"lv":[
+	  {"lv_name":"s1","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"85.50","lv_attr":"swi-a-s---"},
+	  {"lv_name":"s2","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"100.00","lv_attr":"swi-I-s---"},
+	  {"lv_name":"t1","vg_name":"vg0","lv_size":"8388608","origin":"thin","pool_lv":"pool","data_percent":"","lv_attr":"Vwi---tz-k"}]}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, 85.5, snaps[0].DataPercent)
+	assert.Equal(t, "data", snaps[0].Origin)
+	assert.False(t, snaps[0].Invalid)
+	assert.True(t, snaps[1].Invalid, "state I: overflowed")
+	assert.Equal(t, "pool", snaps[2].Pool)
+	assert.Equal(t, -1.0, snaps[2].DataPercent, "inactive: no percent")
+
 	_, err = ParseLVs([]byte("  WARNING: not json"))
 	assert.Error(t, err)
 }

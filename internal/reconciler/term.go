@@ -32,6 +32,20 @@ func (r *Reconciler) noticed(ev store.Event) {
 	r.add(v.Spec.Name) // dropped unless a term is under way
 }
 
+// fencedRecords: the snapshots' records written on the term's fence, like
+// its volumes: etcd's fenced writer writes records too; beside Volume
+// objects the records ask the Lease's still() first; a lone control
+// plane's need none.
+func (r *Reconciler) fencedRecords(w store.Writer) store.Records {
+	switch fw := w.(type) {
+	case store.Records:
+		return fw
+	case interface{ Still() error }:
+		return store.FenceRecords(r.Snapshots.Records, fw.Still)
+	}
+	return nil
+}
+
 // Run reconciles until ctx ends: the only control plane on its store.
 func (r *Reconciler) Run(ctx context.Context) error { return r.Lead(ctx, r.store) }
 
@@ -59,7 +73,7 @@ func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.Snapshots.Run(ctx)
+			r.Snapshots.Run(ctx, r.fencedRecords(w))
 		}()
 	}
 	// Every volume gets a first pass: Unknown ones are launched, waiting

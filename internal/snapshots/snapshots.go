@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,9 +96,13 @@ type Service struct {
 
 	// mu orders the leader's read-modify-write of a record with the
 	// API's (requests that change snapshots are passed to the leader).
-	mu   sync.Mutex
-	wake chan struct{}
-	once sync.Once
+	mu sync.Mutex
+	// term, while Run leads, writes the records fenced on this replica's
+	// leadership (nil: Records as they are).
+	term   store.Records
+	termMu sync.Mutex
+	wake   chan struct{}
+	once   sync.Once
 
 	Taken, Deleted, Failures atomic.Int64
 }
@@ -150,7 +155,16 @@ func (s *Service) write(ctx context.Context, r *record) error {
 	if err != nil {
 		return err
 	}
-	return s.Records.PutRecord(ctx, Kind, r.Name, b)
+	return s.writer().PutRecord(ctx, Kind, r.Name, b)
+}
+
+func (s *Service) writer() store.Records {
+	s.termMu.Lock()
+	defer s.termMu.Unlock()
+	if s.term != nil {
+		return s.term
+	}
+	return s.Records
 }
 
 func (s *Service) all(ctx context.Context) ([]*record, error) {
@@ -199,13 +213,16 @@ func (s *Service) List(ctx context.Context, vol string) ([]Snapshot, error) {
 // answers it (and starts a failed one again); created says whether a new
 // record was written.
 func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (snap Snapshot, created bool, err error) {
-	return s.TakeFor(ctx, v, name, by, "")
+	return s.TakeFor(ctx, v, name, by, "", 0)
 }
 
 // TakeFor is Take of a snapshot that exists only to be cloned as volume
 // clone: the leader deletes it once that volume is Available (or, an hour
 // on, when no such volume was ever made).
-func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone string) (snap Snapshot, created bool, err error) {
+//
+// cow is a thick LVM snapshot's copy-on-write space (0: the node's
+// default, a quarter of the LV); other volumes take none.
+func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone string, cow int64) (snap Snapshot, created bool, err error) {
 	s.init()
 	if clone != "" && !names.MatchString(clone) {
 		return Snapshot{}, false, &Error{400, "for", fmt.Sprintf("for: %q is not a volume name", clone)}
@@ -215,9 +232,11 @@ func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone
 	}
 	switch {
 	case v.Spec.RawBlockDevice != nil:
-		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is a raw device: there is nothing on a bare disk or partition to take a snapshot with (sparse volumes have snapshots; LVM ones will)", v.Spec.Name)}
-	case v.Spec.LVMLogicalVolume != nil:
-		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is an LVM logical volume: LVM snapshots are not done yet (take one with lvcreate --snapshot on %s meanwhile); sparse volumes have them", v.Spec.Name, v.Spec.Node)}
+		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is a raw device: there is nothing on a bare disk or partition to take a snapshot with (sparse and LVM volumes have snapshots)", v.Spec.Name)}
+	case cow < 0 || (cow > 0 && v.Spec.LVMLogicalVolume == nil):
+		return Snapshot{}, false, &Error{400, "size", fmt.Sprintf("size: only a thick LVM snapshot sets space aside; volume %s takes no size (leave it out)", v.Spec.Name)}
+	case cow > 0 && v.Spec.LVMLogicalVolume.ThinPool != "":
+		return Snapshot{}, false, &Error{400, "size", fmt.Sprintf("size: volume %s is a thin LV: its snapshots share its pool and take no size (leave it out)", v.Spec.Name)}
 	case v.DeleteRequested:
 		return Snapshot{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to take a snapshot of", v.Spec.Name)}
 	case v.Status.Phase != volume.Available:
@@ -244,7 +263,7 @@ func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone
 	}
 	now := time.Now().UTC()
 	r = &record{Snapshot: Snapshot{Name: name, Volume: v.Spec.Name, VolumeUUID: v.Spec.UUID, Node: v.Spec.Node,
-		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone}, Spec: v.Spec}
+		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone, COWSize: cow}, Spec: v.Spec}
 	if err := s.write(ctx, r); err != nil {
 		return Snapshot{}, false, err
 	}
@@ -287,7 +306,7 @@ func (s *Service) Forget(ctx context.Context, vols []string) ([]string, error) {
 	for _, r := range rs {
 		for _, v := range vols {
 			if r.Volume == v {
-				if err := s.Records.DeleteRecord(ctx, Kind, r.Name); err != nil {
+				if err := s.writer().DeleteRecord(ctx, Kind, r.Name); err != nil {
 					return gone, err
 				}
 				gone = append(gone, r.Name)
@@ -298,9 +317,18 @@ func (s *Service) Forget(ctx context.Context, vols []string) ([]string, error) {
 }
 
 // Run takes and deletes snapshots on their nodes until ctx ends: on the
-// replica that leads, for one term.
-func (s *Service) Run(ctx context.Context) {
+// replica that leads, for one term, writing through fenced (nil: Records)
+// meanwhile.
+func (s *Service) Run(ctx context.Context, fenced store.Records) {
 	s.init()
+	s.termMu.Lock()
+	s.term = fenced
+	s.termMu.Unlock()
+	defer func() {
+		s.termMu.Lock()
+		s.term = nil
+		s.termMu.Unlock()
+	}()
 	for {
 		busy := s.pass(ctx)
 		every := s.Every
@@ -376,7 +404,11 @@ func (s *Service) launch(ctx context.Context, r *record) {
 	if r.RequestedBy != "" {
 		jctx = saltapi.WithMetadata(ctx, map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"snapshot/" + r.Name: r.RequestedBy}}})
 	}
-	job, err := s.Salt.LocalAsync(jctx, r.Node, FunApply, []any{action, r.Spec, r.Name}, nil)
+	var kw map[string]any
+	if action == "taken" && r.COWSize > 0 {
+		kw = map[string]any{"size": strconv.FormatInt(r.COWSize, 10)}
+	}
+	job, err := s.Salt.LocalAsync(jctx, r.Node, FunApply, []any{action, r.Spec, r.Name}, kw)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur, rerr := s.read(ctx, r.Name)
@@ -423,6 +455,8 @@ type nodeAnswer struct {
 	Frozen     bool       `json:"frozen"`
 	Size       int64      `json:"size"`
 	Allocated  int64      `json:"allocated"`
+	COWSize    int64      `json:"cowSize"`
+	LV         string     `json:"lv"`
 	TakenAt    *time.Time `json:"takenAt"`
 	Deleted    string     `json:"deleted"`
 }
@@ -484,7 +518,7 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) b
 		return true
 	}
 	if cur.Phase == Deleting {
-		if err := s.Records.DeleteRecord(ctx, Kind, cur.Name); err != nil {
+		if err := s.writer().DeleteRecord(ctx, Kind, cur.Name); err != nil {
 			s.Log.Warn("removing a deleted snapshot's record", "snapshot", cur.Name, "error", err)
 			return false
 		}
@@ -495,6 +529,7 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) b
 	s.Taken.Add(1)
 	cur.Phase, cur.Message, cur.JobStartedAt = Ready, "", nil
 	cur.Method, cur.Frozen, cur.Size, cur.Allocated, cur.TakenAt = ans.Method, ans.Frozen, ans.Size, ans.Allocated, ans.TakenAt
+	cur.COWSize, cur.LV = ans.COWSize, ans.LV
 	if err := s.write(ctx, cur); err != nil {
 		s.Log.Warn("saving a snapshot", "snapshot", cur.Name, "error", err)
 		return false

@@ -25,11 +25,12 @@ type fakeSalt struct {
 	mu       sync.Mutex
 	n        int
 	launched []string // fun action name
+	kwargs   []map[string]any
 	returns  map[string]saltapi.JobInfo
 	fail     error
 }
 
-func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, _ map[string]any) (saltapi.Job, error) {
+func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, kw map[string]any) (saltapi.Job, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail != nil {
@@ -41,6 +42,7 @@ func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, _ m
 		desc = fmt.Sprintf("%s %v %v", fun, arg[0], arg[2])
 	}
 	f.launched = append(f.launched, desc)
+	f.kwargs = append(f.kwargs, kw)
 	return saltapi.Job{JID: fmt.Sprint(f.n), Minions: []string{tgt}}, nil
 }
 
@@ -136,15 +138,53 @@ func TestRefusalsNameTheFieldAndWriteNothing(t *testing.T) {
 		{other, "taken", "name", 409, "is volume data-1's"},
 	} {
 		_, _, err := s.Take(ctx, c.v, c.name, "")
-		var se *Error
-		require.ErrorAs(t, err, &se, c.name)
-		assert.Equal(t, c.field, se.Field)
-		assert.Equal(t, c.status, se.Status)
-		assert.Contains(t, se.Msg, c.message)
+		checkRefusal(t, err, c.name, c.field, c.status, c.message)
 	}
+	// Copy-on-write space is a thick LV's only.
+	thin := v.Clone()
+	thin.Spec.SparseLoopDevice, thin.Spec.LVMLogicalVolume = nil, &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi", ThinPool: "pool"}
+	_, _, err = s.TakeFor(ctx, v, "s", "", "", 64<<20)
+	checkRefusal(t, err, "sparse with a size", "size", 400, "takes no size")
+	_, _, err = s.TakeFor(ctx, thin, "s", "", "", 64<<20)
+	checkRefusal(t, err, "thin with a size", "size", 400, "share its pool")
 	all, err := s.List(ctx, "")
 	require.NoError(t, err)
 	assert.Len(t, all, 1)
+}
+
+func checkRefusal(t *testing.T, err error, what, field string, status int, message string) {
+	t.Helper()
+	var se *Error
+	require.ErrorAs(t, err, &se, what)
+	assert.Equal(t, field, se.Field, what)
+	assert.Equal(t, status, se.Status, what)
+	assert.Contains(t, se.Msg, message, what)
+}
+
+// An LVM volume's snapshot: its copy-on-write size goes to the node as the
+// size argument, and the node's answer (its LV, the space set aside) is kept.
+func TestLVMSnapshotCarriesItsSize(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	v.Spec.SparseLoopDevice, v.Spec.LVMLogicalVolume = nil, &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"}
+	snap, _, err := s.TakeFor(ctx, v, "nightly", "alice", "", 64<<20)
+	require.NoError(t, err)
+	assert.Equal(t, int64(64<<20), snap.COWSize)
+	s.pass(ctx)
+	require.Len(t, f.kwargs, 1)
+	assert.Equal(t, map[string]any{"size": "67108864"}, f.kwargs[0])
+	f.answer("1", 0, map[string]any{"name": "nightly", "volumeUUID": v.Spec.UUID, "method": "lvm-thick", "frozen": true,
+		"size": 1 << 30, "allocated": 64 << 20, "cowSize": 64 << 20, "lv": "vg0/svsnap-3f2504e0-nightly"})
+	s.pass(ctx)
+	got, err := s.Get(ctx, "nightly")
+	require.NoError(t, err)
+	assert.Equal(t, Ready, got.Phase)
+	assert.Equal(t, "lvm-thick", got.Method)
+	assert.Equal(t, "vg0/svsnap-3f2504e0-nightly", got.LV)
+	_, err = s.Delete(ctx, "nightly", "")
+	require.NoError(t, err)
+	s.pass(ctx)
+	assert.Nil(t, f.kwargs[1], "a deletion takes no size")
 }
 
 func TestFailuresLostJobsAndOldMinions(t *testing.T) {

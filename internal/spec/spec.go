@@ -76,6 +76,10 @@ type LVMLogicalVolume struct {
 	// WipeSignatures lets prepare erase signatures that an earlier LV left
 	// on the new LV's extents; without it they are refused.
 	WipeSignatures bool `json:"wipeSignatures,omitempty"`
+	// ThinPool makes the LV a thin one in this thin pool of the VG (its
+	// snapshots are then thin too: no space set aside, no overflow of
+	// their own).
+	ThinPool string `json:"thinPool,omitempty"`
 }
 
 // Spec is the volume spec contract (see ARCHITECTURE.md).
@@ -109,11 +113,11 @@ func (src *Source) validate(s *Spec) error {
 	if src == nil {
 		return nil
 	}
-	if s.SparseLoopDevice == nil {
-		if s.RawBlockDevice == nil && s.LVMLogicalVolume == nil {
+	if s.SparseLoopDevice == nil && s.LVMLogicalVolume == nil {
+		if s.RawBlockDevice == nil {
 			return nil // the missing kind is said next
 		}
-		return &FieldError{"source", "clones are made of sparse volumes only: use sparseLoopDevice"}
+		return &FieldError{"source", "a clone is a new sparse file or LV: use sparseLoopDevice or lvmLogicalVolume (a raw device cannot be a clone)"}
 	}
 	u, err := uuid.Parse(src.VolumeUUID)
 	if err != nil || len(src.VolumeUUID) != 36 {
@@ -260,7 +264,7 @@ var knownKeys = map[string]map[string]bool{
 		"sparseLoopDevice": true, "rawBlockDevice": true, "lvmLogicalVolume": true, "template": true, "source": true},
 	"sparseLoopDevice":  {"size": true},
 	"source":            {"volumeUUID": true, "snapshot": true},
-	"lvmLogicalVolume":  {"vgName": true, "size": true, "wipeSignatures": true},
+	"lvmLogicalVolume":  {"vgName": true, "size": true, "wipeSignatures": true, "thinPool": true},
 	"rawBlockDevice":    {"devicePath": true},
 	"template":          {"metadata": true},
 	"template.metadata": {"labels": true, "annotations": true},
@@ -463,6 +467,8 @@ func (s *Spec) validateLVM() error {
 		return &FieldError{"lvmLogicalVolume.vgName", "missing: give the volume group to create the LV in (vgs lists them)"}
 	case len(l.VGName) > 127 || l.VGName == "." || l.VGName == ".." || l.VGName[0] == '-' || !lvmName(l.VGName):
 		return &FieldError{"lvmLogicalVolume.vgName", fmt.Sprintf("%q is not a volume group name: use letters, digits and + _ . - (not starting with -), as vgs shows it", l.VGName)}
+	case l.ThinPool != "" && (len(l.ThinPool) > 127 || l.ThinPool[0] == '-' || !lvmName(l.ThinPool)):
+		return &FieldError{"lvmLogicalVolume.thinPool", fmt.Sprintf("%q is not a thin pool name: use letters, digits and + _ . - (not starting with -), as lvs shows it", l.ThinPool)}
 	case strings.HasPrefix(s.Name, "snapshot") || strings.HasPrefix(s.Name, "pvmove"):
 		return &FieldError{"name", fmt.Sprintf("%q: LVM reserves LV names starting with snapshot or pvmove, and the LV is named after the volume: choose another name", s.Name)}
 	}

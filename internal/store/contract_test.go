@@ -271,8 +271,18 @@ func TestEtcdReplicasAndFence(t *testing.T) {
 	cur, _ := a.Get("shared")
 	cur.Status.Message = "by the leader"
 	require.NoError(t, w.Update(context.Background(), cur))
+	// The leader's records (snapshots) through the same fence.
+	wr, ok := w.(Records)
+	require.True(t, ok, "etcd's fenced writer writes records too")
+	require.NoError(t, wr.PutRecord(context.Background(), "snapshots", "s1", []byte(`"by the leader"`)))
 	_, err = cli.Delete(context.Background(), prefix+"/leader/x")
 	require.NoError(t, err)
+	assert.ErrorIs(t, wr.PutRecord(context.Background(), "snapshots", "s1", []byte(`"by a deposed leader"`)), ErrFenced)
+	assert.ErrorIs(t, wr.DeleteRecord(context.Background(), "snapshots", "s1"), ErrFenced)
+	got1, err := a.GetRecord(context.Background(), "snapshots", "s1")
+	require.NoError(t, err)
+	assert.Equal(t, `"by the leader"`, string(got1), "the deposed leader's record writes changed nothing")
+	lost = 0
 	stale := cur.Clone()
 	cur.Status.Message = "by a deposed leader"
 	err = w.Update(context.Background(), cur)

@@ -342,6 +342,33 @@ func (w fenced) Create(ctx context.Context, v *volume.Volume) error { return w.s
 func (w fenced) Update(ctx context.Context, v *volume.Volume) error { return w.s.update(ctx, v, w.f) }
 func (w fenced) Delete(ctx context.Context, v *volume.Volume) error { return w.s.delete(ctx, v, w.f) }
 
+// The leader's records (snapshots) are fenced like its volumes: a deposed
+// leader's late write fails with ErrFenced. Reads need no fence.
+
+func (w fenced) PutRecord(ctx context.Context, kind, key string, data []byte) error {
+	if err := checkRecord(kind, key); err != nil {
+		return err
+	}
+	_, err := w.s.txn(ctx, w.f, "writing a "+kind+" record", nil, []clientv3.Op{clientv3.OpPut(w.s.recordKey(kind, key), string(data))}, nil)
+	return err
+}
+
+func (w fenced) DeleteRecord(ctx context.Context, kind, key string) error {
+	if err := checkRecord(kind, key); err != nil {
+		return err
+	}
+	_, err := w.s.txn(ctx, w.f, "deleting a "+kind+" record", nil, []clientv3.Op{clientv3.OpDelete(w.s.recordKey(kind, key))}, nil)
+	return err
+}
+
+func (w fenced) GetRecord(ctx context.Context, kind, key string) ([]byte, error) {
+	return w.s.GetRecord(ctx, kind, key)
+}
+
+func (w fenced) ListRecords(ctx context.Context, kind string) ([]Record, error) {
+	return w.s.ListRecords(ctx, kind)
+}
+
 func (s *Etcd) create(ctx context.Context, v *volume.Volume, f *Fence) error {
 	data, err := json.Marshal(v)
 	if err != nil {

@@ -52,6 +52,33 @@ func (w kubeFenced) Delete(ctx context.Context, v *volume.Volume) error {
 	return w.s.delete(ctx, v, w.still)
 }
 
+// Still says whether the term this writer is fenced on still holds.
+func (w kubeFenced) Still() error { return w.still() }
+
+// FenceRecords returns r with every write asking still() first (ErrFenced
+// once it fails): the leader's records beside Volume objects, fenced on
+// its view of its Lease as its volume writes are.
+func FenceRecords(r Records, still func() error) Records { return fencedRecords{r, still} }
+
+type fencedRecords struct {
+	Records
+	still func() error
+}
+
+func (f fencedRecords) PutRecord(ctx context.Context, kind, key string, data []byte) error {
+	if err := fence(f.still, "writing a "+kind+" record"); err != nil {
+		return err
+	}
+	return f.Records.PutRecord(ctx, kind, key, data)
+}
+
+func (f fencedRecords) DeleteRecord(ctx context.Context, kind, key string) error {
+	if err := fence(f.still, "deleting a "+kind+" record"); err != nil {
+		return err
+	}
+	return f.Records.DeleteRecord(ctx, kind, key)
+}
+
 // ctx bounds one write (the caller's context, within the request timeout).
 func (s *Kube) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.timeout)

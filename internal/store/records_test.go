@@ -69,3 +69,19 @@ func TestRecordsContract(t *testing.T) {
 		})
 	}
 }
+
+// FenceRecords: the leader's records beside Volume objects are written only
+// while its still() holds; reads go on.
+func TestFenceRecords(t *testing.T) {
+	inner := backends(t)["bbolt"](t).(Records)
+	ctx := context.Background()
+	var deposed error
+	r := FenceRecords(inner, func() error { return deposed })
+	require.NoError(t, r.PutRecord(ctx, "snapshots", "s1", []byte("leader")))
+	deposed = fmt.Errorf("the lease went to replica b")
+	assert.ErrorIs(t, r.PutRecord(ctx, "snapshots", "s1", []byte("deposed")), ErrFenced)
+	assert.ErrorIs(t, r.DeleteRecord(ctx, "snapshots", "s1"), ErrFenced)
+	got, err := r.GetRecord(ctx, "snapshots", "s1")
+	require.NoError(t, err)
+	assert.Equal(t, "leader", string(got), "nothing written after the term ended")
+}

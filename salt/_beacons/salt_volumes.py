@@ -132,7 +132,7 @@ def changed(old, new):
             elif w.get(k) != v.get(k):
                 return True
     oc, nc = old.get("capacity") or {}, new.get("capacity") or {}
-    for k in ("path", "size", "committed", "overcommitRatio", "snapshots"):
+    for k in ("path", "size", "committed", "overcommitRatio", "snapshots", "snapshotWarnings"):
         if oc.get(k) != nc.get(k):
             return True
     return _moved(oc.get("free"), nc.get("free"), nc.get("size")) or _moved(

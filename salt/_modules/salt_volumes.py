@@ -405,7 +405,7 @@ def apply_volume(action, volumes, wipe=False):
     )
 
 
-def apply_snapshot(action, volume, snapshot):
+def apply_snapshot(action, volume, snapshot, size=None):
     """
     Take or delete one snapshot of a volume on this minion, with nothing
     else a caller can choose: the control plane's Salt account calls this
@@ -419,6 +419,9 @@ def apply_snapshot(action, volume, snapshot):
         volume this minion prepared under that uuid)
     snapshot
         the snapshot's name
+    size
+        a thick LVM snapshot's copy-on-write space (``64Mi``; default a
+        quarter of the LV); nothing else takes it
 
     Returns the snapshot's record (``taken``) or what was deleted.
 
@@ -436,8 +439,11 @@ def apply_snapshot(action, volume, snapshot):
         raise SaltInvocationError("volume: give the volume's spec, with its name and uuid")
     if not isinstance(snapshot, str) or not snapshot:
         raise SaltInvocationError("snapshot: give the snapshot's name")
-    command = "snapshot" if action == "taken" else "snapshot-delete"
-    return _run(command, volume, ["--name", snapshot])
+    if size is not None and (not isinstance(size, str) or not size):
+        raise SaltInvocationError("size: give the copy-on-write space as a size such as 64Mi")
+    if action == "deleted":
+        return _run("snapshot-delete", volume, ["--name", snapshot])
+    return _run("snapshot", volume, ["--name", snapshot] + (["--size", size] if size else []))
 
 
 def prepare(name=None, spec=None):
@@ -487,22 +493,28 @@ def unprepare(name=None, spec=None, wipe=False):
     return out
 
 
-def snapshot(name=None, snapshot_name=None, spec=None):
+def snapshot(name=None, snapshot_name=None, spec=None, size=None):
     """
-    Take a point-in-time snapshot of a sparse volume on this minion
-    (idempotent: taking it again answers the snapshot taken). The volume's
-    filesystem is frozen while mounted; the copy is a reflink where the
-    state dir's filesystem shares extents, else a sparse copy.
+    Take a point-in-time snapshot of a volume on this minion (idempotent:
+    taking it again answers the snapshot taken). A sparse volume's
+    filesystem is frozen while mounted and its file copied (a reflink where
+    the state dir's filesystem shares extents, else a sparse copy); an LVM
+    volume gets an LVM snapshot: thin for a thin LV, else thick with
+    ``size`` of copy-on-write space (default a quarter of the LV).
 
     CLI Example:
 
     .. code-block:: bash
 
         salt node-1 salt_volumes.snapshot data-1 snapshot_name=before-upgrade
+        salt node-1 salt_volumes.snapshot db-lv snapshot_name=nightly size=2Gi
     """
     if not snapshot_name:
         raise SaltInvocationError("give snapshot_name: the snapshot's name (lower-case letters, digits, '-' and '.')")
-    return _run("snapshot", _spec(name, spec), ["--name", str(snapshot_name)])
+    args = ["--name", str(snapshot_name)]
+    if size:
+        args += ["--size", str(size)]
+    return _run("snapshot", _spec(name, spec), args)
 
 
 def snapshot_delete(name=None, snapshot_name=None, spec=None):

@@ -189,12 +189,12 @@ def _snapshot_of(name, volume, spec, ret):
     return spec, {}
 
 
-def snapshot_present(name, volume, spec=None):
+def snapshot_present(name, volume, spec=None, size=None):
     """
     Make sure the volume has snapshot ``name`` on this minion: taken once,
     then left as it is (a snapshot is a point in time: a later run does not
-    take it again). Sparse volumes only; the filesystem is frozen for the
-    copy while mounted.
+    take it again). Sparse and LVM volumes; a mounted filesystem is frozen
+    meanwhile. ``size``: a thick LVM snapshot's copy-on-write space.
 
     .. code-block:: yaml
 
@@ -223,7 +223,7 @@ def snapshot_present(name, volume, spec=None):
         ret["changes"] = {"snapshot": {"old": None, "new": name}}
         return ret
     try:
-        out = __salt__["salt_volumes.snapshot"](spec=spec, snapshot_name=name)
+        out = __salt__["salt_volumes.snapshot"](spec=spec, snapshot_name=name, size=size)
     except CommandExecutionError as exc:
         ret["comment"] = "volume {}: snapshot {}: {}".format(volume, name, __salt__["salt_volumes.message"](exc))
         return ret

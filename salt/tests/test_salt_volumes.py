@@ -537,6 +537,7 @@ def test_beacon_fires_when_snapshots_come_or_grow(beacon):
     (("taken", {"name": "v1"}, "s1"), "volume"),
     (("deleted", SPEC, ""), "snapshot"),
     (("deleted", SPEC, ["s1"]), "snapshot"),
+    (("taken", SPEC, "s1", 64), "size"),
 ])
 def test_apply_snapshot_refuses_anything_else_before_running(mod, args, field, monkeypatch):
     monkeypatch.setattr(mod, "_run", lambda *a, **kw: pytest.fail("nothing may run"))
@@ -549,4 +550,9 @@ def test_apply_snapshot_runs_the_binary_with_the_volume_and_the_name(mod, monkey
     monkeypatch.setattr(mod, "_run", lambda *a: calls.append(a) or {"name": a[2][1]})
     assert mod.apply_snapshot("taken", SPEC, "s1") == {"name": "s1"}
     mod.apply_snapshot("deleted", SPEC, "s1")
-    assert calls == [("snapshot", SPEC, ["--name", "s1"]), ("snapshot-delete", SPEC, ["--name", "s1"])]
+    mod.apply_snapshot("taken", SPEC, "s2", size="64Mi")
+    assert calls == [
+        ("snapshot", SPEC, ["--name", "s1"]),
+        ("snapshot-delete", SPEC, ["--name", "s1"]),
+        ("snapshot", SPEC, ["--name", "s2", "--size", "64Mi"]),
+    ]

@@ -166,6 +166,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Contains(t, out, "/dev/vdb is held by dm-", "the refusal names what holds it (the logical volume's device-mapper device)")
 	assert.Equal(t, "vg0", run("pvs", "--noheadings", "-o", "vg_name", "/dev/vdb"), "the physical volume untouched")
 	lvmRefusals(t, g, run)
+	lvmSnapshots(t, g, run)
 
 	// The control plane, on this machine beside the master: serve reads the
 	// master's bus and job cache and publishes through salt-api.
@@ -429,6 +430,38 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Greater(t, lvFS, int64(48<<20), "its filesystem fills the grown LV: %s", lvDF)
 	_, errs, code = p.CLI("resize", "boot-lvfs", "--size", "32Mi")
 	assert.Equal(t, 2, code, "shrinking refused: %s", errs)
+
+	// An LVM snapshot through serve and Salt (a thick one, 8Mi set
+	// aside), and a clone of it beside the origin, with the origin's
+	// data and a UUID of its own.
+	out, errs, code = p.CLI("snapshot", "create", "boot-lvfs", "lv-nightly", "--size", "8Mi", "--wait", "--timeout", "5m")
+	require.Equal(t, 0, code, out+errs)
+	snap, err := p.Client().Snapshot(ctx, "lv-nightly")
+	require.NoError(t, err)
+	assert.Equal(t, "Ready", snap.Phase, snap.Message)
+	assert.Equal(t, "lvm-thick", snap.Method)
+	assert.Equal(t, int64(8<<20), snap.COWSize)
+	assert.Equal(t, "vg0/svsnap-"+byName["boot-lvfs"].uuid[:8]+"-lv-nightly", snap.LV)
+	assert.Contains(t, run("lvs", "--noheadings", "-o", "lv_name,origin", "vg0"), "boot-lvfs", "the snapshot LV of boot-lvfs")
+	out, errs, code = p.CLI("create", "boot-lvcopy", "--from", "snapshot/lv-nightly", "--wait", "--timeout", "5m")
+	require.Equal(t, 0, code, out+errs)
+	lvCopy, err := p.Client().Get(ctx, "boot-lvcopy")
+	require.NoError(t, err)
+	require.NotNil(t, lvCopy.Spec.LVMLogicalVolume, "the clone of an LVM snapshot is an LV")
+	assert.Equal(t, "vg0", lvCopy.Spec.LVMLogicalVolume.VGName)
+	run("mount", "/dev/vg0/boot-lvfs", "/mnt/v")
+	run("mkdir", "-p", "/mnt/c")
+	run("mount", lvCopy.Status.PersistentPath, "/mnt/c")
+	assert.Equal(t, before, run("cat", "/mnt/c/kept"), "the clone holds the origin's file, both mounted at once")
+	run("umount", "/mnt/c", "/mnt/v")
+	assert.Equal(t, lvCopy.Spec.UUID, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-lvcopy"))
+	_, errs, code = p.CLI("rm", "boot-lvfs")
+	assert.Equal(t, 3, code, "a volume with a snapshot is not deleted: %s", errs)
+	assert.Contains(t, errs, "lv-nightly")
+	out, errs, code = p.CLI("snapshot", "rm", "lv-nightly", "--wait", "--timeout", "5m")
+	require.Equal(t, 0, code, out+errs)
+	assert.NotContains(t, run("lvs", "--noheadings", "-o", "lv_name", "vg0"), "svsnap-", "its LV removed")
+	vols = append(vols, &vol{name: "boot-lvcopy", uuid: lvCopy.Spec.UUID})
 	eventually(t, 2*time.Minute, fs.name+" reported unmounted by the beacon", func() (bool, string) {
 		v, err := p.Client().Get(ctx, fs.name)
 		require.NoError(t, err)
@@ -457,7 +490,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// Asked at once, as the creates were: the removals share state runs.
 	for _, v := range append(vols, seconds...) {
 		args := []string{"rm", v.name}
-		if v.name == "boot-lvfs" {
+		if v.name == "boot-lvfs" || v.name == "boot-lvcopy" {
 			args = append(args, "--wipe") // removes the LV; boot-lvblk's stays
 		}
 		out, errs, code := p.CLI(args...)

@@ -191,7 +191,29 @@ func TestWebUI(t *testing.T) {
 	snap, err := p.Client().Snapshot(context.Background(), "ui-snap")
 	require.NoError(t, err)
 	assert.Equal(t, "Ready", snap.Phase)
-	do(chromedp.Click(snapRow+" button"),
+	// Cloned from its row: a bad name refused in the form, then the
+	// clone's own page, Available, its spec naming the snapshot.
+	do(chromedp.Click(snapRow+" button.clone"),
+		chromedp.WaitVisible("#clone-form"),
+		chromedp.SendKeys("#clone-name", "Bad_Clone"),
+		chromedp.Click("#make-clone"))
+	assert.Contains(t, text("#m-clone"), "lower-case")
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#clone-name').value = ''; true`))
+	require.NoError(t, err)
+	do(chromedp.SendKeys("#clone-name", "ui-clone"),
+		chromedp.Click("#make-clone"),
+		chromedp.Poll[chromedp.Void](`location.hash === '#/volume/ui-clone' && document.querySelector('#vol-phase').textContent === 'Available'`, chromedp.WithPollingTimeout(2*time.Minute)))
+	shot("3d-clone")
+	cl, err := p.Client().Get(context.Background(), "ui-clone")
+	require.NoError(t, err)
+	uuids = append(uuids, cl.Spec.UUID)
+	require.NotNil(t, cl.Spec.Source)
+	assert.Equal(t, spec.Source{VolumeUUID: grown.Spec.UUID, Snapshot: "ui-snap"}, *cl.Spec.Source, "the clone's spec names the snapshot")
+	assert.Equal(t, grown.Spec.FSType, cl.Spec.FSType)
+	assert.Equal(t, "node-1", cl.Spec.Node)
+	do(chromedp.Navigate(p.URL+"/#/volume/ui-1"),
+		chromedp.WaitVisible(snapRow))
+	do(chromedp.Click(snapRow+" button.danger"),
 		chromedp.Poll[chromedp.Void](`document.querySelector('`+snapRow+`') === null && !document.querySelector('#vol-snapshots-empty').hidden`, chromedp.WithPollingTimeout(time.Minute)))
 	_, err = p.Client().Snapshot(context.Background(), "ui-snap")
 	assert.Error(t, err, "deleted")
@@ -251,7 +273,11 @@ func TestWebUI(t *testing.T) {
 		chromedp.Click(`#volumes tr[data-volume="ui-lvm"] button.delete`),
 		chromedp.WaitVisible("#confirm"),
 		chromedp.Click("#confirm-ok"),
-		chromedp.WaitNotPresent(`#volumes tr[data-volume="ui-lvm"]`))
+		chromedp.WaitNotPresent(`#volumes tr[data-volume="ui-lvm"]`),
+		chromedp.Click(`#volumes tr[data-volume="ui-clone"] button.delete`),
+		chromedp.WaitVisible("#confirm"),
+		chromedp.Click("#confirm-ok"),
+		chromedp.WaitNotPresent(`#volumes tr[data-volume="ui-clone"]`))
 	shot("6-deleted")
 	assert.Contains(t, strings.Join(seenRows()["ui-1"], " | "), "Terminating:disabled:the volume is already being deleted")
 	mu.Lock()

@@ -10,6 +10,7 @@ const state = {
   sort: { key: "name", dir: 1 },
   filter: "",
   es: null,
+  cloneFrom: null, // the snapshot the clone form is for
 };
 
 const UNITS = { "": 1, k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, E: 1e18,
@@ -377,12 +378,28 @@ function renderDetail() {
 }
 
 function renderSnapshots(v) {
-  $("#snapshot-form").hidden = !v.spec.sparseLoopDevice;
+  const lv = v.spec.lvmLogicalVolume;
+  $("#snapshot-form").hidden = !v.spec.sparseLoopDevice && !lv;
+  $("#snapshot-size").hidden = !lv || !!lv.thinPool;
   const tbody = $("#vol-snapshots tbody");
   tbody.replaceChildren();
   const items = state.detail.snapshots || [];
   $("#vol-snapshots-empty").hidden = items.length > 0;
+  const from = state.cloneFrom;
+  if (!from || !items.some((x) => x.name === from.name && x.phase === "Ready")) {
+    state.cloneFrom = null;
+    $("#clone-form").hidden = true;
+  }
   for (const x of items) {
+    const clone = el("button", { type: "button", class: "clone", text: "Clone" });
+    clone.hidden = x.phase !== "Ready";
+    clone.addEventListener("click", () => {
+      state.cloneFrom = x;
+      $("#clone-of").textContent = x.name;
+      $("#m-clone").textContent = "";
+      $("#clone-form").hidden = false;
+      $("#clone-name").focus();
+    });
     const del = el("button", { type: "button", class: "danger", text: "Delete" });
     del.hidden = x.phase === "Deleting";
     del.addEventListener("click", async () => {
@@ -393,8 +410,36 @@ function renderSnapshots(v) {
     tbody.append(el("tr", { "data-snapshot": x.name },
       el("td", { text: x.name }), el("td", { class: "phase", text: x.phase, title: x.message || "" }),
       el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }), el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
-      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || "") }), el("td", {}, del)));
+      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || "") }), el("td", {}, clone, " ", del)));
   }
+}
+
+// A clone is a new volume on the snapshot's node, of its volume's mode and
+// filesystem and the snapshot's size: a sparse file, or an LV in the
+// snapshot's VG.
+async function submitClone(e) {
+  e.preventDefault();
+  const v = state.volumes.get(state.volume);
+  const x = state.cloneFrom;
+  const name = $("#clone-name").value.trim();
+  if (!v || !x) return;
+  if (!/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/.test(name)) {
+    $("#m-clone").textContent = "Name the new volume with lower-case letters, digits and '-', e.g. " + v.spec.name + "-copy.";
+    return;
+  }
+  const body = { name, node: x.node, mode: v.spec.mode, source: { volumeUUID: x.volumeUUID, snapshot: x.name } };
+  if (v.spec.fsType) body.fsType = v.spec.fsType;
+  if (x.lv) body.lvmLogicalVolume = { vgName: x.lv.split("/")[0], size: String(x.size) };
+  else body.sparseLoopDevice = { size: String(x.size) };
+  const r = await api("POST", "/api/v1/volumes", body);
+  if (!r.ok) {
+    $("#m-clone").textContent = refusal(r);
+    return;
+  }
+  $("#clone-name").value = "";
+  state.cloneFrom = null;
+  $("#clone-form").hidden = true;
+  location.hash = "#/volume/" + encodeURIComponent(name);
 }
 
 async function submitSnapshot(e) {
@@ -406,9 +451,13 @@ async function submitSnapshot(e) {
     $("#m-snapshot").textContent = "Name it with lower-case letters, digits and '-', e.g. before-upgrade.";
     return;
   }
-  const r = await api("POST", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/snapshots", { name });
+  const body = { name };
+  const size = $("#snapshot-size").hidden ? "" : $("#snapshot-size").value.trim();
+  if (size) body.size = size;
+  const r = await api("POST", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/snapshots", body);
   if (r.ok) {
     $("#snapshot-name").value = "";
+    $("#snapshot-size").value = "";
     $("#m-snapshot").textContent = "";
   } else {
     $("#m-snapshot").textContent = refusal(r);
@@ -739,6 +788,7 @@ function init() {
   }
   $("#grow-form").addEventListener("submit", submitGrow);
   $("#snapshot-form").addEventListener("submit", submitSnapshot);
+  $("#clone-form").addEventListener("submit", submitClone);
   window.addEventListener("hashchange", route);
   // Ages move on even when nothing else does; node reports and usage
   // arrive from the beacons, not on the watch stream.

@@ -1,0 +1,404 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/filecopy"
+	"github.com/salt-volumes/salt-volumes/internal/lvm"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+)
+
+// LVM snapshots: an LV of their own beside the volume's, named
+// svsnap-<the volume UUID's first 8>-<name> and tagged with the volume's
+// UUID and the snapshot's name (the tag, not the name, makes it ours). A
+// thick one sets aside copy-on-write space in the VG and is lost if that
+// overflows; a thin one (of a thin LV) shares its pool's space and stays
+// inactive, so that the filesystem UUID it shares with its origin never
+// gets a /dev/disk/by-uuid link of its own.
+
+// Snapshot methods of LVM volumes.
+const (
+	MethodLVMThick filecopy.Method = "lvm-thick"
+	MethodLVMThin  filecopy.Method = "lvm-thin"
+)
+
+// fillWarnPercent: a snapshot's copy-on-write space (or a thin pool) this
+// full gets a warning in every listing and beacon report.
+const fillWarnPercent = 80
+
+func snapshotLVName(volumeUUID, name string) string { return "svsnap-" + volumeUUID[:8] + "-" + name }
+
+func snapshotTag(volumeUUID, name string) string {
+	return spec.LVMTagPrefix + volumeUUID + "/snapshot=" + name
+}
+
+func splitLV(vglv string) (vg, lv string) {
+	vg, lv, _ = strings.Cut(vglv, "/")
+	return vg, lv
+}
+
+// takeLVMSnapshot snapshots the volume's LV; the caller holds its lock.
+// The record is written before lvcreate, so that a run killed after it
+// finds the LV by name and adopts it by its tag.
+func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, name string, opts SnapshotOptions) (*Snapshot, error) {
+	s := rec.Spec
+	vg := s.LVMLogicalVolume.VGName
+	o := opFor(e, s)
+	recPath, _ := e.snapshotPaths(s.UUID, name)
+	old, err := readSnapshot(recPath)
+	switch {
+	case err == nil && old.Phase == SnapshotTaken:
+		lv, err := snapshotLVOf(ctx, old)
+		if err != nil {
+			return nil, err
+		}
+		if lv == nil {
+			return nil, failed("snapshot_missing", nil, "snapshot %s of %s: its record is here, its logical volume %s is gone: delete the snapshot and take it again", name, s.Name, old.LV)
+		}
+		e.lvmFill([]*Snapshot{old})
+		return old, nil
+	case err != nil && !errors.Is(err, os.ErrNotExist):
+		return nil, failed("state", err, "reading snapshot %s of %s", name, s.Name)
+	}
+	origin, err := lvm.GetLV(ctx, vg, s.Name)
+	switch {
+	case err != nil:
+		return nil, failed("lvm", err, "reading logical volume %s/%s", vg, s.Name)
+	case origin == nil || origin.UUID != rec.LVUUID:
+		return nil, failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for volume %s, is not on this node: nothing to snapshot", vg, s.Name, rec.LVUUID, s.Name)
+	}
+	lvName, tag := snapshotLVName(s.UUID, name), snapshotTag(s.UUID, name)
+	snap := &Snapshot{Version: 1, Name: name, Volume: s.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
+		Mode: s.Mode, FSType: s.FSType, LV: vg + "/" + lvName, Size: origin.Size, Method: MethodLVMThick}
+	thin := origin.Pool != ""
+	if thin {
+		snap.Method = MethodLVMThin
+	}
+	if old != nil {
+		// A run killed after its record: what it found then stands.
+		snap.Frozen, snap.COWSize = old.Frozen, old.COWSize
+	}
+	lv, err := lvm.GetLV(ctx, vg, lvName)
+	if err != nil {
+		return nil, failed("lvm", err, "reading volume group %s", vg)
+	}
+	if lv != nil && !lv.HasTag(tag) {
+		return nil, refused("lv_not_ours", "logical volume %s/%s exists and is not snapshot %s of %s (it lacks the tag %s): not touching it; take the snapshot under another name", vg, lvName, name, s.Name, tag)
+	}
+	start := time.Now()
+	if lv == nil {
+		if !thin {
+			cow, err := e.cowSize(ctx, vg, origin, opts.COWSize)
+			if err != nil {
+				return nil, err
+			}
+			snap.COWSize = cow
+		}
+		if err := os.MkdirAll(e.snapshotDir(s.UUID), 0o700); err != nil {
+			return nil, failed("state", err, "creating %s", e.snapshotDir(s.UUID))
+		}
+		// lvcreate suspends the origin's device-mapper device for the
+		// moment it takes, which freezes a filesystem mounted on it.
+		if dev := deviceOf(rec); dev != "" {
+			if u, err := blockdev.UsageOf(dev); err == nil && len(u.Mountpoints) > 0 {
+				snap.Frozen = true
+			}
+		}
+		if err := writeSnapshot(recPath, snap); err != nil {
+			return nil, failed("state", err, "recording snapshot %s", name)
+		}
+		o.step("snapshot-recorded", "snapshot", name, "lv", snap.LV)
+		if err := lvm.Snapshot(ctx, vg, s.Name, lvName, snap.COWSize, false, tag); err != nil {
+			return nil, failed("lvcreate", err, "taking snapshot %s of %s", name, s.Name)
+		}
+		o.step("snapshot-lv-created", "lv", snap.LV, "method", string(snap.Method))
+		if lv, err = lvm.GetLV(ctx, vg, lvName); err != nil || lv == nil {
+			return nil, failed("lvm", err, "reading snapshot %s back", snap.LV)
+		}
+	} else if !thin && snap.COWSize == 0 {
+		snap.COWSize = lv.Size // adopted after a crash: lvs gives a snapshot's COW size
+	}
+	snap.LVUUID, snap.Allocated = lv.UUID, snap.COWSize
+	snap.Took = time.Since(start).Round(time.Millisecond).String()
+	snap.Phase, snap.TakenAt = SnapshotTaken, start.UTC()
+	if err := writeSnapshot(recPath, snap); err != nil {
+		return nil, failed("state", err, "recording snapshot %s", name)
+	}
+	o.step("snapshot-taken", "snapshot", name, "method", string(snap.Method))
+	e.lvmFill([]*Snapshot{snap})
+	return snap, nil
+}
+
+// cowSize is a thick snapshot's copy-on-write space: asked, or a quarter of
+// the origin, in whole extents, refused if the VG lacks it.
+func (e *Engine) cowSize(ctx context.Context, vg string, origin *lvm.LV, asked int64) (int64, error) {
+	g, err := lvm.GetVG(ctx, vg)
+	if err != nil {
+		return 0, failed("lvm", err, "reading volume group %s", vg)
+	}
+	cow := asked
+	if cow <= 0 {
+		cow = origin.Size / 4
+	}
+	cow = max(roundUp(cow, g.ExtentSize), g.ExtentSize)
+	if cow > g.Free {
+		return 0, invalid("size_too_large", "size: a thick snapshot of %s/%s sets %s aside for the blocks that change while it lives, and volume group %s has %s free: give a smaller size, or extend the VG (vgextend)",
+			vg, origin.Name, spec.FormatSize(cow), vg, spec.FormatSize(g.Free))
+	}
+	return cow, nil
+}
+
+// snapshotLVOf finds a snapshot's LV by its name, checked by our tag and
+// the recorded LVM UUID; nil if it is gone.
+func snapshotLVOf(ctx context.Context, sn *Snapshot) (*lvm.LV, error) {
+	vg, name := splitLV(sn.LV)
+	lv, err := lvm.GetLV(ctx, vg, name)
+	switch {
+	case errors.Is(err, lvm.ErrNoVG):
+		return nil, nil
+	case err != nil:
+		return nil, failed("lvm", err, "reading snapshot %s's logical volume %s", sn.Name, sn.LV)
+	case lv == nil:
+		return nil, nil
+	case !lv.HasTag(snapshotTag(sn.VolumeUUID, sn.Name)) || (sn.LVUUID != "" && lv.UUID != sn.LVUUID):
+		return nil, refused("lv_not_ours", "logical volume %s is not snapshot %s of %s any more (its tag or LVM UUID changed): not touching it", sn.LV, sn.Name, sn.Volume)
+	}
+	return lv, nil
+}
+
+// deleteLVMSnapshot removes the snapshot's LV (by its LVM UUID) and then
+// its record; either may be gone already. The caller holds the lock.
+func (e *Engine) deleteLVMSnapshot(ctx context.Context, s *spec.Spec, sn *Snapshot, recPath string) error {
+	lv, err := snapshotLVOf(ctx, sn)
+	if err != nil {
+		return err
+	}
+	if lv != nil {
+		vg, _ := splitLV(sn.LV)
+		if err := lvm.Remove(ctx, vg, lv.UUID); err != nil {
+			return failed("lvremove", err, "removing snapshot %s (%s)", sn.Name, sn.LV)
+		}
+		opFor(e, s).step("snapshot-lv-removed", "lv", sn.LV)
+	}
+	if err := os.Remove(recPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return failed("snapshot_delete", err, "removing %s", recPath)
+	}
+	_ = os.Remove(e.snapshotDir(s.UUID))
+	return nil
+}
+
+// lvmFill reads how full the LVM snapshots among snaps are (one lvs for
+// all) and warns of those close to overflowing: a thick snapshot's
+// copy-on-write space, a thin one's pool.
+func (e *Engine) lvmFill(snaps []*Snapshot) {
+	var any bool
+	for _, sn := range snaps {
+		any = any || sn.LV != ""
+	}
+	if !any {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lvs, err := lvm.List(ctx)
+	if err != nil {
+		e.Log.Warn("reading the LVM snapshots' fill levels", "error", err)
+		return
+	}
+	byName := map[string]*lvm.LV{}
+	for i := range lvs {
+		byName[lvs[i].VG+"/"+lvs[i].Name] = &lvs[i]
+	}
+	for _, sn := range snaps {
+		if sn.LV == "" || sn.Phase != SnapshotTaken {
+			continue
+		}
+		lv := byName[sn.LV]
+		if lv == nil || (sn.LVUUID != "" && lv.UUID != sn.LVUUID) {
+			sn.Warning = "its logical volume " + sn.LV + " is gone"
+			continue
+		}
+		what, full := "its copy-on-write space", lv
+		if lv.Pool != "" {
+			what, full = "thin pool "+lv.VG+"/"+lv.Pool, byName[lv.VG+"/"+lv.Pool]
+		}
+		switch {
+		case lv.Invalid:
+			sn.Warning = fmt.Sprintf("overflowed: %s filled up and LVM dropped the snapshot (its data is lost): delete it", what)
+		case full == nil || full.DataPercent < 0:
+		default:
+			p := full.DataPercent
+			sn.DataPercent = &p
+			// Said by the step crossed (80, 90, 95 %), not the exact
+			// level, so that the beacon reports a change once a step.
+			for _, step := range []float64{95, 90, fillWarnPercent} {
+				if p >= step {
+					sn.Warning = fmt.Sprintf("%s is over %g%% full: at 100%% the snapshot is lost; extend it (lvextend -L +SIZE %s) or delete the snapshot", what, step, full.VG+"/"+full.Name)
+					break
+				}
+			}
+		}
+	}
+}
+
+// lvmSource reads the LVM snapshot a new LVM volume is cloned from and
+// checks that the clone fits it.
+func (e *Engine) lvmSource(s *spec.Spec) (*Snapshot, error) {
+	src := s.Source
+	recPath, _ := e.snapshotPaths(src.VolumeUUID, src.Snapshot)
+	snap, err := readSnapshot(recPath)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && snap.Phase != SnapshotTaken) {
+		return nil, invalid("snapshot_not_found", "source: snapshot %s of volume %s is not on this node (salt-volume-exec snapshots lists them)", src.Snapshot, src.VolumeUUID)
+	}
+	if err != nil {
+		return nil, failed("state", err, "reading snapshot %s", src.Snapshot)
+	}
+	vg, _ := splitLV(snap.LV)
+	switch {
+	case snap.LV == "":
+		return nil, invalid("source_mismatch", "source: snapshot %s is a copy of a sparse volume's file: its clone is a sparseLoopDevice volume", src.Snapshot)
+	case vg != s.LVMLogicalVolume.VGName:
+		return nil, invalid("source_mismatch", "lvmLogicalVolume.vgName: snapshot %s is in volume group %s: its clone is made there too", src.Snapshot, vg)
+	case snap.Mode != s.Mode:
+		return nil, invalid("source_mismatch", "source: snapshot %s is of a %s volume: the clone must be mode %s too", src.Snapshot, snap.Mode, snap.Mode)
+	case snap.FSType != s.FSType:
+		return nil, invalid("source_mismatch", "source: snapshot %s holds %s: the clone's fsType must be %s", src.Snapshot, snap.FSType, snap.FSType)
+	case snap.Size > s.SizeBytes:
+		return nil, invalid("source_mismatch", "lvmLogicalVolume.size: %s is smaller than snapshot %s (%s): a clone is at least as large as its source", spec.FormatSize(s.SizeBytes), src.Snapshot, spec.FormatSize(snap.Size))
+	}
+	return snap, nil
+}
+
+// createCloneLV makes a clone's LV: a thin snapshot of a thin snapshot (no
+// copy, in the same pool), or a new linear LV that cloneLVContent fills
+// from a thick snapshot.
+func (e *Engine) createCloneLV(ctx context.Context, o *op, rec *nodestate.Record) error {
+	s := o.s
+	vg := s.LVMLogicalVolume.VGName
+	snap, err := e.lvmSource(s)
+	if err != nil {
+		e.dropUnstarted(rec)
+		return err
+	}
+	slv, err := snapshotLVOf(ctx, snap)
+	switch {
+	case err != nil:
+		e.dropUnstarted(rec)
+		return err
+	case slv == nil:
+		e.dropUnstarted(rec)
+		return invalid("snapshot_missing", "source: snapshot %s's logical volume %s is gone: delete the snapshot", snap.Name, snap.LV)
+	case slv.Invalid:
+		e.dropUnstarted(rec)
+		return invalid("snapshot_invalid", "source: snapshot %s overflowed (its copy-on-write space filled up and LVM dropped it): nothing to clone; delete it", snap.Name)
+	}
+	if snap.Method == MethodLVMThin {
+		_, name := splitLV(snap.LV)
+		if err := lvm.Snapshot(ctx, vg, name, s.Name, 0, true, lvTag(s)); err != nil {
+			return failed("lvcreate", err, "creating clone %s/%s of snapshot %s", vg, s.Name, snap.Name)
+		}
+		o.changed = true
+		o.step("lv-created", "lv", vg+"/"+s.Name, "tag", lvTag(s), "from", snap.LV)
+		return nil
+	}
+	g, err := lvm.GetVG(ctx, vg)
+	if err != nil {
+		return failed("lvm", err, "reading volume group %s", vg)
+	}
+	if need := roundUp(s.SizeBytes, g.ExtentSize); need > g.Free {
+		e.dropUnstarted(rec)
+		return invalid("size_too_large", "lvmLogicalVolume.size: %s is more than volume group %s has free (%s) for the clone: use a smaller size or extend the VG (vgextend)",
+			spec.FormatSize(s.SizeBytes), vg, spec.FormatSize(g.Free))
+	}
+	if err := lvm.Create(ctx, vg, s.Name, s.SizeBytes, lvTag(s)); err != nil {
+		return failed("lvcreate", err, "creating logical volume %s/%s", vg, s.Name)
+	}
+	o.changed = true
+	o.step("lv-created", "lv", vg+"/"+s.Name, "tag", lvTag(s))
+	return nil
+}
+
+// cloneLVContent finishes a clone's LV until its record says it is
+// written: the thick snapshot's blocks copied (again, after a crash: every
+// block is overwritten), the thin clone grown to its size, then the
+// filesystem's new UUID (a Block volume's identity is its LV's own UUID)
+// and its growth to the LV's end.
+func (e *Engine) cloneLVContent(ctx context.Context, o *op, name string) error {
+	s := o.s
+	snap, err := e.lvmSource(s)
+	if err != nil {
+		return err
+	}
+	slv, err := snapshotLVOf(ctx, snap)
+	if err != nil {
+		return err
+	}
+	if slv == nil {
+		return failed("snapshot_missing", nil, "source: snapshot %s's logical volume %s is gone", snap.Name, snap.LV)
+	}
+	dev := "/dev/" + name
+	if snap.Method == MethodLVMThick {
+		from := dmByUUID(slv.DMUUID())
+		if from == "" {
+			return failed("snapshot_missing", nil, "source: snapshot %s (%s) is not active", snap.Name, snap.LV)
+		}
+		if err := copyDevice("/dev/"+from, dev, snap.Size); err != nil {
+			return failed("clone_copy", err, "copying snapshot %s into %s", snap.Name, dev)
+		}
+		o.changed = true
+		o.step("cloned", "snapshot", snap.Name, "method", string(snap.Method), "bytes", snap.Size)
+	} else if size, _ := blockdev.SizeOf(name); size < s.SizeBytes {
+		if err := lvm.Extend(ctx, s.LVMLogicalVolume.VGName, s.Name, s.SizeBytes); err != nil {
+			return failed("lvextend", err, "growing clone %s/%s to its size", s.LVMLogicalVolume.VGName, s.Name)
+		}
+		o.step("lv-extended", "lv", s.LVMLogicalVolume.VGName+"/"+s.Name, "size", s.SizeBytes)
+	}
+	if s.Mode != spec.ModeFilesystem {
+		return nil
+	}
+	if err := e.newIdentity(ctx, o, dev, snap); err != nil {
+		return err
+	}
+	if s.SizeBytes > snap.Size {
+		return e.growFS(ctx, o, name)
+	}
+	return nil
+}
+
+// copyDevice copies the first n bytes of device from over device to and
+// zeroes the rest of to (a new LV's extents may hold an earlier LV's data,
+// which a larger clone must not hand its user), then flushes.
+func copyDevice(from, to string, n int64) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	buf := make([]byte, 4<<20)
+	if _, err := io.CopyBuffer(dst, io.LimitReader(src, n), buf); err != nil {
+		return err
+	}
+	size, err := dst.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	for off := n; off < size; off += blockdev.ZeroChunk {
+		if err := blockdev.ZeroOut(dst, off, min(blockdev.ZeroChunk, size-off)); err != nil {
+			return err
+		}
+	}
+	return dst.Sync()
+}

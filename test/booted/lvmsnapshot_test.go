@@ -1,0 +1,180 @@
+package booted
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/test/guest"
+)
+
+// lvmSnapshots: snapshots of LVM volumes with the node's binary, on a
+// booted guest (device-mapper, udev): thick ones with copy-on-write space
+// of the size asked, their fill level and the warning before they
+// overflow, thin ones of a thin LV; clones of both mounted beside their
+// origins with the old content and a UUID of their own; a run killed after
+// every step of a snapshot and of a clone converges when run again. All of
+// it is removed again: vg0 is as before.
+func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
+	started := time.Now()
+	defer func() {
+		t.Logf("LVM snapshots and clones with the node's binary: %s", time.Since(started).Round(time.Second))
+	}()
+	type volume struct{ name, uuid, spec string }
+	newVol := func(name, lvm string, extra string) volume {
+		u := uuid.NewString()
+		return volume{name, u, fmt.Sprintf(`{"name":%q,"uuid":%q,"lvmLogicalVolume":%s%s}`, name, u, lvm, extra)}
+	}
+	exe := func(v volume, env []string, args ...string) (string, error) {
+		cmd := append(append([]string{"env"}, env...), append([]string{"salt-volume-exec"}, args...)...)
+		return g.RunInput([]byte(v.spec), append(cmd, "--spec", "-")...)
+	}
+	ok := func(v volume, args ...string) map[string]any {
+		t.Helper()
+		out, err := exe(v, nil, args...)
+		require.NoError(t, err, "%s %v: %s", v.name, args, out)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &m), out)
+		return m
+	}
+	// crashEach kills the binary after each step in turn, then runs it to
+	// the end: every step must leave something the next run finishes.
+	crashEach := func(v volume, steps []string, args ...string) map[string]any {
+		t.Helper()
+		for _, st := range steps {
+			out, err := exe(v, []string{"SALT_VOLUMES_CRASH_AFTER=" + st}, args...)
+			require.Error(t, err, "%s: killed after %s: %s", v.name, st, out)
+			// SIGKILL: ssh says 255 (the remote command died of a
+			// signal); the binary's own failures exit 1-4.
+			assert.Regexp(t, `exit status (137|255)`, err.Error(), "%s: killed after %s, not failed: %s", v.name, st, out)
+		}
+		return ok(v, args...)
+	}
+	lvs := func() string { return run("lvs", "--noheadings", "-o", "lv_name,lv_tags,origin,pool_lv", "vg0") }
+	snapshots := func(v volume) []map[string]any {
+		t.Helper()
+		var res struct{ Snapshots []map[string]any }
+		out, err := exe(v, nil, "snapshots")
+		require.NoError(t, err, out)
+		require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+		return res.Snapshots
+	}
+	byUUID := func(u string) string {
+		run("udevadm", "settle")
+		return run("readlink", "-f", "/dev/disk/by-uuid/"+u)
+	}
+	write := func(dir, text string) {
+		require.NoError(t, g.Write(dir+"/data", []byte(text), 0o644))
+		run("sync")
+	}
+
+	// Thick: an ext4 LV, mounted and written, snapshotted with 16Mi of
+	// copy-on-write space; the kill-at-every-step run first.
+	// The extents may hold what lvmRefusals' LVs left: wiped, as asked.
+	origin := newVol("snap-thick", `{"vgName":"vg0","size":"32Mi","wipeSignatures":true}`, "")
+	ok(origin, "prepare")
+	originDev := run("readlink", "-f", "/dev/vg0/snap-thick")
+	run("mkdir", "-p", "/mnt/o", "/mnt/c", "/mnt/o2")
+	run("mount", "/dev/vg0/snap-thick", "/mnt/o")
+	write("/mnt/o", "before")
+	s1 := crashEach(origin, []string{"snapshot-recorded", "snapshot-lv-created"}, "snapshot", "--name", "s1", "--size", "16Mi")
+	assert.Equal(t, "lvm-thick", s1["method"])
+	assert.Equal(t, true, s1["frozen"], "the mounted ext4 frozen by LVM's suspend")
+	assert.Equal(t, float64(16<<20), s1["cowSize"])
+	assert.Equal(t, "vg0/svsnap-"+origin.uuid[:8]+"-s1", s1["lv"])
+	assert.Regexp(t, `(?m)^\s*svsnap-`+origin.uuid[:8]+`-s1\s+salt-volumes.io/uuid=`+origin.uuid+`/snapshot=s1\s+snap-thick\s*$`, lvs(), "one snapshot LV, tagged as ours, of the origin")
+	assert.Equal(t, originDev, byUUID(origin.uuid), "the volume's by-uuid link still names the origin, not the snapshot that shares its UUID")
+	again := ok(origin, "snapshot", "--name", "s1", "--size", "16Mi")
+	assert.Equal(t, s1["lvUUID"], again["lvUUID"], "taking it again answers the snapshot taken")
+	write("/mnt/o", "after")
+
+	// Deleting the origin is refused while it has a snapshot.
+	out, err := exe(origin, nil, "unprepare", "--wipe")
+	require.Error(t, err, out)
+	assert.Contains(t, out, "has snapshots (s1)")
+
+	// A clone of s1, larger, killed after every step: mounted beside the
+	// origin with the old content and its own UUID.
+	clone := newVol("snap-thick-c", `{"vgName":"vg0","size":"40Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"s1"}`, origin.uuid))
+	res := crashEach(clone, []string{"lv-created", "cloned", "clone-identity"}, "prepare")
+	assert.Equal(t, "/dev/disk/by-uuid/"+clone.uuid, res["persistentPath"])
+	assert.Equal(t, clone.uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/snap-thick-c"), "the clone's ext4 has the clone's UUID")
+	assert.Equal(t, origin.uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/snap-thick"), "the origin's unchanged")
+	run("mount", "/dev/disk/by-uuid/"+clone.uuid, "/mnt/c")
+	assert.Equal(t, "before", run("cat", "/mnt/c/data"), "the clone holds the snapshot's content")
+	assert.Equal(t, "after", run("cat", "/mnt/o/data"), "the origin its own, both mounted at once")
+	size := func(dir string) int64 {
+		n, err := strconv.ParseInt(run("findmnt", "-bno", "SIZE", dir), 10, 64)
+		require.NoError(t, err)
+		return n
+	}
+	assert.Greater(t, size("/mnt/c"), size("/mnt/o")+(6<<20), "the clone's ext4 grown to its 40Mi, the origin's 32Mi")
+	run("umount", "/mnt/c")
+
+	// The fill level and its warning: a Block LV's snapshot with one
+	// extent (4Mi) of copy-on-write space, written through the origin.
+	blk := newVol("snap-fill", `{"vgName":"vg0","size":"16Mi","wipeSignatures":true}`, `,"mode":"Block"`)
+	ok(blk, "prepare")
+	ok(blk, "snapshot", "--name", "fill", "--size", "4Mi")
+	run("dd", "if=/dev/urandom", "of=/dev/vg0/snap-fill", "bs=64K", "count=56", "oflag=direct", "status=none")
+	sn := snapshots(blk)
+	require.Len(t, sn, 1)
+	assert.GreaterOrEqual(t, sn[0]["dataPercent"], 80.0, "3.5Mi changed of 4Mi: %v", sn[0])
+	assert.Contains(t, sn[0]["warning"], "full: at 100% the snapshot is lost", "warned before it overflows")
+	var list struct {
+		Capacity struct{ SnapshotWarnings []string }
+	}
+	listed := run("salt-volume-exec", "list")
+	require.NoError(t, json.Unmarshal([]byte(listed), &list))
+	assert.Contains(t, strings.Join(list.Capacity.SnapshotWarnings, "\n"), "snapshot fill of snap-fill: its copy-on-write space is over", "in the node's report the beacon sends")
+	run("dd", "if=/dev/urandom", "of=/dev/vg0/snap-fill", "bs=64K", "count=32", "seek=64", "oflag=direct", "status=none")
+	sn = snapshots(blk)
+	assert.Contains(t, sn[0]["warning"], "overflowed", "lost, and said so: %v", sn[0])
+	out, err = exe(newVol("snap-fill-c", `{"vgName":"vg0","size":"16Mi"}`, fmt.Sprintf(`,"mode":"Block","source":{"volumeUUID":%q,"snapshot":"fill"}`, blk.uuid)), nil, "prepare")
+	require.Error(t, err, "no clone of a snapshot that overflowed: %s", out)
+	assert.Contains(t, out, "overflowed")
+	assert.NotContains(t, lvs(), "snap-fill-c", "the refused clone left no LV")
+
+	// Thin: a thin LV in a pool of the operator's; its snapshot takes no
+	// size and stays inactive (no second by-uuid link); the clone is a
+	// thin snapshot of it, in the same pool, with its own UUID.
+	run("lvcreate", "-q", "-y", "--type", "thin-pool", "-L", "48M", "-n", "pool", "vg0")
+	thin := newVol("snap-thin", `{"vgName":"vg0","size":"32Mi","thinPool":"pool"}`, "")
+	ok(thin, "prepare")
+	run("mount", "/dev/vg0/snap-thin", "/mnt/c")
+	write("/mnt/c", "thin before")
+	t1 := crashEach(thin, []string{"snapshot-recorded", "snapshot-lv-created"}, "snapshot", "--name", "t1")
+	assert.Equal(t, "lvm-thin", t1["method"])
+	assert.Nil(t, t1["cowSize"], "a thin snapshot sets nothing aside")
+	assert.NotNil(t, t1["dataPercent"], "the pool's fill level: %v", t1)
+	thinDev := run("readlink", "-f", "/dev/vg0/snap-thin")
+	assert.Equal(t, thinDev, byUUID(thin.uuid), "the thin snapshot, inactive, has no link")
+	write("/mnt/c", "thin after")
+	thinClone := newVol("snap-thin-c", `{"vgName":"vg0","size":"32Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"t1"}`, thin.uuid))
+	crashEach(thinClone, []string{"lv-created", "clone-identity"}, "prepare")
+	assert.Regexp(t, `(?m)^\s*snap-thin-c\s+\S+\s+svsnap-\S+\s+pool\s*$`, lvs(), "the clone is a thin LV of the snapshot, in the pool")
+	run("mount", "/dev/disk/by-uuid/"+thinClone.uuid, "/mnt/o2")
+	assert.Equal(t, "thin before", run("cat", "/mnt/o2/data"))
+	assert.Equal(t, "thin after", run("cat", "/mnt/c/data"))
+
+	// Everything removed: snapshots first (the volumes refuse otherwise),
+	// then the volumes with --wipe, which removes their LVs.
+	run("umount", "/mnt/o", "/mnt/c", "/mnt/o2")
+	ok(origin, "snapshot-delete", "--name", "s1")
+	ok(origin, "snapshot-delete", "--name", "s1") // done is done
+	ok(blk, "snapshot-delete", "--name", "fill")
+	ok(thin, "snapshot-delete", "--name", "t1")
+	for _, v := range []volume{clone, thinClone, origin, blk, thin} {
+		ok(v, "unprepare", "--wipe")
+	}
+	run("lvremove", "-q", "-y", "vg0/pool")
+	assert.Regexp(t, `^\s*lv0\s*$`, lvs(), "vg0 as before: the operator's LV only")
+	assert.Equal(t, "[]", fmt.Sprint(snapshots(origin)))
+}
