@@ -22,9 +22,14 @@ import (
 // written) against cp of its backing file in the same run, alternating:
 // on an xfs state dir with reflink (`cp --reflink=always`), and on the
 // host's ext4 (`cp --sparse=always`). Ours includes the binary's start,
-// its lock, its records and the loop device's flush.
+// its lock, its records and the loop device's flush: the binary as
+// released (make build), not the test build with failpoints.
 func BenchmarkSnapshotSparse(b *testing.B) {
 	needRoot(b)
+	release, err := testenv.ReleaseBuild(b.TempDir(), "salt-volume-exec", "cmd/salt-volume-exec")
+	if err != nil {
+		b.Fatal(err)
+	}
 	size, written := "10Gi", int64(1<<30)
 	if smoke {
 		size, written = "512Mi", 32<<20
@@ -63,7 +68,7 @@ func BenchmarkSnapshotSparse(b *testing.B) {
 		u := uuid.NewString()
 		spec := fmt.Sprintf(`{"name":"bench-snap","uuid":"%s","sparseLoopDevice":{"size":"%s"}}`, u, size)
 		exe := func(args ...string) []byte {
-			cmd := exec.Command(binary, append([]string{"--state-dir", side.stateDir, "--log-level", "error"}, args...)...)
+			cmd := exec.Command(release, append([]string{"--state-dir", side.stateDir, "--log-level", "error"}, args...)...)
 			cmd.Stdin = strings.NewReader(spec)
 			out, err := cmd.Output()
 			if err != nil {
