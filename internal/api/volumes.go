@@ -170,8 +170,10 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	case forget:
 		if v, err = s.Requests.Forget(r.Context(), name); err == nil && s.Snapshots != nil {
 			// Left on the node as the volume is: the records go with it.
-			if gone, ferr := s.Snapshots.Forget(r.Context(), []string{name}); ferr != nil || len(gone) > 0 {
-				s.Log.Warn("snapshots of a forgotten volume forgotten", "volume", name, "snapshots", gone, "error", ferr)
+			if gone, ferr := s.Snapshots.Forget(r.Context(), []string{name}); ferr != nil {
+				s.Log.Warn("forgetting the snapshots of a forgotten volume", "volume", name, "forgotten", gone, "error", ferr)
+			} else if len(gone) > 0 {
+				s.Log.Info("snapshots of a forgotten volume forgotten", "volume", name, "snapshots", gone)
 			}
 		}
 	case s.heldBySnapshots(w, r, name):
@@ -270,8 +272,10 @@ func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request) {
 		items = append(items, v.View())
 	}
 	if s.Snapshots != nil {
-		if gone, ferr := s.Snapshots.Forget(r.Context(), body.Volumes); ferr != nil || len(gone) > 0 {
-			s.Log.Warn("snapshots of a drained node's volumes forgotten", "node", node, "snapshots", gone, "error", ferr)
+		if gone, ferr := s.Snapshots.Forget(r.Context(), body.Volumes); ferr != nil {
+			s.Log.Warn("forgetting the snapshots of a drained node's volumes", "node", node, "forgotten", gone, "error", ferr)
+		} else if len(gone) > 0 {
+			s.Log.Info("snapshots of a drained node's volumes forgotten", "node", node, "snapshots", gone)
 		}
 	}
 	s.Log.Warn("node drained: its volumes are forgotten without touching any disk", "node", node, "volumes", body.Volumes)

@@ -39,7 +39,11 @@ func (f *takingSalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo, er
 	arg := f.args[jid]
 	f.mu.Unlock()
 	sp := arg[1].(spec.Spec)
-	b, _ := json.Marshal(map[string]any{"name": arg[2], "volumeUUID": sp.UUID, "method": "reflink", "size": sp.Bytes(), "allocated": 4096})
+	ans := map[string]any{"name": arg[2], "volumeUUID": sp.UUID, "method": "reflink", "size": sp.Bytes(), "allocated": 4096}
+	if sp.LVMLogicalVolume != nil {
+		ans["method"], ans["lv"] = "lvm-thick", sp.LVMLogicalVolume.VGName+"/svsnap-"+sp.UUID[:8]+"-"+arg[2].(string)
+	}
+	b, _ := json.Marshal(ans)
 	return saltapi.JobInfo{Known: true, Returns: map[string]saltapi.MinionReturn{sp.Node: {Return: b}}}, nil
 }
 
@@ -145,4 +149,37 @@ func TestDecisionCloneRefusals(t *testing.T) {
 			assert.Nil(t, s.Source, "nothing to clone from")
 		})
 	}
+}
+
+// A claim cannot restore an LVM snapshot: our classes make sparse volumes;
+// the event says how to restore it instead.
+func TestDecisionLVMSnapshotNotRestoredByAClaim(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lv := sourceVolume(func(v *volume.Volume) {
+		v.Spec.SparseLoopDevice, v.Spec.LVMLogicalVolume = nil, &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"}
+	})
+	claim := cloneClaim(func(p *corev1.PersistentVolumeClaim) {
+		g := ourGroup
+		p.Spec.DataSource = nil
+		p.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: &g, Kind: kindSnapshot, Name: "nightly"}
+	})
+	ctl, _ := follower(t, &recVolumes{vols: map[string]*volume.Volume{lv.Spec.Name: lv}}, testClass(), claim)
+	snaps := snapService(t)
+	ctl.SetSnapshots(snaps)
+	go snaps.Run(ctx, nil)
+	_, _, err := snaps.Take(ctx, lv, "nightly", "alice")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s, err := snaps.Get(ctx, "nightly")
+		return err == nil && s.Phase == snapshots.Ready
+	}, 10*time.Second, 20*time.Millisecond)
+	s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
+		SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
+	require.NoError(t, s.Validate())
+	refuse, err := ctl.withSource(ctx, claim, s)
+	require.NoError(t, err)
+	assert.Contains(t, refuse, "snapshot nightly is an LVM snapshot (vg0/svsnap-")
+	assert.Contains(t, refuse, "salt-volumes create NAME --from snapshot/nightly")
+	assert.Nil(t, s.Source)
 }

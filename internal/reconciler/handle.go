@@ -1,12 +1,12 @@
 package reconciler
 
 import (
-	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"strings"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/events"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 

@@ -18,7 +18,6 @@ package reconciler
 
 import (
 	"context"
-	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"log/slog"
 	"sync"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/metrics"
 	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 	"golang.org/x/time/rate"
