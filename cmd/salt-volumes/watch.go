@@ -87,5 +87,17 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n.Name, n.Up, beacon, committed, size, free, snaps, orphans, n.Volumes, strings.Join(ph, " "))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// LVM snapshots about to overflow are lost when they do: said under
+	// the table, not folded into a column.
+	for _, n := range items {
+		if n.Capacity != nil {
+			for _, w := range n.Capacity.SnapshotWarnings {
+				fmt.Fprintf(c.errw, "warning: %s: %s\n", n.Name, w)
+			}
+		}
+	}
+	return nil
 }

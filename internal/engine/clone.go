@@ -37,23 +37,13 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 		return false, failed("file", err, "reading %s", file)
 	}
 	src := s.Source
-	recPath, img := e.snapshotPaths(src.VolumeUUID, src.Snapshot)
-	snap, err := readSnapshot(recPath)
-	if errors.Is(err, os.ErrNotExist) || (err == nil && snap.Phase != SnapshotTaken) {
-		return false, invalid("snapshot_not_found", "source: snapshot %s of volume %s is not on this node (salt-volume-exec snapshots lists them)", src.Snapshot, src.VolumeUUID)
-	}
+	_, img := e.snapshotPaths(src.VolumeUUID, src.Snapshot)
+	snap, err := e.sourceSnapshot(s, "sparseLoopDevice.size")
 	if err != nil {
-		return false, failed("state", err, "reading snapshot %s", src.Snapshot)
+		return false, err
 	}
-	switch {
-	case snap.LV != "":
+	if snap.LV != "" {
 		return false, invalid("source_mismatch", "source: snapshot %s is an LVM snapshot (%s): its clone is an lvmLogicalVolume volume in the same volume group", src.Snapshot, snap.LV)
-	case snap.Mode != s.Mode:
-		return false, invalid("source_mismatch", "source: snapshot %s is of a %s volume: the clone must be mode %s too", src.Snapshot, snap.Mode, snap.Mode)
-	case snap.FSType != s.FSType:
-		return false, invalid("source_mismatch", "source: snapshot %s holds %s: the clone's fsType must be %s", src.Snapshot, snap.FSType, snap.FSType)
-	case snap.Size > s.SizeBytes:
-		return false, invalid("source_mismatch", "sparseLoopDevice.size: %s is smaller than snapshot %s (%s): a clone is at least as large as its source", spec.FormatSize(s.SizeBytes), src.Snapshot, spec.FormatSize(snap.Size))
 	}
 	part := file + ".clone"
 	// An interrupted run's copy is ours (the preparing record says so),
@@ -90,6 +80,30 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 		return fail(failed("file", err, "naming %s", file))
 	}
 	return grown, nil
+}
+
+// sourceSnapshot reads the snapshot clone s is made from and checks what
+// every clone shares with its source: its mode, its filesystem, and at
+// least its size (sizeField names the spec's size).
+func (e *Engine) sourceSnapshot(s *spec.Spec, sizeField string) (*Snapshot, error) {
+	src := s.Source
+	recPath, _ := e.snapshotPaths(src.VolumeUUID, src.Snapshot)
+	snap, err := readSnapshot(recPath)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && snap.Phase != SnapshotTaken) {
+		return nil, invalid("snapshot_not_found", "source: snapshot %s of volume %s is not on this node (salt-volume-exec snapshots lists them)", src.Snapshot, src.VolumeUUID)
+	}
+	if err != nil {
+		return nil, failed("state", err, "reading snapshot %s", src.Snapshot)
+	}
+	switch {
+	case snap.Mode != s.Mode:
+		return nil, invalid("source_mismatch", "source: snapshot %s is of a %s volume: the clone must be mode %s too", src.Snapshot, snap.Mode, snap.Mode)
+	case snap.FSType != s.FSType:
+		return nil, invalid("source_mismatch", "source: snapshot %s holds %s: the clone's fsType must be %s", src.Snapshot, snap.FSType, snap.FSType)
+	case snap.Size > s.SizeBytes:
+		return nil, invalid("source_mismatch", "%s: %s is smaller than snapshot %s (%s): a clone is at least as large as its source", sizeField, spec.FormatSize(s.SizeBytes), src.Snapshot, spec.FormatSize(snap.Size))
+	}
+	return snap, nil
 }
 
 // newIdentity gives the copy (a file, or an LV's device) the volume's

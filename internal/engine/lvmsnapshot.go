@@ -252,27 +252,16 @@ func (e *Engine) lvmFill(snaps []*Snapshot) {
 // lvmSource reads the LVM snapshot a new LVM volume is cloned from and
 // checks that the clone fits it.
 func (e *Engine) lvmSource(s *spec.Spec) (*Snapshot, error) {
-	src := s.Source
-	recPath, _ := e.snapshotPaths(src.VolumeUUID, src.Snapshot)
-	snap, err := readSnapshot(recPath)
-	if errors.Is(err, os.ErrNotExist) || (err == nil && snap.Phase != SnapshotTaken) {
-		return nil, invalid("snapshot_not_found", "source: snapshot %s of volume %s is not on this node (salt-volume-exec snapshots lists them)", src.Snapshot, src.VolumeUUID)
-	}
+	snap, err := e.sourceSnapshot(s, "lvmLogicalVolume.size")
 	if err != nil {
-		return nil, failed("state", err, "reading snapshot %s", src.Snapshot)
+		return nil, err
 	}
 	vg, _ := splitLV(snap.LV)
 	switch {
 	case snap.LV == "":
-		return nil, invalid("source_mismatch", "source: snapshot %s is a copy of a sparse volume's file: its clone is a sparseLoopDevice volume", src.Snapshot)
+		return nil, invalid("source_mismatch", "source: snapshot %s is a copy of a sparse volume's file: its clone is a sparseLoopDevice volume", snap.Name)
 	case vg != s.LVMLogicalVolume.VGName:
-		return nil, invalid("source_mismatch", "lvmLogicalVolume.vgName: snapshot %s is in volume group %s: its clone is made there too", src.Snapshot, vg)
-	case snap.Mode != s.Mode:
-		return nil, invalid("source_mismatch", "source: snapshot %s is of a %s volume: the clone must be mode %s too", src.Snapshot, snap.Mode, snap.Mode)
-	case snap.FSType != s.FSType:
-		return nil, invalid("source_mismatch", "source: snapshot %s holds %s: the clone's fsType must be %s", src.Snapshot, snap.FSType, snap.FSType)
-	case snap.Size > s.SizeBytes:
-		return nil, invalid("source_mismatch", "lvmLogicalVolume.size: %s is smaller than snapshot %s (%s): a clone is at least as large as its source", spec.FormatSize(s.SizeBytes), src.Snapshot, spec.FormatSize(snap.Size))
+		return nil, invalid("source_mismatch", "lvmLogicalVolume.vgName: snapshot %s is in volume group %s: its clone is made there too", snap.Name, vg)
 	}
 	return snap, nil
 }

@@ -529,6 +529,14 @@ def test_beacon_fires_when_snapshots_come_or_grow(beacon):
     beacon.doc["capacity"]["snapshotBytes"] += beacon.doc["capacity"]["size"] // 50
     beacon.beacon(cfg)
     assert len(beacon.fired) == 3
+    # An LVM snapshot's warning is news at once, and again when it moves
+    # up a step; the same warning is not.
+    warn = "snapshot nightly of db: its copy-on-write space is over {}% full"
+    for step, fired in ((80, 4), (80, 4), (90, 5)):
+        beacon.clock[0] += 10
+        beacon.doc["capacity"]["snapshotWarnings"] = [warn.format(step)]
+        beacon.beacon(cfg)
+        assert len(beacon.fired) == fired, step
 
 
 @pytest.mark.parametrize("args,field", [

@@ -455,6 +455,18 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Equal(t, before, run("cat", "/mnt/c/kept"), "the clone holds the origin's file, both mounted at once")
 	run("umount", "/mnt/c", "/mnt/v")
 	assert.Equal(t, lvCopy.Spec.UUID, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/boot-lvcopy"))
+	// 6.75Mi written to the origin fill the snapshot's 8Mi past 80 %: the
+	// node's beacon reports the warning, which serve shows under the
+	// nodes table and counts in its metrics.
+	run("mount", "/dev/vg0/boot-lvfs", "/mnt/v")
+	run("dd", "if=/dev/urandom", "of=/mnt/v/fill", "bs=64K", "count=108", "oflag=direct", "conv=fsync", "status=none")
+	run("rm", "/mnt/v/fill")
+	run("umount", "/mnt/v")
+	eventually(t, 2*time.Minute, "the snapshot's warning reported by the beacon", func() (bool, string) {
+		_, errs, _ := p.CLI("nodes")
+		return strings.Contains(errs, "warning: "+guestID+": snapshot lv-nightly of boot-lvfs: its copy-on-write space is over 80% full"), errs
+	})
+	assert.Equal(t, 1.0, p.Metric(`salt_volumes_node_snapshot_warnings{node="`+guestID+`"}`))
 	_, errs, code = p.CLI("rm", "boot-lvfs")
 	assert.Equal(t, 3, code, "a volume with a snapshot is not deleted: %s", errs)
 	assert.Contains(t, errs, "lv-nightly")
