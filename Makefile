@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell scripts/version.sh 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build dist image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke load fuzz install salt-files clean \
+.PHONY: all setup build dist image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke smoke-bench smoke-load load fuzz install salt-files clean \
         vagrant-host vagrant-box vagrant-up vagrant-e2e vagrant-down vagrant-validate
 
 all: build
@@ -53,22 +53,23 @@ demo: setup build
 # Unit and integration tests. Integration tests need root and loop devices;
 # without them they skip and say why.
 # The two suites that boot guests under emulation (test/packages, about
-# 17 min, and test/booted, about 8-10) run one after the other in a lane of
+# 16 min, and test/booted, about 9-12) run one after the other in a lane of
 # their own, one package at a time, started first, then the benchmarks'
-# smoke pass (about 4 min). The other lane runs the checks (lint, pytest,
-# the race detector), then everything else one package at a time: about
-# as long (25-28 min each in CI).
+# smoke pass (about 3.5 min). The other lane runs the checks (lint, pytest,
+# the race detector), then everything else one package at a time, then the
+# load test's smoke run: about as long (30-33 min each in CI).
 GUEST_SUITES := ./test/packages/ ./test/booted/
 test: setup
 	@rm -f test-results/adversarial.txt test-results/guest-suites.log
 	@mkdir -p test-results
 	@{ $(GO) test -count=1 -p 1 -timeout 40m $(GUEST_SUITES); g=$$?; \
-	   $(MAKE) --no-print-directory bench-smoke; b=$$?; \
+	   $(MAKE) --no-print-directory smoke-bench; b=$$?; \
 	   [ $$g -eq 0 ] && [ $$b -eq 0 ]; } >test-results/guest-suites.log 2>&1 & guests=$$!; \
 	  $(MAKE) --no-print-directory lint pytest vagrant-validate promtool race; prc=$$?; \
 	  $(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v -e '/test/packages$$' -e '/test/booted$$'); rc=$$?; \
+	  $(MAKE) --no-print-directory smoke-load; lrc=$$?; \
 	  wait $$guests; grc=$$?; cat test-results/guest-suites.log; \
-	  [ $$prc -eq 0 ] && [ $$rc -eq 0 ] && [ $$grc -eq 0 ]
+	  [ $$prc -eq 0 ] && [ $$rc -eq 0 ] && [ $$lrc -eq 0 ] && [ $$grc -eq 0 ]
 	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
 
 # The Salt matrix: every Salt-facing suite against the newest installable
@@ -83,9 +84,11 @@ test-salt: setup
 # Every benchmark once at a tiny size, and the load test for a few seconds,
 # so that none of them rots unseen (part of make test; the figures come
 # from make bench, these land in test-results/bench-metrics-smoke.txt).
-bench-smoke:
+bench-smoke: smoke-bench smoke-load
+smoke-bench:
 	@mkdir -p test-results; rm -f test-results/bench-metrics-smoke.txt
 	SALT_VOLUMES_BENCH_SMOKE=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/bench/
+smoke-load:
 	SALT_VOLUMES_LOAD=1 LOAD_VOLUMES=200 LOAD_WATCHERS=20 LOAD_RATE=10 LOAD_SECONDS=3 $(GO) test -count=1 -run TestLoad -v -timeout 5m ./test/load/
 
 # The alert rules shipped in deploy/monitoring, checked by Prometheus's own
