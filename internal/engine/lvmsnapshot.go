@@ -50,7 +50,6 @@ func splitLV(vglv string) (vg, lv string) {
 // finds the LV by name and adopts it by its tag.
 func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, name string, opts SnapshotOptions) (*Snapshot, error) {
 	s := rec.Spec
-	vg := s.LVMLogicalVolume.VGName
 	o := opFor(e, s)
 	recPath, _ := e.snapshotPaths(s.UUID, name)
 	old, err := readSnapshot(recPath)
@@ -68,19 +67,20 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 	case err != nil && !errors.Is(err, os.ErrNotExist):
 		return nil, failed("state", err, "reading snapshot %s of %s", name, s.Name)
 	}
-	origin, err := lvm.GetLV(ctx, vg, s.Name)
-	switch {
-	case err != nil:
-		return nil, failed("lvm", err, "reading logical volume %s/%s", vg, s.Name)
-	case origin == nil || origin.UUID != rec.LVUUID:
-		return nil, failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for volume %s, is not on this node: nothing to snapshot", vg, s.Name, rec.LVUUID, s.Name)
+	origin, err := snapshotOrigin(ctx, rec)
+	if err != nil {
+		return nil, err
 	}
+	vg := origin.VG
 	lvName, tag := snapshotLVName(s.UUID, name), snapshotTag(s.UUID, name)
 	snap := &Snapshot{Version: 1, Name: name, Volume: s.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
 		Mode: s.Mode, FSType: s.FSType, LV: vg + "/" + lvName, Size: origin.Size, Method: MethodLVMThick}
 	thin := origin.Pool != ""
 	if thin {
 		snap.Method = MethodLVMThin
+		if opts.COWSize > 0 {
+			return nil, invalid("size_not_taken", "size: %s/%s is a thin LV: its snapshots share thin pool %s/%s and set no space aside: leave the size out", vg, origin.Name, vg, origin.Pool)
+		}
 	}
 	if old != nil {
 		// A run killed after its record: what it found then stands.
@@ -116,7 +116,7 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 			return nil, failed("state", err, "recording snapshot %s", name)
 		}
 		o.step("snapshot-recorded", "snapshot", name, "lv", snap.LV)
-		if err := lvm.Snapshot(ctx, vg, s.Name, lvName, snap.COWSize, false, tag); err != nil {
+		if err := lvm.Snapshot(ctx, vg, origin.Name, lvName, snap.COWSize, false, tag); err != nil {
 			return nil, failed("lvcreate", err, "taking snapshot %s of %s", name, s.Name)
 		}
 		o.step("snapshot-lv-created", "lv", snap.LV, "method", string(snap.Method))
@@ -135,6 +135,48 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 	o.step("snapshot-taken", "snapshot", name, "method", string(snap.Method))
 	e.lvmFill([]*Snapshot{snap})
 	return snap, nil
+}
+
+// snapshotOrigin is the LV a volume's LVM snapshots are taken of: the one
+// salt-volumes created for an lvmLogicalVolume, checked by its recorded
+// LVM UUID, or the operator's LV a rawBlockDevice volume is on, found by
+// the device-mapper UUID of the device it was prepared on. A raw volume
+// on anything else has nothing to take a snapshot with.
+func snapshotOrigin(ctx context.Context, rec *nodestate.Record) (*lvm.LV, error) {
+	s := rec.Spec
+	if l := s.LVMLogicalVolume; l != nil {
+		origin, err := lvm.GetLV(ctx, l.VGName, s.Name)
+		switch {
+		case err != nil:
+			return nil, failed("lvm", err, "reading logical volume %s/%s", l.VGName, s.Name)
+		case origin == nil || origin.UUID != rec.LVUUID:
+			return nil, failed("lv_missing", nil, "logical volume %s/%s (LVM UUID %s), which salt-volumes created for volume %s, is not on this node: nothing to snapshot", l.VGName, s.Name, rec.LVUUID, s.Name)
+		}
+		return origin, nil
+	}
+	dev := deviceOf(rec)
+	if dev == "" {
+		return nil, failed("device_missing", nil, "volume %s: its device %s (%s when prepared) is not on this node: nothing to snapshot", s.Name, s.RawBlockDevice.DevicePath, rec.Device)
+	}
+	dmu := dmUUID(dev)
+	if !strings.HasPrefix(dmu, "LVM-") {
+		return nil, refused("snapshot_unsupported", "volume %s is on %s (/dev/%s), a disk or partition, not an LVM logical volume: there is nothing on this node to take a snapshot of it with (sparse and LVM volumes, and raw volumes on an LV, have snapshots)", s.Name, s.RawBlockDevice.DevicePath, dev)
+	}
+	lvs, err := lvm.List(ctx)
+	if err != nil {
+		return nil, failed("lvm", err, "reading the logical volumes")
+	}
+	for i := range lvs {
+		lv := &lvs[i]
+		if lv.DMUUID() != dmu {
+			continue
+		}
+		if lv.Origin != "" && lv.Pool == "" {
+			return nil, refused("snapshot_unsupported", "volume %s is on %s/%s, a thick LVM snapshot: LVM takes no snapshot of a thick snapshot; take it of %s/%s instead", s.Name, lv.VG, lv.Name, lv.VG, lv.Origin)
+		}
+		return lv, nil
+	}
+	return nil, failed("lv_missing", nil, "volume %s is on /dev/%s, device-mapper UUID %s, and LVM lists no logical volume with it: nothing to snapshot", s.Name, dev, dmu)
 }
 
 // cowSize is a thick snapshot's copy-on-write space: asked, or a quarter of

@@ -108,10 +108,7 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	if rec == nil || rec.Phase != nodestate.PhasePrepared {
 		return nil, refused("not_prepared", "volume %s (%s) is not prepared on this node: nothing to snapshot", s.Name, s.UUID)
 	}
-	switch {
-	case rec.Spec.RawBlockDevice != nil:
-		return nil, refused("snapshot_unsupported", "volume %s is a raw device: there is nothing on this node to snapshot a bare disk with (a snapshot needs a sparse file, or an LVM volume)", s.Name)
-	case rec.Spec.LVMLogicalVolume != nil:
+	if rec.Spec.SparseLoopDevice == nil {
 		return e.takeLVMSnapshot(ctx, rec, name, opts)
 	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
@@ -279,6 +276,15 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 // Snapshots lists the snapshots of volume uuid ("" for every volume's),
 // by volume then name, LVM snapshots with their fill level as of now.
 func (e *Engine) Snapshots(uuid string) ([]*Snapshot, error) {
+	out, err := e.snapshotRecords(uuid)
+	if err == nil {
+		e.lvmFill(out)
+	}
+	return out, err
+}
+
+// snapshotRecords is Snapshots as recorded, without asking LVM.
+func (e *Engine) snapshotRecords(uuid string) ([]*Snapshot, error) {
 	root := filepath.Join(e.State.Root, "snapshots")
 	pattern := filepath.Join(root, "*", "*.json")
 	if uuid != "" {
@@ -296,7 +302,6 @@ func (e *Engine) Snapshots(uuid string) ([]*Snapshot, error) {
 		}
 		out = append(out, s)
 	}
-	e.lvmFill(out)
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].VolumeUUID != out[j].VolumeUUID {
 			return out[i].VolumeUUID < out[j].VolumeUUID

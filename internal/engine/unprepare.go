@@ -50,7 +50,7 @@ func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOpti
 	}
 	// Its snapshots go first, by name: removing the volume never takes
 	// them along unasked.
-	if snaps, err := e.Snapshots(s.UUID); err != nil {
+	if snaps, err := e.snapshotRecords(s.UUID); err != nil {
 		return nil, err
 	} else if len(snaps) > 0 {
 		names := make([]string, 0, len(snaps))

@@ -231,11 +231,9 @@ func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone
 		return Snapshot{}, false, &Error{400, "name", fmt.Sprintf("name: %q is not a snapshot name: lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit", name)}
 	}
 	switch {
-	case v.Spec.RawBlockDevice != nil:
-		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is a raw device: there is nothing on a bare disk or partition to take a snapshot with (sparse and LVM volumes have snapshots)", v.Spec.Name)}
-	case cow < 0 || (cow > 0 && v.Spec.LVMLogicalVolume == nil):
+	case cow < 0 || (cow > 0 && v.Spec.SparseLoopDevice != nil):
 		return Snapshot{}, false, &Error{400, "size", fmt.Sprintf("size: only a thick LVM snapshot sets space aside; volume %s takes no size (leave it out)", v.Spec.Name)}
-	case cow > 0 && v.Spec.LVMLogicalVolume.ThinPool != "":
+	case cow > 0 && v.Spec.LVMLogicalVolume != nil && v.Spec.LVMLogicalVolume.ThinPool != "":
 		return Snapshot{}, false, &Error{400, "size", fmt.Sprintf("size: volume %s is a thin LV: its snapshots share its pool and take no size (leave it out)", v.Spec.Name)}
 	case v.DeleteRequested:
 		return Snapshot{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to take a snapshot of", v.Spec.Name)}

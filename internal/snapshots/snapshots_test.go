@@ -116,8 +116,6 @@ func TestTakeSettleAndDelete(t *testing.T) {
 func TestRefusalsNameTheFieldAndWriteNothing(t *testing.T) {
 	s, _, v := setup(t)
 	ctx := context.Background()
-	raw := v.Clone()
-	raw.Spec.SparseLoopDevice, raw.Spec.RawBlockDevice = nil, &spec.RawBlockDevice{DevicePath: "/dev/sdb"}
 	pending := v.Clone()
 	pending.Status.Phase = volume.Pending
 	other := v.Clone()
@@ -133,7 +131,6 @@ func TestRefusalsNameTheFieldAndWriteNothing(t *testing.T) {
 	}{
 		{v, "Before_Upgrade", "name", 400, "not a snapshot name"},
 		{v, "a.b", "name", 400, "not a snapshot name"},
-		{raw, "s", "volume", 422, "raw device"},
 		{pending, "s", "volume", 409, "once it is Available"},
 		{other, "taken", "name", 409, "is volume data-1's"},
 	} {
@@ -185,6 +182,25 @@ func TestLVMSnapshotCarriesItsSize(t *testing.T) {
 	require.NoError(t, err)
 	s.pass(ctx)
 	assert.Nil(t, f.kwargs[1], "a deletion takes no size")
+}
+
+// Only the node knows whether a raw device is an operator's LV: a raw
+// volume's snapshot, size and all, goes to it; its refusal comes back.
+func TestRawVolumeSnapshotIsTheNodesCall(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	v.Spec.SparseLoopDevice, v.Spec.RawBlockDevice = nil, &spec.RawBlockDevice{DevicePath: "/dev/vg0/db"}
+	_, _, err := s.TakeFor(ctx, v, "onlv", "", "", 32<<20)
+	require.NoError(t, err)
+	s.pass(ctx)
+	assert.Equal(t, FunApply+" taken onlv", f.launched[0])
+	assert.Equal(t, map[string]any{"size": "33554432"}, f.kwargs[0])
+	f.answer("1", 3, "ERROR: volume data-1 is on /dev/sdb (/dev/sdb), a disk or partition, not an LVM logical volume")
+	s.pass(ctx)
+	got, err := s.Get(ctx, "onlv")
+	require.NoError(t, err)
+	assert.Equal(t, Failed, got.Phase)
+	assert.Contains(t, got.Message, "not an LVM logical volume")
 }
 
 func TestFailuresLostJobsAndOldMinions(t *testing.T) {

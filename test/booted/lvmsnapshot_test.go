@@ -20,8 +20,9 @@ import (
 // of the size asked, their fill level and the warning before they
 // overflow, thin ones of a thin LV; clones of both mounted beside their
 // origins with the old content and a UUID of their own; a run killed after
-// every step of a snapshot and of a clone converges when run again. All of
-// it is removed again: vg0 is as before.
+// every step of a snapshot and of a clone converges when run again; a raw
+// volume on an operator's LV gets that LV's snapshots, one on a disk is
+// refused. All of it is removed again: vg0 is as before.
 func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	started := time.Now()
 	defer func() {
@@ -175,6 +176,51 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 		ok(v, "unprepare", "--wipe")
 	}
 	run("lvremove", "-q", "-y", "vg0/pool")
+
+	// A raw volume on an LV of the operator's: its snapshot is an LVM
+	// snapshot of that LV (tagged ours, killed after each step), its clone
+	// a new LV with the old content; deleting the volume leaves the
+	// operator's LV where it was. A raw volume on a disk is refused.
+	run("lvcreate", "-q", "-y", "-n", "oplv", "-L", "16M", "vg0")
+	rawU := uuid.NewString()
+	onLV := volume{"snap-raw", rawU, fmt.Sprintf(`{"name":"snap-raw","uuid":%q,"rawBlockDevice":{"devicePath":"/dev/vg0/oplv"}}`, rawU)}
+	ok(onLV, "prepare")
+	run("mkdir", "-p", "/mnt/r", "/mnt/rc")
+	run("mount", "/dev/vg0/oplv", "/mnt/r")
+	write("/mnt/r", "raw before")
+	r1 := crashEach(onLV, []string{"snapshot-recorded", "snapshot-lv-created"}, "snapshot", "--name", "r1", "--size", "8Mi")
+	assert.Equal(t, "lvm-thick", r1["method"])
+	assert.Equal(t, float64(8<<20), r1["cowSize"])
+	assert.Regexp(t, `(?m)^\s*svsnap-`+rawU[:8]+`-r1\s+salt-volumes.io/uuid=`+rawU+`/snapshot=r1\s+oplv\s*$`, lvs(), "a snapshot LV of the operator's LV, tagged as ours")
+	write("/mnt/r", "raw after")
+	rawClone := newVol("snap-raw-c", `{"vgName":"vg0","size":"16Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"r1"}`, rawU))
+	ok(rawClone, "prepare")
+	run("mount", "/dev/disk/by-uuid/"+rawClone.uuid, "/mnt/rc")
+	assert.Equal(t, "raw before", run("cat", "/mnt/rc/data"), "the clone of the operator's LV holds the snapshot's content")
+	assert.Equal(t, "raw after", run("cat", "/mnt/r/data"))
+	assert.NotEqual(t, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/oplv"), run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/snap-raw-c"), "both mounted at once, each with its UUID")
+	run("umount", "/mnt/rc", "/mnt/r")
+	out, err = exe(onLV, nil, "unprepare")
+	require.Error(t, err, out)
+	assert.Contains(t, out, "has snapshots (r1)")
+	ok(onLV, "snapshot-delete", "--name", "r1")
+	ok(onLV, "unprepare")
+	ok(rawClone, "unprepare", "--wipe")
+	assert.Regexp(t, `(?m)^\s*oplv\s*$`, lvs(), "the operator's LV stays, untagged, its snapshot gone")
+	run("lvremove", "-q", "-y", "vg0/oplv")
+	run("truncate", "-s", "16M", "/root/disk.img")
+	loop := run("losetup", "-f", "--show", "/root/disk.img")
+	onDisk := volume{"snap-disk", uuid.NewString(), ""}
+	onDisk.spec = fmt.Sprintf(`{"name":"snap-disk","uuid":%q,"rawBlockDevice":{"devicePath":%q}}`, onDisk.uuid, loop)
+	ok(onDisk, "prepare")
+	out, err = exe(onDisk, nil, "snapshot", "--name", "d1")
+	require.Error(t, err, out)
+	assert.Contains(t, err.Error(), "exit status 3", "refused")
+	assert.Contains(t, out, "not an LVM logical volume: there is nothing on this node to take a snapshot of it with")
+	assert.Equal(t, "[]", fmt.Sprint(snapshots(onDisk)), "nothing recorded")
+	ok(onDisk, "unprepare")
+	run("losetup", "-d", loop)
+	run("rm", "/root/disk.img")
 	assert.Regexp(t, `^\s*lv0\s*$`, lvs(), "vg0 as before: the operator's LV only")
 	assert.Equal(t, "[]", fmt.Sprint(snapshots(origin)))
 }

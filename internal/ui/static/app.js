@@ -379,8 +379,9 @@ function renderDetail() {
 
 function renderSnapshots(v) {
   const lv = v.spec.lvmLogicalVolume;
-  $("#snapshot-form").hidden = !v.spec.sparseLoopDevice && !lv;
-  $("#snapshot-size").hidden = !lv || !!lv.thinPool;
+  // A raw volume's snapshot is the node's call (only an operator's LV has
+  // one): the form is there, its refusal shows in the table.
+  $("#snapshot-size").hidden = !!v.spec.sparseLoopDevice || !!(lv && lv.thinPool);
   const tbody = $("#vol-snapshots tbody");
   tbody.replaceChildren();
   const items = state.detail.snapshots || [];
