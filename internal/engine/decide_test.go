@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
@@ -172,4 +173,16 @@ func TestLabelsOf(t *testing.T) {
 	assert.Equal(t, []wantedLabel{{"LABEL", "data2"}}, labelsOf(s, nil))
 	s.MkfsOptions = nil
 	assert.Empty(t, labelsOf(s, nil))
+}
+
+func TestValidSnapshotName(t *testing.T) {
+	for n, want := range map[string]bool{
+		"a": true, "nightly": true, "before-upgrade.1": true, "0": true, strings.Repeat("a", 63): true,
+		"": false, "-a": false, "a-": false, ".a": false, "a.": false, "A": false, "a_b": false, "a/b": false,
+		strings.Repeat("a", 64): false, "é": false,
+	} {
+		if got := validSnapshotName(n); got != want {
+			t.Errorf("validSnapshotName(%q) = %v, want %v", n, got, want)
+		}
+	}
 }

@@ -25,7 +25,8 @@ const (
 )
 
 // Copy copies src into a new file dst (refused if dst exists), synced to
-// disk, and says how. On an error dst is removed.
+// disk (on xfs, a reflink with the caller's next fsync there: see
+// orderedLog), and says how. On an error dst is removed.
 func Copy(src, dst string) (m Method, err error) {
 	in, err := os.Open(src)
 	if err != nil {
@@ -58,10 +59,25 @@ func Copy(src, dst string) (m Method, err error) {
 			return "", err
 		}
 	}
+	if m == Reflink && orderedLog(out) {
+		return m, nil
+	}
 	if err = out.Sync(); err != nil {
 		return "", err
 	}
 	return m, nil
+}
+
+// orderedLog: f is on xfs, where a reflink is a run of logged
+// transactions and the log reaches the disk in order: whatever the
+// caller fsyncs next on that filesystem (its record) makes the copy
+// durable too, and a crash before then leaves a prefix of the history,
+// never a named copy without its extents. Skipping the copy's own fsync
+// saves one log force (0.6 ms of a 4.5 ms snapshot). btrfs logs each
+// fsynced inode on its own: there the copy is synced itself.
+func orderedLog(f *os.File) bool {
+	var st unix.Statfs_t
+	return unix.Fstatfs(int(f.Fd()), &st) == nil && st.Type == unix.XFS_SUPER_MAGIC
 }
 
 // unsupported: the filesystem (or the pair of them) cannot share extents.
