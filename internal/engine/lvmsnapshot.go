@@ -94,6 +94,7 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 		return nil, refused("lv_not_ours", "logical volume %s/%s exists and is not snapshot %s of %s (it lacks the tag %s): not touching it; take the snapshot under another name", vg, lvName, name, s.Name, tag)
 	}
 	start := time.Now()
+	takenAt := start
 	if lv == nil {
 		if !thin {
 			cow, err := e.cowSize(ctx, vg, origin, opts.COWSize)
@@ -123,12 +124,19 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 		if lv, err = lvm.GetLV(ctx, vg, lvName); err != nil || lv == nil {
 			return nil, failed("lvm", err, "reading snapshot %s back", snap.LV)
 		}
-	} else if !thin && snap.COWSize == 0 {
-		snap.COWSize = lv.Size // adopted after a crash: lvs gives a snapshot's COW size
+	} else {
+		// Adopted after a crash: the LV was made by the run killed, and
+		// then the data froze; lvs gives a thick snapshot's COW size.
+		if !thin && snap.COWSize == 0 {
+			snap.COWSize = lv.Size
+		}
+		if !lv.Created.IsZero() {
+			takenAt = lv.Created
+		}
 	}
 	snap.LVUUID, snap.Allocated = lv.UUID, snap.COWSize
 	snap.Took = time.Since(start).Round(time.Millisecond).String()
-	snap.Phase, snap.TakenAt = SnapshotTaken, start.UTC()
+	snap.Phase, snap.TakenAt = SnapshotTaken, takenAt.UTC()
 	if err := writeSnapshot(recPath, snap); err != nil {
 		return nil, failed("state", err, "recording snapshot %s", name)
 	}

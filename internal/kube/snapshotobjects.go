@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
@@ -201,10 +203,23 @@ func (o *SnapshotObjects) sync(ctx context.Context, key string) (again bool, err
 			return true, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Pending, Volume: v.Spec.Name, Node: v.Spec.Node},
 				fmt.Sprintf("waiting for volume %s to be Available (it is %s)", v.Spec.Name, v.Status.Phase))
 		}
-		snap, _, err = o.Snapshots.Take(ctx, v, snapName, "k8s:volumesnapshot "+key)
+		failed := func(msg string) error {
+			return o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed, Volume: v.Spec.Name, Node: v.Spec.Node}, msg)
+		}
+		var cow int64
+		if q, _, _ := unstructured.NestedString(u.Object, "spec", "copyOnWriteSize"); q != "" {
+			if cow, err = spec.ParseSize(q); err != nil || cow <= 0 {
+				return false, failed(fmt.Sprintf("spec.copyOnWriteSize: %q is not a size: write it like 2Gi or 512Mi", q))
+			}
+		}
+		snap, _, err = o.Snapshots.TakeFor(ctx, v, snapName, "k8s:volumesnapshot "+key, "", cow)
 		var se *snapshots.Error
 		if errors.As(err, &se) {
-			return false, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed, Volume: v.Spec.Name, Node: v.Spec.Node}, se.Msg)
+			msg := se.Msg
+			if se.Field == "size" {
+				msg = "spec.copyOnWriteSize" + strings.TrimPrefix(msg, "size")
+			}
+			return false, failed(msg)
 		}
 	}
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ErrNoVG: the volume group does not exist on this machine.
@@ -44,6 +45,8 @@ type LV struct {
 	// Invalid: a thick snapshot whose copy-on-write space overflowed
 	// (lv_attr's state 'I'): LVM dropped it, its data is lost.
 	Invalid bool
+	// Created is when LVM made the LV (lv_time; zero if unreadable).
+	Created time.Time
 }
 
 // DMUUID is the device-mapper UUID of an LV, the name udev gives its
@@ -136,6 +139,10 @@ func ParseLVs(b []byte) ([]LV, error) {
 		if t := r["lv_tags"]; t != "" {
 			l.Tags = strings.Split(t, ",")
 		}
+		// LVM's default report/time_format; another one leaves it zero.
+		if c, err := time.Parse("2006-01-02 15:04:05 -0700", r["lv_time"]); err == nil {
+			l.Created = c.UTC()
+		}
 		out = append(out, l)
 	}
 	return out, nil
@@ -170,7 +177,7 @@ func GetVG(ctx context.Context, name string) (*VG, error) {
 	return nil, fmt.Errorf("%q: %w", name, ErrNoVG)
 }
 
-const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path,pool_lv,origin,data_percent,lv_attr"
+const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path,pool_lv,origin,data_percent,lv_attr,lv_time"
 
 // GetLV reads the LV named name in vg; nil if there is none.
 func GetLV(ctx context.Context, vg, name string) (*LV, error) {

@@ -2,6 +2,7 @@ package lvm
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,7 +36,7 @@ func TestParseReports(t *testing.T) {
 
 	// A thick snapshot 85.5 % full, and one that overflowed.
 	snaps, err := ParseLVs([]byte(`{"report":[{"lv":[
-	  {"lv_name":"s1","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"85.50","lv_attr":"swi-a-s---"},
+	  {"lv_name":"s1","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"85.50","lv_attr":"swi-a-s---","lv_time":"2026-11-27 09:21:22 +0100"},
 	  {"lv_name":"s2","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"100.00","lv_attr":"swi-I-s---"},
 	  {"lv_name":"t1","vg_name":"vg0","lv_size":"8388608","origin":"thin","pool_lv":"pool","data_percent":"","lv_attr":"Vwi---tz-k"}]}]}`))
 	require.NoError(t, err)
@@ -43,6 +44,8 @@ func TestParseReports(t *testing.T) {
 	assert.Equal(t, "data", snaps[0].Origin)
 	assert.False(t, snaps[0].Invalid)
 	assert.True(t, snaps[1].Invalid, "state I: overflowed")
+	assert.Equal(t, time.Date(2026, 11, 27, 8, 21, 22, 0, time.UTC), snaps[0].Created, "lv_time, in UTC")
+	assert.True(t, snaps[1].Created.IsZero(), "no lv_time: zero")
 	assert.Equal(t, "pool", snaps[2].Pool)
 	assert.Equal(t, -1.0, snaps[2].DataPercent, "inactive: no percent")
 

@@ -92,6 +92,10 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	assert.Equal(t, "vg0/svsnap-"+origin.uuid[:8]+"-s1", s1["lv"])
 	assert.Regexp(t, `(?m)^\s*svsnap-`+origin.uuid[:8]+`-s1\s+salt-volumes.io/uuid=`+origin.uuid+`/snapshot=s1\s+snap-thick\s*$`, lvs(), "one snapshot LV, tagged as ours, of the origin")
 	assert.Equal(t, originDev, byUUID(origin.uuid), "the volume's by-uuid link still names the origin, not the snapshot that shares its UUID")
+	// Adopted by the last run: taken when LVM made the LV, not then.
+	made, err := time.Parse("2006-01-02 15:04:05 -0700", run("lvs", "--noheadings", "-o", "lv_time", "vg0/svsnap-"+origin.uuid[:8]+"-s1"))
+	require.NoError(t, err)
+	assert.Equal(t, made.UTC().Format(time.RFC3339), s1["takenAt"].(string)[:19]+"Z", "takenAt is the LV's creation")
 	again := ok(origin, "snapshot", "--name", "s1", "--size", "16Mi")
 	assert.Equal(t, s1["lvUUID"], again["lvUUID"], "taking it again answers the snapshot taken")
 	write("/mnt/o", "after")
@@ -204,9 +208,14 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	require.Error(t, err, out)
 	assert.Contains(t, out, "has snapshots (r1)")
 	ok(onLV, "snapshot-delete", "--name", "r1")
-	ok(onLV, "unprepare")
+	// --wipe zeroes the operator's LV (the volumes through serve later
+	// get these extents, and refuse a signature left on them) and leaves
+	// it where it was.
+	ok(onLV, "unprepare", "--wipe")
 	ok(rawClone, "unprepare", "--wipe")
 	assert.Regexp(t, `(?m)^\s*oplv\s*$`, lvs(), "the operator's LV stays, untagged, its snapshot gone")
+	sig, _ := g.Run("blkid", "-p", "-o", "value", "-s", "TYPE", "/dev/vg0/oplv") // exit 2: nothing found
+	assert.Empty(t, strings.TrimSpace(sig), "wiped")
 	run("lvremove", "-q", "-y", "vg0/oplv")
 	run("truncate", "-s", "16M", "/root/disk.img")
 	loop := run("losetup", "-f", "--show", "/root/disk.img")

@@ -92,6 +92,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 				t.Logf("--- journal of the guest in %s\n%s", g.Dir, out)
 				t.Logf("--- its console\n%s", g.Tail(3000))
 			}
+			t.Logf("qemu's translation cache in %s: %s", g.Dir, g.JIT())
 			g.Stop()
 		})
 	}
@@ -99,9 +100,11 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	binDir := t.TempDir()
 	require.NoError(t, testenv.Build(binDir, "salt-volumes"))
 	formulaBin := filepath.Join(repo, "salt", "states", "salt_volumes", "files", "salt-volume-exec")
-	if _, err := os.Stat(formulaBin); err != nil {
-		// What make salt-files does; the file is ignored by git.
-		require.NoError(t, testenv.BuildAs(filepath.Dir(formulaBin), "salt-volume-exec", "cmd/salt-volume-exec"))
+	// What make salt-files does (the file is ignored by git), every time:
+	// one left by an earlier build would test that build's code.
+	_, statErr := os.Stat(formulaBin)
+	require.NoError(t, testenv.BuildAs(filepath.Dir(formulaBin), "salt-volume-exec", "cmd/salt-volume-exec"))
+	if statErr != nil {
 		t.Cleanup(func() { os.Remove(formulaBin) })
 	}
 	b, b2 := waitBoot(), waitBoot2()

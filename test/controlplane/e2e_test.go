@@ -401,7 +401,7 @@ func TestEndToEnd(t *testing.T) {
 		v := getJSON(t, p, "ghost-1")
 		assert.Equal(t, volume.Failed, v.Status.Phase)
 		assert.Equal(t, "NodeNotFound", v.Status.Reason)
-		_, errs, code = p.CLI("rm", "ghost-1", "--wait", "--timeout", "30s")
+		_, errs, code = p.CLI("rm", "ghost-1", "--wait", "--timeout", "10s")
 		assert.NotEqual(t, 0, code, "unprepare cannot run on a node that is not there: %s", errs)
 		require.Eventually(t, func() bool {
 			v := getJSON(t, p, "ghost-1")

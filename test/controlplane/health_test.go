@@ -201,8 +201,9 @@ func TestNodeHealth(t *testing.T) {
 
 	t.Run("an idle node fires no more than its heartbeats", func(t *testing.T) {
 		// Ten minutes of idle at the default 5 min heartbeat is 2 events;
-		// scaled to a 5 s heartbeat, 30 s of idle is 6 (7 with the edge).
-		const idle = 30 * time.Second
+		// scaled to a 5 s heartbeat, 20 s of idle is 4 (5 with the edge):
+		// a beacon that fired on every 1 s run would send 20.
+		const idle = 20 * time.Second
 		l := s.Listen()
 		evs, _ := l.Collect(idle, func(saltstack.Event) bool { return false })
 		var health []string

@@ -304,6 +304,14 @@ func TestPods(t *testing.T) {
 		out, errs, code := p.CLI("snapshot", "get", "default-nightly")
 		require.Equal(t, 0, code, errs)
 		assert.Contains(t, out, "Ready")
+		// Copy-on-write space is a thick LV's: on a sparse volume the
+		// object fails naming its field, and nothing is taken.
+		must("apiVersion: salt-volumes.io/v1alpha1\nkind: VolumeSnapshot\nmetadata:\n  name: sized\n  namespace: default\nspec:\n  source: {persistentVolumeClaimName: origin}\n  copyOnWriteSize: 8Mi\n", "apply")
+		must("", "wait", "--for", "jsonpath={.status.phase}=Failed", "--timeout", "2m", "volumesnapshots.salt-volumes.io/sized")
+		assert.Contains(t, must("", "get", "volumesnapshots.salt-volumes.io", "sized", "-o", "jsonpath={.status.message}"), "spec.copyOnWriteSize: only a thick LVM snapshot sets space aside")
+		_, _, code = p.CLI("snapshot", "get", "default-sized")
+		assert.Equal(t, 4, code, "no snapshot taken")
+		must("", "delete", "volumesnapshots.salt-volumes.io", "sized", "--timeout", "2m")
 		group := "salt-volumes.io"
 		withSource("restored", &corev1.TypedObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "nightly"})
 		// The origin's data, without what the clone's pod wrote in its own.

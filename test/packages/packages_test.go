@@ -197,6 +197,7 @@ func TestPackages(t *testing.T) {
 			m.readMarker(before[n])
 		}
 	})
+	t.Logf("qemu's translation cache: %s", g.JIT())
 	t.Logf("whole test: %s", time.Since(started).Round(time.Second))
 }
 
