@@ -56,6 +56,9 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 			// signal); the binary's own failures exit 1-4.
 			assert.Regexp(t, `exit status (137|255)`, err.Error(), "%s: killed after %s, not failed: %s", v.name, st, out)
 		}
+		// A second on: what the killed run made (an LV's lv_time, one
+		// second's resolution) is then told from the last run's clock.
+		run("sleep", "1.1")
 		return ok(v, args...)
 	}
 	lvs := func() string { return run("lvs", "--noheadings", "-o", "lv_name,lv_tags,origin,pool_lv", "vg0") }
