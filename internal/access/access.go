@@ -54,6 +54,29 @@ type Principal struct {
 	Kind string `json:"kind"`
 	// UID is a Kubernetes identity's uid (for its SubjectAccessReviews).
 	UID string `json:"-"`
+	// Owner is the Salt user a service token was made by, when a person
+	// made it (with Eauth): their role and Salt ACL bound the token, as
+	// they bound the person.
+	Owner string `json:"owner,omitempty"`
+	// Extra is a Kubernetes identity's extra attributes from its
+	// TokenReview (scopes, credential ids), passed on to its
+	// SubjectAccessReviews.
+	Extra map[string][]string `json:"-"`
+}
+
+// Person is the Salt user whose role and ACL bound p: the person of a
+// session, the maker of a token a person made; "" for the bootstrap
+// token, tokens made with it, and Kubernetes identities.
+func (p *Principal) Person() string {
+	switch {
+	case p == nil:
+		return ""
+	case p.Kind == "session":
+		return p.User
+	case p.Kind == "service":
+		return p.Owner
+	}
+	return ""
 }
 
 type principalKey struct{}
@@ -69,29 +92,66 @@ func From(ctx context.Context) *Principal {
 	return p
 }
 
-// RoleMap gives a person their role from their Salt user name and groups:
-// the highest of their own entry, their groups' and Default.
+// RoleMap gives a person their role from their Salt user name, eauth
+// backend and groups: the highest of their own entry, their groups' and
+// Default. A key "NAME" is for NAME from any backend people may log in
+// with (Eauth); "EAUTH:NAME" for NAME from that backend alone, so that
+// an LDAP user named like a local admin is not that admin.
 type RoleMap struct {
 	Users   map[string]Role
 	Groups  map[string]Role
 	Default Role
+	// Eauth lists the backends people may log in with; a login from any
+	// other gets no role.
+	Eauth []string
 }
 
-// For returns the role ("" when the map gives none: no login).
-func (m RoleMap) For(user string, groups []string) Role {
+// DefaultEauth is who may log in when serve's config names no backend:
+// the master's local accounts only (PAM). Any other backend is named.
+var DefaultEauth = []string{"pam"}
+
+// Backends returns the eauth backends logins are taken from.
+func (m RoleMap) Backends() []string {
+	if len(m.Eauth) == 0 {
+		return DefaultEauth
+	}
+	return m.Eauth
+}
+
+// For returns the role of user from eauth ("" when the map gives none:
+// no login).
+func (m RoleMap) For(eauth, user string, groups []string) Role {
+	if !slices.Contains(m.Backends(), eauth) {
+		return ""
+	}
 	best := m.Default
 	better := func(r Role) {
 		if r.Allows(Viewer) && (best == "" || r.Allows(best)) {
 			best = r
 		}
 	}
-	if r, ok := m.Users[user]; ok {
-		better(r)
-	}
-	for _, g := range groups {
-		if r, ok := m.Groups[g]; ok {
+	lookup := func(table map[string]Role, name string) {
+		if r, ok := table[name]; ok {
+			better(r)
+		}
+		if r, ok := table[eauth+":"+name]; ok {
 			better(r)
 		}
 	}
+	lookup(m.Users, user)
+	for _, g := range groups {
+		lookup(m.Groups, g)
+	}
 	return best
+}
+
+// Lower returns the lower of two roles ("" if either is none).
+func Lower(a, b Role) Role {
+	switch {
+	case !a.Allows(Viewer) || !b.Allows(Viewer):
+		return ""
+	case a.Allows(b):
+		return b
+	}
+	return a
 }

@@ -2,7 +2,9 @@ package access
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,11 +127,106 @@ func TestAuditBounds(t *testing.T) {
 
 func TestRoleMap(t *testing.T) {
 	m := RoleMap{Users: map[string]Role{"alice": Operator, "bob": Viewer}, Groups: map[string]Role{"storage": Admin, "web": Viewer}}
-	assert.Equal(t, Operator, m.For("alice", nil))
-	assert.Equal(t, Admin, m.For("bob", []string{"web", "storage"}), "the highest of the user's and their groups'")
-	assert.Equal(t, Viewer, m.For("dave", []string{"web"}))
-	assert.Equal(t, Role(""), m.For("mallory", []string{"other"}), "no role: no login")
+	assert.Equal(t, Operator, m.For("pam", "alice", nil))
+	assert.Equal(t, Admin, m.For("pam", "bob", []string{"web", "storage"}), "the highest of the user's and their groups'")
+	assert.Equal(t, Viewer, m.For("pam", "dave", []string{"web"}))
+	assert.Equal(t, Role(""), m.For("pam", "mallory", []string{"other"}), "no role: no login")
 	m.Default = Viewer
-	assert.Equal(t, Viewer, m.For("mallory", nil))
-	assert.Equal(t, Operator, m.For("alice", nil), "the default never lowers a role")
+	assert.Equal(t, Viewer, m.For("pam", "mallory", nil))
+	assert.Equal(t, Operator, m.For("pam", "alice", nil), "the default never lowers a role")
+}
+
+// A user entry names a person of the backends logins are taken from, not
+// anyone of that name on any backend the master has (an LDAP "admin" is
+// not the local admin).
+func TestRoleMapKeysByEauth(t *testing.T) {
+	m := RoleMap{Users: map[string]Role{"admin": Admin, "ldap:bob": Operator}, Groups: map[string]Role{"ldap:storage": Admin}}
+	assert.Equal(t, []string{"pam"}, m.Backends(), "the default list is explicit: pam")
+	assert.Equal(t, Admin, m.For("pam", "admin", nil))
+	assert.Equal(t, Role(""), m.For("ldap", "admin", nil), "ldap is not a backend logins are taken from")
+	assert.Equal(t, Role(""), m.For("file", "admin", nil))
+	m.Eauth = []string{"pam", "ldap"}
+	assert.Equal(t, Admin, m.For("ldap", "admin", nil), "a bare name is for every listed backend")
+	assert.Equal(t, Operator, m.For("ldap", "bob", nil))
+	assert.Equal(t, Role(""), m.For("pam", "bob", nil), "ldap:bob is not pam's bob")
+	assert.Equal(t, Admin, m.For("ldap", "carol", []string{"storage"}))
+	assert.Equal(t, Role(""), m.For("pam", "carol", []string{"storage"}), "ldap:storage is not pam's group")
+}
+
+// A token a person makes never reaches further than they do.
+func TestTokensOfAPersonAreBoundByThem(t *testing.T) {
+	ctx := context.Background()
+	tk := &Tokens{Records: openRecords(t), Bootstrap: "the-bootstrap-token-0123"}
+	alice := &Principal{User: "alice", Role: Operator, Eauth: "pam", Kind: "session"}
+	_, _, err := tk.CreateServiceBy(ctx, "too-much", Admin, 0, alice)
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "role", fe.Field)
+	assert.Contains(t, fe.Msg, "at most their own role (operator)")
+	sec, tok, err := tk.CreateServiceBy(ctx, "ci", Operator, 0, alice)
+	require.NoError(t, err)
+	assert.Equal(t, "alice", tok.User)
+	p, err := tk.Check(ctx, sec)
+	require.NoError(t, err)
+	assert.Equal(t, "token:ci", p.User)
+	assert.Equal(t, "alice", p.Person(), "alice's ACL and role bound it")
+	assert.Equal(t, "pam", p.Eauth)
+	p2, err := tk.CheckHash(ctx, Hash(sec))
+	require.NoError(t, err)
+	assert.Equal(t, p, p2)
+	boot, err := tk.Check(ctx, "the-bootstrap-token-0123")
+	require.NoError(t, err)
+	sec, _, err = tk.CreateServiceBy(ctx, "fleet", Admin, 0, boot)
+	require.NoError(t, err)
+	p, err = tk.Check(ctx, sec)
+	require.NoError(t, err)
+	assert.Equal(t, "", p.Person(), "the bootstrap token makes fleet-wide tokens")
+	assert.Equal(t, Operator, Lower(Admin, Operator))
+	assert.Equal(t, Viewer, Lower(Viewer, Admin))
+	assert.Equal(t, Role(""), Lower(Viewer, ""))
+}
+
+// Refusals are kept apart from the changes: a flood of them never pushes
+// a change out, repeats are one entry with a count, and no entry is
+// larger than its bounds whatever the request carried.
+func TestRefusalsCannotEvictChanges(t *testing.T) {
+	ctx := context.Background()
+	a := &Audit{Records: openRecords(t), MaxEntries: 100}
+	a.Record(ctx, Entry{User: "alice", Method: "POST", Route: "/api/v1/volumes", Volume: "db", Decision: "allowed", Status: 201})
+	for i := range 6000 {
+		a.Record(ctx, Entry{User: "token:viewer", Source: "10.0.0.9", Method: "DELETE", Route: "/api/v1/volumes/db", Decision: "refused", Status: 403})
+		if i%1000 == 0 {
+			// and from ever new routes, as a flood would
+			a.Record(ctx, Entry{User: "token:viewer", Source: "10.0.0.9", Method: "DELETE", Route: "/api/v1/volumes/x" + strings.Repeat("y", 70000) + string(rune('a'+i/1000)), Decision: "refused", Status: 403})
+		}
+	}
+	for i := range 300 {
+		a.Record(ctx, Entry{User: "token:viewer", Source: "10.0.0.9", Method: "DELETE", Route: fmt.Sprintf("/api/v1/volumes/v%d", i), Decision: "refused", Status: 403})
+	}
+	all, err := a.List(ctx, Filter{})
+	require.NoError(t, err)
+	var changes, refusals, counted int
+	for _, e := range all {
+		assert.LessOrEqual(t, len(e.Route), maxField+len("…(cut)"))
+		if e.Decision == "allowed" {
+			changes++
+			assert.Equal(t, "alice", e.User)
+			continue
+		}
+		refusals++
+		counted += e.Count
+	}
+	assert.Equal(t, 1, changes, "alice's create is still there")
+	assert.LessOrEqual(t, refusals, 100+pruneEvery, "refusals within their own bound")
+	got, err := a.List(ctx, Filter{User: "token:viewer"})
+	require.NoError(t, err)
+	var same *Entry
+	for i := range got {
+		if got[i].Route == "/api/v1/volumes/db" {
+			same = &got[i]
+		}
+	}
+	require.NotNil(t, same, "the repeated refusal is one entry")
+	assert.Equal(t, 6000, same.Count)
+	require.NotNil(t, same.Last)
 }

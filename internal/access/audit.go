@@ -7,13 +7,39 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
 
-const auditKind = "audit"
+// Changes and requests that changed nothing (refused, failed) are kept
+// apart, each within its own bound: nobody who may only be refused can
+// push a change out of the trail.
+const (
+	auditKind   = "audit"
+	refusedKind = "audit-refused"
+)
+
+// Entries are bounded in size whatever a request carried (a route may be
+// 64 KiB): fields are cut to these lengths, the cut marked.
+const (
+	maxField  = 256
+	maxReason = 1024
+	maxGroups = 32
+)
+
+// Refusals repeated by one source and user, of one method, route, volume
+// and node, within aggWindow are one entry with a count; its stored count is brought up to
+// date at most once per aggFlush (and whenever the trail is read).
+const (
+	aggWindow = time.Minute
+	aggFlush  = time.Second
+	maxAggs   = 10000
+)
 
 // Entry is one audited request: every change, and every refusal.
 type Entry struct {
@@ -39,6 +65,39 @@ type Entry struct {
 	// last 8 per volume).
 	JobID   string `json:"jobId,omitempty"`
 	Outcome string `json:"outcome,omitempty"`
+	// Count is how many requests a refusal entry stands for (the same
+	// source, user, method, route, volume and node within a minute), Last when the last
+	// of them came (absent while there was one).
+	Count int        `json:"count,omitempty"`
+	Last  *time.Time `json:"last,omitempty"`
+}
+
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…(cut)"
+}
+
+// bounded is e with every field within its bound.
+func (e Entry) bounded() Entry {
+	e.User, e.Source, e.Method = cut(e.User, maxField), cut(e.Source, maxField), cut(e.Method, 16)
+	e.Route, e.Volume, e.UUID, e.Node = cut(e.Route, maxField), cut(e.Volume, maxField), cut(e.UUID, 64), cut(e.Node, maxField)
+	e.Reason = cut(e.Reason, maxReason)
+	if len(e.Groups) > maxGroups {
+		e.Groups = append(e.Groups[:maxGroups:maxGroups], fmt.Sprintf("…(%d more)", len(e.Groups)-maxGroups))
+	}
+	for i, g := range e.Groups {
+		e.Groups[i] = cut(g, maxField)
+	}
+	return e
+}
+
+type aggregate struct {
+	key     string // the record's key
+	e       Entry
+	written time.Time
+	dirty   bool
 }
 
 // Audit keeps entries in the store, bounded by age and count, and writes
@@ -49,8 +108,13 @@ type Audit struct {
 	MaxAge     time.Duration
 	MaxEntries int
 
+	// MaxRefusals bounds the refusals kept apart from the changes
+	// (default MaxEntries).
+	MaxRefusals int
+
 	mu     sync.Mutex
-	writes int
+	writes map[string]int
+	aggs   map[string]*aggregate
 }
 
 // Defaults for Audit's bounds.
@@ -69,6 +133,7 @@ func (a *Audit) Record(ctx context.Context, e Entry) {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC()
 	}
+	e = e.bounded()
 	if a.Log != nil {
 		a.Log.Info("audit", "user", e.User, "role", string(e.Role), "groups", e.Groups, "source", e.Source,
 			"method", e.Method, "route", e.Route, "volume", e.Volume, "uuid", e.UUID, "node", e.Node,
@@ -77,19 +142,91 @@ func (a *Audit) Record(ctx context.Context, e Entry) {
 	if a.Records == nil {
 		return
 	}
+	ctx = context.WithoutCancel(ctx)
+	kind := auditKind
+	if e.Decision != "allowed" {
+		kind = refusedKind
+		a.aggregate(ctx, e)
+		return
+	}
+	a.put(ctx, kind, entryKey(e.Time), e)
+}
+
+// aggregate counts a refusal into the entry of its kind within aggWindow,
+// or starts one.
+func (a *Audit) aggregate(ctx context.Context, e Entry) {
+	k := strings.Join([]string{e.Source, e.User, e.Method, e.Route, e.Volume, e.Node, e.Decision, strconv.Itoa(e.Status)}, "\x00")
+	a.mu.Lock()
+	if a.aggs == nil {
+		a.aggs = map[string]*aggregate{}
+	}
+	g, ok := a.aggs[k]
+	if ok && e.Time.Sub(g.e.Time) < aggWindow {
+		g.e.Count++
+		last := e.Time
+		g.e.Last = &last
+		flush := time.Since(g.written) >= aggFlush
+		g.dirty = !flush
+		if flush {
+			g.written = time.Now()
+		}
+		key, copyOf := g.key, g.e
+		a.mu.Unlock()
+		if flush {
+			a.put(ctx, refusedKind, key, copyOf)
+		}
+		return
+	}
+	if len(a.aggs) >= maxAggs {
+		a.mu.Unlock()
+		a.flush(ctx)
+		a.mu.Lock()
+		for key, g := range a.aggs {
+			if e.Time.Sub(g.e.Time) >= aggWindow || len(a.aggs) >= maxAggs {
+				delete(a.aggs, key)
+			}
+		}
+	}
+	e.Count = 1
+	a.aggs[k] = &aggregate{key: entryKey(e.Time), e: e, written: time.Now()}
+	key := a.aggs[k].key
+	a.mu.Unlock()
+	a.put(ctx, refusedKind, key, e)
+}
+
+// flush writes the counts not yet stored.
+func (a *Audit) flush(ctx context.Context) {
+	a.mu.Lock()
+	var todo []aggregate
+	for _, g := range a.aggs {
+		if g.dirty {
+			g.dirty, g.written = false, time.Now()
+			todo = append(todo, *g)
+		}
+	}
+	a.mu.Unlock()
+	for _, g := range todo {
+		a.put(ctx, refusedKind, g.key, g.e)
+	}
+}
+
+func (a *Audit) put(ctx context.Context, kind, key string, e Entry) {
 	data, err := json.Marshal(e)
 	if err == nil {
-		err = a.Records.PutRecord(context.WithoutCancel(ctx), auditKind, entryKey(e.Time), data)
+		err = a.Records.PutRecord(ctx, kind, key, data)
 	}
 	if err != nil && a.Log != nil {
 		a.Log.Error("audit entry not stored (it is in this log)", "error", err)
 	}
 	a.mu.Lock()
-	a.writes++
-	prune := a.writes%pruneEvery == 1
+	if a.writes == nil {
+		a.writes = map[string]int{}
+	}
+	a.writes[kind]++
+	prune := a.writes[kind]%pruneEvery == 1
 	a.mu.Unlock()
 	if prune {
-		a.prune(context.WithoutCancel(ctx))
+		a.prune(ctx, kind)
 	}
 }
 
@@ -101,7 +238,7 @@ func entryKey(t time.Time) string {
 	return fmt.Sprintf("%019d-%s", t.UnixNano(), hex.EncodeToString(b))
 }
 
-func (a *Audit) bounds() (time.Duration, int) {
+func (a *Audit) bounds(kind string) (time.Duration, int) {
 	age, n := a.MaxAge, a.MaxEntries
 	if age <= 0 {
 		age = DefaultAuditAge
@@ -109,21 +246,24 @@ func (a *Audit) bounds() (time.Duration, int) {
 	if n <= 0 {
 		n = DefaultAuditEntries
 	}
+	if kind == refusedKind && a.MaxRefusals > 0 {
+		n = a.MaxRefusals
+	}
 	return age, n
 }
 
-func (a *Audit) prune(ctx context.Context) {
-	recs, err := a.Records.ListRecords(ctx, auditKind)
+func (a *Audit) prune(ctx context.Context, kind string) {
+	recs, err := a.Records.ListRecords(ctx, kind)
 	if err != nil {
 		return
 	}
-	age, max := a.bounds()
+	age, max := a.bounds(kind)
 	cutoff := fmt.Sprintf("%019d", time.Now().Add(-age).UnixNano())
 	for i, r := range recs {
 		if len(recs)-i <= max && r.Key >= cutoff {
 			break
 		}
-		_ = a.Records.DeleteRecord(ctx, auditKind, r.Key)
+		_ = a.Records.DeleteRecord(ctx, kind, r.Key)
 	}
 }
 
@@ -141,10 +281,18 @@ func (a *Audit) List(ctx context.Context, f Filter) ([]Entry, error) {
 	if a.Records == nil {
 		return nil, nil
 	}
+	a.flush(ctx)
 	recs, err := a.Records.ListRecords(ctx, auditKind)
 	if err != nil {
 		return nil, err
 	}
+	refused, err := a.Records.ListRecords(ctx, refusedKind)
+	if err != nil {
+		return nil, err
+	}
+	// Both are sorted by key, and a key starts with its entry's time.
+	recs = append(recs, refused...)
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	out := []Entry{}
 	for _, r := range recs {
 		var e Entry

@@ -91,7 +91,10 @@ func (t *Tokens) Check(ctx context.Context, secret string) (*Principal, error) {
 	if t.Records == nil || !(strings.HasPrefix(secret, "svt_") || strings.HasPrefix(secret, "svs_")) {
 		return nil, ErrUnauthenticated
 	}
-	key := hashSecret(secret)
+	return t.checkKey(ctx, hashSecret(secret))
+}
+
+func (t *Tokens) checkKey(ctx context.Context, key string) (*Principal, error) {
 	data, err := t.Records.GetRecord(ctx, tokensKind, key)
 	if errors.Is(err, store.ErrNoRecord) {
 		return nil, ErrUnauthenticated
@@ -109,9 +112,28 @@ func (t *Tokens) Check(ctx context.Context, secret string) (*Principal, error) {
 	}
 	p := &Principal{User: tok.User, Role: tok.Role, Groups: tok.Groups, Eauth: tok.Eauth, Kind: tok.Kind}
 	if tok.Kind == "service" {
-		p.User = "token:" + tok.Name
+		p.User, p.Owner = "token:"+tok.Name, tok.User
 	}
 	return p, nil
+}
+
+// Hash is what a credential is known by without being kept: the SHA-256
+// of the secret (a watch ticket carries it, to check the stream's
+// credential again while it runs).
+func Hash(secret string) string { return hashSecret(secret) }
+
+// CheckHash is Check for a credential known by its Hash.
+func (t *Tokens) CheckHash(ctx context.Context, hash string) (*Principal, error) {
+	if hash == "" {
+		return nil, ErrUnauthenticated
+	}
+	if t.Bootstrap != "" && subtle.ConstantTimeCompare([]byte(hash), []byte(hashSecret(t.Bootstrap))) == 1 {
+		return &Principal{User: "bootstrap", Role: Admin, Kind: "bootstrap"}, nil
+	}
+	if t.Records == nil {
+		return nil, ErrUnauthenticated
+	}
+	return t.checkKey(ctx, hash)
 }
 
 var tokenName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -119,6 +141,19 @@ var tokenName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 // CreateService issues a service token; the secret is returned once and
 // kept nowhere. ttl 0: it never expires.
 func (t *Tokens) CreateService(ctx context.Context, name string, role Role, ttl time.Duration, by string) (string, *Token, error) {
+	return t.CreateServiceBy(ctx, name, role, ttl, &Principal{User: by})
+}
+
+// CreateServiceBy issues a service token for by: one a person asks for
+// never reaches further than they do: its role is at most theirs (checked
+// again on every use, so a demotion lowers it), and their Salt ACL bounds
+// its changes. The bootstrap token (and tokens it made) make fleet-wide
+// tokens.
+func (t *Tokens) CreateServiceBy(ctx context.Context, name string, role Role, ttl time.Duration, by *Principal) (string, *Token, error) {
+	person := by.Person()
+	if person != "" && !by.Role.Allows(role) {
+		return "", nil, &FieldError{"role", fmt.Sprintf("role: %s may not make a %s token: a token made by a person has at most their own role (%s); the bootstrap token makes any", by.User, role, by.Role)}
+	}
 	if !tokenName.MatchString(name) {
 		return "", nil, &FieldError{"name", fmt.Sprintf("name: %q is not a token name: lower-case letters, digits and '-', at most 63", name)}
 	}
@@ -138,7 +173,10 @@ func (t *Tokens) CreateService(ctx context.Context, name string, role Role, ttl 
 		}
 	}
 	now := t.now().UTC()
-	tok := &Token{Name: name, Kind: "service", Role: role, Created: now, CreatedBy: by}
+	tok := &Token{Name: name, Kind: "service", Role: role, Created: now, CreatedBy: by.User}
+	if person != "" {
+		tok.User, tok.Eauth = person, by.Eauth
+	}
 	if ttl > 0 {
 		tok.Expires = now.Add(ttl)
 	}

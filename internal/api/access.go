@@ -15,6 +15,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/access"
+	"github.com/salt-volumes/salt-volumes/internal/kubeauth"
 )
 
 // Who may do what: every route names the least role it needs; a handler
@@ -49,9 +50,16 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 		if errors.Is(err, access.ErrUnauthenticated) && s.Kube != nil && secret != "" &&
 			!strings.HasPrefix(secret, "svt_") && !strings.HasPrefix(secret, "svs_") {
 			// Not one of ours: perhaps the API server's (Kubernetes mode).
-			p, err = s.Kube.Authenticate(r.Context(), secret)
+			p, err = s.Kube.Authenticate(r.Context(), secret, source(r))
+		}
+		if err == nil {
+			// A person's role as it is now, not as it was at login.
+			err = s.bound(r.Context(), p)
 		}
 		if err != nil {
+			if s.kubeRefused(w, r, err) {
+				return
+			}
 			if !errors.Is(err, access.ErrUnauthenticated) {
 				storeErr(w, fmt.Errorf("checking the token: %w", err))
 				return
@@ -78,9 +86,10 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 			n.volume, n.node = want.Name, want.Node
 		}
 		ctx := context.WithValue(access.With(r.Context(), p), noteKey{}, n)
+		ctx = context.WithValue(ctx, recheckKey{}, s.recheck(p, secret))
 		r = r.WithContext(ctx)
 		if p.Kind == "kubernetes" {
-			if !s.kubeAllowed(w, r, p, n, kubeVerb(role, r), r.PathValue("name"), true) {
+			if !s.kubeAllowed(w, r, p, n, kubeAttributes(role, r), true) {
 				return
 			}
 		} else if !p.Role.Allows(role) {
@@ -106,13 +115,35 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 	})
 }
 
+// recheck is a watch stream's check that the credential that opened it
+// is still valid (not revoked, expired or logged out, its person still
+// with a role).
+func (s *Server) recheck(p *access.Principal, secret string) func(context.Context) error {
+	if p.Kind == "kubernetes" {
+		// The reviewer's answers are cached (kubeauth): a revoked token
+		// ends its stream within that cache's life.
+		return func(ctx context.Context) error {
+			// No source: a token once valid is not throttled.
+			_, err := s.Kube.Authenticate(ctx, secret, "")
+			return err
+		}
+	}
+	return func(ctx context.Context) error {
+		q, err := s.checker().Check(ctx, secret)
+		if err == nil {
+			err = s.bound(ctx, q)
+		}
+		return err
+	}
+}
+
 // escalate asks for a role beyond the route's: it answers 403 and returns
 // false when the principal lacks it.
 func (s *Server) escalate(w http.ResponseWriter, r *http.Request, role access.Role, what string) bool {
 	p := access.From(r.Context())
 	if p != nil && p.Kind == "kubernetes" {
 		// The route's own audit entry records the refusal.
-		return s.kubeAllowed(w, r, p, noteOf(r.Context()), "admin", r.PathValue("name"), false)
+		return s.kubeAllowed(w, r, p, noteOf(r.Context()), kubeauth.Attributes{Verb: "admin", Resource: kubeauth.Resource, Name: r.PathValue("name")}, false)
 	}
 	if p != nil && p.Role.Allows(role) {
 		return true
@@ -237,36 +268,63 @@ func (c *captureWriter) reason() string {
 
 // KubeAuth checks Kubernetes identities (kubeauth.Reviewer).
 type KubeAuth interface {
-	Authenticate(ctx context.Context, token string) (*access.Principal, error)
-	Allowed(ctx context.Context, p *access.Principal, verb, name string) (bool, string, error)
+	// Authenticate checks a bearer token; source is the client's address
+	// (its TokenReviews of tokens not cached are bounded per source).
+	Authenticate(ctx context.Context, token, source string) (*access.Principal, error)
+	Allowed(ctx context.Context, p *access.Principal, a kubeauth.Attributes) (bool, string, error)
 }
 
-// kubeVerb is the Volume resource's verb a route stands for: reads are
-// get, list or watch; changes create, delete or patch (a growth); what
-// needs admin here needs the custom verb "admin" on volumes there.
-func kubeVerb(role access.Role, r *http.Request) string {
-	switch {
-	case role == access.Admin:
-		return "admin"
-	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/volumes":
-		return "create"
-	case r.Method == http.MethodDelete:
-		return "delete"
-	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/resize"):
-		return "patch"
-	case r.URL.Path == "/api/v1/watch":
-		return "watch"
-	case r.PathValue("name") != "":
-		return "get"
+// kubeRoutes: what each route asks of RBAC, in our group salt-volumes.io
+// (cluster-scoped, no namespace). name marks the routes whose object is
+// the path's {name}. Snapshots are objects of volumesnapshots named as
+// the control plane names them; taking one is a create on the volume's
+// snapshots subresource (as a pod's eviction is on pods/eviction), which a
+// Role can grant for some volumes by resourceNames.
+var kubeRoutes = map[string]struct {
+	verb, resource, sub string
+	name                bool
+}{
+	"POST /api/v1/volumes":                  {"create", kubeauth.Resource, "", false},
+	"GET /api/v1/volumes":                   {"list", kubeauth.Resource, "", false},
+	"GET /api/v1/volumes/{name}":            {"get", kubeauth.Resource, "", true},
+	"GET /api/v1/volumes/{name}/usage":      {"get", kubeauth.Resource, "", true},
+	"GET /api/v1/volumes/{name}/jobs":       {"get", kubeauth.Resource, "", true},
+	"GET /api/v1/volumes/{name}/history":    {"get", kubeauth.Resource, "", true},
+	"DELETE /api/v1/volumes/{name}":         {"delete", kubeauth.Resource, "", true},
+	"POST /api/v1/volumes/{name}/resize":    {"patch", kubeauth.Resource, "", true},
+	"POST /api/v1/volumes/{name}/snapshots": {"create", kubeauth.Resource, kubeauth.SnapshotsSubresource, true},
+	"GET /api/v1/volumes/{name}/snapshots":  {"list", kubeauth.SnapshotResource, "", false},
+	"GET /api/v1/snapshots":                 {"list", kubeauth.SnapshotResource, "", false},
+	"GET /api/v1/snapshots/{name}":          {"get", kubeauth.SnapshotResource, "", true},
+	"DELETE /api/v1/snapshots/{name}":       {"delete", kubeauth.SnapshotResource, "", true},
+	"GET /api/v1/watch":                     {"watch", kubeauth.Resource, "", false},
+	"POST /api/v1/watch/ticket":             {"watch", kubeauth.Resource, "", false},
+}
+
+// kubeAttributes is what a route asks of RBAC: kubeRoutes' entry; for
+// the others (nodes, metrics, whoami, logout, an unknown /api/ path)
+// list on volumes, and the custom verb admin on volumes for what needs
+// the role admin here (tokens, the audit, forgetting a node).
+func kubeAttributes(role access.Role, r *http.Request) kubeauth.Attributes {
+	if role == access.Admin {
+		// No name: these routes' {name} is a token's, never a volume's.
+		return kubeauth.Attributes{Verb: "admin", Resource: kubeauth.Resource}
 	}
-	return "list"
+	if k, ok := kubeRoutes[r.Pattern]; ok {
+		a := kubeauth.Attributes{Verb: k.verb, Resource: k.resource, Subresource: k.sub}
+		if k.name {
+			a.Name = r.PathValue("name")
+		}
+		return a
+	}
+	return kubeauth.Attributes{Verb: "list", Resource: kubeauth.Resource}
 }
 
-// kubeAllowed asks the API server whether p may do verb on the Volume
-// name; a refusal is a 403 that names the verb and the resource, audited
-// here when audit says so.
-func (s *Server) kubeAllowed(w http.ResponseWriter, r *http.Request, p *access.Principal, n *note, verb, name string, audit bool) bool {
-	ok, reason, err := s.Kube.Allowed(r.Context(), p, verb, name)
+// kubeAllowed asks the API server whether p may do what a says; a
+// refusal is a 403 that names the verb and the resource, audited here
+// when audit says so.
+func (s *Server) kubeAllowed(w http.ResponseWriter, r *http.Request, p *access.Principal, n *note, a kubeauth.Attributes, audit bool) bool {
+	ok, reason, err := s.Kube.Allowed(r.Context(), p, a)
 	if err != nil {
 		writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: "asking the Kubernetes API server: " + err.Error() + "; nothing was changed"})
 		return false
@@ -274,11 +332,7 @@ func (s *Server) kubeAllowed(w http.ResponseWriter, r *http.Request, p *access.P
 	if ok {
 		return true
 	}
-	target := Resource()
-	if name != "" {
-		target += " " + name
-	}
-	msg := fmt.Sprintf("%s may not %s %s: Kubernetes RBAC does not allow it", p.User, verb, target)
+	msg := fmt.Sprintf("%s may not %s %s: Kubernetes RBAC does not allow it", p.User, a.Verb, a.Target())
 	if reason != "" {
 		msg += " (" + reason + ")"
 	}
@@ -288,6 +342,27 @@ func (s *Server) kubeAllowed(w http.ResponseWriter, r *http.Request, p *access.P
 		s.audit(r, p, n, "refused", http.StatusForbidden, msg)
 	}
 	return false
+}
+
+// kubeRefused answers a Kubernetes token the reviewer would not check
+// (too many new tokens from its source: 429, no TokenReview made) or the
+// API server refused for serve's audience (401 saying how to make one).
+func (s *Server) kubeRefused(w http.ResponseWriter, r *http.Request, err error) bool {
+	var re *kubeauth.RefusedError
+	switch {
+	case errors.Is(err, kubeauth.ErrThrottled):
+		s.refusedLogin(r)
+		w.Header().Set("Retry-After", "1")
+		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit,
+			Message: "too many new Kubernetes tokens from this address: retry in a second (a token already checked is not limited)"})
+	case errors.As(err, &re):
+		s.refusedLogin(r)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="salt-volumes"`)
+		writeErr(w, http.StatusUnauthorized, saltvolumes.Error{Code: saltvolumes.CodeUnauthorized, Message: re.Msg})
+	default:
+		return false
+	}
+	return true
 }
 
 // Resource names the Volume resource as kubectl does.

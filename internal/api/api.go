@@ -72,6 +72,10 @@ type Server struct {
 	// write within it (default 10s): a client that stops reading would
 	// otherwise hold its slot (limits.watchers) for ever.
 	WatchWriteTimeout time.Duration
+	// WatchRecheck is how often an open watch stream checks its token
+	// again (default 10s): a logout, a revocation, an expiry or a lost
+	// role ends the stream within it.
+	WatchRecheck time.Duration
 	// Limits; zero means no limit.
 	MaxWatchers      int
 	CreatesPerSecond float64
@@ -90,7 +94,9 @@ type Server struct {
 	loginFails    loginFailures
 	loginsRefused atomic.Int64
 	acl           aclCache
+	people        personCache
 	tickets       tickets
+	keys          keyring
 	createMu      sync.Mutex
 	tokens        float64
 	refilled      time.Time
@@ -128,6 +134,9 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.WatchWriteTimeout == 0 {
 		s.WatchWriteTimeout = 10 * time.Second
+	}
+	if s.WatchRecheck == 0 {
+		s.WatchRecheck = 10 * time.Second
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })

@@ -3,6 +3,7 @@ package api
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -126,7 +128,8 @@ func TestTokenIsRequired(t *testing.T) {
 // or reused one is refused, and the token in the query is not a way in.
 func TestWatchTakesATicketNotTheToken(t *testing.T) {
 	var srv *Server
-	ts, _ := newServerWith(t, func(s *Server) { srv = s })
+	var st *store.Bolt
+	ts, _ := newServerWith(t, func(s *Server) { srv = s; withAccess(&st)(s) })
 	open := func(query string) *http.Response {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -152,8 +155,8 @@ func TestWatchTakesATicketNotTheToken(t *testing.T) {
 	assert.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
 	assert.Equal(t, 401, open("ticket="+ticket).StatusCode, "a ticket is spent on first use")
 
-	// Another replica with the same token takes this one's tickets.
-	ts2, _ := newServer(t)
+	// Another replica of the same store takes this one's tickets.
+	ts2, _ := newServerWith(t, func(s *Server) { s.Tokens = &access.Tokens{Records: st, Bootstrap: token} })
 	code, m = do(t, ts, "POST", "/api/v1/watch/ticket", token, "")
 	require.Equal(t, 200, code)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -165,15 +168,17 @@ func TestWatchTakesATicketNotTheToken(t *testing.T) {
 	other.Body.Close()
 	assert.Equal(t, 200, other.StatusCode)
 
-	// Expired, forged, or signed with another token: refused, naming the fix.
-	old, _, err := srv.issueTicket(time.Now().Add(-TicketTTL - time.Second))
+	// Expired, forged, or signed by a replica of another store (even one
+	// with the same bootstrap token): refused, naming the fix.
+	boot := ticketCred{kind: credOurs, hash: hashBytes(token)}
+	old, _, err := srv.issueTicket(context.Background(), time.Now().Add(-TicketTTL-time.Second), boot)
 	require.NoError(t, err)
 	resp = open("ticket=" + old)
 	assert.Equal(t, 401, resp.StatusCode)
-	other2 := &Server{Token: "another-token-another-token"}
-	forged, _, err := other2.issueTicket(time.Now())
+	other2 := &Server{Token: token}
+	forged, _, err := other2.issueTicket(context.Background(), time.Now(), boot)
 	require.NoError(t, err)
-	assert.Equal(t, 401, open("ticket="+forged).StatusCode)
+	assert.Equal(t, 401, open("ticket="+forged).StatusCode, "the key is the replicas' own, not derived from the token")
 	b := []byte(ticket)
 	b[len(b)-1] ^= 1
 	assert.Equal(t, 401, open("ticket="+string(b)).StatusCode)
@@ -412,7 +417,8 @@ func TestFollowerAsksTheLeader(t *testing.T) {
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Contains(t, string(b), "only-on-the-follower", "a forwarded request is not forwarded again")
+	assert.NotContains(t, string(b), "only-on-the-follower", "a client's own forwarded header is not believed (#48 item 14)")
+	assert.Contains(t, string(b), "node-2")
 
 	leader.Close()
 	code, body = do(t, follower, "GET", "/api/v1/nodes", token, "")
@@ -680,5 +686,46 @@ func TestForwardableLeaders(t *testing.T) {
 		u, err := url.Parse(raw)
 		require.NoError(t, err)
 		assert.Equal(t, want, Forwardable(u), raw)
+	}
+}
+
+func hashBytes(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+// #48 item 14: a replica believes a forward signed with the replicas' key
+// (answering it itself, whatever it thinks of its role) and nothing else.
+func TestOnlyAReplicasForwardIsBelieved(t *testing.T) {
+	var st *store.Bolt
+	var bURL string
+	a, _ := newServerWith(t, func(s *Server) {
+		withAccess(&st)(s)
+		s.Role = func() Role { return Role{LeaderID: "replica-b", URL: bURL} }
+		s.Nodes = func(context.Context) ([]string, error) { return []string{"seen-by-a"}, nil }
+	})
+	b, _ := newServerWith(t, func(s *Server) {
+		s.Tokens = &access.Tokens{Records: st, Bootstrap: token}
+		// b believes a leads: a forward it did not believe would go
+		// back to a.
+		s.Role = func() Role { return Role{LeaderID: "replica-a", URL: a.URL} }
+		s.Nodes = func(context.Context) ([]string, error) { return []string{"seen-by-b"}, nil }
+	})
+	bURL = b.URL
+	code, body := do(t, a, "GET", "/api/v1/nodes", token, "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, fmt.Sprint(body), "seen-by-b", "b believed a's signed forward and answered itself")
+
+	for _, forged := range []string{"1", "1700000000.AAAA", fmt.Sprintf("%d.%s", time.Now().Unix(), strings.Repeat("A", 43))} {
+		req, _ := http.NewRequest("GET", b.URL+"/api/v1/nodes", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set(forwardedHeader, forged)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		// Not believed: b passes it on to a (its leader), signed, and
+		// a answers.
+		assert.Contains(t, string(raw), "seen-by-a", forged)
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,8 +35,6 @@ type Logins struct {
 	People People
 	Roles  access.RoleMap
 	TTL    time.Duration
-	// Eauth limits the backends people may name (empty: any the master has).
-	Eauth []string
 }
 
 // aclTTL: how long the master's answer about a user and a minion is
@@ -52,48 +52,100 @@ type aclAnswer struct {
 	at      time.Time
 }
 
-// loginThrottle slows down guessing: after loginFree failures from one
-// address within loginWindow, each further attempt from it waits a second
-// more per failure (at most loginMaxDelay) before it is checked.
+// Logins are throttled per source address: loginFree attempts may be
+// under way or have failed within loginWindow; past that, one attempt at
+// a time, each a second later per failure (at most loginMaxDelay) after
+// the last one ended, and every other attempt meanwhile is answered 429
+// at once, unchecked (parallel guesses queue nowhere).
 const (
 	loginFree     = 3
 	loginWindow   = 10 * time.Minute
 	loginMaxDelay = 10 * time.Second
+	// loginSources bounds the table; when full, the source with the
+	// fewest failures (and none under way) makes room: a flood from many
+	// addresses never frees the busiest guessers.
+	loginSources = 10000
 )
+
+type loginSource struct {
+	failures []time.Time
+	busy     int       // attempts under way
+	last     time.Time // when the last attempt ended
+}
 
 type loginFailures struct {
 	mu   sync.Mutex
-	byIP map[string][]time.Time
+	byIP map[string]*loginSource
 }
 
-func (f *loginFailures) recent(src string, now time.Time) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	kept := f.byIP[src][:0]
-	for _, t := range f.byIP[src] {
+func (ls *loginSource) recent(now time.Time) int {
+	kept := ls.failures[:0]
+	for _, t := range ls.failures {
 		if now.Sub(t) < loginWindow {
 			kept = append(kept, t)
 		}
 	}
-	if len(kept) == 0 {
-		delete(f.byIP, src)
-	} else {
-		f.byIP[src] = kept
-	}
+	ls.failures = kept
 	return len(kept)
 }
 
+// recent counts src's failures within the window.
+func (f *loginFailures) recent(src string, now time.Time) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ls := f.byIP[src]
+	if ls == nil {
+		return 0
+	}
+	return ls.recent(now)
+}
+
+// begin lets an attempt from src be checked now, or says how long to
+// wait; a begun attempt is ended with end.
+func (f *loginFailures) begin(src string, now time.Time) (bool, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ls := f.source(src, now)
+	n := ls.recent(now)
+	if ls.busy+n < loginFree {
+		ls.busy++
+		return true, 0
+	}
+	delay := min(time.Duration(n-loginFree+1)*time.Second, loginMaxDelay)
+	if ls.busy > 0 {
+		return false, max(delay, time.Second)
+	}
+	if wait := ls.last.Add(delay).Sub(now); wait > 0 {
+		return false, wait
+	}
+	ls.busy++
+	return true, 0
+}
+
+// end closes an attempt begun by begin: a failure counts.
+func (f *loginFailures) end(src string, now time.Time, failed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ls := f.source(src, now)
+	ls.busy = max(ls.busy-1, 0)
+	ls.last = now
+	if failed {
+		ls.failures = append(ls.failures, now)
+	} else {
+		ls.failures = nil
+	}
+	if ls.busy == 0 && len(ls.failures) == 0 {
+		delete(f.byIP, src)
+	}
+}
+
+// add counts a failure from src (tests and callers outside an attempt).
 func (f *loginFailures) add(src string, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.byIP == nil {
-		f.byIP = map[string][]time.Time{}
-	}
-	// Bounded memory under a flood from many addresses.
-	if len(f.byIP) > 10000 {
-		clear(f.byIP)
-	}
-	f.byIP[src] = append(f.byIP[src], now)
+	ls := f.source(src, now)
+	ls.failures = append(ls.failures, now)
+	ls.last = now
 }
 
 func (f *loginFailures) reset(src string) {
@@ -102,10 +154,57 @@ func (f *loginFailures) reset(src string) {
 	delete(f.byIP, src)
 }
 
+// source returns src's entry, making room for it when the table is full.
+func (f *loginFailures) source(src string, now time.Time) *loginSource {
+	if f.byIP == nil {
+		f.byIP = map[string]*loginSource{}
+	}
+	if ls, ok := f.byIP[src]; ok {
+		return ls
+	}
+	if len(f.byIP) >= loginSources {
+		victim, fewest := "", -1
+		for k, ls := range f.byIP {
+			if ls.busy > 0 {
+				continue
+			}
+			if n := ls.recent(now); fewest < 0 || n < fewest {
+				victim, fewest = k, n
+			}
+		}
+		delete(f.byIP, victim)
+	}
+	ls := &loginSource{}
+	f.byIP[src] = ls
+	return ls
+}
+
+// claimed is how a login's user name is logged and audited before the
+// master vouched for it: marked unverified, and only when serve's config
+// names that user; anything else may be a password typed into the wrong
+// field, and is never written anywhere.
+func (s *Server) claimed(name, eauth string) string {
+	if s.Logins != nil {
+		for _, k := range []string{name, eauth + ":" + name} {
+			if _, ok := s.Logins.Roles.Users[k]; ok {
+				return "unverified:" + name
+			}
+		}
+	}
+	return "unverified:(a name not in access.users)"
+}
+
 // login: POST /api/v1/login {"username", "password", "eauth"}.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if s.Logins == nil || s.Logins.People == nil {
 		writeErr(w, http.StatusNotFound, saltvolumes.Error{Code: saltvolumes.CodeNotFound, Message: "logins with a Salt identity are not enabled on this server: use a token"})
+		return
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		// A cross-site form can post text/plain without asking the
+		// browser's permission; JSON it cannot.
+		writeErr(w, http.StatusUnsupportedMediaType, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "Content-Type",
+			Message: "Content-Type: a login is JSON: send Content-Type: application/json"})
 		return
 	}
 	var body struct {
@@ -125,26 +224,26 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if len(s.Logins.Eauth) > 0 && !slices.Contains(s.Logins.Eauth, body.Eauth) {
+	if backends := s.Logins.Roles.Backends(); !slices.Contains(backends, body.Eauth) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "eauth",
-			Message: fmt.Sprintf("eauth: %q is not one this server takes logins for: give %s", body.Eauth, strings.Join(s.Logins.Eauth, ", "))})
+			Message: fmt.Sprintf("eauth: %q is not one this server takes logins for: give %s (serve's access.eauth lists them)", body.Eauth, strings.Join(backends, ", "))})
 		return
 	}
 	src := source(r)
-	now := time.Now()
-	if n := s.loginFails.recent(src, now); n >= loginFree {
-		delay := min(time.Duration(n-loginFree+1)*time.Second, loginMaxDelay)
-		select {
-		case <-time.After(delay):
-		case <-r.Context().Done():
-			return
-		}
-	}
-	who := &access.Principal{User: body.Username, Eauth: body.Eauth, Kind: "session"}
-	refuse := func(status int, code, msg string) {
-		s.loginFails.add(src, time.Now())
+	ok, wait := s.loginFails.begin(src, time.Now())
+	if !ok {
 		s.loginsRefused.Add(1)
-		s.Log.Warn("login refused", "user", body.Username, "eauth", body.Eauth, "source", src, "reason", msg)
+		w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit,
+			Message: fmt.Sprintf("too many failed logins from %s: try again in %s", src, wait.Round(time.Second))})
+		return
+	}
+	failed := true
+	defer func() { s.loginFails.end(src, time.Now(), failed) }()
+	who := &access.Principal{User: s.claimed(body.Username, body.Eauth), Eauth: body.Eauth, Kind: "session"}
+	refuse := func(status int, code, msg string) {
+		s.loginsRefused.Add(1)
+		s.Log.Warn("login refused", "user", who.User, "eauth", body.Eauth, "source", src, "reason", msg)
 		s.audit(r, who, &note{}, "refused", status, msg)
 		writeErr(w, status, saltvolumes.Error{Code: code, Message: msg})
 	}
@@ -154,6 +253,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
+		failed = false // the master's trouble, not a guess
 		writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: "login: asking the salt master: " + err.Error()})
 		return
 	}
@@ -163,11 +263,12 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	acc, err := s.Logins.People.UserAccess(r.Context(), id.User, id.Eauth, minions)
 	if err != nil {
+		failed = false
 		writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: "login: asking the salt master for the user's groups and ACL: " + err.Error()})
 		return
 	}
 	who.User, who.Groups = id.User, acc.Groups
-	role := s.Logins.Roles.For(id.User, acc.Groups)
+	role := s.Logins.Roles.For(id.Eauth, id.User, acc.Groups)
 	if role == "" {
 		refuse(http.StatusForbidden, saltvolumes.CodeForbidden, fmt.Sprintf("%s logged in to Salt, but has no salt-volumes role: name them (access.users) or one of their groups (access.groups) in serve's config, or set access.defaultRole", id.User))
 		return
@@ -178,8 +279,9 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		storeErr(w, err)
 		return
 	}
-	s.loginFails.reset(src)
+	failed = false
 	s.rememberACL(id.User, id.Eauth, acc)
+	s.rememberPerson(id.User, id.Eauth, role, acc.Groups)
 	scopes := []string{}
 	for m, ok := range acc.Allowed {
 		if ok {
@@ -226,21 +328,22 @@ func (s *Server) rememberACL(user, eauth string, acc saltapi.Access) {
 // otherwise it answers 403 naming the user, the minion and the grant.
 func (s *Server) inScope(w http.ResponseWriter, r *http.Request, node string) bool {
 	p := access.From(r.Context())
-	if p == nil || p.Kind != "session" || s.Logins == nil || s.Logins.People == nil {
+	person := p.Person()
+	if person == "" || s.Logins == nil || s.Logins.People == nil {
 		return true
 	}
-	key := aclKey(p.User, p.Eauth, node)
+	key := aclKey(person, p.Eauth, node)
 	s.acl.mu.Lock()
 	a, ok := s.acl.answers[key]
 	s.acl.mu.Unlock()
 	if !ok || time.Since(a.at) >= aclTTL {
-		acc, err := s.Logins.People.UserAccess(r.Context(), p.User, p.Eauth, []string{node})
+		acc, err := s.Logins.People.UserAccess(r.Context(), person, p.Eauth, []string{node})
 		if err != nil {
-			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: fmt.Sprintf("asking the salt master whether %s may act on %s: %v; nothing was changed", p.User, node, err)})
+			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: fmt.Sprintf("asking the salt master whether %s may act on %s: %v; nothing was changed", person, node, err)})
 			noteOf(r.Context()).refused = true
 			return false
 		}
-		s.rememberACL(p.User, p.Eauth, acc)
+		s.rememberACL(person, p.Eauth, acc)
 		a = aclAnswer{allowed: acc.Allowed[node], grants: acc.Grants}
 	}
 	if a.allowed {
@@ -251,7 +354,11 @@ func (s *Server) inScope(w http.ResponseWriter, r *http.Request, node string) bo
 		has = "on " + strings.Join(a.grants, ", ") + " only"
 	}
 	noteOf(r.Context()).refused = true
+	who := p.User
+	if person != p.User {
+		who += " (made by " + person + ")"
+	}
 	writeErr(w, http.StatusForbidden, saltvolumes.Error{Code: saltvolumes.CodeForbidden,
-		Message: fmt.Sprintf("%s may not change volumes on %s: their Salt ACL (eauth %s) grants salt_volumes.apply_volume %s; nothing was changed", p.User, node, p.Eauth, has)})
+		Message: fmt.Sprintf("%s may not change volumes on %s: the Salt ACL of %s (eauth %s) grants salt_volumes.apply_volume %s; nothing was changed", who, node, person, p.Eauth, has)})
 	return false
 }

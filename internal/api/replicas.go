@@ -1,12 +1,16 @@
 package api
 
 import (
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
+	"strings"
+	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
@@ -22,15 +26,55 @@ type Role struct {
 }
 
 // forwardedHeader marks a request one replica passed to the leader: the
-// leader answers it itself, whatever it believes about its role.
-const forwardedHeader = "X-Salt-Volumes-Forwarded"
+// leader answers it itself, whatever it believes about its role. Its
+// value is signed with the replicas' key (keys.go) over the request's
+// method, URL and time, so that only a replica's forward is believed: a
+// client that sends the header itself is treated as if it had not.
+const (
+	forwardedHeader  = "X-Salt-Volumes-Forwarded"
+	forwardedPurpose = "salt-volumes forwarded request v1"
+	forwardedTTL     = 30 * time.Second
+)
+
+func forwardedMsg(r *http.Request, at int64) []byte {
+	return []byte(fmt.Sprintf("%d\n%s\n%s", at, r.Method, r.URL.RequestURI()))
+}
+
+// markForwarded signs r as passed on by this replica.
+func (s *Server) markForwarded(r *http.Request) error {
+	at := time.Now().Unix()
+	sig, err := s.sign(r.Context(), forwardedPurpose, forwardedMsg(r, at))
+	if err != nil {
+		return err
+	}
+	r.Header.Set(forwardedHeader, strconv.FormatInt(at, 10)+"."+base64.RawURLEncoding.EncodeToString(sig))
+	return nil
+}
+
+// forwarded says whether r was passed on by a replica.
+func (s *Server) forwarded(r *http.Request) bool {
+	v := r.Header.Get(forwardedHeader)
+	if v == "" {
+		return false
+	}
+	ts, enc, ok := strings.Cut(v, ".")
+	at, err := strconv.ParseInt(ts, 10, 64)
+	sig, err2 := base64.RawURLEncoding.DecodeString(enc)
+	if !ok || err != nil || err2 != nil {
+		return false
+	}
+	if age := time.Since(time.Unix(at, 0)); age > forwardedTTL || age < -forwardedTTL {
+		return false
+	}
+	return s.verify(r.Context(), forwardedPurpose, forwardedMsg(r, at), sig)
+}
 
 // fromLeader serves what only the leader holds in memory (node reports,
 // usage history, job step logs): a follower passes the request on to the
 // leader, token and all, and relays the answer.
 func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.Role == nil || r.Header.Get(forwardedHeader) != "" {
+		if s.Role == nil || s.forwarded(r) {
 			h(w, r)
 			return
 		}
@@ -53,7 +97,10 @@ func (s *Server) fromLeader(h http.HandlerFunc) http.HandlerFunc {
 			writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable,
 				Message: fmt.Sprintf("this replica follows %s, which holds node reports, usage and job logs, and could not be reached: %v", role.LeaderID, err)})
 		}
-		r.Header.Set(forwardedHeader, "1")
+		if err := s.markForwarded(r); err != nil {
+			writeErr(w, http.StatusInternalServerError, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: "passing the request to the leader: " + err.Error()})
+			return
+		}
 		p.ServeHTTP(w, r)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/access"
+	"github.com/salt-volumes/salt-volumes/internal/kubeauth"
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
@@ -82,6 +83,11 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	n := noteOf(r.Context())
 	n.volume, n.uuid, n.node = name, v.Spec.UUID, v.Spec.Node
+	// A snapshot of a raw device is a copy of whatever is on it: it needs
+	// the rights the device does.
+	if v.Spec.RawBlockDevice != nil && !s.escalate(w, r, access.Admin, "snapshot a volume on a raw device ("+v.Spec.RawBlockDevice.DevicePath+")") {
+		return
+	}
 	if !s.inScope(w, r, v.Spec.Node) {
 		return
 	}
@@ -184,4 +190,40 @@ func requester(r *http.Request) string {
 		return p.User
 	}
 	return ""
+}
+
+// mayClone lets a clone's create through when its caller may read the
+// snapshot's data: a snapshot this control plane keeps, of a volume it
+// knows, that is not on a raw device; anything else (a snapshot Salt took
+// that no record names, one of a raw device or of a volume gone) only an
+// admin may clone. It answers 403 (or 404 without snapshots) and returns
+// false otherwise.
+func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Source) bool {
+	what := fmt.Sprintf("clone snapshot %s of volume %s", src.Snapshot, src.VolumeUUID)
+	if s.Snapshots == nil {
+		return s.escalate(w, r, access.Admin, what+", which this control plane does not keep")
+	}
+	all, err := s.Snapshots.List(r.Context(), "")
+	if err != nil {
+		storeErr(w, err)
+		return false
+	}
+	for _, sn := range all {
+		if sn.VolumeUUID != src.VolumeUUID || sn.Name != src.Snapshot {
+			continue
+		}
+		v, err := s.Store.Get(sn.Volume)
+		switch {
+		case err != nil || v.Spec.UUID != sn.VolumeUUID:
+			return s.escalate(w, r, access.Admin, what+", of a volume this control plane no longer has")
+		case v.Spec.RawBlockDevice != nil:
+			return s.escalate(w, r, access.Admin, what+", of a volume on a raw device ("+v.Spec.RawBlockDevice.DevicePath+")")
+		}
+		if p := access.From(r.Context()); p != nil && p.Kind == "kubernetes" {
+			// Reading a snapshot is its own right in RBAC.
+			return s.kubeAllowed(w, r, p, noteOf(r.Context()), kubeauth.Attributes{Verb: "get", Resource: kubeauth.SnapshotResource, Name: sn.Name}, false)
+		}
+		return true
+	}
+	return s.escalate(w, r, access.Admin, what+", which no snapshot record of this control plane names (one taken through Salt)")
 }

@@ -61,7 +61,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotImplemented, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: "this server keeps no tokens"})
 		return
 	}
-	secret, tok, err := s.checker().CreateService(r.Context(), body.Name, role, ttl, access.From(r.Context()).User)
+	secret, tok, err := s.checker().CreateServiceBy(r.Context(), body.Name, role, ttl, access.From(r.Context()))
 	var fe *access.FieldError
 	if errors.As(err, &fe) {
 		writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: fe.Field, Message: fe.Msg})

@@ -60,6 +60,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if sp.RawBlockDevice != nil && !s.escalate(w, r, access.Admin, "create a volume on a raw device ("+sp.RawBlockDevice.DevicePath+")") {
 		return
 	}
+	if sp.Source != nil && !s.mayClone(w, r, sp.Source) {
+		return
+	}
 	if !s.inScope(w, r, sp.Node) {
 		return
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -86,10 +87,27 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	hb := time.NewTicker(s.Heartbeat)
 	defer hb.Stop()
+	check, _ := r.Context().Value(recheckKey{}).(func(context.Context) error)
+	recheck := time.NewTicker(s.WatchRecheck)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-recheck.C:
+			if check == nil {
+				continue
+			}
+			if err := check(r.Context()); err != nil {
+				// The stream's token was revoked, expired or logged out
+				// (or its person lost their role): say so, and end.
+				msg, _ := json.Marshal(map[string]string{"reason": "the credential that opened this stream is no longer valid: " + err.Error()})
+				if deadline() == nil {
+					_, _ = fmt.Fprintf(w, "event: CLOSED\ndata: %s\n\n", msg)
+					_ = flush()
+				}
+				return
+			}
 		case <-hb.C:
 			if deadline() != nil {
 				return

@@ -161,6 +161,10 @@ func (c *Client) Nodes(ctx context.Context) ([]saltvolumes.Node, string, error) 
 // Synced is the Event.Type that marks the end of the initial list.
 const Synced = "SYNCED"
 
+// Closed is the event a server sends before it ends a stream whose token
+// stopped being valid (logged out, revoked, expired, role lost).
+const Closed = "CLOSED"
+
 // Watch streams changes (after the current volumes as ADDED and one SYNCED
 // event) until fn returns false, ctx ends, or the stream breaks.
 func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolumes.Event) bool) error {
@@ -208,6 +212,11 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolum
 		case strings.HasPrefix(line, "data: "):
 			data = strings.TrimPrefix(line, "data: ")
 		case line == "" && typ != "":
+			if typ == Closed {
+				var why struct{ Reason string }
+				_ = json.Unmarshal([]byte(data), &why)
+				return &Error{Status: http.StatusUnauthorized, Body: saltvolumes.Error{Code: saltvolumes.CodeUnauthorized, Message: "watch ended by the server: " + why.Reason}}
+			}
 			ev := saltvolumes.Event{Type: typ}
 			if typ != Synced {
 				if err := json.Unmarshal([]byte(data), &ev); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -77,7 +78,11 @@ type Kubernetes struct {
 	// name; empty: node names are the minion ids.
 	NodeNameGrain string `yaml:"nodeNameGrain"`
 	// StorageClass is the class of the PVs of volumes created through the
-	// API or CLI (default salt-volumes).
+	// API, the CLI, the UI or Volume objects (default salt-volumes-static:
+	// a class no provisioning class shares, so that tenants' claims of
+	// those classes never bind them; deploy/kubernetes/claims-policy.yaml
+	// keeps tenants out of this one). At start serve moves its PVs that no
+	// claim holds into it; a Bound one keeps its class and is reported.
 	StorageClass string `yaml:"storageClass"`
 	// Provisioner is the name StorageClasses give to have their claims
 	// provisioned by salt-volumes (default salt-volumes.io/sparse).
@@ -99,6 +104,11 @@ type Kubernetes struct {
 	// etcd.replicaID and etcd.advertiseURL do.
 	ReplicaID    string `yaml:"replicaID"`
 	AdvertiseURL string `yaml:"advertiseURL"`
+	// Audiences a Kubernetes bearer token must be made for to be taken by
+	// the REST API (kubectl create token SA --audience salt-volumes);
+	// default [salt-volumes]. Never the API server's own: any pod's
+	// service-account token, or a user's kubeconfig token, would work.
+	Audiences []string `yaml:"audiences"`
 }
 
 // Etcd is the replicated store: every replica serves, one elected leader
@@ -193,7 +203,8 @@ type Access struct {
 	// SessionTTL is how long a login lasts (default 12h).
 	SessionTTL Duration `yaml:"sessionTTL"`
 	// Eauth lists the eauth backends people may log in with (default:
-	// any the master has configured).
+	// pam alone). A user entry "NAME" is for NAME from any of them,
+	// "EAUTH:NAME" (and a group "EAUTH:GROUP") for that backend alone.
 	Eauth []string `yaml:"eauth"`
 }
 
@@ -302,13 +313,19 @@ func parse(data []byte, o Overrides) (*Config, error) {
 	}
 	if k := c.Kubernetes; k != nil {
 		if k.StorageClass == "" {
-			k.StorageClass = "salt-volumes"
+			k.StorageClass = "salt-volumes-static"
 		}
 		if k.Provisioner == "" {
 			k.Provisioner = "salt-volumes.io/sparse"
 		}
 		if k.SyncTimeout == 0 {
 			k.SyncTimeout = Duration(time.Minute)
+		}
+		if k.Audiences == nil {
+			k.Audiences = []string{"salt-volumes"}
+		}
+		if len(k.Audiences) == 0 || slices.Contains(k.Audiences, "") {
+			return nil, errors.New("kubernetes.audiences: give the audiences Kubernetes tokens must be made for (default [salt-volumes]: kubectl create token SA --audience salt-volumes), none empty")
 		}
 		if !strings.Contains(k.Provisioner, "/") {
 			return nil, fmt.Errorf("kubernetes.provisioner: %q: use the <vendor>/<name> form Kubernetes expects, e.g. salt-volumes.io/sparse", k.Provisioner)

@@ -90,11 +90,17 @@ func TestKubernetes(t *testing.T) {
 	c, err = Parse([]byte(base + "kubernetes:\n  kubeconfig: " + kc + "\n"))
 	require.NoError(t, err)
 	require.NotNil(t, c.Kubernetes)
-	assert.Equal(t, "salt-volumes", c.Kubernetes.StorageClass)
+	assert.Equal(t, "salt-volumes-static", c.Kubernetes.StorageClass, "operators' PVs in a class of their own by default (#48)")
 	assert.Equal(t, "salt-volumes.io/sparse", c.Kubernetes.Provisioner)
 	assert.Equal(t, Duration(time.Minute), c.Kubernetes.SyncTimeout)
+	assert.Equal(t, []string{"salt-volumes"}, c.Kubernetes.Audiences, "tokens made for serve only")
+	c, err = Parse([]byte(base + "kubernetes:\n  audiences: [storage.example.com, salt-volumes]\n"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"storage.example.com", "salt-volumes"}, c.Kubernetes.Audiences)
 
 	for text, want := range map[string]string{
+		"kubernetes:\n  audiences: []\n":                       "kubernetes.audiences",
+		"kubernetes:\n  audiences: [\"\"]\n":                   "kubernetes.audiences",
 		"kubernetes:\n  kubeconfig: /nonexistent/kubeconfig\n": "kubernetes.kubeconfig",
 		"kubernetes:\n  provisioner: sparse\n":                 "kubernetes.provisioner",
 		"kubernetes:\n  storageclass: x\n":                     "field storageclass not found",

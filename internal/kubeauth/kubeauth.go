@@ -1,7 +1,8 @@
 // Package kubeauth lets Kubernetes identities use the API in Kubernetes
-// mode: a bearer token is checked with a TokenReview, and each action with
-// a SubjectAccessReview on the Volume resource, so that kubectl's RBAC and
-// the REST API agree on who may do what.
+// mode: a bearer token made for serve's audience is checked with a
+// TokenReview, and each action with a SubjectAccessReview on our group's
+// resources (volumes, their snapshots subresource, volumesnapshots), so
+// that kubectl's RBAC and the REST API agree on who may do what.
 package kubeauth
 
 import (
@@ -9,10 +10,13 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,32 +25,114 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/access"
 )
 
-// Group and Resource are what SubjectAccessReviews name: the Volume
-// resource of deploy/kubernetes/volume-crd.yaml.
+// Group and the resources SubjectAccessReviews name: the Volume resource
+// of deploy/kubernetes/volume-crd.yaml, its snapshots subresource (taking
+// a snapshot of a volume), and the VolumeSnapshot resource of
+// volumesnapshot-crd.yaml (a snapshot, by the control plane's name).
 const (
-	Group    = "salt-volumes.io"
-	Resource = "volumes"
+	Group                = "salt-volumes.io"
+	Resource             = "volumes"
+	SnapshotResource     = "volumesnapshots"
+	SnapshotsSubresource = "snapshots"
 )
+
+// DefaultAudience is the audience a token must be made for when the
+// config names none: kubectl create token SA --audience salt-volumes.
+const DefaultAudience = "salt-volumes"
 
 // cacheTTL: how long an answer of the API server is reused. A revoked
 // token or a removed RoleBinding takes effect within it.
 const cacheTTL = 10 * time.Second
 
+// maxCached bounds each cache (tokens known, tokens refused, decisions).
+const maxCached = 10000
+
+// Limit is a token bucket: TokenReviews a second, and the burst.
+type Limit struct {
+	PerSecond float64
+	Burst     int
+}
+
+// Default bounds on TokenReviews of tokens not in the cache (a cached
+// token, accepted or refused, costs none for cacheTTL): per client
+// address (an IPv6 client's /64), and for all clients together.
+var (
+	DefaultPerSource = Limit{PerSecond: 5, Burst: 20}
+	DefaultGlobal    = Limit{PerSecond: 20, Burst: 50}
+)
+
+// maxSources bounds the per-source buckets kept; past it (after dropping
+// the idle ones) a new source is throttled until some go idle.
+const maxSources = 10000
+
+// ErrThrottled: a token not in the cache, from a source (or with all
+// sources together) past its bound on TokenReviews; no TokenReview was
+// made. It is an access.ErrUnauthenticated, to be answered 429.
+var ErrThrottled = fmt.Errorf("%w: too many new Kubernetes tokens: retry in a second", access.ErrUnauthenticated)
+
+// RefusedError: the API server did not accept the token for serve's
+// audience. It is an access.ErrUnauthenticated; Msg says what to do.
+type RefusedError struct{ Msg string }
+
+func (e *RefusedError) Error() string { return e.Msg }
+func (e *RefusedError) Unwrap() error { return access.ErrUnauthenticated }
+
+// Attributes are what one request asks of RBAC, as a
+// SubjectAccessReview's resource attributes in our group (cluster-scoped:
+// no namespace).
+type Attributes struct {
+	Verb        string
+	Resource    string
+	Subresource string
+	// Name of the object; "" for the collection.
+	Name string
+}
+
+// Target names the resource as kubectl does, and the object if any:
+// "volumes.salt-volumes.io/snapshots data-1".
+func (a Attributes) Target() string {
+	t := a.Resource + "." + Group
+	if a.Subresource != "" {
+		t += "/" + a.Subresource
+	}
+	if a.Name != "" {
+		t += " " + a.Name
+	}
+	return t
+}
+
 // Reviewer asks the API server.
 type Reviewer struct {
 	Client kubernetes.Interface
-	// Audiences the token must be for (empty: the API server's own).
+	// Audiences the token must be made for (kubectl create token
+	// --audience); empty: DefaultAudience. Never the API server's own: a
+	// kubeconfig's token or any pod's would work against serve then.
 	Audiences []string
-	Now       func() time.Time
+	// PerSource and Global bound TokenReviews of tokens not cached
+	// (zero: DefaultPerSource, DefaultGlobal).
+	PerSource, Global Limit
+	Now               func() time.Time
 
-	mu      sync.Mutex
-	tokens  map[[32]byte]cached[*access.Principal]
-	reviews map[string]cached[decision]
+	mu       sync.Mutex
+	known    map[[32]byte]cached[*access.Principal]
+	refused  map[[32]byte]cached[error]
+	inflight map[[32]byte]*call
+	sources  map[string]*rate.Limiter
+	global   *rate.Limiter
+	reviews  map[string]cached[decision]
 }
 
 type cached[T any] struct {
 	v  T
 	at time.Time
+}
+
+// call is a TokenReview under way, which requests with the same token
+// wait for instead of making their own.
+type call struct {
+	done chan struct{}
+	p    *access.Principal
+	err  error
 }
 
 type decision struct {
@@ -61,50 +147,206 @@ func (r *Reviewer) now() time.Time {
 	return time.Now()
 }
 
-// Authenticate checks token with a TokenReview: the principal (Kind
-// "kubernetes", User "k8s:<name>") or access.ErrUnauthenticated.
-func (r *Reviewer) Authenticate(ctx context.Context, token string) (*access.Principal, error) {
+func (r *Reviewer) audiences() []string {
+	if len(r.Audiences) == 0 {
+		return []string{DefaultAudience}
+	}
+	return r.Audiences
+}
+
+// Authenticate checks token with a TokenReview for serve's audience: the
+// principal (Kind "kubernetes", User "k8s:<name>", with the user's groups,
+// uid and extra) or an access.ErrUnauthenticated (a *RefusedError when the
+// token is not for serve's audience, ErrThrottled when source, the
+// client's address, or all clients together asked for too many
+// TokenReviews of tokens not cached). Answers, refusals included, are
+// cached by the token's hash for 10 s.
+func (r *Reviewer) Authenticate(ctx context.Context, token, source string) (*access.Principal, error) {
 	key := sha256.Sum256([]byte(token))
+	now := r.now()
 	r.mu.Lock()
-	if c, ok := r.tokens[key]; ok && r.now().Sub(c.at) < cacheTTL {
+	c0, wasKnown := r.known[key]
+	if wasKnown && now.Sub(c0.at) < cacheTTL {
 		r.mu.Unlock()
-		if c.v == nil {
-			return nil, access.ErrUnauthenticated
+		return c0.v, nil
+	}
+	if c, ok := r.refused[key]; ok && now.Sub(c.at) < cacheTTL {
+		r.mu.Unlock()
+		return nil, c.v
+	}
+	if c, ok := r.inflight[key]; ok {
+		r.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.p, c.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		return c.v, nil
+	}
+	// A token that was valid (kept until the cache is full) is checked
+	// again unthrottled: a flood does not end its watch streams.
+	if !wasKnown && !r.allowReview(source, now) {
+		r.mu.Unlock()
+		return nil, ErrThrottled
+	}
+	c := &call{done: make(chan struct{})}
+	if r.inflight == nil {
+		r.inflight = map[[32]byte]*call{}
+	}
+	r.inflight[key] = c
+	r.mu.Unlock()
+
+	c.p, c.err = r.review(ctx, token)
+
+	r.mu.Lock()
+	delete(r.inflight, key)
+	switch {
+	case c.err == nil:
+		r.known = store(r.known, key, c.p, r.now())
+	case errors.Is(c.err, access.ErrUnauthenticated):
+		delete(r.known, key)
+		r.refused = store(r.refused, key, c.err, r.now())
 	}
 	r.mu.Unlock()
+	close(c.done)
+	return c.p, c.err
+}
+
+// review makes one TokenReview.
+func (r *Reviewer) review(ctx context.Context, token string) (*access.Principal, error) {
+	auds := r.audiences()
 	tr, err := r.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
-		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: r.Audiences}}, metav1.CreateOptions{})
+		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: auds}}, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes TokenReview: %w", err)
 	}
-	var p *access.Principal
-	if tr.Status.Authenticated {
-		u := tr.Status.User
-		p = &access.Principal{User: "k8s:" + u.Username, Groups: u.Groups, Kind: "kubernetes", UID: u.UID}
-	}
-	r.mu.Lock()
-	if r.tokens == nil || len(r.tokens) > 10000 {
-		r.tokens = map[[32]byte]cached[*access.Principal]{}
-	}
-	r.tokens[key] = cached[*access.Principal]{v: p, at: r.now()}
-	r.mu.Unlock()
-	if p == nil {
+	if !tr.Status.Authenticated {
+		if strings.Contains(tr.Status.Error, "audience") {
+			return nil, &RefusedError{Msg: fmt.Sprintf("this Kubernetes token is not made for salt-volumes (audience %s): "+
+				"make one with kubectl create token SERVICEACCOUNT --audience %s; a kubeconfig's or a pod's own token is not accepted", auds[0], auds[0])}
+		}
 		return nil, access.ErrUnauthenticated
+	}
+	// An API server that ignores the audiences asked for (older than
+	// 1.13, or a webhook) answers with none of them.
+	if len(tr.Status.Audiences) > 0 && !slices.ContainsFunc(tr.Status.Audiences, func(a string) bool { return slices.Contains(auds, a) }) {
+		return nil, &RefusedError{Msg: fmt.Sprintf("this Kubernetes token is valid for %s, not for salt-volumes (audience %s): make one with kubectl create token SERVICEACCOUNT --audience %s",
+			strings.Join(tr.Status.Audiences, ", "), auds[0], auds[0])}
+	}
+	u := tr.Status.User
+	p := &access.Principal{User: "k8s:" + u.Username, Groups: u.Groups, Kind: "kubernetes", UID: u.UID}
+	if len(u.Extra) > 0 {
+		p.Extra = map[string][]string{}
+		for k, v := range u.Extra {
+			p.Extra[k] = slices.Clone([]string(v))
+		}
 	}
 	return p, nil
 }
 
-// Allowed asks whether p may do verb on the Volume name ("" for the
-// collection) with a SubjectAccessReview; the reason is the API server's
-// when it gives one.
-func (r *Reviewer) Allowed(ctx context.Context, p *access.Principal, verb, name string) (bool, string, error) {
+// allowReview takes a TokenReview from source's bucket and the global
+// one, or neither. r.mu is held.
+func (r *Reviewer) allowReview(source string, now time.Time) bool {
+	per, all := r.PerSource, r.Global
+	if per.PerSecond <= 0 {
+		per = DefaultPerSource
+	}
+	if all.PerSecond <= 0 {
+		all = DefaultGlobal
+	}
+	if r.global == nil {
+		r.global = rate.NewLimiter(rate.Limit(all.PerSecond), all.Burst)
+	}
+	if r.sources == nil {
+		r.sources = map[string]*rate.Limiter{}
+	}
+	src := sourceKey(source)
+	l, ok := r.sources[src]
+	if !ok {
+		if len(r.sources) >= maxSources {
+			// Drop the buckets that are full again: their sources
+			// asked nothing lately.
+			for k, b := range r.sources {
+				if b.TokensAt(now) >= float64(per.Burst) {
+					delete(r.sources, k)
+				}
+			}
+			if len(r.sources) >= maxSources {
+				return false
+			}
+		}
+		l = rate.NewLimiter(rate.Limit(per.PerSecond), per.Burst)
+		r.sources[src] = l
+	}
+	if l.TokensAt(now) < 1 || r.global.TokensAt(now) < 1 {
+		return false
+	}
+	return l.AllowN(now, 1) && r.global.AllowN(now, 1)
+}
+
+// sourceKey: an address, IPv6 ones by their /64 (one host can hold all
+// of it).
+func sourceKey(source string) string {
+	a, err := netip.ParseAddr(source)
+	if err != nil {
+		return source
+	}
+	a = a.Unmap()
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return p.String()
+	}
+	return a.String()
+}
+
+// store caches v under key, dropping the expired entries (all of them
+// when none is) once the map holds maxCached.
+func store[K comparable, T any](m map[K]cached[T], key K, v T, now time.Time) map[K]cached[T] {
+	if m == nil {
+		m = map[K]cached[T]{}
+	}
+	if len(m) >= maxCached {
+		for k, c := range m {
+			if now.Sub(c.at) >= cacheTTL {
+				delete(m, k)
+			}
+		}
+		if len(m) >= maxCached {
+			m = map[K]cached[T]{}
+		}
+	}
+	m[key] = cached[T]{v: v, at: now}
+	return m
+}
+
+// Allowed asks whether p may do what a says with a SubjectAccessReview
+// (p's user, groups, uid and extra); the reason is the API server's when
+// it gives one.
+func (r *Reviewer) Allowed(ctx context.Context, p *access.Principal, a Attributes) (bool, string, error) {
 	if p == nil || p.Kind != "kubernetes" {
 		return false, "", errors.New("not a Kubernetes identity")
 	}
 	user := strings.TrimPrefix(p.User, "k8s:")
-	key := user + "\x00" + strings.Join(p.Groups, ",") + "\x00" + verb + "\x00" + name
+	var extra map[string]authzv1.ExtraValue
+	var b strings.Builder
+	for _, s := range []string{user, p.UID, a.Verb, a.Resource, a.Subresource, a.Name} {
+		b.WriteString(s)
+		b.WriteByte(0)
+	}
+	b.WriteString(strings.Join(p.Groups, "\x01"))
+	if len(p.Extra) > 0 {
+		extra = map[string]authzv1.ExtraValue{}
+		keys := make([]string, 0, len(p.Extra))
+		for k, v := range p.Extra {
+			extra[k] = authzv1.ExtraValue(slices.Clone(v))
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b.WriteString("\x00" + k + "\x01" + strings.Join(p.Extra[k], "\x01"))
+		}
+	}
+	key := b.String()
 	r.mu.Lock()
 	if c, ok := r.reviews[key]; ok && r.now().Sub(c.at) < cacheTTL {
 		r.mu.Unlock()
@@ -112,17 +354,15 @@ func (r *Reviewer) Allowed(ctx context.Context, p *access.Principal, verb, name 
 	}
 	r.mu.Unlock()
 	sar, err := r.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
-		Spec: authzv1.SubjectAccessReviewSpec{User: user, Groups: p.Groups, UID: p.UID,
-			ResourceAttributes: &authzv1.ResourceAttributes{Group: Group, Resource: Resource, Verb: verb, Name: name}}}, metav1.CreateOptions{})
+		Spec: authzv1.SubjectAccessReviewSpec{User: user, Groups: p.Groups, UID: p.UID, Extra: extra,
+			ResourceAttributes: &authzv1.ResourceAttributes{Group: Group, Resource: a.Resource, Subresource: a.Subresource,
+				Verb: a.Verb, Name: a.Name}}}, metav1.CreateOptions{})
 	if err != nil {
 		return false, "", fmt.Errorf("kubernetes SubjectAccessReview: %w", err)
 	}
 	d := decision{allowed: sar.Status.Allowed && !sar.Status.Denied, reason: sar.Status.Reason}
 	r.mu.Lock()
-	if r.reviews == nil || len(r.reviews) > 10000 {
-		r.reviews = map[string]cached[decision]{}
-	}
-	r.reviews[key] = cached[decision]{v: d, at: r.now()}
+	r.reviews = store(r.reviews, key, d, r.now())
 	r.mu.Unlock()
 	return d.allowed, d.reason, nil
 }

@@ -223,7 +223,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		if err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
-		kubeAuth = &kubeauth.Reviewer{Client: cs}
+		// Only tokens made for serve (kubectl create token SA --audience
+		// salt-volumes), never any pod's or kubeconfig's.
+		kubeAuth = &kubeauth.Reviewer{Client: cs, Audiences: cfg.Kubernetes.Audiences}
 	}
 	tokens := &access.Tokens{Records: records, Bootstrap: cfg.Token}
 	audit := &access.Audit{Records: records, Log: log.With("component", "audit"),
@@ -430,14 +432,14 @@ func logins(cfg *config.Config, salt *saltapi.Client) *api.Logins {
 	if len(a.Users) == 0 && len(a.Groups) == 0 && a.DefaultRole == "" {
 		return nil
 	}
-	m := access.RoleMap{Users: map[string]access.Role{}, Groups: map[string]access.Role{}, Default: access.Role(a.DefaultRole)}
+	m := access.RoleMap{Users: map[string]access.Role{}, Groups: map[string]access.Role{}, Default: access.Role(a.DefaultRole), Eauth: a.Eauth}
 	for k, v := range a.Users {
 		m.Users[k] = access.Role(v)
 	}
 	for k, v := range a.Groups {
 		m.Groups[k] = access.Role(v)
 	}
-	return &api.Logins{People: salt, Roles: m, TTL: time.Duration(a.SessionTTL), Eauth: a.Eauth}
+	return &api.Logins{People: salt, Roles: m, TTL: time.Duration(a.SessionTTL)}
 }
 
 // recordsFor keeps tokens and the audit trail in the volumes' backend;

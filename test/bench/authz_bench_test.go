@@ -71,7 +71,7 @@ func measureAuthz(b *testing.B) {
 	const bootstrap = "bench-bootstrap-token-0123456789"
 	srv := &api.Server{Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: bootstrap,
 		Tokens: &access.Tokens{Records: st, Bootstrap: bootstrap}, Audit: &access.Audit{Records: st},
-		Logins: &api.Logins{People: salt, Roles: access.RoleMap{Users: map[string]access.Role{"alice": access.Operator}}, TTL: time.Hour},
+		Logins: &api.Logins{People: salt, Roles: access.RoleMap{Users: map[string]access.Role{"alice": access.Operator}, Eauth: []string{"file"}}, TTL: time.Hour},
 		Nodes:  salt.Minions}
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()

@@ -51,15 +51,15 @@ func pamUser(t *testing.T) (string, string) {
 // on which minions they may change volumes: file eauth and PAM, on a real
 // master with two minions.
 func TestPeopleLogInWithSalt(t *testing.T) {
-	alicePw, carolPw, malloryPw := secret(t), secret(t), secret(t)
+	alicePw, carolPw, malloryPw, davePw := secret(t), secret(t), secret(t), secret(t)
 	pamName, pamPw := pamUser(t)
 	nodeACL := func(target string) []any {
 		return []any{map[string]any{target: []any{`^salt_volumes\.apply_volume$`, `^test\.ping$`}}}
 	}
 	s := saltstack.StartOpts(t, bin("salt-volume-exec"), saltstack.Options{API: true,
-		FileUsers: map[string]string{"alice": alicePw, "carol": carolPw, "mallory": malloryPw},
+		FileUsers: map[string]string{"alice": alicePw, "carol": carolPw, "mallory": malloryPw, "dave": davePw},
 		People: map[string]map[string]any{
-			"file": {"alice": nodeACL("node-1"), "carol": []any{`^test\.ping$`}, "mallory": nodeACL("*")},
+			"file": {"alice": nodeACL("node-1"), "carol": []any{`^test\.ping$`}, "mallory": nodeACL("*"), "dave": nodeACL("node-1")},
 			"pam":  {pamName: nodeACL("node-2")},
 		}})
 	var uuids []string
@@ -72,7 +72,10 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 	require.Contains(t, out, "runners.salt_volumes")
 
 	p := serveproc.New(t, s, bin("salt-volumes"))
-	p.Start(fmt.Sprintf("access:\n  users: {alice: operator, carol: viewer, %s: operator}\n  sessionTTL: 1h\n", pamName))
+	// "pam:mallory" is a PAM user's entry: the file user mallory is not
+	// that user (#48 item 9). dave is an admin whose Salt ACL covers
+	// node-1 alone.
+	p.Start(fmt.Sprintf("access:\n  users: {alice: operator, carol: viewer, %s: operator, 'pam:mallory': admin, dave: admin}\n  sessionTTL: 1h\n  eauth: [file, pam]\n", pamName))
 	ctx := context.Background()
 	anon := &client.Client{URL: p.URL}
 	login := func(user, pw, eauth string) client.Session {
@@ -291,7 +294,7 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 			pamName + " refused DELETE /api/v1/volumes/alice-1 alice-1@node-1",
 			"carol refused POST /api/v1/volumes carol-1@node-1",
 			"carol refused DELETE /api/v1/volumes/alice-1 alice-1@node-1",
-			"alice refused POST /api/v1/login @",
+			"unverified:alice refused POST /api/v1/login @",
 			"mallory refused POST /api/v1/login @",
 			"alice refused POST /api/v1/volumes alice-3@node-2",
 			"alice refused POST /api/v1/volumes alice-ui-2@node-2",
@@ -299,4 +302,71 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 			assert.Contains(t, got, want)
 		}
 	})
+
+	t.Run("a token dave makes stays within dave's Salt ACL (#48 item 8)", func(t *testing.T) {
+		dave := login("dave", davePw, "file")
+		assert.Equal(t, "admin", string(dave.Role))
+		tok, err := as(dave).CreateToken(ctx, "daves-ci", "admin", "")
+		require.NoError(t, err)
+		ci := &client.Client{URL: p.URL, Token: tok.Token}
+		_, err = ci.Create(ctx, sparse("dave-2", "node-2"))
+		assert.Contains(t, forbidden(err), "token:daves-ci (made by dave) may not change volumes on node-2")
+		_, err = p.Client().Get(ctx, "dave-2")
+		assert.Error(t, err, "nothing was created")
+		_, err = as(alice).CreateToken(ctx, "alices", "operator", "")
+		assert.Contains(t, forbidden(err), "needs role admin")
+	})
+
+	t.Run("a watch stream ends when its session is logged out (#48 item 12)", func(t *testing.T) {
+		carol := login("carol", carolPw, "file")
+		ended := make(chan error, 1)
+		synced := make(chan struct{})
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		go func() {
+			ended <- as(carol).Watch(wctx, "", "", func(ev saltvolumes.Event) bool {
+				if ev.Type == client.Synced {
+					close(synced)
+				}
+				return true
+			})
+		}()
+		<-synced
+		require.NoError(t, as(carol).Logout(ctx))
+		select {
+		case err := <-ended:
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "watch ended by the server")
+		case <-time.After(30 * time.Second):
+			t.Fatal("the stream outlived its session by 30 s")
+		}
+	})
+
+	t.Run("logins are JSON, keyed by eauth, and throttled under a parallel flood (#48 items 9, 10, 15)", func(t *testing.T) {
+		post := func(ctype, body string) int {
+			req, _ := http.NewRequest(http.MethodPost, p.URL+"/api/v1/login", strings.NewReader(body))
+			req.Header.Set("Content-Type", ctype)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		assert.Equal(t, http.StatusUnsupportedMediaType, post("text/plain", `{"username":"alice","password":"`+alicePw+`","eauth":"file"}`))
+		_, err := anon.Login(ctx, "mallory", malloryPw, "file")
+		assert.Contains(t, forbidden(err), "mallory logged in to Salt, but has no salt-volumes role", "pam:mallory is not the file user mallory")
+		before := p.Metric("salt_volumes_logins_refused_total")
+		codes := make(chan int, 40)
+		for range 40 {
+			go func() { codes <- post("application/json", `{"username":"alice","password":"wrong","eauth":"file"}`) }()
+		}
+		var tooMany int
+		for range 40 {
+			if <-codes == http.StatusTooManyRequests {
+				tooMany++
+			}
+		}
+		assert.GreaterOrEqual(t, tooMany, 36, "at most the free attempts reach the master")
+		assert.Equal(t, before+40, p.Metric("salt_volumes_logins_refused_total"))
+	})
+
 }
