@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,11 +15,12 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
-// Claims with a data source: a clone of another claim of ours (a snapshot
-// taken for it, cloned, then deleted), or a restore of one of our
-// snapshots. Without CSI, Kubernetes hands a claim's dataSource to the
-// provisioner and checks nothing else: the source, its node and its size
-// are checked here.
+// Claims with a data source: a clone of another claim of ours in its
+// namespace (a snapshot taken for it, cloned, then deleted), or a restore
+// of the snapshot of a VolumeSnapshot object of its namespace. Without
+// CSI, Kubernetes hands a claim's dataSource to the provisioner and checks
+// nothing else: the source, its namespace, its node and its size are
+// checked here.
 
 // Kinds of data source we provision from.
 const (
@@ -35,6 +37,29 @@ func (c *Controller) SetSnapshots(s *snapshots.Service) { c.snaps = s }
 
 // Claims lists the claims the controller watches.
 func (c *Controller) Claims() corelisters.PersistentVolumeClaimLister { return c.pvcs }
+
+// PVs lists the PersistentVolumes the controller watches.
+func (c *Controller) PVs() corelisters.PersistentVolumeLister { return c.pvs }
+
+// heldVolume is the volume a claim holds: its PV's, once the claim is
+// Bound and that PV's claimRef names this very claim (namespace, name and
+// uid). spec.volumeName alone is only what the claim asks for, and any
+// claim may ask for any PV (it then stays Pending): a claim naming an
+// operator's volume must not be a way to snapshot or clone it.
+func heldVolume(pvs corelisters.PersistentVolumeLister, pvc *corev1.PersistentVolumeClaim) (string, bool) {
+	if pvs == nil || pvc.Spec.VolumeName == "" || pvc.Status.Phase != corev1.ClaimBound {
+		return "", false
+	}
+	pv, err := pvs.Get(pvc.Spec.VolumeName)
+	if err != nil || pv.Spec.ClaimRef == nil {
+		return "", false
+	}
+	r := pv.Spec.ClaimRef
+	if r.UID != pvc.UID || r.Namespace != pvc.Namespace || r.Name != pvc.Name {
+		return "", false
+	}
+	return pv.Name, true
+}
 
 // dataSource is the claim's source, from dataSourceRef (which the API
 // server fills in from dataSource too) or dataSource.
@@ -85,26 +110,23 @@ func (c *Controller) withSource(ctx context.Context, pvc *corev1.PersistentVolum
 	}
 	var snap snapshots.Snapshot
 	if kind == kindSnapshot {
-		// A VolumeSnapshot object of the claim's namespace, else a
-		// snapshot taken through the API by that name.
-		snap, err = c.snaps.Get(ctx, SnapshotName(pvc.Namespace, name))
-		if errors.Is(err, snapshots.ErrNotFound) {
-			snap, err = c.snaps.Get(ctx, name)
-		}
-		if errors.Is(err, snapshots.ErrNotFound) {
-			return fmt.Sprintf("dataSourceRef: snapshot %s not found (salt-volumes snapshot ls lists them)", name), nil
-		}
-		if err != nil {
-			return "", err
+		// Only the snapshot of a VolumeSnapshot object of the claim's own
+		// namespace: never one of another namespace's, nor one taken
+		// through the API (an operator binds such a one to an object of
+		// the namespace: spec.source.snapshotName).
+		var refuse string
+		snap, refuse, err = c.ownSnapshot(ctx, pvc.Namespace, name)
+		if refuse != "" || err != nil {
+			return refuse, err
 		}
 		if snap.Phase != snapshots.Ready {
 			if snap.Phase == snapshots.Pending {
 				return "", errCloneWaiting
 			}
-			return fmt.Sprintf("dataSourceRef: snapshot %s is %s: %s", name, snap.Phase, snap.Message), nil
+			return fmt.Sprintf("dataSourceRef: VolumeSnapshot %s's snapshot %s is %s: %s", name, snap.Name, snap.Phase, snap.Message), nil
 		}
 		if snap.LV != "" {
-			return fmt.Sprintf("dataSourceRef: snapshot %s is an LVM snapshot (%s) and this class provisions sparse volumes: restore it as an LV with salt-volumes create NAME --from snapshot/%s", name, snap.LV, name), nil
+			return fmt.Sprintf("dataSourceRef: VolumeSnapshot %s's snapshot %s is an LVM snapshot (%s) and this class provisions sparse volumes: restore it as an LV with salt-volumes create NAME --from snapshot/%s", name, snap.Name, snap.LV, snap.Name), nil
 		}
 	} else {
 		src, err := c.pvcs.PersistentVolumeClaims(pvc.Namespace).Get(name)
@@ -114,10 +136,11 @@ func (c *Controller) withSource(ctx context.Context, pvc *corev1.PersistentVolum
 		if err != nil {
 			return "", err
 		}
-		if src.Spec.VolumeName == "" {
-			return "", errCloneWaiting // the source claim is not bound yet
+		held, ok := heldVolume(c.pvs, src)
+		if !ok {
+			return "", errCloneWaiting // the source claim is not bound (to its PV) yet
 		}
-		v, err := c.vols.Get(src.Spec.VolumeName)
+		v, err := c.vols.Get(held)
 		if err != nil {
 			return fmt.Sprintf("dataSource: claim %s is bound to %s, which is not a salt-volumes volume", name, src.Spec.VolumeName), nil
 		}
@@ -168,4 +191,33 @@ func cloneable(v *volume.Volume, s *spec.Spec, what string) string {
 		return fmt.Sprintf("dataSource: %s holds %s but this claim's StorageClass makes %s: use a class of the same fsType", what, v.Spec.FSType, s.FSType)
 	}
 	return ""
+}
+
+// ownSnapshot is the snapshot that belongs to VolumeSnapshot object
+// ns/name (its owner recorded with it): the one the object took, or the
+// existing one an operator bound to it. refuse says why there is none,
+// without naming anything of another namespace.
+func (c *Controller) ownSnapshot(ctx context.Context, ns, name string) (snapshots.Snapshot, string, error) {
+	snap, owner, err := c.snaps.Lookup(ctx, SnapshotName(ns, name))
+	if err == nil && owner != nil && owner.Namespace == ns && owner.Name == name {
+		return snap, "", nil
+	}
+	if err != nil && !errors.Is(err, snapshots.ErrNotFound) {
+		return snapshots.Snapshot{}, "", err
+	}
+	owned, err := c.snaps.OwnedBy(ctx, ns, name)
+	if err != nil {
+		return snapshots.Snapshot{}, "", err
+	}
+	switch len(owned) {
+	case 1:
+		return owned[0], "", nil
+	case 0:
+		return snapshots.Snapshot{}, fmt.Sprintf("dataSourceRef: VolumeSnapshot %s: no snapshot of that object in namespace %s (kubectl get volumesnapshots.salt-volumes.io -n %s): a claim restores only the VolumeSnapshot objects of its own namespace; a snapshot taken through the API is restored here once an operator binds it to an object of this namespace (spec.source.snapshotName)", name, ns, ns), nil
+	}
+	names := make([]string, len(owned))
+	for i, s := range owned {
+		names[i] = s.Name
+	}
+	return snapshots.Snapshot{}, fmt.Sprintf("dataSourceRef: VolumeSnapshot %s: snapshots %s all belong to an object of that name (an earlier one's finalizer was removed by hand?): an operator deletes the stale one (salt-volumes snapshot rm)", name, strings.Join(names, ", ")), nil
 }

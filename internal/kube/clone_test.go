@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
@@ -71,7 +72,14 @@ func cloneClaim(mut ...func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVo
 func originClaim() *corev1.PersistentVolumeClaim {
 	return testClaim(func(p *corev1.PersistentVolumeClaim) {
 		p.Name, p.UID, p.Spec.VolumeName = "origin", srcUID, "pvc-"+srcUID
+		p.Status.Phase = corev1.ClaimBound
 	})
+}
+
+// heldPV is the source volume's PV, its claimRef naming claim.
+func heldPV(claim *corev1.PersistentVolumeClaim) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-" + srcUID, Labels: map[string]string{LabelManagedBy: ManagedBy}},
+		Spec: corev1.PersistentVolumeSpec{ClaimRef: &corev1.ObjectReference{Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID}}}
 }
 
 func snapService(t *testing.T) *snapshots.Service {
@@ -83,7 +91,7 @@ func snapService(t *testing.T) *snapshots.Service {
 
 func TestDecisionCloneOfAClaim(t *testing.T) {
 	vols := &recVolumes{vols: map[string]*volume.Volume{"pvc-" + srcUID: sourceVolume()}}
-	c, _ := follower(t, vols, testClass(), originClaim(), cloneClaim())
+	c, _ := follower(t, vols, testClass(), originClaim(), heldPV(originClaim()), cloneClaim())
 	snaps := snapService(t)
 	c.SetSnapshots(snaps)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -126,11 +134,11 @@ func TestDecisionCloneRefusals(t *testing.T) {
 			g := ourGroup
 			p.Spec.DataSource = nil
 			p.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: &g, Kind: kindSnapshot, Name: "gone"}
-		}), "snapshot gone not found"},
+		}), "dataSourceRef: VolumeSnapshot gone: no snapshot of that object in namespace apps"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			vols := &recVolumes{vols: map[string]*volume.Volume{"pvc-" + srcUID: c.src}}
-			ctl, _ := follower(t, vols, testClass(), originClaim(), c.claim)
+			ctl, _ := follower(t, vols, testClass(), originClaim(), heldPV(originClaim()), c.claim)
 			snaps := snapService(t)
 			ctl.SetSnapshots(snaps)
 			rctx, cancel := context.WithCancel(ctx)
@@ -168,10 +176,11 @@ func TestDecisionLVMSnapshotNotRestoredByAClaim(t *testing.T) {
 	snaps := snapService(t)
 	ctl.SetSnapshots(snaps)
 	go snaps.Run(ctx, nil)
-	_, _, err := snaps.Take(ctx, lv, "nightly", "alice")
+	_, _, err := snaps.TakeOwned(ctx, lv, SnapshotName("apps", "nightly"), "alice", 0, snapshots.Owner{Namespace: "apps", Name: "nightly", UID: "u1"})
 	require.NoError(t, err)
+	name := SnapshotName("apps", "nightly")
 	require.Eventually(t, func() bool {
-		s, err := snaps.Get(ctx, "nightly")
+		s, err := snaps.Get(ctx, name)
 		return err == nil && s.Phase == snapshots.Ready
 	}, 10*time.Second, 20*time.Millisecond)
 	s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
@@ -179,7 +188,129 @@ func TestDecisionLVMSnapshotNotRestoredByAClaim(t *testing.T) {
 	require.NoError(t, s.Validate())
 	refuse, err := ctl.withSource(ctx, claim, s)
 	require.NoError(t, err)
-	assert.Contains(t, refuse, "snapshot nightly is an LVM snapshot (vg0/svsnap-")
-	assert.Contains(t, refuse, "salt-volumes create NAME --from snapshot/nightly")
+	assert.Contains(t, refuse, "snapshot "+name+" is an LVM snapshot (vg0/svsnap-")
+	assert.Contains(t, refuse, "salt-volumes create NAME --from snapshot/"+name)
 	assert.Nil(t, s.Source)
+}
+
+// Issue #48 (1): a claim restores only the snapshots of its own
+// namespace's VolumeSnapshot objects: not one taken through the API, not
+// another namespace's by its control-plane name (new or old style), and
+// the refusal names no node. An operator's binding makes an API snapshot
+// restorable in one namespace.
+func TestDecisionClaimRestoresOnlyItsNamespacesSnapshots(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src := sourceVolume()
+	snaps := snapService(t)
+	go snaps.Run(ctx, nil)
+	ready := func(name string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			s, err := snaps.Get(ctx, name)
+			return err == nil && s.Phase == snapshots.Ready
+		}, 10*time.Second, 20*time.Millisecond)
+	}
+	// An operator's snapshot through the API, and namespace a's objects
+	// nightly (as named now) and old (as named before: a-old, no owner).
+	_, _, err := snaps.Take(ctx, src, "nightly", "alice")
+	require.NoError(t, err)
+	aNightly := SnapshotName("a", "nightly")
+	_, _, err = snaps.TakeOwned(ctx, src, aNightly, "k8s:volumesnapshot a/nightly", 0, snapshots.Owner{Namespace: "a", Name: "nightly", UID: "ua"})
+	require.NoError(t, err)
+	_, _, err = snaps.Take(ctx, src, "a-old", "k8s:volumesnapshot a/old")
+	require.NoError(t, err)
+	for _, n := range []string{"nightly", aNightly, "a-old"} {
+		ready(n)
+	}
+	s := func() *spec.Spec {
+		s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
+			SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
+		require.NoError(t, s.Validate())
+		return s
+	}
+	for _, ref := range []string{"nightly", aNightly, "a-old", "a-nightly"} {
+		claim := cloneClaim(func(p *corev1.PersistentVolumeClaim) {
+			g := ourGroup
+			p.Namespace, p.Spec.DataSource = "evil", nil
+			p.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: &g, Kind: kindSnapshot, Name: ref}
+		})
+		ctl, _ := follower(t, &recVolumes{vols: map[string]*volume.Volume{src.Spec.Name: src}}, testClass(), claim)
+		ctl.SetSnapshots(snaps)
+		sp := s()
+		refuse, err := ctl.withSource(ctx, claim, sp)
+		require.NoError(t, err)
+		assert.Contains(t, refuse, "dataSourceRef: VolumeSnapshot "+ref+": no snapshot of that object in namespace evil", ref)
+		assert.Contains(t, refuse, "a claim restores only the VolumeSnapshot objects of its own namespace", ref)
+		assert.NotContains(t, refuse, "node-1", "the refusal does not say where another's snapshot is")
+		assert.Nil(t, sp.Source, ref)
+	}
+	// Namespace a's own claim restores its object's snapshot.
+	claim := cloneClaim(func(p *corev1.PersistentVolumeClaim) {
+		g := ourGroup
+		p.Namespace, p.Spec.DataSource = "a", nil
+		p.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: &g, Kind: kindSnapshot, Name: "nightly"}
+	})
+	ctl, _ := follower(t, &recVolumes{vols: map[string]*volume.Volume{src.Spec.Name: src}}, testClass(), claim)
+	ctl.SetSnapshots(snaps)
+	sp := s()
+	refuse, err := ctl.withSource(ctx, claim, sp)
+	require.NoError(t, err)
+	assert.Empty(t, refuse)
+	assert.Equal(t, &spec.Source{VolumeUUID: srcUID, Snapshot: aNightly}, sp.Source)
+
+	// The operator binds the API snapshot to evil/granted: restorable
+	// there by that object's name, and only there.
+	_, err = snaps.Bind(ctx, "nightly", snapshots.Owner{Namespace: "evil", Name: "granted", UID: "ug", Bound: true}, nil)
+	require.NoError(t, err)
+	for ns, want := range map[string]string{"evil": "", "a": "no snapshot of that object in namespace a"} {
+		claim := cloneClaim(func(p *corev1.PersistentVolumeClaim) {
+			g := ourGroup
+			p.Namespace, p.Spec.DataSource = ns, nil
+			p.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: &g, Kind: kindSnapshot, Name: "granted"}
+		})
+		ctl, _ := follower(t, &recVolumes{vols: map[string]*volume.Volume{src.Spec.Name: src}}, testClass(), claim)
+		ctl.SetSnapshots(snaps)
+		sp := s()
+		refuse, err := ctl.withSource(ctx, claim, sp)
+		require.NoError(t, err)
+		if want == "" {
+			assert.Empty(t, refuse)
+			assert.Equal(t, &spec.Source{VolumeUUID: srcUID, Snapshot: "nightly"}, sp.Source)
+		} else {
+			assert.Contains(t, refuse, want)
+		}
+	}
+}
+
+// #48, the outside review of the fix: a claim that only names a PV
+// (spec.volumeName, Pending, never bound) is no way to clone the volume
+// behind it: only a claim its PV's claimRef names holds it.
+func TestDecisionCloneOfADecoyClaimWaits(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	decoy := originClaim()
+	decoy.Status.Phase = corev1.ClaimPending
+	operators := heldPV(testClaim(func(p *corev1.PersistentVolumeClaim) { p.Namespace, p.Name, p.UID = "prod", "db", "d0d0" }))
+	vols := &recVolumes{vols: map[string]*volume.Volume{"pvc-" + srcUID: sourceVolume()}}
+	for _, tc := range []struct {
+		name  string
+		claim *corev1.PersistentVolumeClaim
+	}{{"pending, naming the PV", decoy}, {"bound, but the PV's claimRef names another claim", originClaim()}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctl, _ := follower(t, vols, testClass(), tc.claim, operators, cloneClaim())
+			snaps := snapService(t)
+			ctl.SetSnapshots(snaps)
+			go snaps.Run(ctx, nil)
+			s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
+				SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
+			require.NoError(t, s.Validate())
+			_, err := ctl.withSource(ctx, cloneClaim(), s)
+			assert.ErrorIs(t, err, errCloneWaiting)
+			assert.Nil(t, s.Source)
+			all, err := snaps.List(ctx, "")
+			require.NoError(t, err)
+			assert.Empty(t, all, "no snapshot of the operator's volume was taken")
+		})
+	}
 }

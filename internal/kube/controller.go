@@ -113,7 +113,7 @@ type Controller struct {
 // New builds the controller; Start runs it.
 func New(cs kubernetes.Interface, cfg Config, log *slog.Logger) *Controller {
 	if cfg.StorageClass == "" {
-		cfg.StorageClass = DefaultStorageClass
+		cfg.StorageClass = DefaultStaticClass
 	}
 	if cfg.Provisioner == "" {
 		cfg.Provisioner = DefaultProvisioner

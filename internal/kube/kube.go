@@ -18,8 +18,17 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
-// DefaultStorageClass is the class name the guide and the CLI use.
+// DefaultStorageClass is the class name the guide and the CLI use for the
+// class claims are provisioned from (salt-volumes storageclass).
 const DefaultStorageClass = "salt-volumes"
+
+// DefaultStaticClass is the class of the PVs of volumes made with the CLI,
+// the REST API, the UI or Volume objects in Kubernetes mode (serve's
+// kubernetes.storageClass): a class of their own, which no provisioning
+// class shares, so that a claim of a provisioning class never binds one,
+// even naming it; deploy/kubernetes/claims-policy.yaml keeps tenants'
+// claims out of it.
+const DefaultStaticClass = "salt-volumes-static"
 
 // Options shape the PersistentVolume.
 type Options struct {

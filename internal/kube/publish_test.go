@@ -2,13 +2,19 @@ package kube
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -92,4 +98,89 @@ func TestOnePersistentVolumeBuilder(t *testing.T) {
 	assert.Equal(t, printed.Labels, published.Labels)
 	assert.Equal(t, map[string]string{"tier": "gold", LabelUUID: u, LabelNode: "node-1"}, printed.Labels)
 	assert.Empty(t, printed.Finalizers, "a static PV nobody watches must not be held by our finalizer")
+}
+
+// The upgrade (#48): the PVs of volumes made with the CLI, the API, the UI
+// or Volume objects went into the provisioning class salt-volumes, where
+// any tenant's claim naming one could bind it. The leader moves those no
+// claim holds into kubernetes.storageClass (salt-volumes-static by
+// default); a Bound one keeps its class and is reported once; a claim's
+// own PV, and anything a follower sees, is left alone.
+func TestObserveMovesUnclaimedPVsToTheStaticClass(t *testing.T) {
+	ctx := context.Background()
+	vol := func(name, u string, claim *saltvolumes.Claim) *volume.Volume {
+		v := &volume.Volume{Spec: spec.Spec{Name: name, UUID: u, Node: "node-1", Mode: spec.ModeBlock,
+			RawBlockDevice: &spec.RawBlockDevice{DevicePath: "/dev/sdb"}}, Claim: claim}
+		v.Status.Phase = volume.Available
+		v.Status.PersistentPath, v.Status.Size = "/dev/disk/by-partuuid/"+u, 64<<20
+		return v
+	}
+	free := vol("free", "3f2504e0-4f89-41d3-9a0c-0305e82c3301", nil)
+	bound := vol("bound", "3f2504e0-4f89-41d3-9a0c-0305e82c3302", nil)
+	claimed := vol("claimed", "3f2504e0-4f89-41d3-9a0c-0305e82c3303", &saltvolumes.Claim{Namespace: "apps", Name: "data", UID: "u", StorageClass: "salt-volumes", ReclaimPolicy: "Delete"})
+	pvOf := func(v *volume.Volume, ref *corev1.ObjectReference) *corev1.PersistentVolume {
+		pv, err := buildPV(&v.Spec, v.Status.Status, pvParams{class: DefaultStorageClass, managed: true})
+		require.NoError(t, err)
+		pv.Spec.ClaimRef = ref
+		pv.UID = types.UID(v.Spec.UUID) // as the API server gives each its own
+		if ref != nil {
+			pv.Status.Phase = corev1.VolumeBound
+		} else {
+			pv.Status.Phase = corev1.VolumeAvailable
+		}
+		return pv
+	}
+	cs := fake.NewSimpleClientset(
+		pvOf(free, nil),
+		pvOf(bound, &corev1.ObjectReference{Namespace: "tenant", Name: "steal", UID: "t"}),
+		pvOf(claimed, &corev1.ObjectReference{Namespace: "apps", Name: "data", UID: "u"}))
+	classOf := func(name string) string {
+		pv, err := cs.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		return pv.Spec.StorageClassName
+	}
+	start := func(leading bool) (*Controller, *syncBuffer) {
+		var buf syncBuffer
+		c := New(cs, Config{StorageClass: DefaultStaticClass, Leading: func() bool { return leading }}, slog.New(slog.NewTextHandler(&buf, nil)))
+		c.SetVolumes(&fakeVolumes{})
+		ctx, cancel := context.WithCancel(ctx)
+		require.NoError(t, c.Start(ctx, 10*time.Second))
+		t.Cleanup(func() { c.Stop(); cancel() })
+		return c, &buf
+	}
+
+	f, _ := start(false)
+	f.Observe(ctx, free)
+	assert.Equal(t, DefaultStorageClass, classOf("free"), "a follower moves nothing")
+
+	c, log := start(true)
+	c.Observe(ctx, free)
+	assert.Equal(t, DefaultStaticClass, classOf("free"), "an unclaimed PV of an operator's volume is moved")
+	assert.Contains(t, log.String(), "PersistentVolume moved")
+	require.NotNil(t, free.Status.PersistentVolume)
+	assert.Equal(t, "Available", free.Status.PersistentVolume.Phase)
+
+	for range 2 {
+		c.Observe(ctx, bound)
+	}
+	assert.Equal(t, DefaultStorageClass, classOf("bound"), "a Bound PV keeps its class")
+	assert.Equal(t, 1, strings.Count(log.String(), "stays in its class while a claim holds it"), "and is reported once: %s", log)
+	assert.Contains(t, log.String(), "claim=tenant/steal")
+
+	c.Observe(ctx, claimed)
+	assert.Equal(t, DefaultStorageClass, classOf("claimed"), "a claim's own PV stays in its claim's class")
+
+	updates := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "update" && a.GetResource().Resource == "persistentvolumes" {
+			updates++
+		}
+	}
+	c.Observe(ctx, free)
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "update" && a.GetResource().Resource == "persistentvolumes" {
+			updates--
+		}
+	}
+	assert.Equal(t, 0, updates, "a PV already in its class is not written again")
 }

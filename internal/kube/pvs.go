@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -65,6 +66,11 @@ func (c *Controller) Observe(ctx context.Context, v *volume.Volume) reconciler.K
 			return reconciler.KubeVerdict{} // cannot tell; the next event or resync will
 		}
 	}
+	if cur != nil && pv != nil && ours(pv, v.Spec.UUID) {
+		if moved := c.moveClass(ctx, v, pv); moved != nil {
+			cur = pvStatus(moved)
+		}
+	}
 	prev := v.Status.PersistentVolume
 	kv := reconciler.KubeVerdict{Changed: !samePV(prev, cur)}
 	v.Status.PersistentVolume = cur
@@ -97,6 +103,59 @@ func (c *Controller) Observe(ctx context.Context, v *volume.Volume) reconciler.K
 		}
 	}
 	return kv
+}
+
+// classReported holds the UIDs of the PVs moveClass reported as kept in
+// their class (Bound), so that each is logged once per process.
+var classReported sync.Map
+
+// moveClass puts the PV of a volume made with the CLI, the REST API, the
+// UI or a Volume object (no claim of its own) into kubernetes.storageClass
+// when it is in another class and no claim holds it. That is the upgrade
+// from the days when such PVs went into the class claims are provisioned
+// from (salt-volumes), where any claim of that class, in any namespace,
+// could bind one by naming it. A PV's storageClassName may change (its
+// source, volume mode and node affinity may not); only the leader moves,
+// on the PV as the API server has it, at its resourceVersion, so that a
+// claim bound meanwhile wins. A PV with a claimRef (Bound, being bound, or
+// Released) keeps its class: moving it would not unbind its claim; it is
+// logged once. It returns the moved PV, or nil.
+func (c *Controller) moveClass(ctx context.Context, v *volume.Volume, pv *corev1.PersistentVolume) *corev1.PersistentVolume {
+	want := c.cfg.StorageClass
+	if v.Claim != nil || v.DeleteRequested || pv.DeletionTimestamp != nil || pv.Spec.StorageClassName == want || !c.leading() {
+		return nil
+	}
+	if r := pv.Spec.ClaimRef; r != nil {
+		if _, seen := classReported.LoadOrStore(pv.UID, true); !seen {
+			c.log.Warn("a PersistentVolume of a volume made through the API, CLI, UI or Volume objects stays in its class while a claim holds it: any claim of that class could bind it; it moves to kubernetes.storageClass once no claim holds it (delete the claim, then clear the Released PV's claimRef, or delete and recreate the volume)",
+				"pv", pv.Name, "storageClass", pv.Spec.StorageClassName, "claim", r.Namespace+"/"+r.Name, "want", want)
+		}
+		return nil
+	}
+	api := c.cs.CoreV1().PersistentVolumes()
+	var moved *corev1.PersistentVolume
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := api.Get(ctx, pv.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !ours(cur, v.Spec.UUID) || cur.DeletionTimestamp != nil || cur.Spec.ClaimRef != nil || cur.Spec.StorageClassName == want {
+			return nil
+		}
+		from := cur.Spec.StorageClassName
+		cur.Spec.StorageClassName = want
+		if moved, err = api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		c.log.Info("PersistentVolume moved to the class of volumes made through the API, CLI, UI or Volume objects: claims of "+from+" no longer bind it",
+			"pv", pv.Name, "from", from, "to", want)
+		return nil
+	})
+	if err != nil {
+		c.log.Warn("could not move a PersistentVolume to kubernetes.storageClass; retrying at the next reconcile", "pv", pv.Name, "storageClass", want, "error", err)
+		return nil
+	}
+	return moved
 }
 
 func (c *Controller) claimExists(cl *saltvolumes.Claim) bool {

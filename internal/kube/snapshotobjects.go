@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,17 +27,58 @@ import (
 )
 
 // VolumeSnapshot objects of our group: kubectl creates one naming a claim
-// (or a volume); the leader takes the snapshot on the volume's node and
-// writes what the node answered into the object's status; deleting the
-// object deletes the snapshot first (our finalizer holds it until then).
+// of its namespace (or, with cluster-level rights, a volume or an existing
+// snapshot); the leader takes the snapshot on the volume's node and writes
+// what the node answered into the object's status; deleting the object
+// deletes the snapshot first (our finalizer holds it until then).
+//
+// Tenancy: an object's snapshot is named by SnapshotName, which two
+// objects never share, and records its owner (namespace, name, uid):
+// every write (take, bind, delete, release) checks it, so that a snapshot
+// that is not the object's is never taken over or deleted, and claims
+// restore only snapshots owned by an object of their namespace
+// (clone.go). Which objects may name a volume or an existing snapshot
+// (spec.source.volume, spec.source.snapshotName) is the admission policy's
+// (deploy/kubernetes/volumesnapshot-policy.yaml): the verb admin on
+// volumes.salt-volumes.io.
 
 // SnapshotResource is the VolumeSnapshot resource of our group.
 var SnapshotResource = schema.GroupVersionResource{Group: ourGroup, Version: "v1alpha1", Resource: "volumesnapshots"}
 
 const snapshotFinalizer = "salt-volumes.io/snapshot"
 
-// SnapshotName is the control plane's name of VolumeSnapshot ns/name.
-func SnapshotName(ns, name string) string { return ns + "-" + name }
+// SnapshotName is the control plane's name of VolumeSnapshot ns/name's
+// snapshot: readable, cut to fit, and told apart by 64 bits of the
+// SHA-256 of "ns/name" (neither has a '/'): "team/a-backup" and
+// "team-a/backup" are two snapshots. A DNS label, at most 63 characters,
+// as the store and the node take them. Should two objects ever share a
+// name, the owner recorded with the snapshot refuses the second.
+func SnapshotName(ns, name string) string {
+	sum := sha256.Sum256([]byte(ns + "/" + name))
+	h := hex.EncodeToString(sum[:8])
+	b := []byte(ns + "-" + name)
+	for i, c := range b {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			b[i] = '-'
+		}
+	}
+	readable := strings.Trim(string(b[:min(len(b), 63-1-len(h))]), "-")
+	if readable == "" {
+		return "vs-" + h
+	}
+	return readable + "-" + h
+}
+
+// legacyName is the name objects' snapshots had before SnapshotName
+// (ns-name, which two objects could share): such a record, taken for
+// this very object (its RequestedBy says so) and owned by none, is
+// adopted.
+func legacyName(ns, name string) string { return ns + "-" + name }
+
+// ownerOf is the object u as a snapshot's owner.
+func ownerOf(u *unstructured.Unstructured, bound bool) snapshots.Owner {
+	return snapshots.Owner{Namespace: u.GetNamespace(), Name: u.GetName(), UID: string(u.GetUID()), Bound: bound}
+}
 
 // SnapshotObjects keeps VolumeSnapshot objects and the control plane's
 // snapshots in step, on the replica that leads.
@@ -45,7 +88,9 @@ type SnapshotObjects struct {
 	Volumes   interface {
 		Get(name string) (*volume.Volume, error)
 	}
-	Claims  corelisters.PersistentVolumeClaimLister
+	Claims corelisters.PersistentVolumeClaimLister
+	// PVs tells which claim really holds a PV (its claimRef).
+	PVs     corelisters.PersistentVolumeLister
 	Leading func() bool
 	Log     *slog.Logger
 	// Served tells whether the API server serves the resource (its CRD
@@ -159,22 +204,32 @@ func (o *SnapshotObjects) sync(ctx context.Context, key string) (again bool, err
 	}
 	u := obj.(*unstructured.Unstructured).DeepCopy()
 	api := o.Client.Resource(SnapshotResource).Namespace(ns)
-	snapName := SnapshotName(ns, name)
+	bind, _, _ := unstructured.NestedString(u.Object, "spec", "source", "snapshotName")
+	me := ownerOf(u, bind != "")
+	snapName, snap, owner, err := o.find(ctx, u, bind)
+	if err != nil {
+		return false, err
+	}
+	by := "k8s:volumesnapshot " + key
 	if u.GetDeletionTimestamp() != nil {
 		if !slices.Contains(u.GetFinalizers(), snapshotFinalizer) {
 			return false, nil
 		}
-		snap, err := o.Snapshots.Get(ctx, snapName)
-		if err == nil {
+		switch {
+		case owner == nil || !owner.Is(&me):
+			// Not this object's (another's, or an operator's): kept.
+		case owner.Bound:
+			// Bound to an existing snapshot: released, and kept.
+			if err := o.Snapshots.Release(ctx, snapName, me); err != nil {
+				return false, err
+			}
+		default:
 			if snap.Phase != snapshots.Deleting {
-				if _, err := o.Snapshots.Delete(ctx, snapName, "k8s:volumesnapshot "+key); err != nil {
+				if _, err := o.Snapshots.DeleteOwned(ctx, snapName, by, me); err != nil && !errors.Is(err, snapshots.ErrNotFound) {
 					return false, err
 				}
 			}
 			return true, o.status(ctx, api, u, snap, "")
-		}
-		if !errors.Is(err, snapshots.ErrNotFound) {
-			return false, err
 		}
 		u.SetFinalizers(slices.DeleteFunc(u.GetFinalizers(), func(f string) bool { return f == snapshotFinalizer }))
 		_, err = api.Update(ctx, u, metav1.UpdateOptions{})
@@ -193,8 +248,40 @@ func (o *SnapshotObjects) sync(ctx context.Context, key string) (again bool, err
 		}
 		return true, nil // the update comes back through the watch
 	}
-	snap, err := o.Snapshots.Get(ctx, snapName)
-	if errors.Is(err, snapshots.ErrNotFound) {
+	if bind != "" {
+		// Pre-provisioned: an existing snapshot, made this object's if it
+		// is no other's (creating such an object takes the admission
+		// policy's admin on volumes).
+		if snapName == "" {
+			return false, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed},
+				fmt.Sprintf("spec.source.snapshotName: snapshot %s not found (salt-volumes snapshot ls lists them)", bind))
+		}
+		if owner == nil {
+			snap, err = o.Snapshots.Bind(ctx, snapName, me, nil)
+			if errors.Is(err, snapshots.ErrNotFound) {
+				return true, nil
+			}
+			if errors.Is(err, snapshots.ErrNotOwner) {
+				return false, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed}, "spec.source.snapshotName: "+notOwnerMsg(err))
+			}
+			if err != nil {
+				return false, err
+			}
+			o.Log.Info("snapshot bound to its VolumeSnapshot object", "snapshot", snapName, "object", key, "uid", me.UID)
+		} else if !owner.Is(&me) {
+			return false, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed},
+				fmt.Sprintf("spec.source.snapshotName: snapshot %s belongs to %s: a snapshot is bound to one object at a time", bind, owner))
+		}
+		return snap.Phase == snapshots.Pending || snap.Phase == snapshots.Deleting, o.status(ctx, api, u, snap, snap.Message)
+	}
+	if snapName != "" && !owner.Is(&me) {
+		// The name is taken (by another object, or through the API):
+		// refused, never taken over.
+		return false, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed},
+			fmt.Sprintf("snapshot %s exists and belongs to %s, not to this object: nothing was taken (delete and re-create this object, or ask an operator)", snapName, owner))
+	}
+	if snapName == "" {
+		snapName = SnapshotName(ns, name)
 		v, refuse := o.source(u, ns)
 		if refuse != "" {
 			return false, o.status(ctx, api, u, snapshots.Snapshot{Phase: snapshots.Failed}, refuse)
@@ -212,7 +299,7 @@ func (o *SnapshotObjects) sync(ctx context.Context, key string) (again bool, err
 				return false, failed(fmt.Sprintf("spec.copyOnWriteSize: %q is not a size: write it like 2Gi or 512Mi", q))
 			}
 		}
-		snap, _, err = o.Snapshots.TakeFor(ctx, v, snapName, "k8s:volumesnapshot "+key, "", cow)
+		snap, _, err = o.Snapshots.TakeOwned(ctx, v, snapName, by, cow, me)
 		var se *snapshots.Error
 		if errors.As(err, &se) {
 			msg := se.Msg
@@ -221,26 +308,90 @@ func (o *SnapshotObjects) sync(ctx context.Context, key string) (again bool, err
 			}
 			return false, failed(msg)
 		}
-	}
-	if err != nil {
-		return false, err
+		if err != nil {
+			return false, err
+		}
 	}
 	return snap.Phase == snapshots.Pending || snap.Phase == snapshots.Deleting, o.status(ctx, api, u, snap, snap.Message)
 }
 
-// source is the volume the object asks a snapshot of.
+// find is the snapshot object u stands for, and its owner: the one it
+// binds (bind), else its own (SnapshotName), else the one its status
+// names if that is u's (or u's by the name before SnapshotName, which it
+// adopts). snapName "" and no error: none yet.
+func (o *SnapshotObjects) find(ctx context.Context, u *unstructured.Unstructured, bind string) (snapName string, snap snapshots.Snapshot, owner *snapshots.Owner, err error) {
+	ns, name := u.GetNamespace(), u.GetName()
+	look := func(n string) (bool, error) {
+		snap, owner, err = o.Snapshots.Lookup(ctx, n)
+		if errors.Is(err, snapshots.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		snapName = n
+		return true, nil
+	}
+	if bind != "" {
+		_, err = look(bind)
+		return snapName, snap, owner, err
+	}
+	if ok, err := look(SnapshotName(ns, name)); ok || err != nil {
+		return snapName, snap, owner, err
+	}
+	me := ownerOf(u, false)
+	st, _, _ := unstructured.NestedString(u.Object, "status", "snapshot")
+	if st == "" {
+		st = legacyName(ns, name)
+	}
+	ok, err := look(st)
+	switch {
+	case err != nil:
+		return "", snapshots.Snapshot{}, nil, err
+	case !ok:
+		return "", snapshots.Snapshot{}, nil, nil
+	case owner.Is(&me):
+		return snapName, snap, owner, nil
+	case owner == nil && st == legacyName(ns, name):
+		// Taken for this object before snapshots had owners.
+		key := ns + "/" + name
+		snap, err = o.Snapshots.Bind(ctx, st, me, func(s snapshots.Snapshot) bool { return s.RequestedBy == "k8s:volumesnapshot "+key })
+		if err == nil {
+			o.Log.Info("snapshot of a VolumeSnapshot object adopted: taken before snapshots had owners", "snapshot", st, "object", key, "uid", me.UID)
+			return st, snap, &me, nil
+		}
+		if !errors.Is(err, snapshots.ErrNotOwner) && !errors.Is(err, snapshots.ErrNotFound) {
+			return "", snapshots.Snapshot{}, nil, err
+		}
+	}
+	// Someone else's: this object's own is SnapshotName's, not there yet.
+	return "", snapshots.Snapshot{}, nil, nil
+}
+
+// notOwnerMsg is an ErrNotOwner's message without its prefix.
+func notOwnerMsg(err error) string {
+	return strings.TrimPrefix(err.Error(), snapshots.ErrNotOwner.Error()+": ")
+}
+
+// source is the volume the object asks a snapshot of: its namespace's
+// claim's, or (spec.source.volume, which the admission policy keeps to
+// those with admin on volumes) any volume of ours.
 func (o *SnapshotObjects) source(u *unstructured.Unstructured, ns string) (*volume.Volume, string) {
 	claim, _, _ := unstructured.NestedString(u.Object, "spec", "source", "persistentVolumeClaimName")
 	name, _, _ := unstructured.NestedString(u.Object, "spec", "source", "volume")
+	if claim == "" && name == "" {
+		return nil, "spec.source: give persistentVolumeClaimName (a claim of this namespace), volume or snapshotName"
+	}
 	if claim != "" {
 		pvc, err := o.Claims.PersistentVolumeClaims(ns).Get(claim)
 		if err != nil {
 			return nil, fmt.Sprintf("spec.source.persistentVolumeClaimName: claim %s not found in namespace %s", claim, ns)
 		}
-		if pvc.Spec.VolumeName == "" {
-			return nil, fmt.Sprintf("spec.source.persistentVolumeClaimName: claim %s is not bound yet: create the snapshot once it is", claim)
+		held, ok := heldVolume(o.PVs, pvc)
+		if !ok {
+			return nil, fmt.Sprintf("spec.source.persistentVolumeClaimName: claim %s is not bound to its PersistentVolume yet: create the snapshot once it is", claim)
 		}
-		name = pvc.Spec.VolumeName
+		name = held
 	}
 	v, err := o.Volumes.Get(name)
 	if err != nil {

@@ -180,7 +180,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 			}
 			return false
 		}
-		so := &kube.SnapshotObjects{Client: dc, Snapshots: snaps, Volumes: st, Claims: kc.Claims(), Leading: leads, Served: served, Log: log.With("component", "volumesnapshots")}
+		so := &kube.SnapshotObjects{Client: dc, Snapshots: snaps, Volumes: st, Claims: kc.Claims(), PVs: kc.PVs(), Leading: leads, Served: served, Log: log.With("component", "volumesnapshots")}
 		if err := so.Run(ctx); err != nil {
 			return err
 		}

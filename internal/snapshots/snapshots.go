@@ -61,7 +61,37 @@ type record struct {
 	// Synced: the node's modules were synced once for this snapshot (its
 	// minion did not know apply_snapshot yet).
 	Synced bool `json:"synced,omitempty"`
+	// Owner is the Kubernetes object the snapshot belongs to (nil: taken
+	// through the API, or a record older than owners).
+	Owner *Owner `json:"owner,omitempty"`
 }
+
+// Owner is the namespaced object (a VolumeSnapshot of salt-volumes.io)
+// a snapshot belongs to: only that object, by namespace, name and uid,
+// changes or deletes it, and only claims of its namespace restore it.
+type Owner struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	// Bound: the snapshot was there before the object named it
+	// (pre-provisioned): deleting the object releases it and keeps it.
+	Bound bool `json:"bound,omitempty"`
+}
+
+func (o *Owner) String() string {
+	if o == nil {
+		return "no object"
+	}
+	return fmt.Sprintf("VolumeSnapshot %s/%s (uid %s)", o.Namespace, o.Name, o.UID)
+}
+
+// Is tells whether o is the object p (namespace, name and uid).
+func (o *Owner) Is(p *Owner) bool {
+	return o != nil && p != nil && o.Namespace == p.Namespace && o.Name == p.Name && o.UID == p.UID
+}
+
+// ErrNotOwner: the snapshot belongs to another object, or to none.
+var ErrNotOwner = errors.New("the snapshot is not this object's")
 
 // Error is a refusal that names the field at fault and the fix.
 type Error struct {
@@ -193,6 +223,86 @@ func (s *Service) Get(ctx context.Context, name string) (Snapshot, error) {
 	return r.Snapshot, nil
 }
 
+// Lookup returns one snapshot and the object it belongs to (nil: none).
+func (s *Service) Lookup(ctx context.Context, name string) (Snapshot, *Owner, error) {
+	r, err := s.read(ctx, name)
+	if err != nil {
+		return Snapshot{}, nil, err
+	}
+	return r.Snapshot, r.Owner, nil
+}
+
+// OwnedBy returns the snapshots that belong to an object named ns/name
+// (whatever its uid), by name.
+func (s *Service) OwnedBy(ctx context.Context, ns, name string) ([]Snapshot, error) {
+	rs, err := s.all(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Snapshot
+	for _, r := range rs {
+		if r.Owner != nil && r.Owner.Namespace == ns && r.Owner.Name == name {
+			out = append(out, r.Snapshot)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Bind makes snapshot name o's: it must have no owner yet (or be o's
+// already), and be neither a clone's nor being deleted. adopt, when set,
+// says whether a snapshot without an owner may be taken (nil: any).
+func (s *Service) Bind(ctx context.Context, name string, o Owner, adopt func(Snapshot) bool) (Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.read(ctx, name)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	switch {
+	case r.Owner.Is(&o):
+		return r.Snapshot, nil
+	case r.Owner != nil:
+		return r.Snapshot, fmt.Errorf("%w: snapshot %s belongs to %s", ErrNotOwner, name, r.Owner)
+	case r.For != "":
+		return r.Snapshot, fmt.Errorf("%w: snapshot %s was taken for the clone %s and goes with it", ErrNotOwner, name, r.For)
+	case r.Phase == Deleting:
+		return r.Snapshot, fmt.Errorf("%w: snapshot %s is being deleted", ErrNotOwner, name)
+	case adopt != nil && !adopt(r.Snapshot):
+		return r.Snapshot, fmt.Errorf("%w: snapshot %s belongs to no object", ErrNotOwner, name)
+	}
+	r.Owner = &o
+	if err := s.write(ctx, r); err != nil {
+		return Snapshot{}, err
+	}
+	return r.Snapshot, nil
+}
+
+// Release drops o's ownership of a snapshot bound to it and keeps the
+// snapshot; a snapshot that is not o's is left as it is.
+func (s *Service) Release(ctx context.Context, name string, o Owner) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.read(ctx, name)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !r.Owner.Is(&o) {
+		return nil
+	}
+	r.Owner = nil
+	return s.write(ctx, r)
+}
+
+// DeleteOwned is Delete of a snapshot that belongs to o: one of another
+// object's, or of none, is refused with ErrNotOwner.
+func (s *Service) DeleteOwned(ctx context.Context, name, by string, o Owner) (Snapshot, error) {
+	return s.remove(ctx, name, by, &o)
+}
+
 // List returns the snapshots of one volume ("" for all), by name.
 func (s *Service) List(ctx context.Context, vol string) ([]Snapshot, error) {
 	rs, err := s.all(ctx)
@@ -223,6 +333,17 @@ func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (
 // cow is a thick LVM snapshot's copy-on-write space (0: the node's
 // default, a quarter of the LV); other volumes take none.
 func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone string, cow int64) (snap Snapshot, created bool, err error) {
+	return s.take(ctx, v, name, by, clone, cow, nil)
+}
+
+// TakeOwned is Take of a snapshot that belongs to object o from the
+// start: a record of that name that is not o's is refused (409, field
+// name), never taken over.
+func (s *Service) TakeOwned(ctx context.Context, v *volume.Volume, name, by string, cow int64, o Owner) (snap Snapshot, created bool, err error) {
+	return s.take(ctx, v, name, by, "", cow, &o)
+}
+
+func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone string, cow int64, owner *Owner) (snap Snapshot, created bool, err error) {
 	s.init()
 	if clone != "" && !names.MatchString(clone) {
 		return Snapshot{}, false, &Error{400, "for", fmt.Sprintf("for: %q is not a volume name", clone)}
@@ -247,6 +368,8 @@ func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone
 	case errors.Is(err, ErrNotFound):
 	case err != nil:
 		return Snapshot{}, false, err
+	case owner != nil && !r.Owner.Is(owner):
+		return Snapshot{}, false, &Error{409, "name", fmt.Sprintf("name: snapshot %s exists and is not this object's (it belongs to %s): nothing was taken", name, r.Owner)}
 	case r.VolumeUUID != v.Spec.UUID:
 		return Snapshot{}, false, &Error{409, "name", fmt.Sprintf("name: snapshot %s is volume %s's: pick another name", name, r.Volume)}
 	case r.Phase == Failed:
@@ -261,7 +384,7 @@ func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone
 	}
 	now := time.Now().UTC()
 	r = &record{Snapshot: Snapshot{Name: name, Volume: v.Spec.Name, VolumeUUID: v.Spec.UUID, Node: v.Spec.Node,
-		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone, COWSize: cow}, Spec: v.Spec}
+		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone, COWSize: cow}, Spec: v.Spec, Owner: owner}
 	if err := s.write(ctx, r); err != nil {
 		return Snapshot{}, false, err
 	}
@@ -271,12 +394,19 @@ func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone
 
 // Delete asks for a snapshot's deletion on its node.
 func (s *Service) Delete(ctx context.Context, name, by string) (Snapshot, error) {
+	return s.remove(ctx, name, by, nil)
+}
+
+func (s *Service) remove(ctx context.Context, name, by string, owner *Owner) (Snapshot, error) {
 	s.init()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, err := s.read(ctx, name)
 	if err != nil {
 		return Snapshot{}, err
+	}
+	if owner != nil && !r.Owner.Is(owner) {
+		return r.Snapshot, fmt.Errorf("%w: snapshot %s belongs to %s", ErrNotOwner, name, r.Owner)
 	}
 	if r.Phase != Deleting {
 		r.Phase, r.Message, r.JobID, r.JobStartedAt = Deleting, "", "", nil

@@ -285,3 +285,59 @@ func TestForgetDropsOnlyTheNamedVolumes(t *testing.T) {
 	require.Len(t, left, 1)
 	assert.Equal(t, "c", left[0].Name)
 }
+
+// Issue #48: a snapshot records the object it belongs to, and every write
+// on its behalf checks it; records written before owners read as owned
+// by none.
+func TestOwners(t *testing.T) {
+	s, _, v := setup(t)
+	ctx := context.Background()
+	a := Owner{Namespace: "team", Name: "a-backup", UID: "u1"}
+	b := Owner{Namespace: "team-a", Name: "backup", UID: "u2"}
+	_, created, err := s.TakeOwned(ctx, v, "snap-a", "k8s:volumesnapshot team/a-backup", 0, a)
+	require.NoError(t, err)
+	assert.True(t, created)
+	_, _, err = s.TakeOwned(ctx, v, "snap-a", "k8s:volumesnapshot team-a/backup", 0, b)
+	var se *Error
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, 409, se.Status)
+	assert.Contains(t, se.Msg, "belongs to VolumeSnapshot team/a-backup (uid u1)")
+	a2 := a
+	a2.UID = "u9" // a later object of the same name
+	_, _, err = s.TakeOwned(ctx, v, "snap-a", "x", 0, a2)
+	require.ErrorAs(t, err, &se)
+	_, err = s.DeleteOwned(ctx, "snap-a", "x", b)
+	require.ErrorIs(t, err, ErrNotOwner)
+	_, err = s.Bind(ctx, "snap-a", b, nil)
+	require.ErrorIs(t, err, ErrNotOwner)
+	require.NoError(t, s.Release(ctx, "snap-a", b), "not b's: left as it is")
+	_, o, err := s.Lookup(ctx, "snap-a")
+	require.NoError(t, err)
+	assert.Equal(t, &a, o)
+	owned, err := s.OwnedBy(ctx, "team", "a-backup")
+	require.NoError(t, err)
+	require.Len(t, owned, 1)
+	snap, err := s.DeleteOwned(ctx, "snap-a", "k8s:volumesnapshot team/a-backup", a)
+	require.NoError(t, err)
+	assert.Equal(t, Deleting, snap.Phase)
+
+	// A record from before owners: no owner; bound once, then only its
+	// owner's.
+	old := `{"name":"old","volume":"data-1","volumeUUID":"` + v.Spec.UUID + `","node":"node-1","phase":"Ready","requestedBy":"alice","createdAt":"2025-01-01T00:00:00Z","updatedAt":"2025-01-01T00:00:00Z","spec":{"name":"data-1"}}`
+	require.NoError(t, s.Records.PutRecord(ctx, Kind, "old", []byte(old)))
+	_, o, err = s.Lookup(ctx, "old")
+	require.NoError(t, err)
+	assert.Nil(t, o)
+	_, err = s.Bind(ctx, "old", b, func(sn Snapshot) bool { return sn.RequestedBy == "bob" })
+	require.ErrorIs(t, err, ErrNotOwner, "adopt says no")
+	_, err = s.Bind(ctx, "old", b, nil)
+	require.NoError(t, err)
+	_, err = s.Bind(ctx, "old", a, nil)
+	require.ErrorIs(t, err, ErrNotOwner)
+	require.NoError(t, s.Release(ctx, "old", b))
+	_, o, _ = s.Lookup(ctx, "old")
+	assert.Nil(t, o)
+	sn, err := s.Get(ctx, "old")
+	require.NoError(t, err)
+	assert.Equal(t, Ready, sn.Phase, "released, kept")
+}

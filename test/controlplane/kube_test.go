@@ -272,7 +272,7 @@ func TestKubernetes(t *testing.T) {
 		assert.Equal(t, "ext4", *pv.Spec.Local.FSType)
 		assert.Equal(t, v.Status.Size, pv.Spec.Capacity.Storage().Value(), "capacity is the device's real size")
 		assert.Equal(t, corev1.PersistentVolumeFilesystem, *pv.Spec.VolumeMode)
-		assert.Equal(t, "salt-volumes", pv.Spec.StorageClassName)
+		assert.Equal(t, kube.DefaultStaticClass, pv.Spec.StorageClassName, "a class of its own by default: no claim of the provisioning class binds it")
 		assert.Equal(t, corev1.PersistentVolumeReclaimRetain, pv.Spec.PersistentVolumeReclaimPolicy)
 		assert.Contains(t, pv.Finalizers, kube.Finalizer)
 		assert.Equal(t, v.Spec.UUID, pv.Labels[kube.LabelUUID])
@@ -297,7 +297,7 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("deletion refused while Bound, allowed once Released", func(t *testing.T) {
 		v := e.create(t, "kv-bound", "64Mi")
-		e.claim(t, "c-bound", "salt-volumes", "32Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "kv-bound" })
+		e.claim(t, "c-bound", kube.DefaultStaticClass, "32Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "kv-bound" })
 		eventually(t, 30*time.Second, "claim bound and seen by salt-volumes", func() (bool, string) {
 			got := getJSON(t, e.p, "kv-bound")
 			pv := got.Status.PersistentVolume
@@ -404,6 +404,61 @@ func TestKubernetes(t *testing.T) {
 		out, errs, code := e.p.CLI("rm", "kv-gone", "--wait", "--timeout", "1m")
 		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
 		e.pvGone(t, "kv-gone")
+	})
+
+	t.Run("an older serve's PVs in the provisioning class move to the static one at start, unless Bound", func(t *testing.T) {
+		// serve as it was before #48: the PVs of volumes made with the
+		// CLI went into salt-volumes, the class claims are provisioned
+		// from, and any claim of it naming one bound it.
+		e.p.Stop()
+		e.p.Start(kubeConfig(e.k) + "  storageClass: salt-volumes\n")
+		e.create(t, "kv-old", "64Mi")
+		e.create(t, "kv-old-bound", "64Mi")
+		e.claim(t, "c-old", "salt-volumes", "32Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "kv-old-bound" })
+		eventually(t, 30*time.Second, "the claim of the provisioning class naming it bound it", func() (bool, string) {
+			pv, err := e.pv(t, "kv-old-bound")
+			if err != nil {
+				return false, err.Error()
+			}
+			return pv.Status.Phase == corev1.VolumeBound, string(pv.Status.Phase)
+		})
+		old, err := e.pv(t, "kv-old")
+		require.NoError(t, err)
+		require.Equal(t, "salt-volumes", old.Spec.StorageClassName)
+
+		// The upgrade: serve with its default configuration.
+		e.p.Stop()
+		e.p.Start(kubeConfig(e.k))
+		eventually(t, 30*time.Second, "the unclaimed PV moved to "+kube.DefaultStaticClass, func() (bool, string) {
+			pv, err := e.pv(t, "kv-old")
+			if err != nil {
+				return false, err.Error()
+			}
+			return pv.Spec.StorageClassName == kube.DefaultStaticClass, pv.Spec.StorageClassName
+		})
+		moved, err := e.pv(t, "kv-old")
+		require.NoError(t, err)
+		assert.Equal(t, old.UID, moved.UID, "the same PV, its class changed")
+		assert.Equal(t, corev1.VolumeAvailable, moved.Status.Phase)
+		eventually(t, 10*time.Second, "the Bound one reported", func() (bool, string) {
+			return strings.Contains(e.p.LogText(), "stays in its class while a claim holds it"), ""
+		})
+		kept, err := e.pv(t, "kv-old-bound")
+		require.NoError(t, err)
+		assert.Equal(t, "salt-volumes", kept.Spec.StorageClassName, "a Bound PV keeps its class")
+		assert.Equal(t, corev1.VolumeBound, kept.Status.Phase)
+
+		require.NoError(t, e.k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "c-old", metav1.DeleteOptions{}))
+		eventually(t, 30*time.Second, "PV Released", func() (bool, string) {
+			got := getJSON(t, e.p, "kv-old-bound")
+			pv := got.Status.PersistentVolume
+			return pv != nil && pv.Phase == "Released" && got.Deletable, fmt.Sprintf("%+v", pv)
+		})
+		for _, n := range []string{"kv-old", "kv-old-bound"} {
+			out, errs, code := e.p.CLI("rm", n, "--wait", "--timeout", "1m")
+			require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
+			e.pvGone(t, n)
+		}
 	})
 
 	t.Run("killed between PV create and Available converges", func(t *testing.T) {
@@ -581,7 +636,7 @@ func TestKubernetes(t *testing.T) {
 		out, err := e.k.Kubectl("apply", "-f", manifest)
 		require.NoError(t, err, out)
 		token := func(sa string) string {
-			out, err := e.k.Kubectl("create", "token", sa, "-n", "default", "--duration", "1h")
+			out, err := e.k.Kubectl("create", "token", sa, "-n", "default", "--duration", "1h", "--audience", "salt-volumes")
 			require.NoError(t, err, out)
 			return strings.TrimSpace(out)
 		}
@@ -617,6 +672,12 @@ func TestKubernetes(t *testing.T) {
 		}, time.Minute, 50*time.Millisecond, "its PV Available")
 		_, err = reader.Delete(ctx, "k8s-w", false)
 		assert.Contains(t, forbidden(err), "may not delete volumes.salt-volumes.io k8s-w")
+		// A snapshot is a create on the volume's snapshots subresource,
+		// its deletion a delete of volumesnapshots: neither is granted.
+		_, err = reader.TakeSnapshot(ctx, "k8s-w", "k8s-s")
+		assert.Contains(t, forbidden(err), "may not create volumes.salt-volumes.io/snapshots k8s-w")
+		_, err = writer.DeleteSnapshot(ctx, "k8s-s")
+		assert.Contains(t, forbidden(err), "may not delete volumesnapshots.salt-volumes.io k8s-s")
 		_, err = writer.Delete(ctx, "k8s-w", true)
 		assert.Contains(t, forbidden(err), "may not admin volumes.salt-volumes.io k8s-w", "a wipe needs the verb admin")
 		_, err = writer.Delete(ctx, "k8s-w", false)
@@ -629,6 +690,14 @@ func TestKubernetes(t *testing.T) {
 		var ce *client.Error
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, 401, ce.Status)
+		// A token made for the API server (any pod's, a kubeconfig's) is
+		// not taken: only those made for serve's audience.
+		out, err = e.k.Kubectl("create", "token", "volume-writer", "-n", "default", "--duration", "1h")
+		require.NoError(t, err, out)
+		_, err = (&client.Client{URL: e.p.URL, Token: strings.TrimSpace(out)}).List(ctx, "")
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, 401, ce.Status)
+		assert.Contains(t, ce.Error(), "kubectl create token SERVICEACCOUNT --audience salt-volumes")
 
 		out, errs, code = e.p.CLI("audit", "--user", "k8s:system:serviceaccount:default:volume-reader", "-o", "json")
 		require.Equal(t, 0, code, errs)

@@ -38,8 +38,10 @@ func TestPods(t *testing.T) {
 	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io", "crd/volumesnapshots.salt-volumes.io")
 	p := newPlane(t, s)
 	p.StoreConfig = "# no store file: the volumes are Volume objects\n"
-	p.Start(fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n  volumeObjects: true\n", k.ControlKubeconfig))
-	class := "salt-volumes"
+	// The PVs of Volume objects in a class of their own (the default since
+	// #48), which the claims of the first subtests name.
+	p.Start(fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n  volumeObjects: true\n  storageClass: salt-volumes-static\n", k.ControlKubeconfig))
+	class := "salt-volumes-static"
 	volumeMode := func(block bool) *corev1.PersistentVolumeMode {
 		m := corev1.PersistentVolumeFilesystem
 		if block {
@@ -300,8 +302,9 @@ func TestPods(t *testing.T) {
 		listed := must("", "get", "volumesnapshots.salt-volumes.io")
 		assert.Contains(t, listed, "nightly")
 		assert.Contains(t, listed, origin)
-		assert.Equal(t, "default-nightly", must("", "get", "volumesnapshots.salt-volumes.io", "nightly", "-o", "jsonpath={.status.snapshot}"))
-		out, errs, code := p.CLI("snapshot", "get", "default-nightly")
+		nightly := must("", "get", "volumesnapshots.salt-volumes.io", "nightly", "-o", "jsonpath={.status.snapshot}")
+		assert.Regexp(t, `^default-nightly-[0-9a-f]{16}$`, nightly, "named for namespace and name, told apart by their hash")
+		out, errs, code := p.CLI("snapshot", "get", nightly)
 		require.Equal(t, 0, code, errs)
 		assert.Contains(t, out, "Ready")
 		// Copy-on-write space is a thick LV's: on a sparse volume the
@@ -309,8 +312,8 @@ func TestPods(t *testing.T) {
 		must("apiVersion: salt-volumes.io/v1alpha1\nkind: VolumeSnapshot\nmetadata:\n  name: sized\n  namespace: default\nspec:\n  source: {persistentVolumeClaimName: origin}\n  copyOnWriteSize: 8Mi\n", "apply")
 		must("", "wait", "--for", "jsonpath={.status.phase}=Failed", "--timeout", "2m", "volumesnapshots.salt-volumes.io/sized")
 		assert.Contains(t, must("", "get", "volumesnapshots.salt-volumes.io", "sized", "-o", "jsonpath={.status.message}"), "spec.copyOnWriteSize: only a thick LVM snapshot sets space aside")
-		_, _, code = p.CLI("snapshot", "get", "default-sized")
-		assert.Equal(t, 4, code, "no snapshot taken")
+		out, _, _ = p.CLI("snapshot", "ls", origin)
+		assert.NotContains(t, out, "sized", "no snapshot taken")
 		must("", "delete", "volumesnapshots.salt-volumes.io", "sized", "--timeout", "2m")
 		group := "salt-volumes.io"
 		withSource("restored", &corev1.TypedObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: "nightly"})
@@ -320,9 +323,183 @@ func TestPods(t *testing.T) {
 		pvc, err = k.Admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, "restored", metav1.GetOptions{})
 		require.NoError(t, err)
 		*uuids = append(*uuids, strings.TrimPrefix(pvc.Spec.VolumeName, "pvc-"))
+
+		// Issue #48: snapshots stay in their namespace. A tenant may create
+		// claims, pods' claims and VolumeSnapshot objects in namespace evil.
+		must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volumesnapshot-policy.yaml"))
+		must(`apiVersion: v1
+kind: Namespace
+metadata: {name: evil}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: tenant, namespace: evil}
+rules:
+  - apiGroups: [""]
+    resources: [persistentvolumeclaims]
+    verbs: [create, get, list]
+  - apiGroups: [salt-volumes.io]
+    resources: [volumesnapshots]
+    verbs: [create, get, list, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: tenant, namespace: evil}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant}
+`, "apply")
+		out, errs, code = p.CLI("snapshot", "create", origin, "api-nightly", "--wait")
+		require.Equal(t, 0, code, "%s%s", out, errs)
+		evilClaim := func(claimName, ref string) {
+			t.Helper()
+			pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName, Namespace: "evil"},
+				Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &name,
+					DataSourceRef: &corev1.TypedObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: ref},
+					AccessModes:   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("32Mi")}}}}
+			_, err := k.Admin.CoreV1().PersistentVolumeClaims("evil").Create(ctx, pvc, metav1.CreateOptions{})
+			require.NoError(t, err)
+			po := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: claimName, Namespace: "evil"}, Spec: corev1.PodSpec{
+				HostNetwork: true, RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: new(int64),
+				Containers: []corev1.Container{{Name: "c", Image: kubecluster.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"/bin/sh", "-c", `test "$(cat /data/file)" = original`}, VolumeMounts: []corev1.VolumeMount{{Name: "v", MountPath: "/data"}}}},
+				Volumes: []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claimName}}}},
+			}}
+			_, err = k.Admin.CoreV1().Pods("evil").Create(ctx, po, metav1.CreateOptions{})
+			require.NoError(t, err)
+		}
+		evilEvents := func(claimName string) string {
+			return must("", "get", "events", "-n", "evil", "--field-selector", "involvedObject.name="+claimName, "-o", "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}")
+		}
+		claimPhase := func(ns, claimName string) string {
+			return must("", "get", "pvc", claimName, "-n", ns, "-o", "jsonpath={.status.phase}")
+		}
+		// (1) A claim of namespace evil names the operator's API snapshot,
+		// default's snapshot by its control-plane name, and by the name it
+		// had before: refused, naming no node, never Bound.
+		steal := map[string]string{"steal-api": "api-nightly", "steal-ns": nightly, "steal-old": "default-nightly"}
+		for c, ref := range steal {
+			evilClaim(c, ref)
+		}
+		for c, ref := range steal {
+			eventually(t, time.Minute, "the refusal on claim evil/"+c, func() (bool, string) {
+				evs := evilEvents(c)
+				return strings.Contains(evs, "ProvisioningFailed: dataSourceRef: VolumeSnapshot "+ref+": no snapshot of that object in namespace evil"), evs
+			})
+			for _, l := range strings.Split(evilEvents(c), "\n") {
+				if strings.HasPrefix(l, "ProvisioningFailed") {
+					assert.NotContains(t, l, s.MinionID, "the refusal does not say where the snapshot is")
+				}
+			}
+		}
+		// (3) Admission: the tenant's object may name a claim of its
+		// namespace only; a volume, or an existing snapshot, needs admin on
+		// volumes.
+		tenant := []string{"--as", "tenant", "-n", "evil"}
+		snapObj := func(objName, source string) string {
+			return "apiVersion: salt-volumes.io/v1alpha1\nkind: VolumeSnapshot\nmetadata:\n  name: " + objName + "\nspec:\n  source: {" + source + "}\n"
+		}
+		try := func(stdin string, args ...string) (string, error) {
+			// Not in this subtest's TempDir: kubectl -f splits its name at
+			// the comma.
+			f, err := os.CreateTemp("", "volumesnapshot-*.yaml")
+			require.NoError(t, err)
+			defer os.Remove(f.Name())
+			_, err = f.WriteString(stdin)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			return k.Kubectl(append(args, "-f", f.Name())...)
+		}
+		// The policy takes a moment to be enforced once created: an
+		// object let through before that is deleted.
+		refused := false
+		for i := 0; i < 60 && !refused; i++ {
+			probe := fmt.Sprintf("prod-%d", i)
+			out, err = try(snapObj(probe, "volume: "+origin), append([]string{"create"}, tenant...)...)
+			refused = err != nil && strings.Contains(out, "spec.source.volume: a snapshot of any volume needs the verb admin on volumes.salt-volumes.io")
+			if err == nil {
+				must("", "delete", "-n", "evil", "volumesnapshots.salt-volumes.io", probe, "--timeout", "2m")
+			}
+			if !refused {
+				time.Sleep(time.Second)
+			}
+		}
+		require.True(t, refused, "the tenant's snapshot of a volume was not refused: %s\n%s", out, must("", "get", "validatingadmissionpolicy", "-o", "yaml"))
+		out, err = try(snapObj("bind", "snapshotName: api-nightly"), append([]string{"create"}, tenant...)...)
+		require.Error(t, err, out)
+		assert.Contains(t, out, "spec.source.snapshotName: binding an existing snapshot to a namespace needs the verb admin")
+		out, err = try(snapObj("other-claim", "persistentVolumeClaimName: origin"), append([]string{"create"}, tenant...)...)
+		require.NoError(t, err, "a tenant snapshots claims of its namespace: %s", out)
+		must("", "wait", "-n", "evil", "--for", "jsonpath={.status.phase}=Failed", "--timeout", "2m", "volumesnapshots.salt-volumes.io/other-claim")
+		assert.Contains(t, must("", "get", "-n", "evil", "volumesnapshots.salt-volumes.io", "other-claim", "-o", "jsonpath={.status.message}"), "claim origin not found in namespace evil")
+
+		// An operator binds the API snapshot to evil/granted: evil's claims
+		// restore it by that object's name; another object cannot bind it
+		// too; deleting the object releases it and keeps it.
+		must(snapObj("granted", "snapshotName: api-nightly"), "create", "-n", "evil")
+		must("", "wait", "-n", "evil", "--for", "jsonpath={.status.readyToUse}=true", "--timeout", "2m", "volumesnapshots.salt-volumes.io/granted")
+		assert.Equal(t, "api-nightly", must("", "get", "-n", "evil", "volumesnapshots.salt-volumes.io", "granted", "-o", "jsonpath={.status.snapshot}"))
+		must(snapObj("grab", "snapshotName: api-nightly"), "create", "-n", "team")
+		must("", "wait", "-n", "team", "--for", "jsonpath={.status.phase}=Failed", "--timeout", "2m", "volumesnapshots.salt-volumes.io/grab")
+		assert.Contains(t, must("", "get", "-n", "team", "volumesnapshots.salt-volumes.io", "grab", "-o", "jsonpath={.status.message}"), "belongs to VolumeSnapshot evil/granted")
+		evilClaim("granted-copy", "granted")
+		eventually(t, 2*time.Minute, "pod evil/granted-copy read the origin's data", func() (bool, string) {
+			po, err := k.Admin.CoreV1().Pods("evil").Get(ctx, "granted-copy", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if po.Status.Phase == corev1.PodFailed {
+				t.Fatalf("pod evil/granted-copy failed: %v", po.Status)
+			}
+			return po.Status.Phase == corev1.PodSucceeded, string(po.Status.Phase)
+		})
+		grantedPVC, err := k.Admin.CoreV1().PersistentVolumeClaims("evil").Get(ctx, "granted-copy", metav1.GetOptions{})
+		require.NoError(t, err)
+		*uuids = append(*uuids, strings.TrimPrefix(grantedPVC.Spec.VolumeName, "pvc-"))
+		must("", "delete", "-n", "evil", "volumesnapshots.salt-volumes.io", "granted", "--timeout", "2m")
+		_, errs, code = p.CLI("snapshot", "get", "api-nightly")
+		assert.Equal(t, 0, code, "a bound snapshot is released, not deleted: %s", errs)
+		must("", "delete", "-n", "team", "volumesnapshots.salt-volumes.io", "grab", "--timeout", "2m")
+
+		// (2) team/a-backup and team-a/backup are two snapshots: deleting
+		// one leaves the other's.
+		must(snapObj("a-backup", "volume: "+origin), "create", "-n", "team")
+		must(snapObj("backup", "volume: "+origin), "create", "-n", "team-a")
+		must("", "wait", "-n", "team", "--for", "jsonpath={.status.readyToUse}=true", "--timeout", "2m", "volumesnapshots.salt-volumes.io/a-backup")
+		must("", "wait", "-n", "team-a", "--for", "jsonpath={.status.readyToUse}=true", "--timeout", "2m", "volumesnapshots.salt-volumes.io/backup")
+		one := must("", "get", "-n", "team", "volumesnapshots.salt-volumes.io", "a-backup", "-o", "jsonpath={.status.snapshot}")
+		two := must("", "get", "-n", "team-a", "volumesnapshots.salt-volumes.io", "backup", "-o", "jsonpath={.status.snapshot}")
+		assert.NotEqual(t, one, two)
+		must("", "delete", "-n", "team", "volumesnapshots.salt-volumes.io", "a-backup", "--timeout", "2m")
+		_, errs, code = p.CLI("snapshot", "get", one)
+		assert.Equal(t, 4, code, errs)
+		out, errs, code = p.CLI("snapshot", "get", two)
+		assert.Equal(t, 0, code, "team-a/backup's snapshot went with team/a-backup: %s", errs)
+		assert.Contains(t, out, "Ready")
+		must("", "delete", "-n", "team-a", "volumesnapshots.salt-volumes.io", "backup", "--timeout", "2m")
+		for c := range steal {
+			assert.Equal(t, "Pending", claimPhase("evil", c), "claim evil/%s was never bound", c)
+		}
+		for _, c := range []string{"steal-api", "steal-ns", "steal-old", "granted-copy"} {
+			require.NoError(t, k.Admin.CoreV1().Pods("evil").Delete(ctx, c, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+			require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("evil").Delete(ctx, c, metav1.DeleteOptions{}))
+		}
+		must("", "delete", "-n", "evil", "volumesnapshots.salt-volumes.io", "other-claim", "--timeout", "2m")
+		_, errs, code = p.CLI("snapshot", "rm", "api-nightly", "--wait")
+		require.Equal(t, 0, code, errs)
+
 		// Deleting the object deletes the snapshot on its node first.
 		must("", "delete", "volumesnapshots.salt-volumes.io", "nightly", "--timeout", "2m")
-		_, errs, code = p.CLI("snapshot", "get", "default-nightly")
+		_, errs, code = p.CLI("snapshot", "get", nightly)
 		assert.Equal(t, 4, code, errs)
 
 		// A source that is not ours is refused on the claim, with the reason.
@@ -339,9 +516,10 @@ func TestPods(t *testing.T) {
 		for _, c := range []string{"origin", "copy", "restored", "from-csi"} {
 			require.NoError(t, k.Admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, c, metav1.DeleteOptions{}))
 		}
-		eventually(t, 2*time.Minute, "the three volumes go with their claims", func() (bool, string) {
+		eventually(t, 2*time.Minute, "the four volumes go with their claims", func() (bool, string) {
 			out, _ := k.Kubectl("get", "volume", "-o", "name")
-			return !strings.Contains(out, origin) && !strings.Contains(out, clone) && !strings.Contains(out, pvc.Spec.VolumeName), out
+			return !strings.Contains(out, origin) && !strings.Contains(out, clone) && !strings.Contains(out, pvc.Spec.VolumeName) &&
+				!strings.Contains(out, grantedPVC.Spec.VolumeName), out
 		})
 	})
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/salt-volumes/salt-volumes/internal/client"
+	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -60,6 +63,30 @@ func TestVolumeObjects(t *testing.T) {
 	}
 	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-crd.yaml"))
 	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
+	// The admission policies, as the guide installs them with rbac.yaml.
+	must("", "apply", "-f", filepath.Join(s.Repo, "deploy", "kubernetes", "claims-policy.yaml"),
+		"-f", filepath.Join(s.Repo, "deploy", "kubernetes", "volume-admin-policy.yaml"))
+	// as is kubectl with a service account's own token (created, with its
+	// namespace, if need be), as a workload or a CI job holds one.
+	as := func(ns, sa string) func(stdin string, args ...string) (string, error) {
+		t.Helper()
+		_, _ = kubectl("", "create", "namespace", ns)
+		_, _ = kubectl("", "create", "serviceaccount", sa, "-n", ns)
+		token := must("", "create", "token", sa, "-n", ns, "--duration", "1h")
+		kc := filepath.Join(t.TempDir(), sa+".kubeconfig")
+		require.NoError(t, os.WriteFile(kc, []byte(fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: %q, certificate-authority: %q}\n"+
+			"users:\n- name: u\n  user: {token: %q}\ncontexts:\n- name: c\n  context: {cluster: c, user: u, namespace: %s}\ncurrent-context: c\n",
+			k.URL, filepath.Join(k.Dir, "ca.crt"), token, ns)), 0o600))
+		return func(stdin string, args ...string) (string, error) {
+			if stdin != "" {
+				f := filepath.Join(t.TempDir(), "in.yaml")
+				require.NoError(t, os.WriteFile(f, []byte(stdin), 0o600))
+				args = append(args, "-f", f)
+			}
+			out, err := exec.Command(filepath.Join(k.BinDir, "kubectl"), append([]string{"--kubeconfig", kc}, args...)...).CombinedOutput()
+			return string(out), err
+		}
+	}
 
 	replicas := make([]*plane, 2)
 	for i := range replicas {
@@ -132,6 +159,150 @@ func TestVolumeObjects(t *testing.T) {
 		}
 	})
 
+	// #48 item 7, on serve's default configuration: the PV of a volume an
+	// operator made is in a class of its own, which a claim of the
+	// provisioning class never binds, even naming it, and which
+	// claims-policy.yaml keeps tenants out of.
+	t.Run("a tenant's claim naming an operator's PV stays Pending, and the operators' class is refused to it", func(t *testing.T) {
+		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "obj-fs", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, kube.DefaultStaticClass, pv.Spec.StorageClassName)
+		// The provisioning class, as the guide makes it.
+		sc, errs, code := lead.CLI("storageclass")
+		require.Equal(t, 0, code, errs)
+		must(sc, "apply")
+		tenant := as("tenant", "app")
+		must(`apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: claims, namespace: tenant}
+rules:
+  - apiGroups: [""]
+    resources: [persistentvolumeclaims]
+    verbs: [create, get, list, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: claims, namespace: tenant}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: claims}
+subjects: [{kind: ServiceAccount, name: app, namespace: tenant}]
+`, "apply")
+		claim := func(name, class string) string {
+			return "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: " + name + "}\nspec:\n  storageClassName: " + class +
+				"\n  volumeName: obj-fs\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 16Mi}}\n"
+		}
+		out, err := tenant(claim("steal", kube.DefaultStorageClass), "create")
+		require.NoError(t, err, "a tenant may create claims of the provisioning class: %s", out)
+		eventually(t, time.Minute, "the PV controller refuses to bind it", func() (bool, string) {
+			out, _ := kubectl("", "get", "events", "-n", "tenant", "--field-selector", "involvedObject.name=steal",
+				"-o", `jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}`)
+			phase, _ := kubectl("", "get", "pvc", "steal", "-n", "tenant", "-o", "jsonpath={.status.phase}")
+			return strings.Contains(out, "VolumeMismatch"), "claim " + phase + "; events: " + out
+		})
+		assert.Equal(t, "Pending", must("", "get", "pvc", "steal", "-n", "tenant", "-o", "jsonpath={.status.phase}"))
+		assert.Equal(t, "Available/", must("", "get", "pv", "obj-fs", "-o", "jsonpath={.status.phase}/{.spec.claimRef.name}"), "the operator's PV is not the tenant's")
+		out, err = tenant(claim("steal-static", kube.DefaultStaticClass), "create")
+		require.Error(t, err, "a tenant claimed the operators' class: %s", out)
+		assert.Contains(t, out, "spec.storageClassName: salt-volumes-static")
+		assert.Contains(t, out, "only the salt-volumes:operators group may claim them")
+		must("", "delete", "pvc", "steal", "-n", "tenant")
+	})
+
+	// #48 item 5: kubectl asks for the verb admin where the REST API does
+	// (volume-admin-policy.yaml): a raw device, a wipe, a forget.
+	t.Run("a raw device, a wipe and a forget need the verb admin with kubectl as with the REST API", func(t *testing.T) {
+		must(`apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: volume-writer}
+rules:
+  - apiGroups: [salt-volumes.io]
+    resources: [volumes, volumes/status]
+    verbs: [get, list, watch, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: volume-admin}
+rules:
+  - apiGroups: [salt-volumes.io]
+    resources: [volumes]
+    verbs: [get, list, watch, create, update, patch, delete, admin]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: volume-writer}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volume-writer}
+subjects: [{kind: ServiceAccount, name: volume-writer, namespace: default}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: volume-admin}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volume-admin}
+subjects: [{kind: ServiceAccount, name: volume-admin, namespace: default}]
+`, "apply")
+		writer, admin := as("default", "volume-writer"), as("default", "volume-admin")
+		// (kubectl warns first that admin is not one of Kubernetes' verbs.)
+		assert.True(t, strings.HasSuffix(must("", "auth", "can-i", "admin", "volumes.salt-volumes.io", "--as", kubecluster.ControlUser), "\nyes"),
+			"serve's own identity (rbac.yaml) has the verb: it creates raw volumes for the REST API and removes its finalizer")
+		disk := testenv.FakeDisk(t, 32<<20)
+		raw := manifest("obj-raw", "rawBlockDevice: {devicePath: "+disk.Path+"}")
+		refused := func(out string, err error, why string) {
+			t.Helper()
+			require.Error(t, err, "allowed: %s", out)
+			assert.Contains(t, out, "system:serviceaccount:default:volume-writer may not admin volumes.salt-volumes.io ")
+			assert.Contains(t, out, why)
+		}
+
+		out, err := writer(raw, "apply")
+		refused(out, err, "a Volume on a raw device (spec.rawBlockDevice) needs the verb admin")
+		t.Logf("kubectl apply of a raw Volume without admin: %s", out)
+		assert.Contains(t, out, "obj-raw")
+		// The REST API, asked the same with the same account's token (made
+		// for serve's audience, and the API server's).
+		tok := must("", "create", "token", "volume-writer", "-n", "default", "--duration", "1h",
+			"--audience", "salt-volumes", "--audience", "https://kubernetes.default.svc")
+		_, err = (&client.Client{URL: lead.URL, Token: tok}).Create(ctx, map[string]any{"name": "obj-raw", "node": s.MinionID, "rawBlockDevice": map[string]any{"devicePath": disk.Path}})
+		var ce *client.Error
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, 403, ce.Status)
+		assert.Contains(t, ce.Error(), "may not admin volumes.salt-volumes.io")
+
+		wiped := strings.Replace(manifest("obj-w", "sparseLoopDevice: {size: 16Mi}"), "metadata:\n", "metadata:\n  annotations: {salt-volumes.io/wipe: \"true\"}\n", 1)
+		out, err = writer(wiped, "apply")
+		refused(out, err, "a wipe (annotation salt-volumes.io/wipe")
+		out, err = writer(manifest("obj-w", "sparseLoopDevice: {size: 16Mi}"), "apply")
+		require.NoError(t, err, out)
+		uuidOf("obj-w")
+		waitPhase("obj-w", "Available")
+		out, err = writer("", "annotate", "volume", "obj-w", "salt-volumes.io/wipe=true")
+		refused(out, err, "a wipe (annotation salt-volumes.io/wipe")
+		out, err = writer("", "patch", "volume", "obj-w", "--type", "json", "-p", `[{"op":"remove","path":"/metadata/finalizers"}]`)
+		refused(out, err, "removing the finalizer salt-volumes.io/volume forgets the volume")
+		// The status is serve's record, whose wipe and forget flags it
+		// carries out: even a role granted volumes/status needs admin.
+		out, err = writer("", "patch", "volume", "obj-w", "--subresource=status", "--type", "merge", "-p", `{"status":{"record":{"volume":{"forgetRequested":true}}}}`)
+		refused(out, err, "the status of a Volume is the record of the control plane")
+		out, err = writer("", "delete", "volume", "obj-w", "--wait=false")
+		require.NoError(t, err, "a deletion without a wipe needs only delete: %s", out)
+		gone("obj-w")
+
+		out, err = admin(raw, "apply")
+		require.NoError(t, err, "the verb admin allows a raw device: %s", out)
+		u := uuidOf("obj-raw")
+		waitPhase("obj-raw", "Available")
+		blkid := func() string {
+			out, _ := exec.Command("blkid", "-p", "-o", "value", "-s", "UUID", disk.Path).Output()
+			return strings.TrimSpace(string(out))
+		}
+		require.Equal(t, u, blkid(), "its filesystem is on the disk")
+		out, err = admin("", "annotate", "volume", "obj-raw", "salt-volumes.io/wipe=true")
+		require.NoError(t, err, "the verb admin allows a wipe: %s", out)
+		out, err = writer("", "delete", "volume", "obj-raw", "--wait=false")
+		refused(out, err, "a wipe (annotation salt-volumes.io/wipe")
+		out, err = admin("", "delete", "volume", "obj-raw", "--wait=false")
+		require.NoError(t, err, out)
+		gone("obj-raw")
+		assert.Empty(t, blkid(), "the deletion wiped what the volume wrote")
+	})
+
 	t.Run("a volume made through a follower's REST API is an object kubectl sees", func(t *testing.T) {
 		out, errs, code := follower.CLI("create", "obj-rest", "--node", s.MinionID, "--size", "16Mi", "--wait", "--timeout", "2m")
 		require.Equal(t, 0, code, "stdout %s stderr %s", out, errs)
@@ -193,7 +364,7 @@ func TestVolumeObjects(t *testing.T) {
 	})
 
 	t.Run("kubectl delete while the PV is Bound waits, saying why, and ends once the claim goes", func(t *testing.T) {
-		class := "salt-volumes"
+		class := kube.DefaultStaticClass // an operator's claim (the cluster admin here)
 		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: "default"},
 			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &class, VolumeName: "obj-fs",
 				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},

@@ -131,11 +131,17 @@ func main() {
 		if out, err := kc.Kubectl("wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io"); err != nil {
 			r.Fatalf("%v: %s", err, out)
 		}
+		step("the admission policies: tenants' claims off operators' PVs, and the verb admin for raw devices, wipes and forgets")
+		fmt.Printf("  $ kubectl apply -f deploy/kubernetes/claims-policy.yaml -f deploy/kubernetes/volume-admin-policy.yaml\n")
+		if out, err := kc.Kubectl("apply", "-f", filepath.Join(repo, "deploy", "kubernetes", "claims-policy.yaml"),
+			"-f", filepath.Join(repo, "deploy", "kubernetes", "volume-admin-policy.yaml")); err != nil {
+			r.Fatalf("%v: %s", err, out)
+		}
 		kubeSection = "kubernetes:\n  kubeconfig: " + kc.ControlKubeconfig + "\n  volumeObjects: true\n"
 	}
 
 	token := randomHex(24)
-	accessSection := "access:\n  users: {alice: operator, carol: viewer}\n"
+	accessSection := "access:\n  users: {alice: operator, carol: viewer}\n  eauth: [file]\n"
 	tlsSection, caFile, scheme := "", "", "http"
 	if *withTLS {
 		step("a CA for the demo, and serve's certificate from it (HTTPS)")
@@ -274,6 +280,7 @@ func main() {
 		step("the Volume objects, and the PersistentVolumes salt-volumes made before it called them Available")
 		_, _ = kubectl("get", "volumes")
 		_, _ = kubectl("get", "pv", "-L", "salt-volumes.io/node")
+		tenantCannotClaim(r, kubectl, s.Root)
 		step("a claim and a pod: the scheduler picks the node, salt-volumes provisions a volume there, the kubelet mounts it")
 		claim := filepath.Join(s.Root, "demo-claim.yaml")
 		if err := os.WriteFile(claim, []byte(fmt.Sprintf(demoClaim, kubecluster.BusyboxImage)), 0o600); err != nil {
@@ -387,6 +394,67 @@ spec:
     - name: data
       persistentVolumeClaim:
         claimName: demo-claim
+`
+
+// tenantCannotClaim shows that a tenant (user tenant, claims in namespace
+// tenant) cannot take the PV of the Block volume the operator made: its
+// claim of the provisioning class naming it stays Pending (serve put the
+// PV in salt-volumes-static, a class of its own), and a claim of that
+// class is refused at admission (claims-policy.yaml). #48 saw the PV Bound.
+func tenantCannotClaim(r *runner, kubectl func(...string) (string, error), root string) {
+	step("a tenant's claim naming the operator's PV demo-block: it stays Pending; the operators' class is refused to the tenant")
+	file := filepath.Join(root, "demo-tenant.yaml")
+	if err := os.WriteFile(file, []byte(demoTenant), 0o600); err != nil {
+		r.Fatal(err)
+	}
+	if _, err := kubectl("apply", "-f", file); err != nil {
+		r.Fatal(err)
+	}
+	claim := func(class string) string {
+		f := filepath.Join(root, "demo-steal-"+class+".yaml")
+		doc := "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: steal, namespace: tenant}\nspec:\n  storageClassName: " + class +
+			"\n  volumeName: demo-block\n  volumeMode: Block\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 256Mi}}\n"
+		if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
+			r.Fatal(err)
+		}
+		return f
+	}
+	if _, err := kubectl("--as", "tenant", "create", "-f", claim("salt-volumes")); err != nil {
+		r.Fatal(err)
+	}
+	var events string
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && !strings.Contains(events, "VolumeMismatch"); time.Sleep(time.Second) {
+		events, _ = kubectl("get", "events", "-n", "tenant", "--field-selector", "involvedObject.name=steal")
+	}
+	out, _ := kubectl("get", "pvc", "-n", "tenant", "steal", "pv", "demo-block")
+	phase, _ := kubectl("get", "pv", "demo-block", "-o", "jsonpath={.status.phase}")
+	if !strings.Contains(events, "VolumeMismatch") || strings.TrimSpace(phase) != "Available" {
+		r.Fatalf("the tenant's claim was not refused the operator's PV (PV %s):\n%s%s", phase, out, events)
+	}
+	if _, err := kubectl("--as", "tenant", "create", "-f", claim("salt-volumes-static")); err == nil {
+		r.Fatalf("a tenant created a claim of salt-volumes-static: claims-policy.yaml is not enforced")
+	}
+	_, _ = kubectl("delete", "pvc", "-n", "tenant", "steal")
+}
+
+// demoTenant is a namespace whose user may create claims, nothing more.
+const demoTenant = `apiVersion: v1
+kind: Namespace
+metadata: {name: tenant}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: claims, namespace: tenant}
+rules:
+  - apiGroups: [""]
+    resources: [persistentvolumeclaims]
+    verbs: [create, get, list, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: claims, namespace: tenant}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: claims}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant}]
 `
 
 // freeAddr returns addr if it can be listened on, else a free loopback port.

@@ -78,7 +78,7 @@ func TestHelmChart(t *testing.T) {
 	assert.Contains(t, string(out), "0 chart(s) failed")
 
 	var raw []byte
-	for _, f := range []string{"rbac.yaml", "volume-crd.yaml", "volumesnapshot-crd.yaml", "serve.yaml"} {
+	for _, f := range []string{"rbac.yaml", "volume-crd.yaml", "volumesnapshot-crd.yaml", "serve.yaml", "claims-policy.yaml", "volume-admin-policy.yaml", "volumesnapshot-policy.yaml"} {
 		b, err := os.ReadFile(filepath.Join("../../deploy/kubernetes", f))
 		require.NoError(t, err)
 		raw = append(raw, []byte("\n---\n")...)
@@ -146,6 +146,12 @@ func TestHelmChart(t *testing.T) {
 
 		crb := mustYAML(t, got["ClusterRoleBinding//salt-volumes"])
 		assert.NotContains(t, crb, "kind: User", "outsideUser \"\" binds the service account only")
+
+		// Clusters before 1.30 have no ValidatingAdmissionPolicy.
+		none := objects(t, render(t, "--set", "admissionPolicies=false"))
+		for k := range none {
+			assert.NotContains(t, k, "ValidatingAdmissionPolicy", "admissionPolicies=false renders %s", k)
+		}
 	})
 }
 
