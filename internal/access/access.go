@@ -131,7 +131,9 @@ func (m RoleMap) For(eauth, user string, groups []string) Role {
 		}
 	}
 	lookup := func(table map[string]Role, name string) {
-		if r, ok := table[name]; ok {
+		// A name with a colon could pose as another backend's entry
+		// ("pam:root" from LDAP): only its own backend's key counts.
+		if r, ok := table[name]; ok && !strings.Contains(name, ":") {
 			better(r)
 		}
 		if r, ok := table[eauth+":"+name]; ok {

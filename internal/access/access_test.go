@@ -151,6 +151,9 @@ func TestRoleMapKeysByEauth(t *testing.T) {
 	assert.Equal(t, Role(""), m.For("pam", "bob", nil), "ldap:bob is not pam's bob")
 	assert.Equal(t, Admin, m.For("ldap", "carol", []string{"storage"}))
 	assert.Equal(t, Role(""), m.For("pam", "carol", []string{"storage"}), "ldap:storage is not pam's group")
+	m.Users["pam:root"] = Admin
+	assert.Equal(t, Role(""), m.For("ldap", "pam:root", nil), "an LDAP user named pam:root is not PAM's root")
+	assert.Equal(t, Admin, m.For("pam", "root", nil))
 }
 
 // A token a person makes never reaches further than they do.

@@ -20,8 +20,9 @@ import (
 // apart, each within its own bound: nobody who may only be refused can
 // push a change out of the trail.
 const (
-	auditKind   = "audit"
-	refusedKind = "audit-refused"
+	auditKind    = "audit"
+	refusedKind  = "audit-refused"
+	sessionsKind = "audit-sessions"
 )
 
 // Entries are bounded in size whatever a request carried (a route may be
@@ -70,6 +71,9 @@ type Entry struct {
 	// of them came (absent while there was one).
 	Count int        `json:"count,omitempty"`
 	Last  *time.Time `json:"last,omitempty"`
+	// Session marks a login or a logout: kept apart from the changes (a
+	// person may log in as often as they like).
+	Session bool `json:"-"`
 }
 
 func cut(s string, n int) string {
@@ -144,10 +148,12 @@ func (a *Audit) Record(ctx context.Context, e Entry) {
 	}
 	ctx = context.WithoutCancel(ctx)
 	kind := auditKind
-	if e.Decision != "allowed" {
-		kind = refusedKind
+	switch {
+	case e.Decision != "allowed":
 		a.aggregate(ctx, e)
 		return
+	case e.Session:
+		kind = sessionsKind
 	}
 	a.put(ctx, kind, entryKey(e.Time), e)
 }
@@ -246,7 +252,7 @@ func (a *Audit) bounds(kind string) (time.Duration, int) {
 	if n <= 0 {
 		n = DefaultAuditEntries
 	}
-	if kind == refusedKind && a.MaxRefusals > 0 {
+	if kind != auditKind && a.MaxRefusals > 0 {
 		n = a.MaxRefusals
 	}
 	return age, n
@@ -286,12 +292,14 @@ func (a *Audit) List(ctx context.Context, f Filter) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	refused, err := a.Records.ListRecords(ctx, refusedKind)
-	if err != nil {
-		return nil, err
+	for _, kind := range []string{refusedKind, sessionsKind} {
+		more, err := a.Records.ListRecords(ctx, kind)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, more...)
 	}
-	// Both are sorted by key, and a key starts with its entry's time.
-	recs = append(recs, refused...)
+	// Each is sorted by key, and a key starts with its entry's time.
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	out := []Entry{}
 	for _, r := range recs {

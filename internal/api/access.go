@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -44,7 +45,9 @@ func noteOf(ctx context.Context) *note {
 // role includes role.
 func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		audited := r.Method != http.MethodGet && r.Method != http.MethodHead
+		// A watch ticket changes nothing (it is a read's credential): not
+		// audited, so that asking for them cannot crowd anything out.
+		audited := r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != "/api/v1/watch/ticket"
 		secret := bearer(r.Header.Get("Authorization"))
 		p, err := s.checker().Check(r.Context(), secret)
 		if errors.Is(err, access.ErrUnauthenticated) && s.Kube != nil && secret != "" &&
@@ -172,13 +175,23 @@ func (s *Server) audit(r *http.Request, p *access.Principal, n *note, decision s
 		return
 	}
 	route := r.URL.Path
-	if r.Method != http.MethodGet && r.URL.RawQuery != "" {
-		// ?wipe=true, ?forget=true: what the change was. GET queries (a
-		// watch ticket) are never kept.
-		route += "?" + r.URL.RawQuery
+	if r.Method != http.MethodGet {
+		// ?wipe=true, ?forget=true: what the change was. Nothing else of
+		// a query is kept (GET queries carry watch tickets; made-up
+		// parameters would make each refusal an entry of its own).
+		q := url.Values{}
+		for _, k := range []string{"wipe", "forget"} {
+			if v, ok := r.URL.Query()[k]; ok {
+				q[k] = v
+			}
+		}
+		if len(q) > 0 {
+			route += "?" + q.Encode()
+		}
 	}
 	e := access.Entry{Source: source(r), Method: r.Method, Route: route,
-		Volume: n.volume, UUID: n.uuid, Node: n.node, Decision: decision, Status: status, Reason: reason}
+		Volume: n.volume, UUID: n.uuid, Node: n.node, Decision: decision, Status: status, Reason: reason,
+		Session: r.URL.Path == "/api/v1/login" || r.URL.Path == "/api/v1/logout"}
 	if p != nil {
 		e.User, e.Role, e.Groups = p.User, p.Role, p.Groups
 	}
@@ -206,27 +219,29 @@ func (s *Server) refusedLogin(r *http.Request) {
 		return
 	}
 	now := time.Now()
+	key := kubeauth.SourceKey(src)
 	s.refusedMu.Lock()
-	if s.refusedAt == nil {
-		s.refusedAt = map[string]time.Time{}
+	if s.refusedAt == nil || now.Sub(s.refusedSwept) >= refusedEvery {
+		// A new map each period: no scan of the old one per request.
+		s.refusedAt, s.refusedSwept = map[string]time.Time{}, now
 	}
-	last, seen := s.refusedAt[src]
-	if seen && now.Sub(last) < refusedEvery {
+	last, seen := s.refusedAt[key]
+	if (seen && now.Sub(last) < refusedEvery) || (!seen && len(s.refusedAt) >= refusedSources) {
+		// Counted and logged; a flood from many addresses audits at most
+		// refusedSources entries a period.
 		s.refusedMu.Unlock()
 		s.Log.Info("request without a valid token refused", "source", src, "method", r.Method, "route", r.URL.Path)
 		return
 	}
-	for k, t := range s.refusedAt {
-		if now.Sub(t) >= refusedEvery {
-			delete(s.refusedAt, k)
-		}
-	}
-	s.refusedAt[src] = now
+	s.refusedAt[key] = now
 	s.refusedMu.Unlock()
 	s.audit(r, &access.Principal{User: "unauthenticated"}, &note{}, "refused", http.StatusUnauthorized, "missing, wrong, revoked or expired token")
 }
 
-const refusedEvery = 10 * time.Second
+const (
+	refusedEvery   = 10 * time.Second
+	refusedSources = 1000
+)
 
 // captureWriter keeps a mutating request's status and error message for
 // its audit entry.

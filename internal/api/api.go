@@ -87,9 +87,10 @@ type Server struct {
 	tokensOnce sync.Once
 	// refused counts requests without a valid token; refusedAt throttles
 	// their audit entries per source.
-	refused   atomic.Int64
-	refusedMu sync.Mutex
-	refusedAt map[string]time.Time
+	refused      atomic.Int64
+	refusedMu    sync.Mutex
+	refusedAt    map[string]time.Time
+	refusedSwept time.Time
 	// loginFails slows down guessing; acl caches the master's answers.
 	loginFails    loginFailures
 	loginsRefused atomic.Int64

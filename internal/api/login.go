@@ -16,6 +16,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/access"
+	"github.com/salt-volumes/salt-volumes/internal/kubeauth"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 )
 
@@ -129,12 +130,12 @@ func (f *loginFailures) end(src string, now time.Time, failed bool) {
 	ls := f.source(src, now)
 	ls.busy = max(ls.busy-1, 0)
 	ls.last = now
+	// A success forgets nothing: one's own good login between guesses at
+	// someone else's password must not reset the count.
 	if failed {
 		ls.failures = append(ls.failures, now)
-	} else {
-		ls.failures = nil
 	}
-	if ls.busy == 0 && len(ls.failures) == 0 {
+	if ls.busy == 0 && ls.recent(now) == 0 {
 		delete(f.byIP, src)
 	}
 }
@@ -146,12 +147,6 @@ func (f *loginFailures) add(src string, now time.Time) {
 	ls := f.source(src, now)
 	ls.failures = append(ls.failures, now)
 	ls.last = now
-}
-
-func (f *loginFailures) reset(src string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.byIP, src)
 }
 
 // source returns src's entry, making room for it when the table is full.
@@ -230,7 +225,9 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	src := source(r)
-	ok, wait := s.loginFails.begin(src, time.Now())
+	// One client, one count: an IPv6 host holds its whole /64.
+	key := kubeauth.SourceKey(src)
+	ok, wait := s.loginFails.begin(key, time.Now())
 	if !ok {
 		s.loginsRefused.Add(1)
 		w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
@@ -239,7 +236,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	failed := true
-	defer func() { s.loginFails.end(src, time.Now(), failed) }()
+	defer func() { s.loginFails.end(key, time.Now(), failed) }()
 	who := &access.Principal{User: s.claimed(body.Username, body.Eauth), Eauth: body.Eauth, Kind: "session"}
 	refuse := func(status int, code, msg string) {
 		s.loginsRefused.Add(1)
@@ -329,8 +326,16 @@ func (s *Server) rememberACL(user, eauth string, acc saltapi.Access) {
 func (s *Server) inScope(w http.ResponseWriter, r *http.Request, node string) bool {
 	p := access.From(r.Context())
 	person := p.Person()
-	if person == "" || s.Logins == nil || s.Logins.People == nil {
+	if person == "" {
 		return true
+	}
+	if s.Logins == nil || s.Logins.People == nil {
+		// Logins switched off (no access: section) while a person's
+		// session or token lives on: nothing says what they may do.
+		noteOf(r.Context()).refused = true
+		writeErr(w, http.StatusForbidden, saltvolumes.Error{Code: saltvolumes.CodeForbidden,
+			Message: fmt.Sprintf("%s: logins with a Salt identity are off on this server, so nothing bounds %s's changes; nothing was changed", p.User, person)})
+		return false
 	}
 	key := aclKey(person, p.Eauth, node)
 	s.acl.mu.Lock()

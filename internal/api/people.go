@@ -47,8 +47,13 @@ func (s *Server) rememberPerson(user, eauth string, role access.Role, groups []s
 // left with no role is unauthenticated (their session and tokens stop).
 func (s *Server) bound(ctx context.Context, p *access.Principal) error {
 	person := p.Person()
-	if person == "" || s.Logins == nil || s.Logins.People == nil {
+	if person == "" {
 		return nil
+	}
+	if s.Logins == nil || s.Logins.People == nil {
+		// Logins switched off: the natural way to take everyone's access
+		// away must take it from their sessions and tokens too.
+		return access.ErrUnauthenticated
 	}
 	key := person + "\x00" + p.Eauth
 	s.people.mu.Lock()

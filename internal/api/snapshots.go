@@ -212,6 +212,12 @@ func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Sour
 		if sn.VolumeUUID != src.VolumeUUID || sn.Name != src.Snapshot {
 			continue
 		}
+		if node := noteOf(r.Context()).node; node != sn.Node {
+			noteOf(r.Context()).refused = true
+			writeErr(w, http.StatusBadRequest, saltvolumes.Error{Code: saltvolumes.CodeInvalid, Field: "node",
+				Message: fmt.Sprintf("node: snapshot %s is on %s: a clone is made on its snapshot's node; nothing was changed", sn.Name, sn.Node)})
+			return false
+		}
 		v, err := s.Store.Get(sn.Volume)
 		switch {
 		case err != nil || v.Spec.UUID != sn.VolumeUUID:

@@ -46,8 +46,9 @@ const (
 )
 
 type tickets struct {
-	mu   sync.Mutex
-	used map[string]time.Time // nonce -> expiry
+	mu    sync.Mutex
+	used  map[string]time.Time // nonce -> expiry
+	swept time.Time
 }
 
 // ticketCred is the credential a ticket was asked with.
@@ -94,9 +95,14 @@ func (s *Server) redeemTicket(ctx context.Context, t string, now time.Time) (tic
 	if s.tickets.used == nil {
 		s.tickets.used = map[string]time.Time{}
 	}
-	for n, e := range s.tickets.used {
-		if !now.Before(e) {
-			delete(s.tickets.used, n)
+	if now.Sub(s.tickets.swept) >= time.Second {
+		// Spent tickets past their expiry go, at most once a second
+		// (not a scan per redemption).
+		s.tickets.swept = now
+		for n, e := range s.tickets.used {
+			if !now.Before(e) {
+				delete(s.tickets.used, n)
+			}
 		}
 	}
 	if _, seen := s.tickets.used[nonce]; seen {

@@ -61,6 +61,14 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotImplemented, saltvolumes.Error{Code: saltvolumes.CodeInternal, Message: "this server keeps no tokens"})
 		return
 	}
+	if p := access.From(r.Context()); p != nil && p.Kind == "kubernetes" {
+		// Its token would outlive the RoleBinding that allowed it, with
+		// nothing to bound it: Kubernetes identities use their own tokens.
+		noteOf(r.Context()).refused = true
+		writeErr(w, http.StatusForbidden, saltvolumes.Error{Code: saltvolumes.CodeForbidden,
+			Message: p.User + " may not make service tokens: a Kubernetes identity uses its own (kubectl create token SA --audience salt-volumes); service tokens are made with the bootstrap token or by a person logged in with Salt"})
+		return
+	}
 	secret, tok, err := s.checker().CreateServiceBy(r.Context(), body.Name, role, ttl, access.From(r.Context()))
 	var fe *access.FieldError
 	if errors.As(err, &fe) {
@@ -125,8 +133,9 @@ func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
 }
 
 // history: the audit entries of one volume, for everyone who may read it
-// (the UI's "created by alice 3 h ago"): those of this volume's uuid, and
-// refusals that named it before it had one.
+// (the UI's "created by alice 3 h ago"): those of this volume's uuid.
+// Refusals that only named it (a create of that name) are not its history:
+// anyone refused could write into every volume's page.
 func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	v, err := s.Store.Get(name)
@@ -142,7 +151,7 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		for _, e := range all {
-			if e.UUID == "" || e.UUID == v.Spec.UUID {
+			if e.UUID == v.Spec.UUID {
 				items = append(items, e)
 			}
 		}

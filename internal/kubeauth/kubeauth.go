@@ -286,6 +286,11 @@ func (r *Reviewer) allowReview(source string, now time.Time) bool {
 
 // sourceKey: an address, IPv6 ones by their /64 (one host can hold all
 // of it).
+// SourceKey is what one client is counted as when requests are bounded
+// per source: an IPv4 address (an IPv4-mapped IPv6 one unmapped), or an
+// IPv6 address's /64, which one host usually holds whole.
+func SourceKey(source string) string { return sourceKey(source) }
+
 func sourceKey(source string) string {
 	a, err := netip.ParseAddr(source)
 	if err != nil {
