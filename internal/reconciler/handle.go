@@ -41,8 +41,9 @@ type observation struct {
 	uuid    string
 	step    string
 	wipe    bool
-	sls     string // obsLaunched: the run's state
-	tries   int    // lookups of a hint so far
+	sls     string    // obsLaunched: the run's state
+	tries   int       // lookups of a hint so far
+	looked  time.Time // when the last of them ended
 	// obsHealth: the node's entry for the volume (nil: the node has no
 	// record of it) and when the report arrived.
 	device *saltvolumes.Device

@@ -130,8 +130,10 @@ func (r *Reconciler) confirmOnce(ctx context.Context, node string) {
 	}
 	// The master fires the return just before it writes the job cache:
 	// retries at 1 ms, 2 ms, ... as for job hints.
+	var looked time.Time
 	for try, delay := 0, time.Millisecond; try < maxHintTries; try, delay = try+1, delay*2 {
-		info, err := r.cache.get(ctx, job.JID, try > 0)
+		info, err := r.cache.get(ctx, job.JID, looked)
+		looked = time.Now()
 		if err == nil {
 			if ret, ok := info.Returns[node]; ok {
 				r.applyStatus(node, job.JID, ret.Return, ret.Retcode)
