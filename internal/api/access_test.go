@@ -160,3 +160,13 @@ func TestLoginFailuresPerSource(t *testing.T) {
 	f.end("10.0.0.2", now, false)
 	assert.Equal(t, 1, f.recent("10.0.0.2", now))
 }
+
+// add counts a failure from src outside an attempt (the tests' shortcut
+// for begin and end).
+func (f *loginFailures) add(src string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ls := f.source(src, now)
+	ls.failures = append(ls.failures, now)
+	ls.last = now
+}

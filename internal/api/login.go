@@ -140,15 +140,6 @@ func (f *loginFailures) end(src string, now time.Time, failed bool) {
 	}
 }
 
-// add counts a failure from src (tests and callers outside an attempt).
-func (f *loginFailures) add(src string, now time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ls := f.source(src, now)
-	ls.failures = append(ls.failures, now)
-	ls.last = now
-}
-
 // source returns src's entry, making room for it when the table is full.
 func (f *loginFailures) source(src string, now time.Time) *loginSource {
 	if f.byIP == nil {
