@@ -174,7 +174,9 @@ def read_prefixed(raw):
     print(n, time.perf_counter() - start)
 
 
-def flood(conf_dir, rate, seconds, names, minion):
+def flood(conf_dir, rate, seconds, names, minion, kind="returns"):
+    """Fire forged job returns (kind "returns") or events of the same size
+    under a tag no one listens for (kind "noise": the bus's own cost)."""
     import random
 
     import salt.config
@@ -189,9 +191,11 @@ def flood(conf_dir, rate, seconds, names, minion):
             name = "forged-%08x" % random.randrange(1 << 32)
             ret["salt_volumes_|-salt_volumes %s_|-%s_|-prepared" % (name, name)] = {
                 "result": True, "comment": "", "name": name, "changes": {}, "__run_num__": 0}
+        tag = "salt/job/%s/ret/%s" % (jid, minion)
+        if kind == "noise":
+            tag = "bench/noise/%s/%s" % (jid, minion)
         bus.fire_event({"cmd": "_return", "id": minion, "jid": jid, "fun": "state.apply",
-                        "retcode": 0, "success": True, "return": ret},
-                       "salt/job/%s/ret/%s" % (jid, minion))
+                        "retcode": 0, "success": True, "return": ret}, tag)
         fired += 1
         # Paced against the clock, not by sleeping a fixed time per event.
         ahead = start + fired / rate - time.monotonic()
@@ -209,6 +213,6 @@ if __name__ == "__main__":
             NODES = int(sys.argv[5])
         write(int(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
     elif sys.argv[1] == "flood":
-        flood(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+        flood(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6], *sys.argv[7:8])
     else:
         read(sys.argv[2])
