@@ -95,7 +95,8 @@ smoke-load:
 # promtool (setup extracts it from Debian's package; skipped without it).
 PROMTOOL ?= $(shell command -v promtool || ls $${SALT_VOLUMES_CACHE:-/var/cache/salt-volumes}/prometheus/usr/bin/promtool 2>/dev/null)
 promtool:
-	@if [ -n "$(PROMTOOL)" ]; then $(PROMTOOL) check rules deploy/monitoring/alerts.yaml; \
+	@if [ -n "$(PROMTOOL)" ]; then $(PROMTOOL) check rules deploy/monitoring/alerts.yaml && \
+	  $(PROMTOOL) test rules deploy/monitoring/alerts_test.yaml; \
 	else echo "promtool: not available, deploy/monitoring/alerts.yaml not checked"; fi
 
 # Fuzz targets, FUZZTIME each (outside make test). New inputs the fuzzer

@@ -58,7 +58,8 @@ type WipeCheck struct {
 
 // Capacity is what a node's sparse volumes may use: the filesystem that
 // holds the sparse files (Size, Free) and the sum of the sizes of every
-// sparse file on it that is ours (Committed). OvercommitRatio is the node's
+// sparse file on it that is ours, with the data their snapshots keep
+// (Committed). OvercommitRatio is the node's
 // limit: a new sparse volume is refused when Committed would exceed
 // OvercommitRatio x Size.
 type Capacity struct {
@@ -76,6 +77,18 @@ type Capacity struct {
 	// copy-on-write space or thin pool (80 % and up), or lost to it, one
 	// line each naming the snapshot and what to do.
 	SnapshotWarnings []string `json:"snapshotWarnings,omitempty"`
+	// ThinPools: the LVM thin pools holding volumes, snapshots or clones
+	// of ours, and how full their data and metadata are.
+	ThinPools []ThinPool `json:"thinPools,omitempty"`
+}
+
+// ThinPool is how full one LVM thin pool (vg/pool) is, in percent. A pool
+// whose data or metadata fills stops taking writes: every thin LV in it
+// errors them.
+type ThinPool struct {
+	Name            string  `json:"name"`
+	DataPercent     float64 `json:"dataPercent"`
+	MetadataPercent float64 `json:"metadataPercent"`
 }
 
 // Check validates device info that came from a node before anything (the

@@ -18,6 +18,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/engine"
+	"github.com/salt-volumes/salt-volumes/internal/freeze"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/toolpath"
 )
@@ -30,8 +31,10 @@ const usage = `usage:
   salt-volume-exec [--state-dir DIR] list
   salt-volume-exec [--state-dir DIR] restore
   salt-volume-exec [--state-dir DIR] last-restore  (the report the last restore left)
-  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME [--size SIZE]
-                   (a sparse volume's point-in-time copy: reflink, else a sparse copy)
+  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME [--size SIZE] [--freeze-limit 10s]
+                   (a sparse volume's point-in-time copy: reflink, else a sparse copy; a
+                   mounted filesystem is never frozen longer than --freeze-limit, and a
+                   copy that would need longer is refused before anything is frozen)
   salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME
   salt-volume-exec [--state-dir DIR] snapshots [--spec FILE|-]
 
@@ -50,6 +53,11 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == freeze.WatchdogCommand {
+		// Not a user's command: snapshot re-executes this binary so that
+		// a freeze outlives no run (internal/freeze).
+		return freeze.RunWatchdog(args[1:])
+	}
 	defaultDir := "/var/lib/salt-volumes"
 	if d := os.Getenv("SALT_VOLUMES_STATE_DIR"); d != "" {
 		defaultDir = d
@@ -78,6 +86,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
 	snapName := sub.String("name", "", "snapshot, snapshot-delete: the snapshot's name")
 	snapSize := sub.String("size", "", "snapshot: a thick LVM snapshot's copy-on-write space (default: a quarter of the LV)")
+	freezeLimit := sub.String("freeze-limit", "", "snapshot: the longest a mounted sparse volume's filesystem may be frozen (default 10s)")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
 	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
 	if err := sub.Parse(rest); err != nil {
@@ -149,6 +158,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			if *snapSize != "" {
 				if opts.COWSize, err = spec.ParseSize(*snapSize); err != nil {
 					err = &engine.Error{Kind: engine.KindInvalid, Code: "invalid_size", Message: "--size: " + err.Error() + " (a thick LVM snapshot's copy-on-write space, e.g. 64Mi)"}
+					break
+				}
+			}
+			if *freezeLimit != "" {
+				if opts.FreezeLimit, err = engine.CheckFreezeLimit(*freezeLimit); err != nil {
 					break
 				}
 			}

@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"strings"
@@ -49,10 +51,10 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		var snap saltvolumes.Snapshot
 		var err error
 		if kind == "volume" {
-			// A snapshot for this clone alone: the control plane deletes
-			// it once the clone is Available (or after an hour, if this
-			// command never gets to create the clone).
-			helper := strings.TrimRight(("clone-" + pos[0])[:min(63, 6+len(pos[0]))], "-")
+			// A snapshot for this clone alone, taken now: the control
+			// plane deletes it once the clone is Available (or after an
+			// hour, if this command never gets to create the clone).
+			helper := cloneHelperName(pos[0])
 			if snap, err = cl.TakeSnapshotFor(ctx, name, helper, pos[0]); err == nil {
 				snap, err = c.waitSnapshot(ctx, cl, snap.Name, false, *timeout)
 			}
@@ -167,4 +169,15 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// cloneHelperName names the snapshot a clone of a volume as it is now is
+// made from: unique to this command, since taking a snapshot of a name that
+// exists answers the one taken then (an earlier, failed try's, whose data
+// is stale by now), and no two clone names share one when cut to fit.
+func cloneHelperName(clone string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	// "clone-" + at most 48 of the name + "-" + 8 hex digits: 63.
+	return "clone-" + strings.TrimRight(clone[:min(48, len(clone))], "-.") + "-" + hex.EncodeToString(b[:])
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -57,4 +59,19 @@ func TestRunRefusesBadUsage(t *testing.T) {
 	assert.Equal(t, exitUsage, run([]string{"get", "--url", "", "x"}, &out, &errw))
 	assert.Contains(t, errw.String(), "no server")
 	assert.Equal(t, exitOK, run([]string{"version"}, &out, &errw))
+}
+
+// A clone of a volume as it is now gets a snapshot of its own each time:
+// never an earlier try's (stale) one, never another long name's.
+func TestCloneHelperNames(t *testing.T) {
+	long := strings.Repeat("a", 60)
+	a, b := cloneHelperName(long), cloneHelperName(long)
+	if a == b {
+		t.Fatalf("two clones of %s share the helper snapshot %s", long, a)
+	}
+	for _, n := range []string{a, cloneHelperName("db-copy"), cloneHelperName(strings.Repeat("x", 47) + "-y")} {
+		if len(n) > 63 || !regexp.MustCompile(`^clone-[a-z0-9][a-z0-9.-]*-[0-9a-f]{8}$`).MatchString(n) || strings.Contains(n, "--") {
+			t.Errorf("helper snapshot name %q: not a snapshot name of at most 63", n)
+		}
+	}
 }

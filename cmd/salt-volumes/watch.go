@@ -90,12 +90,19 @@ func (c *cli) nodes(ctx context.Context, in []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	// LVM snapshots about to overflow are lost when they do: said under
-	// the table, not folded into a column.
+	// LVM snapshots about to overflow are lost when they do, thin pools
+	// that fill stop every LV in them: said under the table, not folded
+	// into a column.
 	for _, n := range items {
 		if n.Capacity != nil {
 			for _, w := range n.Capacity.SnapshotWarnings {
 				fmt.Fprintf(c.errw, "warning: %s: %s\n", n.Name, w)
+			}
+			// A thin pool fills for its volumes as for its snapshots.
+			for _, p := range n.Capacity.ThinPools {
+				if p.DataPercent >= 80 || p.MetadataPercent >= 80 {
+					fmt.Fprintf(c.errw, "warning: %s: thin pool %s: data %.1f%%, metadata %.1f%%: when either is full, every thin LV in it stops taking writes\n", n.Name, p.Name, p.DataPercent, p.MetadataPercent)
+				}
 			}
 		}
 	}

@@ -37,9 +37,10 @@ func (e *Engine) backingFS() (path string, size, free int64, err error) {
 
 // committed sums what the node's sparse volumes may grow to: the spec size
 // of every sparse record (a record comes before its file), plus the size of
-// every sparse file no record claims (an orphan still takes its room).
+// every sparse file no record claims (an orphan still takes its room), plus
+// the data every sparse volume's snapshot pins (see snapshotPinned).
 func (e *Engine) committed(recs []*nodestate.Record) int64 {
-	var sum int64
+	sum := e.snapshotPinned()
 	known := map[string]bool{}
 	for _, r := range recs {
 		if r.Spec.SparseLoopDevice != nil {
@@ -69,9 +70,24 @@ func (e *Engine) Capacity() (*saltvolumes.Capacity, error) {
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := e.Snapshots("")
+	snaps, err := e.snapshotRecords("")
 	if err != nil {
 		return nil, failed("state", err, "reading snapshots")
+	}
+	// One lvs for the snapshots' fill levels and the thin pools, when
+	// anything of ours may be on LVM.
+	lvmToo := false
+	for _, r := range recs {
+		lvmToo = lvmToo || r.Spec.LVMLogicalVolume != nil || r.DMUUID != ""
+	}
+	for _, sn := range snaps {
+		lvmToo = lvmToo || sn.LV != ""
+	}
+	if lvmToo {
+		if lvs, ok := e.listLVs("the LVM snapshots' and thin pools' fill levels"); ok {
+			fillFrom(snaps, lvs)
+			c.ThinPools = thinPools(lvs)
+		}
 	}
 	for _, s := range snaps {
 		c.Snapshots++
@@ -103,6 +119,54 @@ func (e *Engine) checkOvercommit(s *spec.Spec, recs []*nodestate.Record) error {
 	if after := c.Committed + s.SizeBytes; after > limit {
 		return refused("overcommit", "sparseLoopDevice.size: %s would commit %s of %s on %s, past the overcommit ratio %g (limit %s, already committed %s): use a smaller size, delete volumes, or raise salt_volumes:overcommit_ratio in the minion config",
 			spec.Approx(s.SizeBytes), spec.Approx(after), spec.Approx(c.Size), c.Path, e.OvercommitRatio, spec.Approx(limit), spec.Approx(c.Committed))
+	}
+	return nil
+}
+
+// snapshotPinned sums the bytes the sparse volumes' snapshots keep on the
+// node: each its origin's data when it was taken, which a reflink shares
+// at first and keeps once the origin changes it. A snapshot being taken
+// counts from its first record on, so that two cannot both take the last
+// room.
+func (e *Engine) snapshotPinned() int64 {
+	paths, _ := filepath.Glob(filepath.Join(e.State.Root, "snapshots", "*", "*.json"))
+	var sum int64
+	for _, p := range paths {
+		if sn, err := readSnapshot(p); err == nil && sn.LV == "" {
+			sum += sn.Allocated
+		}
+	}
+	return sum
+}
+
+// snapshotRoomReserve is kept free on the filesystem of the sparse files
+// by copies (a snapshot without reflink, a clone): 1 % of it, at least
+// 64 MiB, so that the volumes on it never find it full because of one.
+func snapshotRoomReserve(size int64) int64 { return max(size/100, 64<<20) }
+
+// checkCopyRoom refuses a copy of data bytes of what (a snapshot, a clone)
+// that the node has no room for: the data it pins must fit the overcommit
+// rule with everything committed (pin: 0 for a clone, whose own size
+// prepare has counted), and a copy that is not a reflink must fit the free
+// space now, with snapshotRoomReserve to spare. Callers hold the global
+// lock.
+func (e *Engine) checkCopyRoom(what string, pin, data int64, reflink bool) error {
+	recs, errs := e.State.All()
+	if len(errs) > 0 {
+		return failed("state", errors.Join(errs...), "reading node state")
+	}
+	c, err := e.capacity(recs)
+	if err != nil {
+		return err
+	}
+	limit := int64(e.OvercommitRatio * float64(c.Size))
+	if after := c.Committed + pin; pin > 0 && after > limit {
+		return refused("no_room", "%s keeps %s of data on %s, which would commit %s of %s, past the overcommit ratio %g (limit %s, already committed %s with snapshots): delete snapshots or volumes, or raise salt_volumes:overcommit_ratio in the minion config",
+			what, spec.Approx(pin), c.Path, spec.Approx(after), spec.Approx(c.Size), e.OvercommitRatio, spec.Approx(limit), spec.Approx(c.Committed))
+	}
+	if reserve := snapshotRoomReserve(c.Size); !reflink && data > c.Free-reserve {
+		return refused("no_room", "%s copies %s of data onto %s, which has %s free (%s of it kept free for the volumes): free space there, or put the state dir on a filesystem with reflink (xfs with reflink, btrfs), where a copy takes no room at first",
+			what, spec.Approx(data), c.Path, spec.Approx(max(c.Free, 0)), spec.Approx(reserve))
 	}
 	return nil
 }

@@ -57,6 +57,9 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 	if err := os.MkdirAll(e.State.Sparse(), 0o700); err != nil {
 		return false, failed("file", err, "creating %s", e.State.Sparse())
 	}
+	if err := e.cloneRoom(s, snap, img, part); err != nil {
+		return false, err
+	}
 	method, err := filecopy.Copy(img, part)
 	if err != nil {
 		return false, failed("clone_copy", err, "copying snapshot %s", src.Snapshot)
@@ -198,4 +201,21 @@ func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
 	}
 	o.step("clone-log-replayed")
 	return nil
+}
+
+// cloneRoom refuses a sparse clone whose copy of its snapshot's data would
+// not fit the free space of the sparse files' filesystem (a reflink takes
+// none at first); its size is counted against the overcommit ratio by
+// prepare, like any new sparse volume's.
+func (e *Engine) cloneRoom(s *spec.Spec, snap *Snapshot, img, part string) error {
+	g, err := e.State.Lock("global")
+	if err != nil {
+		return failed("lock", err, "locking the node's state")
+	}
+	defer g.Unlock()
+	data, err := filecopy.Allocated(img)
+	if err != nil {
+		return failed("clone_copy", err, "reading %s", img)
+	}
+	return e.checkCopyRoom(fmt.Sprintf("clone %s of snapshot %s", s.Name, snap.Name), 0, data, filecopy.CanReflink(img, part+".probe"))
 }

@@ -110,11 +110,15 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 	raw.path = "/dev/" + l.VGName + "/" + s.Name
 	if !rec.Formatted() {
 		if s.Source != nil {
+			// A clone's LV holds nothing of anyone else: a thick
+			// snapshot's copy writes it whole (the rest zeroed), a thin
+			// one shares only its snapshot's blocks. What it holds now
+			// is the snapshot's content, which a fresh-LV check would
+			// take for an earlier LV's leftovers and remove or wipe.
 			if err := e.cloneLVContent(ctx, o, name); err != nil {
 				return err
 			}
-		}
-		if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
+		} else if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
 			return err
 		}
 	}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/filecopy"
 	"github.com/salt-volumes/salt-volumes/internal/lvm"
@@ -103,8 +105,8 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 			}
 			snap.COWSize = cow
 		}
-		if err := os.MkdirAll(e.snapshotDir(s.UUID), 0o700); err != nil {
-			return nil, failed("state", err, "creating %s", e.snapshotDir(s.UUID))
+		if _, err := e.State.SnapshotDir(s.UUID); err != nil {
+			return nil, failed("state", err, "the snapshots of %s", s.Name)
 		}
 		// lvcreate suspends the origin's device-mapper device for the
 		// moment it takes, which freezes a filesystem mounted on it.
@@ -256,13 +258,26 @@ func (e *Engine) lvmFill(snaps []*Snapshot) {
 	if !any {
 		return
 	}
+	if lvs, ok := e.listLVs("the LVM snapshots' fill levels"); ok {
+		fillFrom(snaps, lvs)
+	}
+}
+
+// listLVs runs one lvs; what says what for, in the warning if it fails.
+func (e *Engine) listLVs(what string) ([]lvm.LV, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	lvs, err := lvm.List(ctx)
 	if err != nil {
-		e.Log.Warn("reading the LVM snapshots' fill levels", "error", err)
-		return
+		e.Log.Warn("reading "+what, "error", err)
+		return nil, false
 	}
+	return lvs, true
+}
+
+// fillFrom sets the fill levels and warnings of the LVM snapshots among
+// snaps from lvs.
+func fillFrom(snaps []*Snapshot, lvs []lvm.LV) {
 	byName := map[string]*lvm.LV{}
 	for i := range lvs {
 		byName[lvs[i].VG+"/"+lvs[i].Name] = &lvs[i]
@@ -273,30 +288,100 @@ func (e *Engine) lvmFill(snaps []*Snapshot) {
 		}
 		lv := byName[sn.LV]
 		if lv == nil || (sn.LVUUID != "" && lv.UUID != sn.LVUUID) {
-			sn.Warning = "its logical volume " + sn.LV + " is gone"
+			sn.Warning, sn.Lost = "lost: its logical volume "+sn.LV+" is gone: delete the snapshot", true
 			continue
 		}
-		what, full := "its copy-on-write space", lv
-		if lv.Pool != "" {
-			what, full = "thin pool "+lv.VG+"/"+lv.Pool, byName[lv.VG+"/"+lv.Pool]
+		if lv.Pool == "" {
+			if lv.Invalid {
+				sn.Warning, sn.Lost = "overflowed: its copy-on-write space filled up and LVM dropped the snapshot (its data is lost): delete it", true
+				continue
+			}
+			if lv.DataPercent >= 0 {
+				p := lv.DataPercent
+				sn.DataPercent = &p
+				sn.Warning = fillWarning(lv.VG+"/"+lv.Name, p, -1)
+			}
+			continue
 		}
-		switch {
-		case lv.Invalid:
-			sn.Warning = fmt.Sprintf("overflowed: %s filled up and LVM dropped the snapshot (its data is lost): delete it", what)
-		case full == nil || full.DataPercent < 0:
-		default:
-			p := full.DataPercent
-			sn.DataPercent = &p
-			// Said by the step crossed (80, 90, 95 %), not the exact
-			// level, so that the beacon reports a change once a step.
-			for _, step := range []float64{95, 90, fillWarnPercent} {
-				if p >= step {
-					sn.Warning = fmt.Sprintf("%s is over %g%% full: at 100%% the snapshot is lost; extend it (lvextend -L +SIZE %s) or delete the snapshot", what, step, full.VG+"/"+full.Name)
-					break
-				}
+		pool := byName[lv.VG+"/"+lv.Pool]
+		if pool == nil || pool.DataPercent < 0 {
+			continue
+		}
+		d, m := pool.DataPercent, pool.MetadataPercent
+		sn.DataPercent = &d
+		if m >= 0 {
+			sn.MetadataPercent = &m
+		}
+		sn.Warning = fillWarning(pool.VG+"/"+pool.Name, d, m)
+	}
+}
+
+// fillWarning says how close to full a thick snapshot's copy-on-write
+// space (meta < 0) or a thin pool (data and metadata) is, by the step
+// crossed (80, 90, 95 %), not the exact level, so that the beacon reports a
+// change once a step; "" below 80 %. The two fill up differently: a thick
+// snapshot that overflows is dropped, its origin unharmed; a thin pool
+// that fills stops taking writes, and every thin LV in it, the volume
+// included, errors them.
+func fillWarning(lv string, data, meta float64) string {
+	step := func(p float64) float64 {
+		for _, s := range []float64{95, 90, fillWarnPercent} {
+			if p >= s {
+				return s
 			}
 		}
+		return 0
 	}
+	if meta < 0 {
+		if s := step(data); s > 0 {
+			return fmt.Sprintf("its copy-on-write space is over %g%% full: at 100%% LVM drops the snapshot and its data is lost; extend it (lvextend -L +SIZE %s) or delete the snapshot", s, lv)
+		}
+		return ""
+	}
+	var parts []string
+	if s := step(data); s > 0 {
+		parts = append(parts, fmt.Sprintf("data over %g%%", s))
+	}
+	if s := step(meta); s > 0 {
+		parts = append(parts, fmt.Sprintf("metadata over %g%%", s))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("thin pool %s is filling (%s): when either is full the pool stops taking writes and every thin LV in it, this volume included, errors them; extend the pool (lvextend -L +SIZE %s, or --poolmetadatasize +SIZE for metadata) or delete snapshots", lv, strings.Join(parts, ", "), lv)
+}
+
+// thinPools reads how full the thin pools are that hold LVs of ours
+// (volumes, snapshots, clones): the node's report carries them.
+func thinPools(lvs []lvm.LV) []saltvolumes.ThinPool {
+	byName := map[string]*lvm.LV{}
+	for i := range lvs {
+		byName[lvs[i].VG+"/"+lvs[i].Name] = &lvs[i]
+	}
+	seen := map[string]bool{}
+	var out []saltvolumes.ThinPool
+	for _, lv := range lvs {
+		name := lv.VG + "/" + lv.Pool
+		if lv.Pool == "" || seen[name] || !ourLV(&lv) {
+			continue
+		}
+		seen[name] = true
+		if p := byName[name]; p != nil && p.DataPercent >= 0 {
+			out = append(out, saltvolumes.ThinPool{Name: name, DataPercent: p.DataPercent, MetadataPercent: max(p.MetadataPercent, 0)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// ourLV: an LV that carries one of our tags.
+func ourLV(lv *lvm.LV) bool {
+	for _, t := range lv.Tags {
+		if strings.HasPrefix(t, spec.LVMTagPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // lvmSource reads the LVM snapshot a new LVM volume is cloned from and

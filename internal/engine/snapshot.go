@@ -24,9 +24,10 @@ import (
 
 // Snapshot phases.
 const (
-	// SnapshotTaking is recorded before a freeze (with the mountpoint), so
-	// that a run killed while it holds the filesystem frozen can be undone;
-	// a partial image needs no record (every name under snapshots/ is ours).
+	// SnapshotTaking is recorded before a freeze, so that a listing shows
+	// the snapshot a freeze record beside it (<name>.freeze) belongs to;
+	// a partial image needs no record (every name under snapshots/ is
+	// ours).
 	SnapshotTaking = "taking"
 	SnapshotTaken  = "taken"
 )
@@ -42,9 +43,15 @@ type Snapshot struct {
 	// Method: reflink (no space, no time) or sparse-copy (the data
 	// extents, holes kept).
 	Method filecopy.Method `json:"method,omitempty"`
-	// Frozen: the volume's filesystem was mounted and frozen for the copy
-	// (FIFREEZE); else the copy is crash-consistent as of its start.
-	Frozen bool `json:"frozen"`
+	// Frozen: the volume's filesystem was mounted and frozen (FIFREEZE)
+	// for the step that makes the copy one instant's: the reflink, or the
+	// last pass of a copy made unfrozen; FrozenFor says how long writes
+	// waited. Else the copy is crash-consistent as of its start.
+	Frozen    bool   `json:"frozen"`
+	FrozenFor string `json:"frozenFor,omitempty"`
+	// StaleFreeze names the mountpoint a stale freeze of this snapshot's
+	// holds (the run and its watchdog gone): set when listed.
+	StaleFreeze string `json:"staleFreeze,omitempty"`
 	// Size is the image's size, Allocated the space it really uses
 	// (shared extents of a reflink count here too: du's view).
 	Size      int64     `json:"size"`
@@ -54,9 +61,9 @@ type Snapshot struct {
 	TakenAt   time.Time `json:"takenAt"`
 	Image     string    `json:"image"`
 	Took      string    `json:"took,omitempty"`
-	// Freezing names the mountpoint while this run holds it frozen: a run
-	// killed then leaves it frozen (the kernel never thaws by itself), and
-	// the next run on the snapshot thaws it first.
+	// Freezing was written by salt-volume-exec 0.3 before it froze, so it
+	// may name a freeze that never was ours: read only to report it (a
+	// freeze of ours is in the freeze record, see snapshot_freeze.go).
 	Freezing string `json:"freezing,omitempty"`
 
 	// An LVM snapshot (methods lvm-thick, lvm-thin) is an LV of its own,
@@ -69,7 +76,12 @@ type Snapshot struct {
 	// thick snapshot's copy-on-write space used, or a thin one's pool's
 	// data; Warning says when it is close to overflowing or has.
 	DataPercent *float64 `json:"dataPercent,omitempty"`
-	Warning     string   `json:"warning,omitempty"`
+	// MetadataPercent: a thin snapshot's pool's metadata, read with it.
+	MetadataPercent *float64 `json:"metadataPercent,omitempty"`
+	Warning         string   `json:"warning,omitempty"`
+	// Lost: the snapshot's data is gone (a thick snapshot that overflowed,
+	// an LV someone removed): only deleting it is left.
+	Lost bool `json:"lost,omitempty"`
 }
 
 // validSnapshotName: lower-case letters, digits, '-' and '.', at most 63,
@@ -100,18 +112,27 @@ func (e *Engine) snapshotPaths(u, name string) (record, image string) {
 }
 
 // SnapshotOptions: COWSize is a thick LVM snapshot's copy-on-write space
-// (0: a quarter of the LV); nothing else takes options.
+// (0: a quarter of the LV); FreezeLimit bounds how long a sparse volume's
+// mounted filesystem may be frozen (0: DefaultFreezeLimit; see
+// CheckFreezeLimit).
 type SnapshotOptions struct {
-	COWSize int64
+	COWSize     int64
+	FreezeLimit time.Duration
 }
 
-// TakeSnapshot copies the sparse volume s's backing file as snapshot name,
-// its filesystem frozen meanwhile when it is mounted. Taking it again
-// answers the snapshot taken; a crash in the middle is finished by the
-// next run, which starts the copy over.
+// TakeSnapshot copies the sparse volume s's backing file as snapshot name;
+// a mounted filesystem is frozen only around the step that makes the copy
+// one instant's, and never longer than opts.FreezeLimit (copyFrozen).
+// Taking it again answers the snapshot taken; a crash in the middle is
+// finished by the next run, which thaws nothing but a freeze of its own
+// that was left and starts the copy over.
 func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, opts SnapshotOptions) (*Snapshot, error) {
 	if !validSnapshotName(name) {
 		return nil, invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.', at most 63, starting and ending with a letter or digit", name)
+	}
+	limit, err := freezeLimit(opts.FreezeLimit)
+	if err != nil {
+		return nil, err
 	}
 	l, err := e.lockVolume(s.UUID)
 	if err != nil {
@@ -128,10 +149,14 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	if rec.Spec.SparseLoopDevice == nil {
 		return e.takeLVMSnapshot(ctx, rec, name, opts)
 	}
+	o := opFor(e, rec.Spec)
+	if err := e.settleFreeze(o, s.UUID, name); err != nil {
+		return nil, err
+	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
 	old, err := readSnapshot(recPath)
 	if err == nil && old.Freezing != "" {
-		e.thawLeftover(opFor(e, rec.Spec), old.Freezing)
+		e.reportOldFreezing(o, old.Freezing)
 	}
 	if err == nil && old.Phase == SnapshotTaken {
 		if _, err := os.Stat(img); err == nil {
@@ -141,39 +166,32 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, failed("state", err, "reading snapshot %s of %s", name, s.Name)
 	}
-	if err := os.MkdirAll(e.snapshotDir(s.UUID), 0o700); err != nil {
-		return nil, failed("state", err, "creating %s", e.snapshotDir(s.UUID))
+	if _, err := e.State.SnapshotDir(s.UUID); err != nil {
+		return nil, failed("state", err, "the snapshots of %s", s.Name)
 	}
 	snap := &Snapshot{Version: 1, Name: name, Volume: rec.Spec.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
 		Mode: rec.Spec.Mode, FSType: rec.Spec.FSType, Image: img}
-	// The partial copy needs no record to be ours: every name under
-	// snapshots/ is this binary's. A record is written before a freeze
-	// only (quiesce's note), which a killed run must be able to undo.
 	part := img + ".part"
 	os.Remove(part)
-	o := &op{e: e, s: rec.Spec}
 	file := e.State.SparseFile(s.UUID)
+	if err := e.reserveSnapshot(snap, file, recPath); err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	thaw, err := e.quiesce(o, rec.Spec, file, func(mp string) error {
-		snap.Freezing = mp
-		return writeSnapshot(recPath, snap)
-	})
+	mp, dev, err := e.quiesce(rec.Spec, file)
 	if err != nil {
 		return nil, err
 	}
-	snap.Frozen = thaw != nil
-	o.step("snapshot-copying", "snapshot", name, "frozen", snap.Frozen)
-	method, err := filecopy.Copy(file, part)
-	if thaw != nil {
-		if terr := thaw(); terr != nil && err == nil {
-			err = terr
+	var method filecopy.Method
+	if mp == "" {
+		o.step("snapshot-copying", "snapshot", name, "frozen", false)
+		if method, err = filecopy.CopyContext(ctx, file, part); err != nil {
+			e.abandonSnapshot(s.UUID, name, part)
+			return nil, failed("snapshot_copy", err, "copying %s for snapshot %s", file, name)
 		}
-	}
-	snap.Freezing = ""
-	if err != nil {
-		os.Remove(part)
-		_ = writeSnapshot(recPath, snap)
-		return nil, failed("snapshot_copy", err, "copying %s for snapshot %s", file, name)
+	} else if method, err = e.copyFrozen(ctx, o, snap, mp, dev, file, part, limit); err != nil {
+		e.abandonSnapshot(s.UUID, name, part)
+		return nil, err
 	}
 	if err := os.Rename(part, img); err != nil {
 		return nil, failed("snapshot_copy", err, "naming snapshot image %s", img)
@@ -193,62 +211,79 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	return snap, nil
 }
 
-// quiesce makes the backing file hold everything written to the volume:
-// a mounted filesystem is frozen (thaw undoes it; before freezing, note
-// records where), and the loop device's writes are flushed to the file
-// either way.
-func (e *Engine) quiesce(o *op, s *spec.Spec, file string, note func(mountpoint string) error) (thaw func() error, err error) {
+// reserveSnapshot checks that the node has room for snapshot snap of the
+// sparse volume whose file is file, and records it (phase taking, with
+// the data it will pin) before anything is copied: a run killed from here
+// on leaves a record that lists the snapshot, counts its room and lets a
+// delete remove whatever was copied. Under the global lock, so that two
+// snapshots cannot both take the last room.
+func (e *Engine) reserveSnapshot(snap *Snapshot, file, recPath string) error {
+	g, err := e.State.Lock("global")
+	if err != nil {
+		return failed("lock", err, "locking the node's state")
+	}
+	defer g.Unlock()
+	data, err := filecopy.Allocated(file)
+	if err != nil {
+		return failed("snapshot_copy", err, "reading %s", file)
+	}
+	// A retry of this snapshot's own reservation is not counted twice.
+	snap.Allocated = 0
+	if err := writeSnapshot(recPath, snap); err != nil {
+		return failed("state", err, "recording snapshot %s", snap.Name)
+	}
+	reflink := filecopy.CanReflink(file, snap.Image+".part.probe")
+	if err := e.checkCopyRoom(fmt.Sprintf("snapshot %s of %s", snap.Name, snap.Volume), data, data, reflink); err != nil {
+		// Refused: nothing of this snapshot is kept, not even what a
+		// killed earlier try copied (never taken, it is nobody's).
+		for _, p := range []string{snap.Image + ".part", snap.Image, recPath} {
+			_ = os.Remove(p)
+		}
+		return err
+	}
+	snap.Allocated = data
+	if err := writeSnapshot(recPath, snap); err != nil {
+		return failed("state", err, "recording snapshot %s", snap.Name)
+	}
+	return nil
+}
+
+// quiesce finds where a mounted Filesystem volume is mounted (and its
+// device), for copyFrozen to freeze; otherwise it flushes the loop
+// devices' writes to the file and returns "".
+func (e *Engine) quiesce(s *spec.Spec, file string) (mountpoint string, dev blockdev.Dev, err error) {
 	devs, err := loopdev.Find(file)
 	if err != nil {
-		return nil, failed("loop", err, "looking for the loop device of %s", file)
+		return "", dev, failed("loop", err, "looking for the loop device of %s", file)
 	}
 	for _, d := range devs {
 		if s.Mode == spec.ModeFilesystem {
-			dev, err := blockdev.Stat(d.Path)
+			bd, err := blockdev.Stat(d.Path)
 			if err != nil {
-				return nil, failed("loop", err, "reading %s", d.Path)
+				return "", dev, failed("loop", err, "reading %s", d.Path)
 			}
-			mps, err := blockdev.Mountpoints(dev)
+			mps, err := blockdev.Mountpoints(bd)
 			if err != nil {
-				return nil, failed("mounts", err, "reading the mount table")
+				return "", dev, failed("mounts", err, "reading the mount table")
 			}
 			for _, mp := range mps {
-				if mp == "[SWAP]" {
-					continue
+				if mp != "[SWAP]" {
+					// One mount's freeze holds the whole filesystem.
+					return mp, bd, nil
 				}
-				// One mount's freeze holds the whole filesystem.
-				if err := note(mp); err != nil {
-					return nil, failed("state", err, "recording the freeze of %s", mp)
-				}
-				t, err := filecopy.Freeze(mp)
-				if err != nil {
-					return nil, failed("freeze", err, "freezing %s (volume %s)", mp, s.Name)
-				}
-				o.step("frozen", "mountpoint", mp)
-				return t, nil
 			}
 		}
 		f, err := os.OpenFile(d.Path, os.O_RDONLY, 0)
 		if err != nil {
-			return nil, failed("loop", err, "opening %s", d.Path)
+			return "", dev, failed("loop", err, "opening %s", d.Path)
 		}
 		err = f.Sync()
 		f.Close()
 		if err != nil {
-			return nil, failed("loop", err, "flushing %s", d.Path)
+			return "", dev, failed("loop", err, "flushing %s", d.Path)
 		}
 	}
-	return nil, nil
-}
-
-// thawLeftover thaws a mountpoint an earlier run froze and was killed
-// before thawing; one that is not frozen (any more) is fine.
-func (e *Engine) thawLeftover(o *op, mp string) {
-	if err := filecopy.Thaw(mp); err != nil {
-		e.Log.Warn("thawing a filesystem an interrupted snapshot left frozen", "mountpoint", mp, "error", err)
-		return
-	}
-	o.step("thawed", "mountpoint", mp)
+	return "", dev, nil
 }
 
 // opFor is an op for steps outside prepare and unprepare.
@@ -266,22 +301,26 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 		return err
 	}
 	defer l.Unlock()
+	if err := e.settleFreeze(opFor(e, s), s.UUID, name); err != nil {
+		return err
+	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
 	old, err := readSnapshot(recPath)
-	if err == nil && old.Freezing != "" {
-		e.thawLeftover(opFor(e, s), old.Freezing)
-	}
 	if err == nil && old.LV != "" {
 		return e.deleteLVMSnapshot(ctx, s, old, recPath)
 	}
 	if errors.Is(err, os.ErrNotExist) {
-		// No record: at most an interrupted run's partial copy.
-		if err := os.Remove(img + ".part"); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return failed("snapshot_delete", err, "removing %s", img+".part")
+		// No record: at most an interrupted run's copy (every name
+		// under snapshots/ is ours), which a run of 0.3 could leave
+		// named before its record was written.
+		for _, p := range []string{img + ".part", img + ".part.probe", img} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return failed("snapshot_delete", err, "removing %s", p)
+			}
 		}
 		return nil
 	}
-	for _, p := range []string{img + ".part", img, recPath} {
+	for _, p := range []string{img + ".part", img + ".part.probe", img, recPath} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return failed("snapshot_delete", err, "removing %s", p)
 		}
@@ -300,7 +339,8 @@ func (e *Engine) Snapshots(uuid string) ([]*Snapshot, error) {
 	return out, err
 }
 
-// snapshotRecords is Snapshots as recorded, without asking LVM.
+// snapshotRecords is Snapshots as recorded, without asking LVM; a stale
+// freeze beside a record (a local read) is reported with it.
 func (e *Engine) snapshotRecords(uuid string) ([]*Snapshot, error) {
 	root := filepath.Join(e.State.Root, "snapshots")
 	pattern := filepath.Join(root, "*", "*.json")
@@ -325,6 +365,7 @@ func (e *Engine) snapshotRecords(uuid string) ([]*Snapshot, error) {
 		}
 		return out[i].Name < out[j].Name
 	})
+	e.staleFreezes(out)
 	return out, nil
 }
 

@@ -2,6 +2,7 @@ package filecopy
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/salt-volumes/salt-volumes/internal/freeze"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -92,6 +94,7 @@ func TestReflinkOnXFS(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Reflink, m)
 	sameContent(t, src, dst)
+	assert.True(t, CanReflink(src, filepath.Join(mnt, "probe")), "the probe finds what the copy did")
 	before, err := os.ReadFile(dst)
 	require.NoError(t, err)
 	f, err := os.OpenFile(src, os.O_WRONLY, 0)
@@ -104,8 +107,10 @@ func TestReflinkOnXFS(t *testing.T) {
 	assert.True(t, bytes.Equal(before, after), "the copy keeps the content of its moment")
 
 	// Freezing the filesystem holds writes until the thaw.
-	thaw, err := Freeze(mnt)
+	root, err := freeze.OpenRoot(mnt)
 	require.NoError(t, err)
+	defer root.Close()
+	require.NoError(t, freeze.Freeze(root))
 	wrote := make(chan error, 1)
 	go func() { wrote <- os.WriteFile(filepath.Join(mnt, "while-frozen"), []byte("x"), 0o600) }()
 	select {
@@ -113,6 +118,70 @@ func TestReflinkOnXFS(t *testing.T) {
 		t.Fatalf("a write went through a frozen filesystem: %v", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	require.NoError(t, thaw())
+	require.NoError(t, freeze.Thaw(root))
 	require.NoError(t, <-wrote, "the write goes on after the thaw")
+	assert.ErrorIs(t, freeze.Thaw(root), freeze.ErrNotFrozen, "a thaw of a filesystem not frozen says so")
+}
+
+// Update brings an earlier copy up to date: only the blocks that differ
+// are rewritten, data the source discarded becomes a hole again, and the
+// size follows the source's.
+func TestUpdateRewritesOnlyWhatChanged(t *testing.T) {
+	dir := t.TempDir()
+	src, data := sparseFile(t, dir)
+	dst := filepath.Join(dir, "dst")
+	require.NoError(t, CopySparse(context.Background(), src, dst))
+	p, err := Update(context.Background(), src, dst)
+	require.NoError(t, err)
+	assert.Zero(t, p.Rewritten, "nothing changed")
+	assert.GreaterOrEqual(t, p.Data, int64(2*len(data)))
+
+	f, err := os.OpenFile(src, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("changed"), 1<<20+100) // inside the first extent
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("new data in a hole"), 20<<20) // a new extent
+	require.NoError(t, err)
+	// The volume discards its second extent: a hole again.
+	require.NoError(t, unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 40<<20, int64(len(data))))
+	require.NoError(t, f.Truncate(80<<20))
+	require.NoError(t, f.Close())
+
+	p, err = Update(context.Background(), src, dst)
+	require.NoError(t, err)
+	sameContent(t, src, dst)
+	assert.Positive(t, p.Rewritten)
+	assert.LessOrEqual(t, p.Rewritten, int64(2*block), "at most a block for each write")
+	used, err := Allocated(dst)
+	require.NoError(t, err)
+	assert.Less(t, used, int64(len(data))+int64(2<<20), "the discarded extent is a hole in the copy too: %d", used)
+}
+
+// CanReflink answers what a copy would do, and leaves no probe behind.
+func TestCanReflinkAsCopyFinds(t *testing.T) {
+	dir := t.TempDir()
+	src, _ := sparseFile(t, dir)
+	m, err := Copy(src, filepath.Join(dir, "dst"))
+	require.NoError(t, err)
+	probe := filepath.Join(dir, "probe")
+	assert.Equal(t, m == Reflink, CanReflink(src, probe))
+	_, err = os.Stat(probe)
+	assert.True(t, os.IsNotExist(err), "the probe is removed")
+}
+
+// An Update cut short by its context stops, and the next one still
+// corrects the copy.
+func TestUpdateStopsWithItsContext(t *testing.T) {
+	dir := t.TempDir()
+	src, _ := sparseFile(t, dir)
+	dst := filepath.Join(dir, "dst")
+	require.NoError(t, CopySparse(context.Background(), src, dst))
+	require.NoError(t, os.WriteFile(src, bytes.Repeat([]byte{7}, 8<<20), 0o600))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := Update(ctx, src, dst)
+	assert.ErrorIs(t, err, context.Canceled)
+	_, err = Update(context.Background(), src, dst)
+	require.NoError(t, err)
+	sameContent(t, src, dst)
 }

@@ -8,6 +8,7 @@ package health
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"sync"
 	"time"
 
@@ -161,6 +162,9 @@ func (g *Registry) Record(rep *Report) string {
 	if len(rep.Volumes) > MaxReportVolumes {
 		g.RefusedTooMany.Inc()
 		return RefusedTooMany
+	}
+	if rep.Capacity != nil {
+		rep.Capacity.ThinPools = thinPools(rep.Capacity.ThinPools)
 	}
 	var known map[string]bool
 	if g.Known != nil {
@@ -353,6 +357,27 @@ func (g *Registry) History(uuid string, since time.Time) []saltvolumes.UsageSamp
 	for _, s := range g.history[uuid] {
 		if !s.At.Before(since) {
 			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// MaxThinPools bounds the thin pools kept of one node's report: each is a
+// pair of metric series, and a node reports what it likes.
+const MaxThinPools = 64
+
+var poolName = regexp.MustCompile(`^[A-Za-z0-9+_][A-Za-z0-9+_.-]{0,127}/[A-Za-z0-9+_][A-Za-z0-9+_.-]{0,127}$`)
+
+// thinPools keeps the reported pools that are an LVM vg/pool name with
+// percents between 0 and 100, at most MaxThinPools of them.
+func thinPools(in []saltvolumes.ThinPool) []saltvolumes.ThinPool {
+	var out []saltvolumes.ThinPool
+	for _, p := range in {
+		if len(out) == MaxThinPools {
+			break
+		}
+		if poolName.MatchString(p.Name) && p.DataPercent >= 0 && p.DataPercent <= 100 && p.MetadataPercent >= 0 && p.MetadataPercent <= 100 {
+			out = append(out, p)
 		}
 	}
 	return out

@@ -144,3 +144,27 @@ func TestReportsAreBoundedByWhatTheStoreKnows(t *testing.T) {
 	assert.Empty(t, g.History("gone", time.Time{}))
 	assert.NotEmpty(t, g.History("u1", time.Time{}))
 }
+
+// A node's thin pools become metric series: only LVM names and percents
+// are kept, and at most MaxThinPools of one report.
+func TestThinPoolsBounded(t *testing.T) {
+	g := New()
+	rep := report(time.Now(), 1)
+	rep.Capacity.ThinPools = []saltvolumes.ThinPool{
+		{Name: "vg0/pool", DataPercent: 12.5, MetadataPercent: 88},
+		{Name: `vg0/pool"} 1\nfake_metric{x="`, DataPercent: 1},
+		{Name: "vg0/p2", DataPercent: 101},
+		{Name: "../etc", DataPercent: 1},
+	}
+	for i := range 2 * MaxThinPools {
+		rep.Capacity.ThinPools = append(rep.Capacity.ThinPools, saltvolumes.ThinPool{Name: fmt.Sprintf("vg%d/pool", i)})
+	}
+	require.Empty(t, g.Record(rep))
+	c, _ := g.NodeView("n1")
+	require.Len(t, c.ThinPools, MaxThinPools)
+	assert.Equal(t, saltvolumes.ThinPool{Name: "vg0/pool", DataPercent: 12.5, MetadataPercent: 88}, c.ThinPools[0])
+	assert.Equal(t, "vg0/pool", c.ThinPools[1].Name, "the next kept is the first well-formed one (vg0/pool of the loop)")
+	for _, p := range c.ThinPools {
+		assert.NotContains(t, p.Name, `"`)
+	}
+}

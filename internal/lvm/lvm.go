@@ -42,6 +42,10 @@ type LV struct {
 	// DataPercent: how full a thin LV or pool, or a thick snapshot's
 	// copy-on-write space, is (0-100); -1 when LVM reports none.
 	DataPercent float64
+	// MetadataPercent: how full a thin pool's metadata is (0-100); -1 for
+	// any other LV. A pool whose data or metadata fills stops taking
+	// writes: every thin LV in it errors them.
+	MetadataPercent float64
 	// Invalid: a thick snapshot whose copy-on-write space overflowed
 	// (lv_attr's state 'I'): LVM dropped it, its data is lost.
 	Invalid bool
@@ -129,9 +133,12 @@ func ParseLVs(b []byte) ([]LV, error) {
 	var out []LV
 	for _, r := range rows {
 		l := LV{Name: r["lv_name"], VG: r["vg_name"], UUID: r["lv_uuid"], VGUUID: r["vg_uuid"], Size: num(r["lv_size"]),
-			Active: r["lv_active"] == "active", DevicePath: r["lv_path"], Pool: r["pool_lv"], Origin: r["origin"], DataPercent: -1}
+			Active: r["lv_active"] == "active", DevicePath: r["lv_path"], Pool: r["pool_lv"], Origin: r["origin"], DataPercent: -1, MetadataPercent: -1}
 		if p, err := strconv.ParseFloat(strings.TrimSpace(r["data_percent"]), 64); err == nil {
 			l.DataPercent = p
+		}
+		if p, err := strconv.ParseFloat(strings.TrimSpace(r["metadata_percent"]), 64); err == nil {
+			l.MetadataPercent = p
 		}
 		if a := r["lv_attr"]; len(a) > 4 && a[4] == 'I' {
 			l.Invalid = true
@@ -177,7 +184,7 @@ func GetVG(ctx context.Context, name string) (*VG, error) {
 	return nil, fmt.Errorf("%q: %w", name, ErrNoVG)
 }
 
-const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path,pool_lv,origin,data_percent,lv_attr,lv_time"
+const lvFields = "lv_name,vg_name,lv_uuid,vg_uuid,lv_size,lv_tags,lv_active,lv_path,pool_lv,origin,data_percent,metadata_percent,lv_attr,lv_time"
 
 // GetLV reads the LV named name in vg; nil if there is none.
 func GetLV(ctx context.Context, vg, name string) (*LV, error) {

@@ -38,7 +38,8 @@ func TestParseReports(t *testing.T) {
 	snaps, err := ParseLVs([]byte(`{"report":[{"lv":[
 	  {"lv_name":"s1","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"85.50","lv_attr":"swi-a-s---","lv_time":"2026-11-27 09:21:22 +0100"},
 	  {"lv_name":"s2","vg_name":"vg0","lv_size":"8388608","origin":"data","pool_lv":"","data_percent":"100.00","lv_attr":"swi-I-s---"},
-	  {"lv_name":"t1","vg_name":"vg0","lv_size":"8388608","origin":"thin","pool_lv":"pool","data_percent":"","lv_attr":"Vwi---tz-k"}]}]}`))
+	  {"lv_name":"t1","vg_name":"vg0","lv_size":"8388608","origin":"thin","pool_lv":"pool","data_percent":"","lv_attr":"Vwi---tz-k"},
+	  {"lv_name":"pool","vg_name":"vg0","lv_size":"50331648","origin":"","pool_lv":"","data_percent":"12.50","metadata_percent":"10.84","lv_attr":"twi-aotz--"}]}]}`))
 	require.NoError(t, err)
 	assert.Equal(t, 85.5, snaps[0].DataPercent)
 	assert.Equal(t, "data", snaps[0].Origin)
@@ -48,6 +49,9 @@ func TestParseReports(t *testing.T) {
 	assert.True(t, snaps[1].Created.IsZero(), "no lv_time: zero")
 	assert.Equal(t, "pool", snaps[2].Pool)
 	assert.Equal(t, -1.0, snaps[2].DataPercent, "inactive: no percent")
+	assert.Equal(t, -1.0, snaps[0].MetadataPercent, "not a pool: no metadata percent")
+	assert.Equal(t, 10.84, snaps[3].MetadataPercent, "a thin pool's metadata")
+	assert.Equal(t, 12.5, snaps[3].DataPercent)
 
 	_, err = ParseLVs([]byte("  WARNING: not json"))
 	assert.Error(t, err)

@@ -76,6 +76,7 @@ type Dir struct{ Root string }
 func (d Dir) volumes() string            { return filepath.Join(d.Root, "volumes") }
 func (d Dir) locks() string              { return filepath.Join(d.Root, "locks") }
 func (d Dir) Sparse() string             { return filepath.Join(d.Root, "sparse") }
+func (d Dir) Snapshots() string          { return filepath.Join(d.Root, "snapshots") }
 func (d Dir) RestoreReport() string      { return filepath.Join(d.Root, "restore-report.json") }
 func (d Dir) SparseFile(u string) string { return filepath.Join(d.Sparse(), u) }
 func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+".json") }
@@ -83,9 +84,9 @@ func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+"
 // Init creates the layout, root-only: the state names devices and files
 // that root processes act on. Modes are tightened on every run, and the
 // subdirectories must be real directories: a symlink planted there would
-// send sparse files, records or locks elsewhere.
+// send sparse files, records, locks or snapshot images elsewhere.
 func (d Dir) Init() error {
-	for _, p := range []string{d.Root, d.volumes(), d.locks(), d.Sparse()} {
+	for _, p := range []string{d.Root, d.volumes(), d.locks(), d.Sparse(), d.Snapshots()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return fmt.Errorf("creating state dir: %w", err)
 		}
@@ -106,6 +107,32 @@ func (d Dir) Init() error {
 		}
 	}
 	return nil
+}
+
+// SnapshotDir is the directory of one volume's snapshots, made if need
+// be: a real directory, root-only, like the layout's own (a symlink there
+// would send snapshot images and their records elsewhere).
+func (d Dir) SnapshotDir(u string) (string, error) {
+	if err := d.Init(); err != nil {
+		return "", err
+	}
+	p := filepath.Join(d.Snapshots(), u)
+	if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating %s: %w", p, err)
+	}
+	st, err := os.Lstat(p)
+	if err != nil {
+		return "", fmt.Errorf("checking %s: %w", p, err)
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("%s is not a directory (a symlink?): move it away and run again", p)
+	}
+	if st.Mode().Perm() != 0o700 {
+		if err := os.Chmod(p, 0o700); err != nil {
+			return "", fmt.Errorf("tightening %s: %w", p, err)
+		}
+	}
+	return p, nil
 }
 
 // OpenSparse opens a sparse file of the state dir without following a

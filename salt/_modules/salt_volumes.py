@@ -12,6 +12,7 @@ Local persistent volumes, prepared on this minion by ``salt-volume-exec``.
           exec_path: /usr/local/bin/salt-volume-exec   # default: found on PATH
           state_dir: /var/lib/salt-volumes             # default
           overcommit_ratio: 1.0   # default: sparse sizes may not exceed the backing filesystem
+          freeze_limit: 10s       # default: the longest a snapshot may hold a mounted sparse volume's filesystem frozen
 
 Volumes are declared in pillar under ``salt_volumes:volumes:<name>`` (with
 ``node`` set to the minion id); a run for one volume passes
@@ -159,6 +160,11 @@ def _run(command, spec=None, extra_args=()):
     if spec is not None:
         argv += ["--spec", "-"]
     argv += list(extra_args)
+    limit = _opt("freeze_limit")
+    if command == "snapshot" and limit is not None and "--freeze-limit" not in argv:
+        # The minion's own bound, for the control plane's snapshots too
+        # (apply_snapshot takes fixed arguments).
+        argv += ["--freeze-limit", str(limit)]
     volume = (spec or {}).get("name")
     uuid = (spec or {}).get("uuid")
     timeout = _seconds("exec_timeout", DEFAULT_EXEC_TIMEOUT)
@@ -493,12 +499,15 @@ def unprepare(name=None, spec=None, wipe=False):
     return out
 
 
-def snapshot(name=None, snapshot_name=None, spec=None, size=None):
+def snapshot(name=None, snapshot_name=None, spec=None, size=None, freeze_limit=None):
     """
     Take a point-in-time snapshot of a volume on this minion (idempotent:
-    taking it again answers the snapshot taken). A sparse volume's
-    filesystem is frozen while mounted and its file copied (a reflink where
-    the state dir's filesystem shares extents, else a sparse copy); an LVM
+    taking it again answers the snapshot taken). A sparse volume's file is
+    copied (a reflink where the state dir's filesystem shares extents, else
+    a sparse copy); a mounted filesystem is frozen only for the reflink or
+    the copy's last pass, never longer than ``freeze_limit`` (default the
+    minion config's ``salt_volumes:freeze_limit``, else 10s), and a copy
+    that would need longer is refused before anything is frozen. An LVM
     volume gets an LVM snapshot: thin for a thin LV, else thick with
     ``size`` of copy-on-write space (default a quarter of the LV).
 
@@ -507,6 +516,7 @@ def snapshot(name=None, snapshot_name=None, spec=None, size=None):
     .. code-block:: bash
 
         salt node-1 salt_volumes.snapshot data-1 snapshot_name=before-upgrade
+        salt node-1 salt_volumes.snapshot data-1 snapshot_name=before-upgrade freeze_limit=2s
         salt node-1 salt_volumes.snapshot db-lv snapshot_name=nightly size=2Gi
     """
     if not snapshot_name:
@@ -514,6 +524,8 @@ def snapshot(name=None, snapshot_name=None, spec=None, size=None):
     args = ["--name", str(snapshot_name)]
     if size:
         args += ["--size", str(size)]
+    if freeze_limit:
+        args += ["--freeze-limit", str(freeze_limit)]
     return _run("snapshot", _spec(name, spec), args)
 
 

@@ -213,9 +213,19 @@ def snapshot_present(name, volume, spec=None, size=None):
     if spec is None:
         return ret
     if snap.get("phase") == "taken":
+        ret["snapshot"] = snap
+        if snap.get("lost"):
+            # Its data is gone (an overflowed thick snapshot, an LV someone
+            # removed): taking it again would put a later instant under
+            # the name of the one asked for.
+            ret["result"] = False
+            ret["comment"] = ("Snapshot {} of volume {} is lost: {}; remove it (salt_volumes.snapshot_absent) "
+                              "before a snapshot of that name can be taken again").format(name, volume, snap.get("warning"))
+            return ret
         ret["result"] = True
         ret["comment"] = "Snapshot {} of volume {} was taken at {}".format(name, volume, snap.get("takenAt"))
-        ret["snapshot"] = snap
+        if snap.get("warning"):
+            ret["warnings"] = [snap["warning"]]
         return ret
     if __opts__["test"]:
         ret["result"] = None

@@ -207,6 +207,21 @@ def state():
     return s
 
 
+def test_snapshot_present_says_a_lost_snapshot_is_not_there(state):
+    state.__salt__["salt_volumes.snapshot"] = state.record("snapshot", {"name": "s1"})
+    lost = {"name": "s1", "phase": "taken", "lost": True, "warning": "overflowed: its copy-on-write space filled up"}
+    state.__salt__["salt_volumes.snapshots"] = lambda spec=None: [lost]
+    ret = state.snapshot_present("s1", "v1")
+    assert ret["result"] is False
+    assert "is lost: overflowed" in ret["comment"] and "snapshot_absent" in ret["comment"]
+    assert "snapshot" not in state.calls, "a later instant is not taken under its name"
+    # Filling up but whole: there, with the warning.
+    filling = {"name": "s1", "phase": "taken", "warning": "thin pool vg0/pool is filling (metadata over 80%)"}
+    state.__salt__["salt_volumes.snapshots"] = lambda spec=None: [filling]
+    ret = state.snapshot_present("s1", "v1")
+    assert ret["result"] is True and ret["warnings"] == [filling["warning"]]
+
+
 def test_prepared_test_mode_touches_nothing(state):
     state.__opts__["test"] = True
     ret = state.prepared("v1")

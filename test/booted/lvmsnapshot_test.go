@@ -135,7 +135,8 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	sn := snapshots(blk)
 	require.Len(t, sn, 1)
 	assert.GreaterOrEqual(t, sn[0]["dataPercent"], 80.0, "3.5Mi changed of 4Mi: %v", sn[0])
-	assert.Contains(t, sn[0]["warning"], "full: at 100% the snapshot is lost", "warned before it overflows")
+	assert.Contains(t, sn[0]["warning"], "full: at 100% LVM drops the snapshot and its data is lost", "warned before it overflows")
+	assert.Nil(t, sn[0]["lost"], "not lost yet")
 	var list struct {
 		Capacity struct{ SnapshotWarnings []string }
 	}
@@ -145,10 +146,32 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	run("dd", "if=/dev/urandom", "of=/dev/vg0/snap-fill", "bs=64K", "count=32", "seek=64", "oflag=direct", "status=none")
 	sn = snapshots(blk)
 	assert.Contains(t, sn[0]["warning"], "overflowed", "lost, and said so: %v", sn[0])
+	assert.Equal(t, true, sn[0]["lost"], "lost, for the Salt state and the control plane to tell: %v", sn[0])
 	out, err = exe(newVol("snap-fill-c", `{"vgName":"vg0","size":"16Mi"}`, fmt.Sprintf(`,"mode":"Block","source":{"volumeUUID":%q,"snapshot":"fill"}`, blk.uuid)), nil, "prepare")
 	require.Error(t, err, "no clone of a snapshot that overflowed: %s", out)
 	assert.Contains(t, out, "overflowed")
 	assert.NotContains(t, lvs(), "snap-fill-c", "the refused clone left no LV")
+
+	// A Block LV with a filesystem its user made inside: its clone (Block
+	// too, asking to wipe what a fresh LV holds) keeps the snapshot's
+	// content; the clone's own bytes are not an earlier LV's leftovers.
+	blkfs := newVol("snap-blkfs", `{"vgName":"vg0","size":"16Mi","wipeSignatures":true}`, `,"mode":"Block"`)
+	ok(blkfs, "prepare")
+	run("mkfs.ext4", "-q", "/dev/vg0/snap-blkfs")
+	run("mount", "/dev/vg0/snap-blkfs", "/mnt/c")
+	write("/mnt/c", "block before")
+	ok(blkfs, "snapshot", "--name", "b1", "--size", "8Mi")
+	write("/mnt/c", "block after")
+	run("umount", "/mnt/c")
+	blkClone := newVol("snap-blkfs-c", `{"vgName":"vg0","size":"16Mi","wipeSignatures":true}`, fmt.Sprintf(`,"mode":"Block","source":{"volumeUUID":%q,"snapshot":"b1"}`, blkfs.uuid))
+	crashEach(blkClone, []string{"lv-created", "cloned"}, "prepare")
+	assert.Contains(t, lvs(), "snap-blkfs-c", "the clone's LV is there")
+	run("mount", "-o", "ro", "/dev/vg0/snap-blkfs-c", "/mnt/c")
+	assert.Equal(t, "block before", run("cat", "/mnt/c/data"), "the clone holds the snapshot's filesystem")
+	run("umount", "/mnt/c")
+	ok(blkfs, "snapshot-delete", "--name", "b1")
+	ok(blkClone, "unprepare", "--wipe")
+	ok(blkfs, "unprepare", "--wipe")
 
 	// Thin: a thin LV in a pool of the operator's; its snapshot takes no
 	// size and stays inactive (no second by-uuid link); the clone is a
@@ -162,6 +185,26 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	assert.Equal(t, "lvm-thin", t1["method"])
 	assert.Nil(t, t1["cowSize"], "a thin snapshot sets nothing aside")
 	assert.NotNil(t, t1["dataPercent"], "the pool's fill level: %v", t1)
+	// The pool's metadata too (a full one stops the pool as full data
+	// does), in the listing and in the node's report, as LVM says.
+	poolFill := strings.Fields(run("lvs", "--noheadings", "-o", "data_percent,metadata_percent", "vg0/pool"))
+	require.Len(t, poolFill, 2)
+	sn = snapshots(thin)
+	require.Len(t, sn, 1)
+	assert.Equal(t, poolFill[1], fmt.Sprintf("%.2f", sn[0]["metadataPercent"]), "the pool's metadata fill: %v", sn[0])
+	var report struct {
+		Capacity struct {
+			ThinPools []struct {
+				Name                         string
+				DataPercent, MetadataPercent float64
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(run("salt-volume-exec", "list")), &report))
+	require.Len(t, report.Capacity.ThinPools, 1, "the pool holding our thin LV is reported")
+	assert.Equal(t, "vg0/pool", report.Capacity.ThinPools[0].Name)
+	assert.Equal(t, poolFill[0], fmt.Sprintf("%.2f", report.Capacity.ThinPools[0].DataPercent))
+	assert.Equal(t, poolFill[1], fmt.Sprintf("%.2f", report.Capacity.ThinPools[0].MetadataPercent))
 	thinDev := run("readlink", "-f", "/dev/vg0/snap-thin")
 	assert.Equal(t, thinDev, byUUID(thin.uuid), "the thin snapshot, inactive, has no link")
 	write("/mnt/c", "thin after")
