@@ -36,6 +36,10 @@ const usage = `usage:
                    mounted filesystem is never frozen longer than --freeze-limit, and a
                    copy that would need longer is refused before anything is frozen)
   salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME
+  salt-volume-exec [--state-dir DIR] snapshot-restore --spec FILE|- --name NAME
+                   (a sparse volume put back to its snapshot NAME in place, only while
+                   nothing uses it; same UUID, loop device and persistent path; the
+                   snapshot stays)
   salt-volume-exec [--state-dir DIR] snapshots [--spec FILE|-]
 
 Global flags: --state-dir DIR, --log-level LEVEL, --overcommit-ratio R
@@ -84,7 +88,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	sub.SetOutput(io.Discard)
 	specFile := sub.String("spec", "", "volume spec JSON file, or - for stdin")
 	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
-	snapName := sub.String("name", "", "snapshot, snapshot-delete: the snapshot's name")
+	snapName := sub.String("name", "", "snapshot, snapshot-delete, snapshot-restore: the snapshot's name")
 	snapSize := sub.String("size", "", "snapshot: a thick LVM snapshot's copy-on-write space (default: a quarter of the LV)")
 	freezeLimit := sub.String("freeze-limit", "", "snapshot: the longest a mounted sparse volume's filesystem may be frozen (default 10s)")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
@@ -144,7 +148,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		default:
 			out, err = e.Info(ctx, s)
 		}
-	case "snapshot", "snapshot-delete":
+	case "snapshot", "snapshot-delete", "snapshot-restore":
 		var s *spec.Spec
 		if s, err = readSpec(); err != nil {
 			break
@@ -153,7 +157,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			err = &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: cmd + " needs --name NAME (the snapshot's name)"}
 			break
 		}
-		if cmd == "snapshot" {
+		if cmd == "snapshot-restore" {
+			out, err = e.RestoreSnapshot(ctx, s, *snapName)
+		} else if cmd == "snapshot" {
 			var opts engine.SnapshotOptions
 			if *snapSize != "" {
 				if opts.COWSize, err = spec.ParseSize(*snapSize); err != nil {

@@ -178,18 +178,19 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 		return nil, err
 	}
 	start := time.Now()
-	mp, dev, err := e.quiesce(rec.Spec, file)
+	q, err := e.quiesce(rec.Spec, file)
 	if err != nil {
+		e.abandonSnapshot(s.UUID, name, part)
 		return nil, err
 	}
 	var method filecopy.Method
-	if mp == "" {
-		o.step("snapshot-copying", "snapshot", name, "frozen", false)
-		if method, err = filecopy.CopyContext(ctx, file, part); err != nil {
-			e.abandonSnapshot(s.UUID, name, part)
-			return nil, failed("snapshot_copy", err, "copying %s for snapshot %s", file, name)
-		}
-	} else if method, err = e.copyFrozen(ctx, o, snap, mp, dev, file, part, limit); err != nil {
+	if q.mount == nil {
+		method, err = e.copyUnmounted(ctx, o, snap, q, file, part)
+	} else {
+		method, err = e.copyFrozen(ctx, o, snap, q.mount, file, part, limit)
+		q.mount.root.Close()
+	}
+	if err != nil {
 		e.abandonSnapshot(s.UUID, name, part)
 		return nil, err
 	}
@@ -248,42 +249,63 @@ func (e *Engine) reserveSnapshot(snap *Snapshot, file, recPath string) error {
 	return nil
 }
 
-// quiesce finds where a mounted Filesystem volume is mounted (and its
-// device), for copyFrozen to freeze; otherwise it flushes the loop
-// devices' writes to the file and returns "".
-func (e *Engine) quiesce(s *spec.Spec, file string) (mountpoint string, dev blockdev.Dev, err error) {
+// quiesced is what quiesce found: a mount to freeze through, or the loop
+// devices, flushed, and who else holds them.
+type quiesced struct {
+	mount *volumeMount
+	devs  []loopdev.Device
+	inUse string
+}
+
+// quiesce finds a mount of a Filesystem volume's filesystem, in any mount
+// namespace (findMount), for copyFrozen to freeze. Otherwise it finds who
+// else holds the loop devices (a copy made while somebody may write them
+// is torn unless made in one instant: copyUnmounted) and flushes their
+// writes to the file.
+func (e *Engine) quiesce(s *spec.Spec, file string) (*quiesced, error) {
 	devs, err := loopdev.Find(file)
 	if err != nil {
-		return "", dev, failed("loop", err, "looking for the loop device of %s", file)
+		return nil, failed("loop", err, "looking for the loop device of %s", file)
 	}
+	var who []string
 	for _, d := range devs {
+		bd, err := blockdev.Stat(d.Path)
+		if err != nil {
+			return nil, failed("loop", err, "reading %s", d.Path)
+		}
+		h := ""
 		if s.Mode == spec.ModeFilesystem {
-			bd, err := blockdev.Stat(d.Path)
+			m, unusable, err := findMount(d.Path, bd)
 			if err != nil {
-				return "", dev, failed("loop", err, "reading %s", d.Path)
+				return nil, failed("mounts", err, "looking for the mounts of %s", d.Path)
 			}
-			mps, err := blockdev.Mountpoints(bd)
-			if err != nil {
-				return "", dev, failed("mounts", err, "reading the mount table")
+			if m != nil {
+				// One mount's freeze holds the whole filesystem.
+				return &quiesced{mount: m}, nil
 			}
-			for _, mp := range mps {
-				if mp != "[SWAP]" {
-					// One mount's freeze holds the whole filesystem.
-					return mp, bd, nil
-				}
+			if len(unusable) > 0 {
+				h = "mounted where it cannot be frozen safely (" + strings.Join(unusable, "; ") + ")"
 			}
+		}
+		if h == "" {
+			if h, err = holdersOf(d, bd); err != nil {
+				return nil, failed("loop", err, "looking for the users of %s", d.Path)
+			}
+		}
+		if h != "" {
+			who = append(who, d.Path+" is "+h)
 		}
 		f, err := os.OpenFile(d.Path, os.O_RDONLY, 0)
 		if err != nil {
-			return "", dev, failed("loop", err, "opening %s", d.Path)
+			return nil, failed("loop", err, "opening %s", d.Path)
 		}
 		err = f.Sync()
 		f.Close()
 		if err != nil {
-			return "", dev, failed("loop", err, "flushing %s", d.Path)
+			return nil, failed("loop", err, "flushing %s", d.Path)
 		}
 	}
-	return "", dev, nil
+	return &quiesced{devs: devs, inUse: strings.Join(who, "; ")}, nil
 }
 
 // opFor is an op for steps outside prepare and unprepare.

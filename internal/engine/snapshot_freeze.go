@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/filecopy"
 	"github.com/salt-volumes/salt-volumes/internal/freeze"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -84,18 +83,12 @@ func (e *Engine) freezePath(u, name string) string {
 }
 
 // copyFrozen copies file into part for snapshot snap of a volume mounted
-// at mp (on dev), frozen only as the rule above says.
-func (e *Engine) copyFrozen(ctx context.Context, o *op, snap *Snapshot, mp string, dev blockdev.Dev, file, part string, limit time.Duration) (filecopy.Method, error) {
-	root, err := freeze.OpenRoot(mp)
-	if err != nil {
-		return "", failed("freeze", err, "opening %s", mp)
-	}
-	defer root.Close()
-	// The mount table was read a moment ago: what is mounted there now
-	// must still be the volume, or the freeze would be of another's.
-	if id, err := freeze.Identify(root); err != nil || id.Dev != dev.String() {
-		return "", failed("freeze", err, "%s is no longer the filesystem of volume %s (device %s)", mp, snap.Volume, dev)
-	}
+// at m, in this run's mount namespace or another's, frozen only as the
+// rule above says. m's root was opened by descriptor and checked to be
+// that mount of the volume's device (findMount): a path read from a mount
+// table could name another filesystem by now.
+func (e *Engine) copyFrozen(ctx context.Context, o *op, snap *Snapshot, m *volumeMount, file, part string, limit time.Duration) (filecopy.Method, error) {
+	root, mp, dev := m.root, m.path, m.dev
 	// The freeze's record is written while the filesystem is frozen: on
 	// that very filesystem it would wait for the thaw it is there for.
 	var st unix.Stat_t

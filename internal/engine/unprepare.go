@@ -142,7 +142,8 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return failed("file", err, "removing %s", file)
 	}
-	return nil
+	// An interrupted snapshot-restore's copy goes with the volume.
+	return e.dropRestore(s.UUID)
 }
 
 // removeLink deletes the persistent link if it is ours: it names our

@@ -1,0 +1,536 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/filecopy"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/nodestate"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"golang.org/x/sys/unix"
+)
+
+// Restore in place: a sparse volume's backing file is put back to one of
+// its snapshots under the same path, the same UUID and (where the kernel
+// lets us) the same loop number, only while nothing uses the volume. The
+// image is copied (reflink, else a sparse copy) to a file beside the
+// volume's, which replaces it with a rename while no loop device is bound
+// to it: at every moment the volume's path holds one whole file, the old
+// or the restored, and the loop device shows only that.
+
+// Restore phases, in the restore record.
+const (
+	// restoreCopying: the copy may be partial. A run that finds it
+	// removes the copy and the record: the volume is as before.
+	restoreCopying = "copying"
+	// restoreSwapping: the copy is whole and synced. A run that finds it
+	// finishes the swap: the volume ends as the snapshot.
+	restoreSwapping = "swapping"
+)
+
+// restoreRecord is kept beside the volume's file while a restore runs.
+type restoreRecord struct {
+	Version    int    `json:"version"`
+	Snapshot   string `json:"snapshot"`
+	VolumeUUID string `json:"volumeUUID"`
+	Phase      string `json:"phase"`
+	// Device is the loop device the volume had when the restore began,
+	// which it gets back if nobody took it meanwhile.
+	Device    string          `json:"device,omitempty"`
+	Method    filecopy.Method `json:"method,omitempty"`
+	StartedAt time.Time       `json:"startedAt"`
+}
+
+// SnapshotRestore is what snapshot-restore prints.
+type SnapshotRestore struct {
+	Snapshot string          `json:"snapshot"`
+	Volume   *Result         `json:"volume"`
+	Method   filecopy.Method `json:"method,omitempty"`
+	// SameDevice: the volume is on the loop device it had before.
+	SameDevice bool   `json:"sameDevice"`
+	Took       string `json:"took"`
+	// Finished names a restore an earlier, interrupted run had left
+	// half done, which this run rolled back or finished first.
+	Finished string   `json:"finished,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// Names outside the UUID-named files that list and capacity count.
+func (e *Engine) restorePaths(u string) (record, temp string) {
+	f := e.State.SparseFile(u)
+	return f + ".restore.json", f + ".restore"
+}
+
+// RestoreSnapshot puts the sparse volume s back to its snapshot name. A
+// run killed after any step is rolled back (before the copy is whole) or
+// finished (after) by the next run of the same restore.
+func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string) (*SnapshotRestore, error) {
+	if !validSnapshotName(name) {
+		return nil, invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.'", name)
+	}
+	if s.LVMLogicalVolume != nil {
+		// Said from the spec alone: an LVM volume needs no record read to
+		// know that its snapshots are LVM's, which this does not merge.
+		return nil, refusedLVM(s)
+	}
+	start := time.Now()
+	l, err := e.lockVolume(s.UUID)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Unlock()
+	rec, err := e.State.Load(s.UUID)
+	if err != nil {
+		return nil, failed("state", err, "reading the record of volume %s", s.Name)
+	}
+	if rec == nil || rec.Phase != nodestate.PhasePrepared {
+		return nil, refused("not_prepared", "volume %s (%s) is not prepared on this node: nothing to restore", s.Name, s.UUID)
+	}
+	if same, why := s.SameVolume(rec.Spec); !same {
+		return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
+	}
+	s = rec.Spec
+	if s.SparseLoopDevice == nil {
+		if s.LVMLogicalVolume != nil || rec.DMUUID != "" {
+			return nil, refusedLVM(s)
+		}
+		return nil, refused("restore_unsupported", "volume %s is a raw volume: it has no snapshots of its own to restore: nothing was changed", s.Name)
+	}
+	o := opFor(e, s)
+	out := &SnapshotRestore{Snapshot: name}
+	recPath, temp := e.restorePaths(s.UUID)
+	if rr, err := readRestore(recPath); err == nil {
+		if rr.Phase == restoreSwapping {
+			if rr.Snapshot != name {
+				return nil, refused("restore_pending", "volume %s: a restore from snapshot %s did not finish: run snapshot-restore --name %s again first (the copy is whole, the next run finishes it)", s.Name, rr.Snapshot, rr.Snapshot)
+			}
+			out.Finished = rr.Snapshot
+			return e.finishRestore(ctx, o, rr, out, start)
+		}
+		// Nothing of the volume was touched yet: forget the copy.
+		if err := e.dropRestore(s.UUID); err != nil {
+			return nil, err
+		}
+		out.Finished = rr.Snapshot
+		o.step("restore-rolled-back", "snapshot", rr.Snapshot)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, failed("state", err, "reading %s", recPath)
+	}
+
+	snapPath, img := e.snapshotPaths(s.UUID, name)
+	snap, err := readSnapshot(snapPath)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && snap.Phase != SnapshotTaken) {
+		return nil, invalid("snapshot_not_found", "snapshot %s of volume %s is not on this node (salt-volume-exec snapshots lists them): nothing was changed", name, s.Name)
+	}
+	if err != nil {
+		return nil, failed("state", err, "reading snapshot %s", name)
+	}
+	switch {
+	case snap.VolumeUUID != s.UUID:
+		return nil, refused("snapshot_mismatch", "snapshot %s is of volume %s, not of %s (%s): nothing was changed", name, snap.VolumeUUID, s.Name, s.UUID)
+	case snap.LV != "":
+		return nil, refused("restore_unsupported", "snapshot %s is an LVM snapshot (%s): salt-volumes does not restore one yet (lvconvert --merge by hand): nothing was changed", name, snap.LV)
+	case snap.Mode != s.Mode || snap.FSType != s.FSType:
+		return nil, refused("snapshot_mismatch", "snapshot %s holds a %s %s volume, and %s is %s %s: nothing was changed", name, snap.Mode, snap.FSType, s.Name, s.Mode, s.FSType)
+	case snap.Size > s.SizeBytes:
+		return nil, refused("snapshot_mismatch", "snapshot %s (%s) is larger than volume %s (%s): nothing was changed", name, spec.FormatSize(snap.Size), s.Name, spec.FormatSize(s.SizeBytes))
+	}
+	if _, err := os.Stat(img); err != nil {
+		return nil, failed("snapshot_missing", err, "snapshot %s of %s: its image %s cannot be read: nothing was changed", name, s.Name, img)
+	}
+
+	file := e.State.SparseFile(s.UUID)
+	if f, err := e.State.OpenSparse(s.UUID, os.O_RDONLY); err != nil {
+		return nil, refused("sparse_file", "%v", err)
+	} else {
+		f.Close()
+	}
+	devs, err := loopdev.Find(file)
+	if err != nil {
+		return nil, failed("loop", err, "looking for the loop device of %s", file)
+	}
+	for _, d := range devs {
+		if err := e.refuseRestoreInUse(s, d.Name, file); err != nil {
+			return nil, err
+		}
+	}
+	rr := &restoreRecord{Version: 1, Snapshot: name, VolumeUUID: s.UUID, Phase: restoreCopying, StartedAt: start.UTC()}
+	if len(devs) > 0 {
+		rr.Device = devs[0].Name
+	}
+	if err := e.restoreRoom(s, name, img, temp); err != nil {
+		return nil, err
+	}
+	os.Remove(temp)
+	if err := writeRestore(recPath, rr); err != nil {
+		return nil, failed("state", err, "recording the restore of %s", s.Name)
+	}
+	o.step("restore-recorded", "snapshot", name)
+
+	method, err := filecopy.CopyContext(ctx, img, temp)
+	if err != nil {
+		_ = e.dropRestore(s.UUID)
+		return nil, failed("restore_copy", err, "copying snapshot %s: nothing was changed", name)
+	}
+	if err := e.readyRestore(o, snap, temp); err != nil {
+		_ = e.dropRestore(s.UUID)
+		return nil, err
+	}
+	o.step("restore-copied", "snapshot", name, "method", string(method))
+	rr.Phase, rr.Method = restoreSwapping, method
+	if err := writeRestore(recPath, rr); err != nil {
+		_ = e.dropRestore(s.UUID)
+		return nil, failed("state", err, "recording the restore of %s", s.Name)
+	}
+	o.step("restore-ready", "snapshot", name)
+	return e.finishRestore(ctx, o, rr, out, start)
+}
+
+func refusedLVM(s *spec.Spec) error {
+	return refused("restore_unsupported", "volume %s is on LVM: salt-volumes does not restore an LVM snapshot yet; an operator can merge one by hand while the volume is unmounted and unused (lvconvert --merge VG/SNAPSHOT-LV, the LV salt-volume-exec snapshots shows), after which that snapshot is gone: nothing was changed", s.Name)
+}
+
+// readyRestore sizes the copy as the volume is now: a volume grown since
+// the snapshot keeps its size (a Block volume's table laid out to the end
+// again, as a growth does), and syncs it before any record says it is whole.
+func (e *Engine) readyRestore(o *op, snap *Snapshot, temp string) error {
+	s := o.s
+	f, err := os.OpenFile(temp, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return failed("restore_copy", err, "opening %s", temp)
+	}
+	defer f.Close()
+	if snap.Size < s.SizeBytes {
+		if err := f.Truncate(s.SizeBytes); err != nil {
+			return failed("restore_copy", err, "sizing %s", temp)
+		}
+		if s.Mode == spec.ModeBlock {
+			if err := e.growTable(o, f, s.SizeBytes, 512); err != nil {
+				return err
+			}
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return failed("restore_copy", err, "syncing %s", temp)
+	}
+	return nil
+}
+
+// finishRestore swaps the whole copy in and binds the volume's loop
+// device to it again. Every step looks at what is there (the copy still
+// beside the file: not swapped yet), so a run killed anywhere in here is
+// finished by the next.
+func (e *Engine) finishRestore(ctx context.Context, o *op, rr *restoreRecord, out *SnapshotRestore, start time.Time) (*SnapshotRestore, error) {
+	s := o.s
+	file := e.State.SparseFile(s.UUID)
+	recPath, temp := e.restorePaths(s.UUID)
+	res := baseResult(s)
+	res.BackingFile = file
+	if _, err := os.Lstat(temp); err == nil {
+		devs, err := loopdev.Find(file)
+		if err != nil {
+			return nil, failed("loop", err, "looking for the loop device of %s", file)
+		}
+		// Checked again right before the detach: a rerun may come long
+		// after the run that checked first.
+		for _, d := range devs {
+			if err := e.refuseRestoreInUse(s, d.Name, file); err != nil {
+				return nil, err
+			}
+		}
+		for _, d := range devs {
+			if s.Mode == spec.ModeBlock {
+				_ = loopdev.RemovePartition(d.Name, 1)
+			}
+			if err := loopdev.Detach(ctx, d, e.DetachWait); err != nil {
+				return nil, failed("detach", err, "detaching %s", d.Path)
+			}
+			o.step("restore-detached", "device", d.Path)
+		}
+		if err := os.Rename(temp, file); err != nil {
+			return nil, failed("restore_swap", err, "putting the restored copy in place of %s", file)
+		}
+		if err := syncDirOf(filepath.Dir(file)); err != nil {
+			return nil, failed("restore_swap", err, "syncing %s", filepath.Dir(file))
+		}
+		o.changed = true
+		o.step("restore-swapped", "path", file)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, failed("restore_swap", err, "reading %s", temp)
+	}
+	devs, err := loopdev.Find(file)
+	if err != nil {
+		return nil, failed("loop", err, "looking for the loop device of %s", file)
+	}
+	var dev loopdev.Device
+	if len(devs) > 0 {
+		dev = devs[0] // a restore at boot bound it after an interrupted run
+		out.SameDevice = dev.Name == rr.Device
+	} else {
+		want := loopdev.Device{}
+		if rr.Device != "" {
+			want = loopdev.Device{Name: rr.Device, Path: "/dev/" + rr.Device}
+		}
+		dev, out.SameDevice, err = loopdev.Reattach(ctx, want, file)
+		if err != nil {
+			return nil, failed("attach", err, "attaching %s", file)
+		}
+		o.changed = true
+		o.step("restore-attached", "device", dev.Path, "same", out.SameDevice)
+	}
+	if rr.Device != "" && !out.SameDevice {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("the volume was on /dev/%s, which another program took while it was detached: it is on %s now (its persistent path %s follows)", rr.Device, dev.Path, s.PersistentPath()))
+	}
+	res.DeviceName, res.DevicePath = dev.Name, dev.Path
+	if err := e.finishDevice(ctx, o, dev.Name, res); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(recPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, failed("state", err, "removing %s", recPath)
+	}
+	_ = syncDirOf(filepath.Dir(recPath))
+	o.step("restored", "snapshot", rr.Snapshot)
+	if st, err := os.Stat(file); err == nil {
+		res.Allocated = allocated(st)
+	}
+	if s.Mode == spec.ModeFilesystem {
+		if snap, err := readSnapshot(filepath.Join(e.snapshotDir(s.UUID), rr.Snapshot+".json")); err == nil && snap.Size < s.SizeBytes {
+			out.Warnings = append(out.Warnings, fmt.Sprintf("the volume is %s and keeps that size, but its filesystem is the snapshot's, %s: grow it by hand once it is mounted (resize2fs DEVICE, xfs_growfs MOUNTPOINT)", spec.FormatSize(s.SizeBytes), spec.FormatSize(snap.Size)))
+		}
+	}
+	res.State, res.Changed = StatePrepared, true
+	out.Volume, out.Method = res, rr.Method
+	out.Took = time.Since(start).Round(time.Millisecond).String()
+	return out, nil
+}
+
+// dropRestore forgets a restore that swapped nothing in: the record first,
+// so that a crash between leaves at most a copy no record speaks for,
+// which the next restore replaces.
+func (e *Engine) dropRestore(u string) error {
+	recPath, temp := e.restorePaths(u)
+	for _, p := range []string{recPath, temp} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return failed("state", err, "removing %s", p)
+		}
+	}
+	return nil
+}
+
+// restoreRoom refuses a copy the node has no room for. The restored file
+// takes the place of the volume's, whose size is committed already: only
+// the copy's data must fit the free space (a reflink takes none at first).
+func (e *Engine) restoreRoom(s *spec.Spec, name, img, temp string) error {
+	g, err := e.State.Lock("global")
+	if err != nil {
+		return failed("lock", err, "locking the node's state")
+	}
+	defer g.Unlock()
+	data, err := filecopy.Allocated(img)
+	if err != nil {
+		return failed("restore_copy", err, "reading %s", img)
+	}
+	return e.checkCopyRoom(fmt.Sprintf("restoring %s to snapshot %s", s.Name, name), 0, data, filecopy.CanReflink(img, temp+".probe"))
+}
+
+// refuseRestoreInUse refuses the restore while anything uses the loop
+// device name (or a partition of it) or the volume's file: a mount in any
+// mount namespace, a stacked device, a process holding it open, swap. A
+// detach of a device still open would only be deferred by the kernel, and
+// a mounted filesystem would go on writing its cached view of the old
+// data over the restored one.
+func (e *Engine) refuseRestoreInUse(s *spec.Spec, name, file string) error {
+	why, err := whoUses(name, file)
+	if err != nil {
+		return failed("usage", err, "checking whether /dev/%s is in use", name)
+	}
+	if len(why) == 0 {
+		if err := blockdev.CheckExclusive("/dev/" + name); err != nil {
+			why = append(why, err.Error())
+		}
+	}
+	if len(why) > 10 {
+		why = append(why[:10], fmt.Sprintf("and %d more", len(why)-10))
+	}
+	if len(why) > 0 {
+		return refused("in_use", "volume %s: /dev/%s is in use: %s: unmount it and stop what holds it, then restore again; nothing was changed", s.Name, name, strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// whoUses names what uses the loop device name, its partitions or the
+// file behind it, reading every process's mount table (one per mount
+// namespace) and open files through /proc.
+func whoUses(name, file string) ([]string, error) {
+	u, err := blockdev.UsageOf(name)
+	if err != nil {
+		return nil, err
+	}
+	var why []string
+	for _, m := range u.Mountpoints {
+		if strings.HasSuffix(m, "[SWAP]") {
+			why = append(why, "used as swap")
+		}
+	}
+	if len(u.Holders) > 0 {
+		why = append(why, "held by "+strings.Join(u.Holders, ", ")+" (sysfs holders)")
+	}
+	if len(u.LoopBacked) > 0 {
+		why = append(why, "the backing file of "+strings.Join(u.LoopBacked, ", "))
+	}
+	devs := map[blockdev.Dev]string{}
+	for _, n := range append([]string{name}, partitionsOf(name)...) {
+		if d, err := blockdev.DevOf(n); err == nil {
+			devs[d] = n
+		}
+	}
+	var fst unix.Stat_t
+	if err := unix.Stat(file, &fst); err != nil {
+		return nil, err
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	seenNS := map[string]bool{}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join("/proc", p.Name())
+		if ns, err := os.Readlink(filepath.Join(dir, "ns", "mnt")); err == nil && !seenNS[ns] {
+			seenNS[ns] = true
+			for _, m := range mountsOfDevs(filepath.Join(dir, "mountinfo"), devs) {
+				why = append(why, fmt.Sprintf("/dev/%s mounted on %s (in the mount namespace of pid %d, %s)", m[0], m[1], pid, procComm(dir)))
+			}
+		}
+		if pid == self {
+			continue
+		}
+		fds, err := os.ReadDir(filepath.Join(dir, "fd"))
+		if err != nil {
+			continue // gone, or a kernel thread
+		}
+		for _, fd := range fds {
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(dir, "fd", fd.Name()), &st) != nil {
+				continue
+			}
+			switch {
+			case st.Mode&unix.S_IFMT == unix.S_IFBLK:
+				if n, ok := devs[blockdev.Dev{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}]; ok {
+					why = append(why, fmt.Sprintf("/dev/%s open by pid %d (%s)", n, pid, procComm(dir)))
+				}
+			case st.Dev == fst.Dev && st.Ino == fst.Ino:
+				why = append(why, fmt.Sprintf("its file %s open by pid %d (%s)", file, pid, procComm(dir)))
+			}
+		}
+	}
+	return why, nil
+}
+
+func partitionsOf(name string) []string {
+	kids, _ := blockdev.Children(name)
+	return kids
+}
+
+// mountsOfDevs returns [device name, mountpoint] for each mount in the
+// mountinfo file p of a device in devs.
+func mountsOfDevs(p string, devs map[blockdev.Dev]string) [][2]string {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out [][2]string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) < 5 {
+			continue
+		}
+		var d blockdev.Dev
+		if _, err := fmt.Sscanf(fl[2], "%d:%d", &d.Major, &d.Minor); err != nil {
+			continue
+		}
+		if n, ok := devs[d]; ok {
+			out = append(out, [2]string{n, unescapeMountField(fl[4])})
+		}
+	}
+	return out
+}
+
+// unescapeMountField undoes mountinfo's octal escapes (a space is \040).
+func unescapeMountField(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func procComm(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "comm"))
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func readRestore(p string) (*restoreRecord, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	var r restoreRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if r.Version > 1 {
+		return nil, fmt.Errorf("%s: record version %d is newer than this salt-volume-exec reads (1)", p, r.Version)
+	}
+	if !validSnapshotName(r.Snapshot) || !strings.HasPrefix(filepath.Base(p), r.VolumeUUID) {
+		return nil, fmt.Errorf("%s: names snapshot %q of %s", p, r.Snapshot, r.VolumeUUID)
+	}
+	return &r, nil
+}
+
+func writeRestore(p string, r *restoreRecord) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return nodestate.WriteFileAtomic(p, append(b, '\n'), 0o600)
+}
+
+func syncDirOf(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
