@@ -20,17 +20,24 @@ type MountEntry struct {
 }
 
 // MountsOf reads a mountinfo file (/proc/PID/mountinfo) and returns the
-// mounts of the filesystem on device d: unlike Mountpoints, it reads any
-// process's table (another mount namespace's) and keeps the mount ids, so
-// that a mount opened later can be checked to be the one listed.
-func MountsOf(r io.Reader, d Dev) ([]MountEntry, error) {
+// mounts of the filesystems on the devices ds: unlike Mountpoints, it reads
+// any process's table (another mount namespace's) and keeps the mount ids,
+// so that a mount opened later can be checked to be the one listed.
+func MountsOf(r io.Reader, ds ...Dev) ([]MountEntry, error) {
+	want := make(map[string]Dev, len(ds))
+	for _, d := range ds {
+		want[d.String()] = d
+	}
 	var out []MountEntry
-	want := d.String()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) < 5 || f[2] != want {
+		if len(f) < 5 {
+			continue
+		}
+		d, ok := want[f[2]]
+		if !ok {
 			continue
 		}
 		id, err := strconv.ParseUint(f[0], 10, 64)

@@ -23,4 +23,12 @@ func TestMountsOf(t *testing.T) {
 	got, err = MountsOf(strings.NewReader(info), Dev{8, 0})
 	require.NoError(t, err)
 	assert.Empty(t, got)
+	// A disk and its partitions at once, each mount with its own device.
+	got, err = MountsOf(strings.NewReader(info), Dev{7, 30}, Dev{7, 3}, Dev{8, 0})
+	require.NoError(t, err)
+	assert.Equal(t, []MountEntry{
+		{ID: 812, Dev: Dev{7, 3}, Root: "/", Mountpoint: "/var/lib/pod a/vol"},
+		{ID: 813, Dev: Dev{7, 3}, Root: "/sub", Mountpoint: "/srv/bind"},
+		{ID: 814, Dev: Dev{7, 30}, Root: "/", Mountpoint: "/other"},
+	}, got)
 }

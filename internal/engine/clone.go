@@ -57,7 +57,7 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 	if err := os.MkdirAll(e.State.Sparse(), 0o700); err != nil {
 		return false, failed("file", err, "creating %s", e.State.Sparse())
 	}
-	if err := e.cloneRoom(s, snap, img, part); err != nil {
+	if err := e.imageRoom(fmt.Sprintf("clone %s of snapshot %s", s.Name, snap.Name), "clone_copy", img, part); err != nil {
 		return false, err
 	}
 	method, err := filecopy.Copy(img, part)
@@ -203,11 +203,13 @@ func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
 	return nil
 }
 
-// cloneRoom refuses a sparse clone whose copy of its snapshot's data would
-// not fit the free space of the sparse files' filesystem (a reflink takes
-// none at first); its size is counted against the overcommit ratio by
-// prepare, like any new sparse volume's.
-func (e *Engine) cloneRoom(s *spec.Spec, snap *Snapshot, img, part string) error {
+// imageRoom refuses a copy of the image img to a file beside part (what
+// names the copy in the refusal, code is the failure code of an unreadable
+// image) that the free space of the sparse files' filesystem cannot take;
+// a reflink takes none at first. A clone's or a restore's size is counted
+// against the overcommit ratio already (a new volume's, the same volume's),
+// so only the free space is checked here, under the global lock.
+func (e *Engine) imageRoom(what, code, img, part string) error {
 	g, err := e.State.Lock("global")
 	if err != nil {
 		return failed("lock", err, "locking the node's state")
@@ -215,7 +217,7 @@ func (e *Engine) cloneRoom(s *spec.Spec, snap *Snapshot, img, part string) error
 	defer g.Unlock()
 	data, err := filecopy.Allocated(img)
 	if err != nil {
-		return failed("clone_copy", err, "reading %s", img)
+		return failed(code, err, "reading %s", img)
 	}
-	return e.checkCopyRoom(fmt.Sprintf("clone %s of snapshot %s", s.Name, snap.Name), 0, data, filecopy.CanReflink(img, part+".probe"))
+	return e.checkCopyRoom(what, 0, data, filecopy.CanReflink(img, part+".probe"))
 }

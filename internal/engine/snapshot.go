@@ -134,18 +134,11 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	if err != nil {
 		return nil, err
 	}
-	l, err := e.lockVolume(s.UUID)
+	l, rec, err := e.lockPrepared(s, "snapshot")
 	if err != nil {
 		return nil, err
 	}
 	defer l.Unlock()
-	rec, err := e.State.Load(s.UUID)
-	if err != nil {
-		return nil, failed("state", err, "reading the record of volume %s", s.Name)
-	}
-	if rec == nil || rec.Phase != nodestate.PhasePrepared {
-		return nil, refused("not_prepared", "volume %s (%s) is not prepared on this node: nothing to snapshot", s.Name, s.UUID)
-	}
 	if rec.Spec.SparseLoopDevice == nil {
 		return e.takeLVMSnapshot(ctx, rec, name, opts)
 	}
@@ -210,6 +203,25 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	}
 	o.step("snapshot-taken", "snapshot", name, "method", string(method))
 	return snap, nil
+}
+
+// lockPrepared locks volume s and reads its record, refusing a volume
+// not prepared on this node (nothing to what); the caller unlocks.
+func (e *Engine) lockPrepared(s *spec.Spec, what string) (*nodestate.Lock, *nodestate.Record, error) {
+	l, err := e.lockVolume(s.UUID)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := e.State.Load(s.UUID)
+	if err != nil {
+		l.Unlock()
+		return nil, nil, failed("state", err, "reading the record of volume %s", s.Name)
+	}
+	if rec == nil || rec.Phase != nodestate.PhasePrepared {
+		l.Unlock()
+		return nil, nil, refused("not_prepared", "volume %s (%s) is not prepared on this node: nothing to %s", s.Name, s.UUID, what)
+	}
+	return l, rec, nil
 }
 
 // reserveSnapshot checks that the node has room for snapshot snap of the
@@ -288,7 +300,7 @@ func (e *Engine) quiesce(s *spec.Spec, file string) (*quiesced, error) {
 			}
 		}
 		if h == "" {
-			if h, err = holdersOf(d, bd); err != nil {
+			if h, err = holdersOf(d, bd, file); err != nil {
 				return nil, failed("loop", err, "looking for the users of %s", d.Path)
 			}
 		}
@@ -392,16 +404,9 @@ func (e *Engine) snapshotRecords(uuid string) ([]*Snapshot, error) {
 }
 
 func readSnapshot(p string) (*Snapshot, error) {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, err
-	}
 	var s Snapshot
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
-	}
-	if s.Version > 1 {
-		return nil, fmt.Errorf("%s: record version %d is newer than this salt-volume-exec reads (1)", p, s.Version)
+	if err := readRecord(p, &s); err != nil {
+		return nil, err
 	}
 	if s.Name+".json" != filepath.Base(p) || !strings.Contains(p, s.VolumeUUID) {
 		return nil, fmt.Errorf("%s: names snapshot %s of %s", p, s.Name, s.VolumeUUID)
@@ -409,8 +414,30 @@ func readSnapshot(p string) (*Snapshot, error) {
 	return &s, nil
 }
 
-func writeSnapshot(p string, s *Snapshot) error {
-	b, err := json.MarshalIndent(s, "", "  ")
+func writeSnapshot(p string, s *Snapshot) error { return writeRecord(p, s) }
+
+// readRecord reads one of the node's JSON records (a snapshot's, a
+// restore's) from p into v, refusing one of a version newer than 1.
+func readRecord(p string, v any) error {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	var h struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &h); err == nil && h.Version > 1 {
+		return fmt.Errorf("%s: record version %d is newer than this salt-volume-exec reads (1)", p, h.Version)
+	}
+	return nil
+}
+
+// writeRecord writes record v to p, atomically.
+func writeRecord(p string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -17,18 +17,20 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 )
 
-// What a sparse volume's snapshot must know of its loop device before it
+// Who uses a sparse volume's loop device, for a snapshot (before it
 // copies: whether its filesystem is mounted anywhere, to freeze it, and
 // whether anything else holds it, in which case only a copy made in one
-// instant (a reflink) is of one instant.
+// instant, a reflink, is of one instant) and for a restore in place
+// (refused while anything uses it, naming what does).
 //
-// Mounts: FIFREEZE acts on the superblock, which every mount of the
-// filesystem shares, so a freeze through any mount holds them all. This
-// run's own mount table is read first; a mount claims its device
-// exclusively, so a device nobody claims is mounted nowhere and the other
-// mount namespaces (a container's, a pod's, unshare -m) are read only for
-// one that is claimed: /proc/PID/mountinfo of one process of each
-// namespace and root, matched by the device's major:minor.
+// Mounts (mountScan): FIFREEZE acts on the superblock, which every mount
+// of the filesystem shares, so a freeze through any mount holds them all.
+// This run's own mount table is read first; then /proc/PID/mountinfo of
+// one process of each other mount namespace and root (a container's, a
+// pod's, unshare -m), lowest pid first, matched by major:minor. A
+// snapshot reads the others only for a device somebody claims (a mount
+// claims its device exclusively, so a device nobody claims is mounted
+// nowhere); a restore reads them all, to name every mount.
 //
 // A mountpoint in another namespace is a path in that namespace, whose
 // directories its users may be able to rename or replace by symlinks: it
@@ -36,15 +38,15 @@ import (
 // a symlink or "..", and what it reaches is checked to be that very mount
 // (its mount id) of the volume's device before anything is frozen.
 //
-// Users of the device (holdersOf): a process that has it open (a database
-// on the raw device, a pod's block volume) is seen only in /proc/PID/fd:
-// sysfs lists only stacked devices (device-mapper, md) and an O_EXCL open
-// fails only against exclusive claimers, which a plain open is not. Those
-// two are read as well: they see the kernel's users that no process
-// holds (a mount in a namespace this run cannot see, a filesystem lazily
-// unmounted but still busy, a stacked device), and sysfs the loop devices
-// made on top of it (kubelet maps a block volume so), which hold it
-// through the kernel alone.
+// Users (usersOf): a process that has the device, a partition of it or
+// the volume's file open (a database on the raw device, a pod's block
+// volume) is seen only in /proc/PID/fd: sysfs lists only stacked devices
+// (device-mapper, md) and an O_EXCL open fails only against exclusive
+// claimers, which a plain open is not. Those two are read as well: they
+// see the kernel's users that no process holds (a mount in a namespace
+// this run cannot see, a filesystem lazily unmounted but still busy, a
+// stacked device), and sysfs the loop devices made on top of it (kubelet
+// maps a block volume so), which hold it through the kernel alone.
 
 // volumeMount is a mount of a volume's filesystem, its root open for the
 // freeze.
@@ -60,31 +62,123 @@ type volumeMount struct {
 	dev  blockdev.Dev
 }
 
-// nsKey tells mount tables apart: a process's mount namespace and its
-// root (a chrooted process's mountinfo lists only the mounts under it).
-type nsKey struct{ nsDev, nsIno, rootDev, rootIno uint64 }
+// nsKey tells mount tables apart: a process's mount namespace (its
+// ns/mnt link, "mnt:[INODE]", which this run may read even where a stat
+// through it is denied) and its root (a chrooted process's mountinfo
+// lists only the mounts under it; zero where it may not be read).
+type nsKey struct {
+	ns               string
+	rootDev, rootIno uint64
+}
 
-// findMount finds a mount of the filesystem on dev (whose node is path)
-// in any mount namespace and opens it. nil and no error: mounted nowhere
-// it could be opened; unusable then lists the mounts seen that could not
-// be opened safely, for the caller to say why it did not freeze.
-func findMount(path string, dev blockdev.Dev) (m *volumeMount, unusable []string, err error) {
-	seen := map[nsKey]bool{}
-	if m, unusable, err = mountIn("self", dev, seen); m != nil || err != nil {
-		return m, unusable, err
+// mountTable is one mount table a mountScan read.
+type mountTable struct {
+	// pid is the process whose mountinfo was read: "self" (this run) or
+	// a pid; ns its mount namespace.
+	pid, ns string
+}
+
+// mountScan finds the mounts of devs in the mount tables of every mount
+// namespace and root, each read once.
+type mountScan struct {
+	devs []blockdev.Dev
+	seen map[nsKey]bool
+	// lowest is the lowest pid seen in each mount namespace, which names
+	// it in messages.
+	lowest map[string]int
+}
+
+func newMountScan(devs ...blockdev.Dev) *mountScan {
+	return &mountScan{devs: devs, seen: map[nsKey]bool{}, lowest: map[string]int{}}
+}
+
+// namer is the lowest process seen in the mount namespace of t (this run
+// where others was not read).
+func (s *mountScan) namer(t *mountTable) int {
+	if pid, ok := s.lowest[t.ns]; ok {
+		return pid
 	}
-	if err := blockdev.CheckExclusive(path); err == nil {
-		return nil, unusable, nil
-	} else if !errors.Is(err, blockdev.ErrBusy) {
-		return nil, nil, err
+	return os.Getpid()
+}
+
+// mountFunc gets the mounts of a scan's devices in table t, read from
+// /proc/PID/mountinfo while pdir, that process's /proc directory, is open;
+// it answers true to end the scan.
+type mountFunc func(t *mountTable, pdir int, mounts []blockdev.MountEntry) bool
+
+// read reads the mount table of process pid ("self": this run), unless
+// one of the same namespace and root was read already, and hands fn the
+// mounts found there. A process that ends meanwhile is skipped: its /proc
+// directory, opened once, never turns into another process's. One whose
+// root this run may not stat is read all the same (a mount seen only
+// there is not missed; opening it through that root fails). Only this
+// run's own table unread is an error.
+func (s *mountScan) read(pid string, fn mountFunc) (stop bool, err error) {
+	pdir, err := unix.Open("/proc/"+pid, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, nil
 	}
+	defer unix.Close(pdir)
+	var link [64]byte
+	n, err := unix.Readlinkat(pdir, "ns/mnt", link[:])
+	if err != nil {
+		return false, nil // gone, or a zombie
+	}
+	ns := string(link[:n])
+	if p, err := strconv.Atoi(pid); err == nil {
+		if _, ok := s.lowest[ns]; !ok {
+			s.lowest[ns] = p // others goes lowest first
+		}
+	}
+	var root unix.Stat_t
+	_ = unix.Fstatat(pdir, "root", &root, 0)
+	k := nsKey{ns, root.Dev, root.Ino}
+	if s.seen[k] {
+		return false, nil
+	}
+	s.seen[k] = true
+	t := &mountTable{pid: pid, ns: ns}
+	mounts, err := func() ([]blockdev.MountEntry, error) {
+		fd, err := unix.Openat(pdir, "mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		f := os.NewFile(uintptr(fd), "/proc/"+pid+"/mountinfo")
+		defer f.Close()
+		return blockdev.MountsOf(f, s.devs...)
+	}()
+	switch {
+	case err != nil && pid == "self":
+		return false, fmt.Errorf("reading the mount table: %w", err)
+	case err != nil || len(mounts) == 0:
+		return false, nil
+	}
+	return fn(t, pdir, mounts), nil
+}
+
+// others reads the mount table of every other process, lowest pid first:
+// a namespace is named by its oldest process, usually its first (a
+// container's init, a pod's pause), which outlives the others and so
+// keeps the freeze record's path to the mount valid.
+func (s *mountScan) others(fn mountFunc) error {
+	pids, err := processes()
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		if stop, err := s.read(strconv.Itoa(pid), fn); stop || err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// processes lists the pids in /proc, lowest first.
+func processes() ([]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing processes: %w", err)
+		return nil, fmt.Errorf("listing processes: %w", err)
 	}
-	// Lowest first: a namespace is named by its oldest process, usually
-	// its first (a container's init, a pod's pause), which outlives the
-	// others and so keeps the freeze record's path to the mount valid.
 	var pids []int
 	for _, e := range ents {
 		if pid, err := strconv.Atoi(e.Name()); err == nil {
@@ -92,64 +186,43 @@ func findMount(path string, dev blockdev.Dev) (m *volumeMount, unusable []string
 		}
 	}
 	sort.Ints(pids)
-	for _, pid := range pids {
-		m, u, err := mountIn(strconv.Itoa(pid), dev, seen)
-		unusable = append(unusable, u...)
-		if m != nil || err != nil {
-			return m, unusable, err
-		}
-	}
-	return nil, unusable, nil
+	return pids, nil
 }
 
-// mountIn looks for a mount of dev in the mount table of process pid
-// ("self": this run), unless a process of the same namespace and root
-// was read already. A process that ends meanwhile is skipped: its /proc
-// directory, opened once, never turns into another process's.
-func mountIn(pid string, dev blockdev.Dev, seen map[nsKey]bool) (*volumeMount, []string, error) {
-	pdir, err := unix.Open("/proc/"+pid, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, nil
-	}
-	defer unix.Close(pdir)
-	var ns, root unix.Stat_t
-	if unix.Fstatat(pdir, "ns/mnt", &ns, 0) != nil || unix.Fstatat(pdir, "root", &root, 0) != nil {
-		return nil, nil, nil // gone, or a zombie
-	}
-	k := nsKey{ns.Dev, ns.Ino, root.Dev, root.Ino}
-	if seen[k] {
-		return nil, nil, nil
-	}
-	seen[k] = true
-	fd, err := unix.Openat(pdir, "mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if pid == "self" {
-			return nil, nil, fmt.Errorf("reading the mount table: %w", err)
+// findMount finds a mount of the filesystem on dev (whose node is path)
+// in any mount namespace and opens it. nil and no error: mounted nowhere
+// it could be opened; unusable then lists the mounts seen that could not
+// be opened safely, for the caller to say why it did not freeze.
+func findMount(path string, dev blockdev.Dev) (m *volumeMount, unusable []string, err error) {
+	s := newMountScan(dev)
+	open := func(t *mountTable, pdir int, mounts []blockdev.MountEntry) bool {
+		var u []string
+		for _, mi := range mounts {
+			where := mi.Mountpoint
+			if t.pid != "self" {
+				where = "/proc/" + t.pid + "/root" + strings.TrimSuffix(mi.Mountpoint, "/")
+			}
+			var err error
+			if m, err = openMount(pdir, mi, where); err == nil {
+				return true
+			}
+			u = append(u, fmt.Sprintf("%s: %v", where, err))
 		}
-		return nil, nil, nil
+		unusable = append(unusable, u...)
+		return false
 	}
-	f := os.NewFile(uintptr(fd), "/proc/"+pid+"/mountinfo")
-	mounts, err := blockdev.MountsOf(f, dev)
-	f.Close()
-	if err != nil {
-		if pid == "self" {
-			return nil, nil, fmt.Errorf("reading the mount table: %w", err)
-		}
-		return nil, nil, nil
+	if _, err := s.read("self", open); m != nil || err != nil {
+		return m, unusable, err
 	}
-	var unusable []string
-	for _, mi := range mounts {
-		where := mi.Mountpoint
-		if pid != "self" {
-			where = "/proc/" + pid + "/root" + strings.TrimSuffix(mi.Mountpoint, "/")
-		}
-		m, err := openMount(pdir, mi, where)
-		if err == nil {
-			return m, nil, nil
-		}
-		unusable = append(unusable, fmt.Sprintf("%s: %v", where, err))
+	if err := blockdev.CheckExclusive(path); err == nil {
+		return nil, unusable, nil
+	} else if !errors.Is(err, blockdev.ErrBusy) {
+		return nil, nil, err
 	}
-	return nil, unusable, nil
+	if err := s.others(open); err != nil {
+		return nil, nil, err
+	}
+	return m, unusable, nil
 }
 
 // openMount opens the root of mount mi of the process whose /proc
@@ -209,89 +282,209 @@ func openMount(pdir int, mi blockdev.MountEntry, where string) (*volumeMount, er
 	return &volumeMount{root: root, path: where, dev: mi.Dev}, nil
 }
 
-// holdersOf says who holds loop device d (on dev), its partitions
-// included, besides this run: "" when nobody does.
-func holdersOf(d loopdev.Device, dev blockdev.Dev) (string, error) {
+// deviceUsers is who uses a loop device, its partitions or the volume's
+// file, besides this run.
+type deviceUsers struct {
+	// usage is what sysfs and this run's mount table say of the device
+	// and its partitions: mounts, swap, stacked devices, loop devices
+	// backed by it.
+	usage blockdev.Usage
+	// mounts are the mounts of the device and its partitions in every
+	// mount namespace, when usersOf was asked for them.
+	mounts []deviceMount
+	// opens are the processes that hold one of them open.
+	opens []opener
+	// claim is what an O_EXCL open of the device said, tried only when
+	// nothing above was found (the probe is a claim of its own for an
+	// instant, which a mount made at that very moment would find busy):
+	// blockdev.ErrBusy for a user nothing this run can read shows.
+	claim error
+}
+
+// deviceMount is a mount of the device name (the loop device or one of
+// its partitions) at mountpoint, in mount table t.
+type deviceMount struct {
+	name, mountpoint string
+	t                *mountTable
+	// pid is the lowest process of the mount namespace it is in.
+	pid int
+}
+
+// opener is process pid (comm) holding what open: /dev/NAME, or (file)
+// "its file PATH", the volume's file.
+type opener struct {
+	pid        int
+	comm, what string
+	file       bool
+}
+
+// usersOf finds who uses loop device d (on dev), its partitions or file,
+// the volume's file behind it ("": not looked for), besides this run;
+// anywhere: the mounts of every mount namespace too, not only this run's.
+func usersOf(d loopdev.Device, dev blockdev.Dev, file string, anywhere bool) (*deviceUsers, error) {
 	u, err := blockdev.UsageOf(d.Name)
 	if err != nil {
-		return "", fmt.Errorf("reading the users of %s: %w", d.Path, err)
+		return nil, fmt.Errorf("reading the users of %s: %w", d.Path, err)
 	}
-	var who []string
-	if u.InUse() {
-		who = append(who, u.String())
-	}
-	devs := map[uint64]bool{unix.Mkdev(dev.Major, dev.Minor): true}
+	users := &deviceUsers{usage: u}
+	devs := map[blockdev.Dev]string{dev: d.Name}
 	parts, _ := blockdev.Children(d.Name)
 	for _, p := range parts {
 		if pd, err := blockdev.DevOf(p); err == nil {
-			devs[unix.Mkdev(pd.Major, pd.Minor)] = true
+			devs[pd] = p
 		}
 	}
-	if procs := openers(devs); len(procs) > 0 {
-		who = append(who, "open by "+strings.Join(procs, ", "))
+	if anywhere {
+		var list []blockdev.Dev
+		for dv := range devs {
+			list = append(list, dv)
+		}
+		s := newMountScan(list...)
+		seen := map[uint64]bool{} // a mount seen again from another root
+		collect := func(t *mountTable, _ int, mounts []blockdev.MountEntry) bool {
+			for _, mi := range mounts {
+				if !seen[mi.ID] {
+					seen[mi.ID] = true
+					users.mounts = append(users.mounts, deviceMount{name: devs[mi.Dev], mountpoint: mi.Mountpoint, t: t})
+				}
+			}
+			return false
+		}
+		if _, err := s.read("self", collect); err != nil {
+			return nil, err
+		}
+		if err := s.others(collect); err != nil {
+			return nil, err
+		}
+		for i := range users.mounts {
+			users.mounts[i].pid = s.namer(users.mounts[i].t)
+		}
 	}
-	if len(who) > 0 {
-		return strings.Join(who, " and "), nil
+	if users.opens, err = openers(devs, file); err != nil {
+		return nil, err
 	}
-	// Only when nothing above explains it: the probe is a claim of its
-	// own for an instant, which a mount made at that very moment would
-	// find busy.
-	switch err := blockdev.CheckExclusive(d.Path); {
-	case errors.Is(err, blockdev.ErrBusy):
-		return "claimed by a user that no mount table or process this run can read shows (a mount held only by processes of another PID namespace, a filesystem unmounted lazily but still busy, or a kernel user such as an iSCSI target)", nil
-	case err != nil:
-		return "", err
+	if !u.InUse() && len(users.mounts) == 0 && len(users.opens) == 0 {
+		users.claim = blockdev.CheckExclusive(d.Path)
 	}
-	return "", nil
+	return users, nil
 }
 
-// maxOpeners bounds how many processes a message names.
-const maxOpeners = 5
-
 // openers lists the processes other than this one that have one of devs
-// (device numbers of block devices) open, as "pid N (comm)". Each open
-// file's attributes are read from the kernel's cache (AT_STATX_DONT_SYNC),
-// so that a file on a dead NFS server or FUSE daemon does not hang the
-// scan.
-func openers(devs map[uint64]bool) []string {
-	self := strconv.Itoa(os.Getpid())
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
+// (block devices by number, with their kernel names) or file open, once
+// for each. Each open file's attributes are read from the kernel's cache
+// (AT_STATX_DONT_SYNC), so that a file on a dead NFS server or FUSE
+// daemon does not hang the scan.
+func openers(devs map[blockdev.Dev]string, file string) ([]opener, error) {
+	var fst unix.Statx_t
+	if file != "" {
+		if err := unix.Statx(unix.AT_FDCWD, file, 0, unix.STATX_INO, &fst); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", file, err)
+		}
 	}
-	var out []string
-	more := 0
-	for _, p := range procs {
-		pid := p.Name()
-		if _, err := strconv.Atoi(pid); err != nil || pid == self {
+	pids, err := processes()
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	var out []opener
+	for _, pid := range pids {
+		if pid == self {
 			continue
 		}
-		dir := "/proc/" + pid + "/fd/"
+		dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
 		fds, err := os.ReadDir(dir)
 		if err != nil {
 			continue // gone, or a kernel thread
 		}
+		held := map[string]bool{}
 		for _, fd := range fds {
 			var stx unix.Statx_t
-			if unix.Statx(unix.AT_FDCWD, dir+fd.Name(), unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &stx) != nil {
+			if unix.Statx(unix.AT_FDCWD, dir+fd.Name(), unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, &stx) != nil {
 				continue
 			}
-			if stx.Mode&unix.S_IFMT != unix.S_IFBLK || !devs[unix.Mkdev(stx.Rdev_major, stx.Rdev_minor)] {
-				continue
+			o := opener{pid: pid}
+			if stx.Mode&unix.S_IFMT == unix.S_IFBLK {
+				if n, ok := devs[blockdev.Dev{Major: stx.Rdev_major, Minor: stx.Rdev_minor}]; ok {
+					o.what = "/dev/" + n
+				}
+			} else if file != "" && stx.Ino == fst.Ino && stx.Dev_major == fst.Dev_major && stx.Dev_minor == fst.Dev_minor {
+				o.what, o.file = "its file "+file, true
 			}
-			if len(out) == maxOpeners {
-				more++
-				break
+			if o.what != "" && !held[o.what] {
+				held[o.what] = true
+				o.comm = procComm(pid)
+				out = append(out, o)
 			}
-			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
-			out = append(out, fmt.Sprintf("pid %s (%s)", pid, strings.TrimSpace(string(comm))))
-			break
 		}
+	}
+	return out, nil
+}
+
+func procComm(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// maxOpeners bounds how many processes a snapshot's message names.
+const maxOpeners = 5
+
+// holdersOf says who holds loop device d (on dev), its partitions
+// included, or file, besides this run: "" when nobody does.
+func holdersOf(d loopdev.Device, dev blockdev.Dev, file string) (string, error) {
+	u, err := usersOf(d, dev, file, false)
+	if err != nil {
+		return "", err
+	}
+	var who []string
+	if u.usage.InUse() {
+		who = append(who, u.usage.String())
+	}
+	var devOpen, fileOpen []opener
+	for _, o := range u.opens {
+		if o.file {
+			fileOpen = append(fileOpen, o)
+		} else {
+			devOpen = append(devOpen, o)
+		}
+	}
+	if len(devOpen) > 0 {
+		who = append(who, "open by "+pidList(devOpen))
+	}
+	if len(fileOpen) > 0 {
+		who = append(who, "in use through its file "+file+", open by "+pidList(fileOpen))
+	}
+	switch {
+	case len(who) > 0:
+		return strings.Join(who, " and "), nil
+	case errors.Is(u.claim, blockdev.ErrBusy):
+		return "claimed by a user that no mount table or process this run can read shows (a mount held only by processes of another PID namespace, a filesystem unmounted lazily but still busy, or a kernel user such as an iSCSI target)", nil
+	}
+	return "", u.claim
+}
+
+// pidList names the processes of opens, each once, as "pid N (comm)",
+// at most maxOpeners of them and how many more.
+func pidList(opens []opener) string {
+	var out []string
+	seen := map[int]bool{}
+	more := 0
+	for _, o := range opens {
+		switch {
+		case seen[o.pid]:
+		case len(out) == maxOpeners:
+			more++
+		default:
+			out = append(out, fmt.Sprintf("pid %d (%s)", o.pid, o.comm))
+		}
+		seen[o.pid] = true
 	}
 	if more > 0 {
 		out = append(out, fmt.Sprintf("%d more", more))
 	}
-	return out
+	return strings.Join(out, ", ")
 }
 
 // copyUnmounted copies the file of a volume quiesce found no mount of to
@@ -326,7 +519,7 @@ func (e *Engine) copyUnmounted(ctx context.Context, o *op, snap *Snapshot, q *qu
 		if err != nil {
 			return "", failed("loop", err, "reading %s", d.Path)
 		}
-		h, err := holdersOf(d, bd)
+		h, err := holdersOf(d, bd, file)
 		if err != nil {
 			return "", failed("loop", err, "looking for the users of %s", d.Path)
 		}

@@ -1,21 +1,17 @@
 package engine
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/filecopy"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
-	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"golang.org/x/sys/unix"
 )
@@ -84,18 +80,11 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 		return nil, refusedLVM(s)
 	}
 	start := time.Now()
-	l, err := e.lockVolume(s.UUID)
+	l, rec, err := e.lockPrepared(s, "restore")
 	if err != nil {
 		return nil, err
 	}
 	defer l.Unlock()
-	rec, err := e.State.Load(s.UUID)
-	if err != nil {
-		return nil, failed("state", err, "reading the record of volume %s", s.Name)
-	}
-	if rec == nil || rec.Phase != nodestate.PhasePrepared {
-		return nil, refused("not_prepared", "volume %s (%s) is not prepared on this node: nothing to restore", s.Name, s.UUID)
-	}
 	if same, why := s.SameVolume(rec.Spec); !same {
 		return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
 	}
@@ -155,24 +144,19 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	} else {
 		f.Close()
 	}
-	devs, err := loopdev.Find(file)
+	devs, err := refuseRestoreInUse(s, file)
 	if err != nil {
-		return nil, failed("loop", err, "looking for the loop device of %s", file)
-	}
-	for _, d := range devs {
-		if err := e.refuseRestoreInUse(s, d.Name, file); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	rr := &restoreRecord{Version: 1, Snapshot: name, VolumeUUID: s.UUID, Phase: restoreCopying, StartedAt: start.UTC()}
 	if len(devs) > 0 {
 		rr.Device = devs[0].Name
 	}
-	if err := e.restoreRoom(s, name, img, temp); err != nil {
+	if err := e.imageRoom(fmt.Sprintf("restoring %s to snapshot %s", s.Name, name), "restore_copy", img, temp); err != nil {
 		return nil, err
 	}
 	os.Remove(temp)
-	if err := writeRestore(recPath, rr); err != nil {
+	if err := writeRecord(recPath, rr); err != nil {
 		return nil, failed("state", err, "recording the restore of %s", s.Name)
 	}
 	o.step("restore-recorded", "snapshot", name)
@@ -188,7 +172,7 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	}
 	o.step("restore-copied", "snapshot", name, "method", string(method))
 	rr.Phase, rr.Method = restoreSwapping, method
-	if err := writeRestore(recPath, rr); err != nil {
+	if err := writeRecord(recPath, rr); err != nil {
 		_ = e.dropRestore(s.UUID)
 		return nil, failed("state", err, "recording the restore of %s", s.Name)
 	}
@@ -237,16 +221,11 @@ func (e *Engine) finishRestore(ctx context.Context, o *op, rr *restoreRecord, ou
 	res := baseResult(s)
 	res.BackingFile = file
 	if _, err := os.Lstat(temp); err == nil {
-		devs, err := loopdev.Find(file)
-		if err != nil {
-			return nil, failed("loop", err, "looking for the loop device of %s", file)
-		}
 		// Checked again right before the detach: a rerun may come long
 		// after the run that checked first.
-		for _, d := range devs {
-			if err := e.refuseRestoreInUse(s, d.Name, file); err != nil {
-				return nil, err
-			}
+		devs, err := refuseRestoreInUse(s, file)
+		if err != nil {
+			return nil, err
 		}
 		for _, d := range devs {
 			if s.Mode == spec.ModeBlock {
@@ -327,203 +306,77 @@ func (e *Engine) dropRestore(u string) error {
 	return nil
 }
 
-// restoreRoom refuses a copy the node has no room for. The restored file
-// takes the place of the volume's, whose size is committed already: only
-// the copy's data must fit the free space (a reflink takes none at first).
-func (e *Engine) restoreRoom(s *spec.Spec, name, img, temp string) error {
-	g, err := e.State.Lock("global")
+// refuseRestoreInUse finds the loop devices of the volume's file and
+// refuses the restore while anything uses one of them (or a partition of
+// it) or the file: a mount in any mount namespace, a stacked device, a
+// process holding it open, swap. A detach of a device still open would
+// only be deferred by the kernel, and a mounted filesystem would go on
+// writing its cached view of the old data over the restored one.
+func refuseRestoreInUse(s *spec.Spec, file string) ([]loopdev.Device, error) {
+	devs, err := loopdev.Find(file)
 	if err != nil {
-		return failed("lock", err, "locking the node's state")
+		return nil, failed("loop", err, "looking for the loop device of %s", file)
 	}
-	defer g.Unlock()
-	data, err := filecopy.Allocated(img)
-	if err != nil {
-		return failed("restore_copy", err, "reading %s", img)
-	}
-	return e.checkCopyRoom(fmt.Sprintf("restoring %s to snapshot %s", s.Name, name), 0, data, filecopy.CanReflink(img, temp+".probe"))
-}
-
-// refuseRestoreInUse refuses the restore while anything uses the loop
-// device name (or a partition of it) or the volume's file: a mount in any
-// mount namespace, a stacked device, a process holding it open, swap. A
-// detach of a device still open would only be deferred by the kernel, and
-// a mounted filesystem would go on writing its cached view of the old
-// data over the restored one.
-func (e *Engine) refuseRestoreInUse(s *spec.Spec, name, file string) error {
-	why, err := whoUses(name, file)
-	if err != nil {
-		return failed("usage", err, "checking whether /dev/%s is in use", name)
-	}
-	if len(why) == 0 {
-		if err := blockdev.CheckExclusive("/dev/" + name); err != nil {
-			why = append(why, err.Error())
+	for _, d := range devs {
+		why, err := whoUses(d, file)
+		if err != nil {
+			return nil, failed("usage", err, "checking whether %s is in use", d.Path)
+		}
+		if len(why) > 10 {
+			why = append(why[:10], fmt.Sprintf("and %d more", len(why)-10))
+		}
+		if len(why) > 0 {
+			return nil, refused("in_use", "volume %s: %s is in use: %s: unmount it and stop what holds it, then restore again; nothing was changed", s.Name, d.Path, strings.Join(why, "; "))
 		}
 	}
-	if len(why) > 10 {
-		why = append(why[:10], fmt.Sprintf("and %d more", len(why)-10))
-	}
-	if len(why) > 0 {
-		return refused("in_use", "volume %s: /dev/%s is in use: %s: unmount it and stop what holds it, then restore again; nothing was changed", s.Name, name, strings.Join(why, "; "))
-	}
-	return nil
+	return devs, nil
 }
 
-// whoUses names what uses the loop device name, its partitions or the
-// file behind it, reading every process's mount table (one per mount
-// namespace) and open files through /proc.
-func whoUses(name, file string) ([]string, error) {
-	u, err := blockdev.UsageOf(name)
+// whoUses names what uses the loop device d, its partitions or the file
+// behind it (usersOf, with the mounts of every mount namespace), each
+// mount with the namespace's lowest process.
+func whoUses(d loopdev.Device, file string) ([]string, error) {
+	dev, err := blockdev.Stat(d.Path)
+	if err != nil {
+		return nil, err
+	}
+	u, err := usersOf(d, dev, file, true)
 	if err != nil {
 		return nil, err
 	}
 	var why []string
-	for _, m := range u.Mountpoints {
+	for _, m := range u.usage.Mountpoints {
 		if strings.HasSuffix(m, "[SWAP]") {
 			why = append(why, "used as swap")
 		}
 	}
-	if len(u.Holders) > 0 {
-		why = append(why, "held by "+strings.Join(u.Holders, ", ")+" (sysfs holders)")
+	if len(u.usage.Holders) > 0 {
+		why = append(why, "held by "+strings.Join(u.usage.Holders, ", ")+" (sysfs holders)")
 	}
-	if len(u.LoopBacked) > 0 {
-		why = append(why, "the backing file of "+strings.Join(u.LoopBacked, ", "))
+	if len(u.usage.LoopBacked) > 0 {
+		why = append(why, "the backing file of "+strings.Join(u.usage.LoopBacked, ", "))
 	}
-	devs := map[blockdev.Dev]string{}
-	for _, n := range append([]string{name}, partitionsOf(name)...) {
-		if d, err := blockdev.DevOf(n); err == nil {
-			devs[d] = n
-		}
+	for _, m := range u.mounts {
+		why = append(why, fmt.Sprintf("/dev/%s mounted on %s (in the mount namespace of pid %d, %s)", m.name, m.mountpoint, m.pid, procComm(m.pid)))
 	}
-	var fst unix.Stat_t
-	if err := unix.Stat(file, &fst); err != nil {
-		return nil, err
+	for _, o := range u.opens {
+		why = append(why, fmt.Sprintf("%s open by pid %d (%s)", o.what, o.pid, o.comm))
 	}
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	self := os.Getpid()
-	seenNS := map[string]bool{}
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		dir := filepath.Join("/proc", p.Name())
-		if ns, err := os.Readlink(filepath.Join(dir, "ns", "mnt")); err == nil && !seenNS[ns] {
-			seenNS[ns] = true
-			for _, m := range mountsOfDevs(filepath.Join(dir, "mountinfo"), devs) {
-				why = append(why, fmt.Sprintf("/dev/%s mounted on %s (in the mount namespace of pid %d, %s)", m[0], m[1], pid, procComm(dir)))
-			}
-		}
-		if pid == self {
-			continue
-		}
-		fds, err := os.ReadDir(filepath.Join(dir, "fd"))
-		if err != nil {
-			continue // gone, or a kernel thread
-		}
-		for _, fd := range fds {
-			var st unix.Stat_t
-			if unix.Stat(filepath.Join(dir, "fd", fd.Name()), &st) != nil {
-				continue
-			}
-			switch {
-			case st.Mode&unix.S_IFMT == unix.S_IFBLK:
-				if n, ok := devs[blockdev.Dev{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}]; ok {
-					why = append(why, fmt.Sprintf("/dev/%s open by pid %d (%s)", n, pid, procComm(dir)))
-				}
-			case st.Dev == fst.Dev && st.Ino == fst.Ino:
-				why = append(why, fmt.Sprintf("its file %s open by pid %d (%s)", file, pid, procComm(dir)))
-			}
-		}
+	if len(why) == 0 && u.claim != nil {
+		why = append(why, u.claim.Error())
 	}
 	return why, nil
 }
 
-func partitionsOf(name string) []string {
-	kids, _ := blockdev.Children(name)
-	return kids
-}
-
-// mountsOfDevs returns [device name, mountpoint] for each mount in the
-// mountinfo file p of a device in devs.
-func mountsOfDevs(p string, devs map[blockdev.Dev]string) [][2]string {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out [][2]string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fl := strings.Fields(sc.Text())
-		if len(fl) < 5 {
-			continue
-		}
-		var d blockdev.Dev
-		if _, err := fmt.Sscanf(fl[2], "%d:%d", &d.Major, &d.Minor); err != nil {
-			continue
-		}
-		if n, ok := devs[d]; ok {
-			out = append(out, [2]string{n, unescapeMountField(fl[4])})
-		}
-	}
-	return out
-}
-
-// unescapeMountField undoes mountinfo's octal escapes (a space is \040).
-func unescapeMountField(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func procComm(dir string) string {
-	b, err := os.ReadFile(filepath.Join(dir, "comm"))
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
-}
-
 func readRestore(p string) (*restoreRecord, error) {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, err
-	}
 	var r restoreRecord
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
-	}
-	if r.Version > 1 {
-		return nil, fmt.Errorf("%s: record version %d is newer than this salt-volume-exec reads (1)", p, r.Version)
+	if err := readRecord(p, &r); err != nil {
+		return nil, err
 	}
 	if !validSnapshotName(r.Snapshot) || !strings.HasPrefix(filepath.Base(p), r.VolumeUUID) {
 		return nil, fmt.Errorf("%s: names snapshot %q of %s", p, r.Snapshot, r.VolumeUUID)
 	}
 	return &r, nil
-}
-
-func writeRestore(p string, r *restoreRecord) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	return nodestate.WriteFileAtomic(p, append(b, '\n'), 0o600)
 }
 
 func syncDirOf(dir string) error {

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/internal/failpoint"
-	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // stallMargin: what a writer may wait past the freeze limit (the
@@ -138,6 +137,18 @@ func fill(t *testing.T, mp string, n int64) {
 	require.NoError(t, f.Sync())
 }
 
+// mountedFilled prepares a sparse volume on n, mounts it (thawed before
+// it is unmounted, whatever a failing test left) and fills it with data
+// bytes: its UUID, spec and mountpoint.
+func mountedFilled(t *testing.T, n *node, name, size string, data int64) (string, map[string]any, string) {
+	t.Helper()
+	u, spec, r := n.prepareSparse(name, size, nil)
+	mp := mount(t, r.str("persistentPath"))
+	thawOnCleanup(t, mp)
+	fill(t, mp, data)
+	return u, spec, mp
+}
+
 // noTrace checks that a snapshot left nothing: no image, partial copy,
 // record or freeze record.
 func noTrace(t *testing.T, n *node, u, name string) {
@@ -199,16 +210,9 @@ func writeBlocks(mp string, d time.Duration) (bool, <-chan error) {
 // refuses before freezing; killed while frozen, the run's watchdog thaws
 // at once, and the next run converges.
 func TestSnapshotFreezeBounded(t *testing.T) {
-	if _, err := exec.LookPath("fsfreeze"); err != nil {
-		t.Skip("needs fsfreeze (util-linux)")
-	}
+	needTools(t, "util-linux", "fsfreeze")
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("freeze-big", u, "1200Mi", nil)
-	r := n.ok("prepare", spec)
-	mp := mount(t, r.str("persistentPath"))
-	thawOnCleanup(t, mp)
-	fill(t, mp, 1<<30)
+	u, spec, mp := mountedFilled(t, n, "freeze-big", "1200Mi", 1<<30)
 	const limit = 2 * time.Second
 
 	t.Run("within the limit, or refused before freezing", func(t *testing.T) {
@@ -300,16 +304,9 @@ func TestSnapshotFreezeBounded(t *testing.T) {
 // process group is killed; a freeze whose run and watchdog both died is
 // reported and thawed by the next run.
 func TestSnapshotFreezeEnds(t *testing.T) {
-	if _, err := exec.LookPath("fsfreeze"); err != nil {
-		t.Skip("needs fsfreeze (util-linux)")
-	}
+	needTools(t, "util-linux", "fsfreeze")
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("freeze-small", u, "64Mi", nil)
-	r := n.ok("prepare", spec)
-	mp := mount(t, r.str("persistentPath"))
-	thawOnCleanup(t, mp)
-	fill(t, mp, 8<<20)
+	u, spec, mp := mountedFilled(t, n, "freeze-small", "64Mi", 8<<20)
 	freezeRecord := filepath.Join(n.dir, "snapshots", u, "s.freeze")
 	stall := func(d time.Duration) string { return "SALT_VOLUMES_TEST_FREEZE_STALL=" + d.String() }
 
@@ -438,23 +435,10 @@ func TestSnapshotFreezeEnds(t *testing.T) {
 // Where the state dir shares extents (xfs with reflink), a mounted
 // volume is frozen for the reflink alone: no copy first, a short freeze.
 func TestSnapshotFreezeReflinkOnly(t *testing.T) {
-	needLoop(t)
-	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
-		return exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).Run()
-	})
-	mnt := t.TempDir()
-	require.NoError(t, syscall.Mount(d.Path, mnt, "xfs", 0, ""))
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
-	n := &node{t: t, dir: filepath.Join(mnt, "state")}
-	t.Cleanup(n.cleanup)
-	u := n.newUUID()
-	spec := sparseSpec("freeze-xfs", u, "128Mi", nil)
-	r := n.ok("prepare", spec)
-	mp := mount(t, r.str("persistentPath"))
-	thawOnCleanup(t, mp)
-	fill(t, mp, 64<<20)
+	n := reflinkNode(t)
+	_, spec, mp := mountedFilled(t, n, "freeze-xfs", "128Mi", 64<<20)
 	w := startWriter(t, mp)
-	r = n.ok("snapshot", spec, "--name", "s", "--freeze-limit", "1s")
+	r := n.ok("snapshot", spec, "--name", "s", "--freeze-limit", "1s")
 	stall := w.finish()
 	assert.Equal(t, "reflink", r.str("method"))
 	assert.Equal(t, true, r.Out["frozen"])

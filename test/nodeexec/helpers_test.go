@@ -44,6 +44,30 @@ func needLoop(t *testing.T) {
 	}
 }
 
+// needTools skips a test that needs tools not installed here, saying
+// which and what package provides them.
+func needTools(t *testing.T, pkg string, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (%s)", tool, pkg)
+		}
+	}
+}
+
+func needDebugfs(t *testing.T) {
+	t.Helper()
+	needTools(t, "e2fsprogs", "debugfs")
+}
+
+// debugfsCat reads a file out of an ext4 image without mounting it.
+func debugfsCat(t *testing.T, img, path string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", "cat "+path, img).Output()
+	require.NoError(t, err)
+	return string(out)
+}
+
 // node is one test's node: its own state dir, and cleanup of everything the
 // test attached or linked, even when it fails.
 type node struct {
@@ -61,12 +85,45 @@ func newNode(t *testing.T) *node {
 	return n
 }
 
+// nodeOnOwnFS is a node whose state dir is on a 320 MiB filesystem of
+// its own, made by the command mkfs (given the image) and mounted as
+// fstype at the directory it returns.
+func nodeOnOwnFS(t *testing.T, fstype string, mkfs ...string) (*node, string) {
+	t.Helper()
+	needLoop(t)
+	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
+		return exec.Command(mkfs[0], append(mkfs[1:], img)...).Run()
+	})
+	mnt := t.TempDir()
+	require.NoError(t, unix.Mount(d.Path, mnt, fstype, 0, ""))
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	n := &node{t: t, dir: filepath.Join(mnt, "state")}
+	t.Cleanup(n.cleanup)
+	return n, mnt
+}
+
+// reflinkNode is a node whose state dir is on xfs with reflink.
+func reflinkNode(t *testing.T) *node {
+	t.Helper()
+	n, _ := nodeOnOwnFS(t, "xfs", "mkfs.xfs", "-q", "-m", "reflink=1")
+	return n
+}
+
 func (n *node) cleanup() { testenv.Cleanup(n.dir, n.uuids, n.t.Logf) }
 
 func (n *node) newUUID() string {
 	u := uuid.NewString()
 	n.uuids = append(n.uuids, u)
 	return u
+}
+
+// prepareSparse prepares a new sparse volume of size (extra: more of its
+// spec) and returns its UUID, its spec and what prepare answered.
+func (n *node) prepareSparse(name, size string, extra map[string]any) (string, map[string]any, run) {
+	n.t.Helper()
+	u := n.newUUID()
+	spec := sparseSpec(name, u, size, extra)
+	return u, spec, n.ok("prepare", spec)
 }
 
 // run is one invocation of the binary.

@@ -17,19 +17,24 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 )
 
-func needDebugfs(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("debugfs"); err != nil {
-		t.Skip("needs debugfs (e2fsprogs)")
-	}
-}
-
 // writeHello mounts the volume, writes content into /hello and unmounts it.
 func writeHello(t *testing.T, link, content string) {
 	t.Helper()
 	mp := mount(t, link)
 	require.NoError(t, os.WriteFile(filepath.Join(mp, "hello"), []byte(content), 0o600))
 	umount(t, mp)
+}
+
+// snapshotBetween prepares a sparse volume of size whose /hello says
+// "before" in snapshot s1 and "after" on the volume: its UUID, spec and
+// prepare's answer.
+func snapshotBetween(t *testing.T, n *node, name, size string) (string, map[string]any, run) {
+	t.Helper()
+	u, spec, r := n.prepareSparse(name, size, nil)
+	writeHello(t, r.str("persistentPath"), "before\n")
+	n.ok("snapshot", spec, "--name", "s1")
+	writeHello(t, r.str("persistentPath"), "after\n")
+	return u, spec, r
 }
 
 // noRestoreLeft checks that no restore record or copy is left beside the
@@ -46,9 +51,7 @@ func noRestoreLeft(t *testing.T, n *node, u, when string) {
 func TestSnapshotRestoreSparse(t *testing.T) {
 	needDebugfs(t)
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("restore-1", u, "64Mi", nil)
-	r := n.ok("prepare", spec)
+	u, spec, r := n.prepareSparse("restore-1", "64Mi", nil)
 	dev, link, file := r.str("devicePath"), r.str("persistentPath"), r.str("backingFile")
 	mp := mount(t, link)
 	require.NoError(t, os.WriteFile(filepath.Join(mp, "hello"), []byte("before\n"), 0o600))
@@ -173,13 +176,8 @@ func TestSnapshotRestoreGrownBlock(t *testing.T) {
 func TestSnapshotRestoreKilledAtEveryStepConverges(t *testing.T) {
 	needDebugfs(t)
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("restore-crash", u, "32Mi", nil)
-	r := n.ok("prepare", spec)
+	u, spec, r := snapshotBetween(t, n, "restore-crash", "32Mi")
 	dev, link, file := r.str("devicePath"), r.str("persistentPath"), r.str("backingFile")
-	writeHello(t, link, "before\n")
-	n.ok("snapshot", spec, "--name", "s1")
-	writeHello(t, link, "after\n")
 	all := steps(n.ok("snapshot-restore", spec, "--name", "s1").Stderr)
 	t.Logf("steps: %v", all)
 	require.Contains(t, all, "restore-recorded")
@@ -226,12 +224,8 @@ func writeAt(t *testing.T, path string, off int64, b []byte) {
 func TestSnapshotRestoreMountedElsewhere(t *testing.T) {
 	needDebugfs(t)
 	n := newNode(t)
-	spec := sparseSpec("restore-ns", n.newUUID(), "32Mi", nil)
-	r := n.ok("prepare", spec)
-	dev, link, file := r.str("devicePath"), r.str("persistentPath"), r.str("backingFile")
-	writeHello(t, link, "before\n")
-	n.ok("snapshot", spec, "--name", "s1")
-	writeHello(t, link, "after\n")
+	_, spec, r := snapshotBetween(t, n, "restore-ns", "32Mi")
+	dev, file := r.str("devicePath"), r.str("backingFile")
 	holdOpen(t, mountAndWait, dev, t.TempDir())
 	r = n.do("snapshot-restore", spec, "--name", "s1")
 	assert.Equal(t, 3, r.Code, "%s", r.Stdout)

@@ -3,16 +3,12 @@ package nodeexec
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-
-	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // A snapshot never fills the filesystem the sparse volumes live on: the
@@ -21,16 +17,8 @@ import (
 // leaves nothing behind; a snapshot taken counts in the node's committed
 // bytes.
 func TestSnapshotRoom(t *testing.T) {
-	needLoop(t)
 	// The state dir on a 320 MiB ext4 of its own: no reflink, little room.
-	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
-		return exec.Command("mkfs.ext4", "-q", "-F", img).Run()
-	})
-	mnt := t.TempDir()
-	require.NoError(t, syscall.Mount(d.Path, mnt, "ext4", 0, ""))
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
-	n := &node{t: t, dir: filepath.Join(mnt, "state")}
-	t.Cleanup(n.cleanup)
+	n, mnt := nodeOnOwnFS(t, "ext4", "mkfs.ext4", "-q", "-F")
 	free := func() int64 {
 		var st unix.Statfs_t
 		require.NoError(t, unix.Statfs(mnt, &st))

@@ -10,31 +10,17 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/salt-volumes/salt-volumes/internal/failpoint"
-	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
-
-// debugfsCat reads a file out of an ext4 image without mounting it.
-func debugfsCat(t *testing.T, img, path string) string {
-	t.Helper()
-	out, err := exec.Command("debugfs", "-R", "cat "+path, img).Output()
-	require.NoError(t, err)
-	return string(out)
-}
 
 // Snapshots of sparse volumes: a point-in-time copy, taken with the
 // volume's filesystem frozen while mounted, kept by the node beside the
 // volume; a volume with snapshots is never removed with them unasked.
 func TestSnapshotSparse(t *testing.T) {
-	if _, err := exec.LookPath("debugfs"); err != nil {
-		t.Skip("needs debugfs (e2fsprogs)")
-	}
+	needDebugfs(t)
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("snap-1", u, "64Mi", nil)
-	r := n.ok("prepare", spec)
+	u, spec, r := n.prepareSparse("snap-1", "64Mi", nil)
 	mp := mount(t, r.str("persistentPath"))
 	require.NoError(t, os.WriteFile(filepath.Join(mp, "hello"), []byte("before the snapshot\n"), 0o600))
 
@@ -112,18 +98,8 @@ func TestSnapshotAfterCrashStartsOver(t *testing.T) {
 // On a state dir on xfs with reflink, a snapshot shares the volume's
 // extents: no copy at all.
 func TestSnapshotReflinkOnXFS(t *testing.T) {
-	needLoop(t)
-	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
-		return exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).Run()
-	})
-	mnt := t.TempDir()
-	require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
-	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
-	n := &node{t: t, dir: filepath.Join(mnt, "state")}
-	t.Cleanup(n.cleanup)
-	u := n.newUUID()
-	spec := sparseSpec("snap-xfs", u, "64Mi", map[string]any{"mode": "Block"})
-	n.ok("prepare", spec)
+	n := reflinkNode(t)
+	_, spec, _ := n.prepareSparse("snap-xfs", "64Mi", map[string]any{"mode": "Block"})
 	r := n.ok("snapshot", spec, "--name", "s1")
 	assert.Equal(t, "reflink", r.str("method"))
 	assert.Equal(t, false, r.Out["frozen"], "a Block volume has no filesystem of ours to freeze")

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
-	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // Snapshots that would be torn copies (#49 item 3): a filesystem mounted
@@ -29,11 +27,7 @@ import (
 // the test ends, after the cleanups registered later (its mounts' own).
 func mountNamespace(t *testing.T) int {
 	t.Helper()
-	for _, tool := range []string{"unshare", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (util-linux)", tool)
-		}
-	}
+	needTools(t, "util-linux", "unshare", "nsenter")
 	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sleep", "600")
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -68,15 +62,10 @@ func nsenter(pid int, args ...string) ([]byte, error) {
 // filesystem through it (data written but not synced is in the image),
 // and thaws it.
 func TestSnapshotFreezesMountInAnotherNamespace(t *testing.T) {
-	for _, tool := range []string{"debugfs", "fsfreeze"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (e2fsprogs, util-linux)", tool)
-		}
-	}
+	needDebugfs(t)
+	needTools(t, "util-linux", "fsfreeze")
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("ns-mounted", u, "64Mi", nil)
-	r := n.ok("prepare", spec)
+	_, spec, r := n.prepareSparse("ns-mounted", "64Mi", nil)
 	dev := r.str("devicePath")
 	pid := mountNamespace(t)
 	mp := t.TempDir()
@@ -145,6 +134,16 @@ func noReflink(t *testing.T) {
 	}
 }
 
+// heldBlockVolume prepares a sparse Block volume of 64 MiB on n and holds
+// its partition open (holdDevice): its UUID, spec, partition and holder.
+func heldBlockVolume(t *testing.T, n *node, name string) (string, map[string]any, string, *os.File) {
+	t.Helper()
+	u, spec, r := n.prepareSparse(name, "64Mi", map[string]any{"mode": "Block"})
+	part, err := filepath.EvalSymlinks(r.str("persistentPath"))
+	require.NoError(t, err)
+	return u, spec, part, holdDevice(t, part)
+}
+
 // holdDevice opens a device read-write as a database on a raw device would,
 // and writes to it.
 func holdDevice(t *testing.T, dev string) *os.File {
@@ -166,14 +165,9 @@ func TestSnapshotBlockInUse(t *testing.T) {
 	t.Run("without reflink: refused, then taken once closed", func(t *testing.T) {
 		noReflink(t)
 		n := newNode(t)
-		u := n.newUUID()
-		spec := sparseSpec("blk-held", u, "64Mi", map[string]any{"mode": "Block"})
-		r := n.ok("prepare", spec)
-		part, err := filepath.EvalSymlinks(r.str("persistentPath"))
-		require.NoError(t, err)
-		f := holdDevice(t, part)
+		u, spec, part, f := heldBlockVolume(t, n, "blk-held")
 
-		r = n.do("snapshot", spec, "--name", "s1")
+		r := n.do("snapshot", spec, "--name", "s1")
 		assert.Equal(t, 3, r.Code, r.Stdout)
 		assert.Equal(t, "in_use_not_atomic", r.errCode())
 		for _, want := range []string{"pid " + strconv.Itoa(os.Getpid()), "torn", "Refused before anything was copied", "Stop its user", "xfs with reflink, btrfs", "LVM volume"} {
@@ -204,22 +198,9 @@ func TestSnapshotBlockInUse(t *testing.T) {
 	})
 
 	t.Run("with reflink: taken by reflink while held", func(t *testing.T) {
-		needLoop(t)
-		d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
-			return exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).Run()
-		})
-		mnt := t.TempDir()
-		require.NoError(t, syscall.Mount(d.Path, mnt, "xfs", 0, ""))
-		t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
-		n := &node{t: t, dir: filepath.Join(mnt, "state")}
-		t.Cleanup(n.cleanup)
-		u := n.newUUID()
-		spec := sparseSpec("blk-held-xfs", u, "64Mi", map[string]any{"mode": "Block"})
-		r := n.ok("prepare", spec)
-		part, err := filepath.EvalSymlinks(r.str("persistentPath"))
-		require.NoError(t, err)
-		f := holdDevice(t, part)
-		r = n.ok("snapshot", spec, "--name", "s1")
+		n := reflinkNode(t)
+		_, spec, _, f := heldBlockVolume(t, n, "blk-held-xfs")
+		r := n.ok("snapshot", spec, "--name", "s1")
 		assert.Equal(t, "reflink", r.str("method"))
 		assert.Contains(t, r.Stderr, "pid "+strconv.Itoa(os.Getpid()), "the step log says who held it")
 		require.NoError(t, f.Close())
@@ -234,9 +215,8 @@ func TestSnapshotBlockInUse(t *testing.T) {
 func TestSnapshotLazilyUnmountedInUse(t *testing.T) {
 	noReflink(t)
 	n := newNode(t)
-	u := n.newUUID()
-	spec := sparseSpec("lazy-unmounted", u, "64Mi", nil)
-	dev := n.ok("prepare", spec).str("devicePath")
+	u, spec, r := n.prepareSparse("lazy-unmounted", "64Mi", nil)
+	dev := r.str("devicePath")
 	mp := mount(t, dev)
 	f, err := os.Create(filepath.Join(mp, "open"))
 	require.NoError(t, err)
@@ -244,7 +224,7 @@ func TestSnapshotLazilyUnmountedInUse(t *testing.T) {
 	out, err := exec.Command("umount", "-l", mp).CombinedOutput()
 	require.NoError(t, err, "umount -l: %s", out)
 
-	r := n.do("snapshot", spec, "--name", "s1")
+	r = n.do("snapshot", spec, "--name", "s1")
 	assert.Equal(t, 3, r.Code, r.Stdout)
 	assert.Equal(t, "in_use_not_atomic", r.errCode())
 	assert.Contains(t, r.errMsg(), "unmounted lazily")
@@ -261,5 +241,39 @@ func TestSnapshotLazilyUnmountedInUse(t *testing.T) {
 	r = n.ok("snapshot", spec, "--name", "s1")
 	assert.Equal(t, false, r.Out["frozen"])
 	n.ok("snapshot-delete", spec, "--name", "s1")
+	n.ok("unprepare", spec)
+}
+
+// A volume whose file somebody holds open may be written through it: on
+// a state dir without reflink its snapshot is refused, as its restore is,
+// both naming the process; once the file is closed both go ahead.
+func TestSnapshotFileHeldOpen(t *testing.T) {
+	noReflink(t)
+	n := newNode(t)
+	_, spec, r := n.prepareSparse("file-held", "32Mi", map[string]any{"mode": "Block"})
+	file := r.str("backingFile")
+	n.ok("snapshot", spec, "--name", "s1")
+	f, err := os.OpenFile(file, os.O_RDWR, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	pid := "pid " + strconv.Itoa(os.Getpid())
+
+	r = n.do("snapshot", spec, "--name", "s2")
+	assert.Equal(t, 3, r.Code, r.Stdout)
+	assert.Equal(t, "in_use_not_atomic", r.errCode())
+	assert.Contains(t, r.errMsg(), "its file "+file+", open by "+pid)
+	t.Logf("snapshot refused: %s", r.errMsg())
+	r = n.do("snapshot-restore", spec, "--name", "s1")
+	assert.Equal(t, 3, r.Code, r.Stdout)
+	assert.Equal(t, "in_use", r.errCode())
+	assert.Contains(t, r.errMsg(), "its file "+file+" open by "+pid)
+	t.Logf("restore refused: %s", r.errMsg())
+
+	require.NoError(t, f.Close())
+	n.ok("snapshot", spec, "--name", "s2")
+	n.ok("snapshot-restore", spec, "--name", "s1")
+	for _, s := range []string{"s1", "s2"} {
+		n.ok("snapshot-delete", spec, "--name", s)
+	}
 	n.ok("unprepare", spec)
 }
