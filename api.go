@@ -227,4 +227,25 @@ type Snapshot struct {
 	For       string    `json:"for,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
+	// Restore is the last restore of the volume from this snapshot
+	// (POST /api/v1/snapshots/NAME/restore); nil: never restored.
+	Restore *SnapshotRestore `json:"restore,omitempty"`
+}
+
+// SnapshotRestore is a volume put back to a snapshot in place: who asked,
+// when, and how it ended. Phase: Restoring (its job runs), Restored or
+// Failed (Message says why; the volume was left as it was).
+type SnapshotRestore struct {
+	Phase       string     `json:"phase"`
+	RequestedBy string     `json:"requestedBy,omitempty"`
+	RequestedAt time.Time  `json:"requestedAt"`
+	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
+	JobID       string     `json:"jobId,omitempty"`
+	Message     string     `json:"message,omitempty"`
+	// Method, SameDevice, Took and Warnings are the node's answer: how
+	// the image was copied, whether the volume kept its loop device.
+	Method     string   `json:"method,omitempty"`
+	SameDevice bool     `json:"sameDevice,omitempty"`
+	Took       string   `json:"took,omitempty"`
+	Warnings   []string `json:"warnings,omitempty"`
 }

@@ -77,6 +77,11 @@ type Capacity struct {
 	// copy-on-write space or thin pool (80 % and up), or lost to it, one
 	// line each naming the snapshot and what to do.
 	SnapshotWarnings []string `json:"snapshotWarnings,omitempty"`
+	// StaleFreezes: mounted sparse volumes' filesystems that a snapshot
+	// run and its freeze watchdog both ended with frozen, not known
+	// thawed since (writes there may wait): each also has a line in
+	// SnapshotWarnings naming what to do.
+	StaleFreezes int `json:"staleFreezes,omitempty"`
 	// ThinPools: the LVM thin pools holding volumes, snapshots or clones
 	// of ours, and how full their data and metadata are.
 	ThinPools []ThinPool `json:"thinPools,omitempty"`

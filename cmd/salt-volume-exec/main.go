@@ -35,7 +35,10 @@ const usage = `usage:
                    (a sparse volume's point-in-time copy: reflink, else a sparse copy; a
                    mounted filesystem is never frozen longer than --freeze-limit, and a
                    copy that would need longer is refused before anything is frozen)
-  salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME
+  salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME [--thaw-stale]
+                   (--thaw-stale: first thaw a stale freeze an earlier snapshot of the
+                   volume left, which no run thaws on its own once its limit is long
+                   past: only if nobody else froze that filesystem since)
   salt-volume-exec [--state-dir DIR] snapshot-restore --spec FILE|- --name NAME
                    (a sparse volume put back to its snapshot NAME in place, only while
                    nothing uses it; same UUID, loop device and persistent path; the
@@ -90,6 +93,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	wipe := sub.Bool("wipe", false, "unprepare: erase this volume's signatures on a raw device")
 	snapName := sub.String("name", "", "snapshot, snapshot-delete, snapshot-restore: the snapshot's name")
 	snapSize := sub.String("size", "", "snapshot: a thick LVM snapshot's copy-on-write space (default: a quarter of the LV)")
+	thawStale := sub.Bool("thaw-stale", false, "snapshot-delete: first thaw a stale freeze an earlier snapshot run of the volume left, however old (only if nobody else froze that filesystem since)")
 	freezeLimit := sub.String("freeze-limit", "", "snapshot: the longest a mounted sparse volume's filesystem may be frozen (default 10s)")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
 	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
@@ -173,7 +177,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				}
 			}
 			out, err = e.TakeSnapshot(ctx, s, *snapName, opts)
-		} else if err = e.DeleteSnapshot(ctx, s, *snapName); err == nil {
+		} else if err = e.DeleteSnapshotThawing(ctx, s, *snapName, *thawStale); err == nil {
 			out = map[string]any{"deleted": *snapName, "volumeUUID": s.UUID}
 		}
 	case "snapshots":

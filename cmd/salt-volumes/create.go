@@ -5,12 +5,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/client"
 )
 
 // create asks for a new volume, and with --wait follows it to Available.
@@ -38,6 +41,7 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		return err
 	}
 	var source map[string]any
+	var helper string // the snapshot taken for this clone alone, if any
 	if *from != "" {
 		// Resolved here: the volume spec names the snapshot by its
 		// volume's uuid and its name, on the clone's own node.
@@ -54,7 +58,15 @@ func (c *cli) create(ctx context.Context, in []string) error {
 			// A snapshot for this clone alone, taken now: the control
 			// plane deletes it once the clone is Available (or after an
 			// hour, if this command never gets to create the clone).
-			helper := cloneHelperName(pos[0])
+			// A name taken already would leave the helper snapshot
+			// behind: its clone could never be made.
+			var ce *client.Error
+			if _, err := cl.Get(ctx, pos[0]); err == nil {
+				return failf(exitUsage, "create: volume %s exists: pick another name for the clone (nothing was taken)", pos[0])
+			} else if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
+				return err
+			}
+			helper = cloneHelperName(pos[0])
 			if snap, err = cl.TakeSnapshotFor(ctx, name, helper, pos[0]); err == nil {
 				snap, err = c.waitSnapshot(ctx, cl, snap.Name, false, *timeout)
 			}
@@ -157,6 +169,11 @@ func (c *cli) create(ctx context.Context, in []string) error {
 	}
 	v, err := cl.Create(ctx, sp)
 	if err != nil {
+		if helper != "" {
+			// Its clone was refused: the snapshot taken for it alone
+			// goes too (the control plane would keep it an hour).
+			_, _ = cl.DeleteSnapshot(ctx, helper)
+		}
 		return err
 	}
 	if !*wait {

@@ -55,6 +55,7 @@ salt-volumes login keeps):
   salt-volumes wait NAME --for Available|Deleted [--timeout D]
   salt-volumes snapshot create VOLUME NAME [--wait] | snapshot ls [VOLUME] | snapshot get NAME
   salt-volumes snapshot rm NAME [--wait]   snapshots of sparse volumes, kept on their nodes
+  salt-volumes snapshot restore NAME [--wait] [--timeout D]   put its volume back to it in place (unmounted; operator)
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
   salt-volumes node forget NODE [--yes]   a node gone for good: forget its volumes (listed, confirmed), touching no disk

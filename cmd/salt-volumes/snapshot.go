@@ -13,10 +13,11 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
-// snapshotCmd: snapshot create VOLUME NAME, ls [VOLUME], get NAME, rm NAME.
+// snapshotCmd: snapshot create VOLUME NAME, ls [VOLUME], get NAME, rm NAME,
+// restore NAME.
 func (c *cli) snapshotCmd(ctx context.Context, in []string) error {
 	if len(in) == 0 {
-		return failf(exitUsage, "snapshot: give a subcommand: snapshot create VOLUME NAME [--wait], snapshot ls [VOLUME], snapshot get NAME, snapshot rm NAME [--wait]")
+		return failf(exitUsage, "snapshot: give a subcommand: snapshot create VOLUME NAME [--wait], snapshot ls [VOLUME], snapshot get NAME, snapshot rm NAME [--wait], snapshot restore NAME [--wait]")
 	}
 	sub := in[0]
 	switch sub {
@@ -88,8 +89,27 @@ func (c *cli) snapshotCmd(ctx context.Context, in []string) error {
 			return nil
 		}
 		return c.showSnapshots([]saltvolumes.Snapshot{s})
+	case "restore":
+		fs := c.flags("snapshot restore")
+		wait := fs.Bool("wait", false, "wait until the volume is restored (or the restore failed)")
+		timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
+		pos, cl, err := c.open(fs, in[1:], 1, "give one snapshot NAME: its volume is put back to it (unmounted, nothing using it)")
+		if err != nil {
+			return err
+		}
+		s, err := cl.RestoreSnapshot(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		if *wait {
+			if s, err = c.waitRestore(ctx, cl, s.Name, *timeout); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.errw, "volume %s restored from snapshot %s on %s\n", s.Volume, s.Name, s.Node)
+		}
+		return c.showSnapshots([]saltvolumes.Snapshot{s})
 	}
-	return failf(exitUsage, "snapshot %s: not a subcommand: create, ls, get or rm", sub)
+	return failf(exitUsage, "snapshot %s: not a subcommand: create, ls, get, rm or restore", sub)
 }
 
 // waitSnapshot polls until the snapshot is Ready (or gone, for a
@@ -111,6 +131,33 @@ func (c *cli) waitSnapshot(ctx context.Context, cl *client.Client, name string, 
 		}
 		if time.Now().After(deadline) {
 			return s, failf(exitTimeout, "snapshot %s: still %s after %s", name, s.Phase, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return s, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// waitRestore polls until the snapshot's restore is Restored; Failed ends
+// it with the node's message (the volume was left as it was).
+func (c *cli) waitRestore(ctx context.Context, cl *client.Client, name string, timeout time.Duration) (saltvolumes.Snapshot, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := cl.Snapshot(ctx, name)
+		switch {
+		case err != nil:
+			return s, err
+		case s.Restore == nil:
+			return s, failf(exitFailed, "snapshot %s: its restore is not recorded (restarted or forgotten?)", name)
+		case s.Restore.Phase == "Failed":
+			return s, failf(exitFailed, "restoring volume %s from snapshot %s failed: %s", s.Volume, name, s.Restore.Message)
+		case s.Restore.Phase == "Restored":
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			return s, failf(exitTimeout, "snapshot %s: the restore of volume %s is still %s after %s", name, s.Volume, s.Restore.Phase, timeout)
 		}
 		select {
 		case <-ctx.Done():
@@ -143,5 +190,25 @@ func (c *cli) showSnapshots(items []saltvolumes.Snapshot) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Volume, s.Node, s.Phase, method, size, used, taken, or(s.Message, ""))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range items {
+		if rs := s.Restore; rs != nil && len(items) == 1 {
+			// One snapshot's last restore, under its row: too long for a
+			// column of the list.
+			line := fmt.Sprintf("last restore of %s: %s, asked by %s %s ago", s.Volume, rs.Phase, or(rs.RequestedBy, "-"), ago(time.Since(rs.RequestedAt), ""))
+			if rs.Phase == "Restored" {
+				line += fmt.Sprintf(" (%s in %s, same loop device: %t)", or(rs.Method, "-"), or(rs.Took, "-"), rs.SameDevice)
+			}
+			if rs.Message != "" {
+				line += ": " + rs.Message
+			}
+			fmt.Fprintln(c.out, line)
+			for _, w := range rs.Warnings {
+				fmt.Fprintln(c.out, "  warning: "+w)
+			}
+		}
+	}
+	return nil
 }

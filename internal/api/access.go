@@ -312,6 +312,9 @@ var kubeRoutes = map[string]struct {
 	"GET /api/v1/snapshots":                 {"list", kubeauth.SnapshotResource, "", false},
 	"GET /api/v1/snapshots/{name}":          {"get", kubeauth.SnapshotResource, "", true},
 	"DELETE /api/v1/snapshots/{name}":       {"delete", kubeauth.SnapshotResource, "", true},
+	// Reading the snapshot here; the handler then asks delete on its
+	// volume, by the volume's name: a restore loses what a deletion does.
+	"POST /api/v1/snapshots/{name}/restore": {"get", kubeauth.SnapshotResource, "", true},
 	"GET /api/v1/watch":                     {"watch", kubeauth.Resource, "", false},
 	"POST /api/v1/watch/ticket":             {"watch", kubeauth.Resource, "", false},
 }

@@ -159,6 +159,11 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/snapshots", view(query(s.listSnapshots, "volume")))
 	mux.Handle("GET /api/v1/snapshots/{name}", view(query(s.getSnapshot)))
 	mux.Handle("DELETE /api/v1/snapshots/{name}", op(query(s.fromLeader(s.deleteSnapshot))))
+	// Operator, as deleting a volume: a restore replaces the volume's
+	// data with the snapshot's, as much a loss as a deletion (what was
+	// written since the snapshot is gone), and nothing an operator cannot
+	// already read or make (snapshot, clone).
+	mux.Handle("POST /api/v1/snapshots/{name}/restore", op(query(s.fromLeader(s.restoreSnapshot))))
 	mux.Handle("GET /api/v1/watch", s.authWatch(query(s.watch, "node", "name", "ticket")))
 	mux.Handle("POST /api/v1/watch/ticket", view(query(s.watchTicket)))
 	mux.Handle("GET /api/v1/nodes", view(query(s.fromLeader(s.nodes))))

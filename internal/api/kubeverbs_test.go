@@ -13,6 +13,8 @@ import (
 
 	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/kubeauth"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
+	"github.com/salt-volumes/salt-volumes/internal/store"
 )
 
 // fakeKube is the API server's side: any token but "refused", "throttled"
@@ -88,6 +90,7 @@ func TestKubernetesAttributesOfEveryRoute(t *testing.T) {
 		{"GET /api/v1/snapshots", "GET", "/api/v1/snapshots", "", attrs{Verb: "list", Resource: snaps}},
 		{"GET /api/v1/snapshots/{name}", "GET", "/api/v1/snapshots/s1", "", attrs{Verb: "get", Resource: snaps, Name: "s1"}},
 		{"DELETE /api/v1/snapshots/{name}", "DELETE", "/api/v1/snapshots/s1", "", attrs{Verb: "delete", Resource: snaps, Name: "s1"}},
+		{"POST /api/v1/snapshots/{name}/restore", "POST", "/api/v1/snapshots/s1/restore", "", attrs{Verb: "get", Resource: snaps, Name: "s1"}},
 		{"GET /api/v1/watch", "GET", "/api/v1/watch", "", attrs{Verb: "watch", Resource: vols}},
 		{"POST /api/v1/watch/ticket", "POST", "/api/v1/watch/ticket", "", attrs{Verb: "watch", Resource: vols}},
 		{"GET /api/v1/nodes", "GET", "/api/v1/nodes", "", attrs{Verb: "list", Resource: vols}},
@@ -129,7 +132,10 @@ func TestKubernetesViewerTakesNoSnapshot(t *testing.T) {
 		return a.Subresource == "" && (a.Resource == vols || a.Resource == snaps) &&
 			(a.Verb == "get" || a.Verb == "list" || a.Verb == "watch")
 	}}
-	ts, _ := newServerWith(t, func(s *Server) { s.Kube = kube })
+	ts, st := newServerWith(t, func(s *Server) {
+		s.Kube = kube
+		s.Snapshots = &snapshots.Service{Records: s.Store.(*store.Bolt)}
+	})
 	code, m := do(t, ts, "POST", "/api/v1/watch/ticket", "viewer", "")
 	assert.Equal(t, http.StatusOK, code, m)
 	code, m = do(t, ts, "GET", "/api/v1/volumes", "viewer", "")
@@ -145,6 +151,16 @@ func TestKubernetesViewerTakesNoSnapshot(t *testing.T) {
 		assert.Equal(t, http.StatusForbidden, code, c.path)
 		assert.Contains(t, errField(m, "message"), c.msg)
 	}
+
+	// A restore asks get on the snapshot, then delete on its volume: it
+	// loses what a deletion loses.
+	require.NoError(t, st.PutRecord(context.Background(), snapshots.Kind, "s1",
+		[]byte(`{"name":"s1","volume":"v1","volumeUUID":"u","node":"node-1","phase":"Ready"}`)))
+	kube.take()
+	code, m = do(t, ts, "POST", "/api/v1/snapshots/s1/restore", "viewer", "")
+	assert.Equal(t, http.StatusForbidden, code, m)
+	assert.Contains(t, errField(m, "message"), "may not delete volumes.salt-volumes.io v1")
+	assert.Equal(t, []attrs{{Verb: "get", Resource: snaps, Name: "s1"}, {Verb: "delete", Resource: vols, Name: "v1"}}, kube.take())
 
 	// A wipe asks admin on the volume once delete is granted.
 	kube.allow = func(a kubeauth.Attributes) bool { return a.Verb == "delete" }

@@ -45,7 +45,7 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 	mw.GaugeVec("salt_volumes_volume_allocated_bytes", "Bytes a sparse volume's file really takes on its node, as the node last reported.", alloc)
 	mw.GaugeVec("salt_volumes_volume_filesystem_used_bytes", "Used bytes of a volume's filesystem while it is mounted on its node, as the node last reported.", used)
 	mw.GaugeVec("salt_volumes_volume_healthy", "1 if the volume is Available, 0 otherwise (Failed, Pending, Terminating).", healthy)
-	var committed, fsSize, free, silent, ratio, snapWarn, poolData, poolMeta []metrics.Sample
+	var committed, fsSize, free, silent, ratio, snapWarn, stale, poolData, poolMeta []metrics.Sample
 	names := g.Names()
 	sort.Strings(names)
 	for _, n := range names {
@@ -64,6 +64,7 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 			free = append(free, metrics.Sample{Labels: l, Value: float64(c.Free)})
 			ratio = append(ratio, metrics.Sample{Labels: l, Value: c.OvercommitRatio})
 			snapWarn = append(snapWarn, metrics.Sample{Labels: l, Value: float64(len(c.SnapshotWarnings))})
+			stale = append(stale, metrics.Sample{Labels: l, Value: float64(c.StaleFreezes)})
 			for _, p := range c.ThinPools {
 				pl := []string{"node", n, "pool", p.Name}
 				poolData = append(poolData, metrics.Sample{Labels: pl, Value: p.DataPercent})
@@ -76,6 +77,7 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 	mw.GaugeVec("salt_volumes_node_free_bytes", "Free bytes of the filesystem holding a node's sparse files.", free)
 	mw.GaugeVec("salt_volumes_node_overcommit_ratio", "The node's overcommit limit: committed may not exceed this times its size.", ratio)
 	mw.GaugeVec("salt_volumes_node_snapshot_warnings", "LVM snapshots on a node whose copy-on-write space (or thin pool) is 80 % full or more, or overflowed, as the node last reported.", snapWarn)
+	mw.GaugeVec("salt_volumes_node_stale_freezes", "Filesystems of a node's volumes that a snapshot froze and no run or watchdog of ours thawed, as the node last reported: writes there wait until someone thaws them (salt-volume-exec snapshot-delete --thaw-stale).", stale)
 	mw.GaugeVec("salt_volumes_node_thin_pool_data_percent", "How full the data of an LVM thin pool holding volumes or snapshots of ours is (0-100), as the node last reported: a full pool stops taking writes.", poolData)
 	mw.GaugeVec("salt_volumes_node_thin_pool_metadata_percent", "How full the metadata of an LVM thin pool holding volumes or snapshots of ours is (0-100), as the node last reported: full metadata stops the pool as full data does.", poolMeta)
 	mw.GaugeVec("salt_volumes_node_silent", "1 if a node's beacon has been silent for more than three heartbeats.", silent)

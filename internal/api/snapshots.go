@@ -233,3 +233,68 @@ func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Sour
 	}
 	return s.escalate(w, r, access.Admin, what+", which no snapshot record of this control plane names (one taken through Salt)")
 }
+
+// restoreSnapshot: POST /api/v1/snapshots/{name}/restore; 202 while the
+// volume's node puts it back to the snapshot (the snapshot's restore says
+// how it went), the running restore's answer when one runs already.
+func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
+	if s.snapshotsOff(w) {
+		return
+	}
+	name := r.PathValue("name")
+	snap, err := s.Snapshots.Get(r.Context(), name)
+	if err != nil {
+		snapshotErr(w, name, err)
+		return
+	}
+	n := noteOf(r.Context())
+	n.volume, n.uuid, n.node = snap.Volume, snap.VolumeUUID, snap.Node
+	if p := access.From(r.Context()); p != nil && p.Kind == "kubernetes" &&
+		!s.kubeAllowed(w, r, p, n, kubeauth.Attributes{Verb: "delete", Resource: kubeauth.Resource, Name: snap.Volume}, false) {
+		return
+	}
+	if !s.inScope(w, r, snap.Node) {
+		return
+	}
+	v, err := s.Store.Get(snap.Volume)
+	if errors.Is(err, store.ErrNotFound) {
+		writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeSnapshot, Field: "volume",
+			Message: fmt.Sprintf("snapshot %s is of volume %s, which is gone: nothing to restore; nothing was changed", name, snap.Volume)})
+		return
+	}
+	if err != nil {
+		storeErr(w, err)
+		return
+	}
+	snap, started, err := s.Snapshots.Restore(r.Context(), v, name, requester(r))
+	if err != nil {
+		snapshotErr(w, name, err)
+		return
+	}
+	if started {
+		s.Log.Info("restore asked for", "snapshot", name, "volume", snap.Volume, "node", snap.Node, "by", requester(r))
+	}
+	w.Header().Set("Location", "/api/v1/snapshots/"+snap.Name)
+	writeJSON(w, http.StatusAccepted, snap)
+}
+
+// beingRestored refuses a change to a volume (409) while it is being
+// restored from one of its snapshots: the node would run both, one after
+// the other, and the second would undo or follow what nobody asked of the
+// first.
+func (s *Server) beingRestored(w http.ResponseWriter, r *http.Request, vol, what string) bool {
+	if s.Snapshots == nil {
+		return false
+	}
+	from, err := s.Snapshots.Restoring(r.Context(), vol)
+	if err != nil {
+		storeErr(w, err)
+		return true
+	}
+	if from == "" {
+		return false
+	}
+	writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeSnapshot, Field: "volume",
+		Message: fmt.Sprintf("volume %q is being restored from snapshot %s: %s once that has finished (salt-volumes snapshot get %s); nothing was changed", vol, from, what, from)})
+	return true
+}

@@ -179,7 +179,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 				s.Log.Info("snapshots of a forgotten volume forgotten", "volume", name, "snapshots", gone)
 			}
 		}
-	case s.heldBySnapshots(w, r, name):
+	case s.beingRestored(w, r, name, "delete it"), s.heldBySnapshots(w, r, name):
 		return
 	default:
 		v, err = s.Requests.Delete(r.Context(), name, wipe)
@@ -218,6 +218,9 @@ func (s *Server) resize(w http.ResponseWriter, r *http.Request) {
 		size = string(*body.Size)
 	}
 	if n := noteOf(r.Context()); n.node != "" && !s.inScope(w, r, n.node) {
+		return
+	}
+	if s.beingRestored(w, r, name, "grow it") {
 		return
 	}
 	v, err := s.Requests.Resize(r.Context(), name, size)

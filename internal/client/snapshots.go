@@ -57,3 +57,12 @@ func (c *Client) DeleteSnapshot(ctx context.Context, name string) (saltvolumes.S
 	err := c.do(ctx, http.MethodDelete, "/api/v1/snapshots/"+url.PathEscape(name), nil, &s)
 	return s, err
 }
+
+// RestoreSnapshot asks for the snapshot's volume to be put back to it in
+// place; asking while that runs answers the running restore. The answer's
+// Restore says how it goes (Restoring, then Restored or Failed).
+func (c *Client) RestoreSnapshot(ctx context.Context, name string) (saltvolumes.Snapshot, error) {
+	var s saltvolumes.Snapshot
+	err := c.do(ctx, http.MethodPost, "/api/v1/snapshots/"+url.PathEscape(name)+"/restore", nil, &s)
+	return s, err
+}

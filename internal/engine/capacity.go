@@ -92,6 +92,9 @@ func (e *Engine) Capacity() (*saltvolumes.Capacity, error) {
 	for _, s := range snaps {
 		c.Snapshots++
 		c.SnapshotBytes += s.Allocated
+		if s.StaleFreeze != "" {
+			c.StaleFreezes++
+		}
 		if s.Warning != "" {
 			c.SnapshotWarnings = append(c.SnapshotWarnings, "snapshot "+s.Name+" of "+s.Volume+": "+s.Warning)
 		}

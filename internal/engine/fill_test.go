@@ -42,6 +42,7 @@ func TestFillWarnings(t *testing.T) {
 		{Name: "t1", Phase: SnapshotTaken, LV: "vg0/svsnap-u-t1", LVUUID: "a"},
 		{Name: "s1", Phase: SnapshotTaken, LV: "vg0/svsnap-u-s1", LVUUID: "b"},
 		{Name: "g1", Phase: SnapshotTaken, LV: "vg0/svsnap-u-g1", LVUUID: "c"},
+		{Name: "m1", Phase: SnapshotTaken, LV: "vg9/svsnap-u-m1", LVUUID: "d"},
 	}
 	fillFrom(snaps, lvs)
 	if snaps[0].MetadataPercent == nil || *snaps[0].MetadataPercent != 88 || !strings.Contains(snaps[0].Warning, "metadata over 80%") || snaps[0].Lost {
@@ -52,6 +53,9 @@ func TestFillWarnings(t *testing.T) {
 	}
 	if !snaps[2].Lost || !strings.Contains(snaps[2].Warning, "is gone") {
 		t.Errorf("snapshot whose LV is gone: %+v", snaps[2])
+	}
+	if snaps[3].Lost || !strings.Contains(snaps[3].Warning, "not visible") {
+		t.Errorf("snapshot in a volume group LVM does not see now: %+v (not lost: it may come back)", snaps[3])
 	}
 	pools := thinPools(lvs)
 	if len(pools) != 1 || pools[0].Name != "vg0/pool" || pools[0].DataPercent != 20 || pools[0].MetadataPercent != 88 {

@@ -279,14 +279,22 @@ func (e *Engine) listLVs(what string) ([]lvm.LV, bool) {
 // snaps from lvs.
 func fillFrom(snaps []*Snapshot, lvs []lvm.LV) {
 	byName := map[string]*lvm.LV{}
+	vgs := map[string]bool{}
 	for i := range lvs {
 		byName[lvs[i].VG+"/"+lvs[i].Name] = &lvs[i]
+		vgs[lvs[i].VG] = true
 	}
 	for _, sn := range snaps {
 		if sn.LV == "" || sn.Phase != SnapshotTaken {
 			continue
 		}
 		lv := byName[sn.LV]
+		if vg, _ := splitLV(sn.LV); lv == nil && !vgs[vg] {
+			// The whole VG is missing (a PV late at boot, a SAN path
+			// down): nothing is known of the snapshot, lost or not.
+			sn.Warning = "its volume group " + vg + " is not visible to LVM now: the snapshot is neither read nor lost until it is"
+			continue
+		}
 		if lv == nil || (sn.LVUUID != "" && lv.UUID != sn.LVUUID) {
 			sn.Warning, sn.Lost = "lost: its logical volume "+sn.LV+" is gone: delete the snapshot", true
 			continue

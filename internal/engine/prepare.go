@@ -193,6 +193,14 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 		if same, why := s.SameVolume(rec.Spec); !same {
 			return nil, refused("conflict", "volume %s is already on this node with a different spec (%s): delete it first, or use a new uuid", s.UUID, why)
 		}
+		// Until it is written, what a volume was begun as decides how it
+		// is finished: a clone's LV skips the fresh-LV check (its every
+		// byte is the snapshot's), so a volume begun as a new one may not
+		// be finished as a clone (its LV may hold an earlier LV's data),
+		// nor a clone as a new one or of another snapshot.
+		if !rec.Formatted() && !sameSource(s.Source, rec.Spec.Source) {
+			return nil, refused("conflict", "volume %s was begun %s and is not prepared yet: source must stay as it was (delete the volume first, or use a new uuid)", s.UUID, describeSource(rec.Spec.Source))
+		}
 		if growing(s, rec) {
 			if err := e.checkGrowth(s, rec, all); err != nil {
 				return nil, err
@@ -441,4 +449,18 @@ func (p *pendingStage) discard() {
 		p.st.Discard()
 		p.st = nil
 	}
+}
+
+func sameSource(a, b *spec.Source) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
+}
+
+func describeSource(src *spec.Source) string {
+	if src == nil {
+		return "as a new volume (no source)"
+	}
+	return fmt.Sprintf("as a clone of snapshot %s of volume %s", src.Snapshot, src.VolumeUUID)
 }

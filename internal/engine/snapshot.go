@@ -143,7 +143,7 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 		return e.takeLVMSnapshot(ctx, rec, name, opts)
 	}
 	o := opFor(e, rec.Spec)
-	if err := e.settleFreeze(o, s.UUID, name); err != nil {
+	if err := e.settleFreezes(o, s.UUID, name, false); err != nil {
 		return nil, err
 	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
@@ -327,6 +327,14 @@ func opFor(e *Engine, s *spec.Spec) *op { return &op{e: e, s: s} }
 // the record (a crash between leaves a record whose image is gone, which
 // the next delete finishes). Deleting a snapshot that is not there is done.
 func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) error {
+	return e.DeleteSnapshotThawing(ctx, s, name, false)
+}
+
+// DeleteSnapshotThawing is DeleteSnapshot; thawStale (an operator's
+// --thaw-stale) first thaws any stale freeze an earlier run of a
+// snapshot of s left, however old, after the device and mount checks
+// (settleFreezes).
+func (e *Engine) DeleteSnapshotThawing(ctx context.Context, s *spec.Spec, name string, thawStale bool) error {
 	if !validSnapshotName(name) {
 		return invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.'", name)
 	}
@@ -335,7 +343,7 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 		return err
 	}
 	defer l.Unlock()
-	if err := e.settleFreeze(opFor(e, s), s.UUID, name); err != nil {
+	if err := e.settleFreezes(opFor(e, s), s.UUID, name, thawStale); err != nil {
 		return err
 	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
@@ -390,6 +398,9 @@ func (e *Engine) snapshotRecords(uuid string) ([]*Snapshot, error) {
 		s, err := readSnapshot(p)
 		if err != nil {
 			return nil, failed("state", err, "reading %s", p)
+		}
+		if s.Phase == SnapshotTaking && s.LV == "" && e.dropAbandonedUnlocked(s.VolumeUUID, s.Name) {
+			continue // a take abandoned, its freeze record gone since
 		}
 		out = append(out, s)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/filecopy"
 	"github.com/salt-volumes/salt-volumes/internal/freeze"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -96,11 +97,25 @@ func (e *Engine) copyFrozen(ctx context.Context, o *op, snap *Snapshot, m *volum
 		return "", refused("state_dir_on_volume", "snapshot %s of %s: the state dir %s is on the volume's own filesystem, which the snapshot would freeze: move the state dir", snap.Name, snap.Volume, e.State.Root)
 	}
 	method, step := filecopy.Sparse, func(ctx context.Context) error {
-		_, err := filecopy.Update(ctx, file, part)
-		return err
+		if _, err := filecopy.Update(ctx, file, part); err != nil {
+			return &stepError{err}
+		}
+		return nil
 	}
 	if filecopy.CanReflink(file, part+".probe") {
-		method, step = filecopy.Reflink, func(context.Context) error { return filecopy.Clone(file, part) }
+		// A reflink's time grows with the file's extents (xfs holds the
+		// file's locks, and writers wait, meanwhile): one made unfrozen
+		// first must fit half the limit, as a pass must.
+		if err := e.trialClone(o, snap, file, part, limit); err != nil {
+			return "", err
+		}
+		method, step = filecopy.Reflink, func(context.Context) error {
+			// No fallback to a copy while frozen; synced after the thaw.
+			if err := cloneUnsynced(file, part); err != nil {
+				return &stepError{err}
+			}
+			return nil
+		}
 	} else if err := e.precopy(ctx, o, snap, file, part, limit); err != nil {
 		return "", err
 	}
@@ -119,12 +134,69 @@ func (e *Engine) copyFrozen(ctx context.Context, o *op, snap *Snapshot, m *volum
 	}
 	snap.Frozen, snap.FrozenFor = true, frozenFor.Round(time.Millisecond).String()
 	o.step("thawed", "mountpoint", mp, "frozenFor", snap.FrozenFor)
-	if method == filecopy.Sparse {
-		if err := filecopy.SyncFile(part); err != nil {
-			return "", failed("snapshot_copy", err, "syncing %s", part)
-		}
+	if err := filecopy.SyncFile(part); err != nil {
+		return "", failed("snapshot_copy", err, "syncing %s", part)
 	}
 	return method, nil
+}
+
+// stepError: the frozen step itself failed (the copy or the reflink),
+// not the freeze.
+type stepError struct{ err error }
+
+func (e *stepError) Error() string { return e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+// trialClone reflinks file to part unfrozen, timed, and removes it: a
+// reflink that takes more than half the limit would not fit it frozen,
+// and the snapshot is refused before anything is frozen.
+func (e *Engine) trialClone(o *op, snap *Snapshot, file, part string, limit time.Duration) error {
+	start := time.Now()
+	err := cloneUnsynced(file, part)
+	took := time.Since(start)
+	os.Remove(part)
+	if err != nil {
+		return failed("snapshot_copy", err, "reflinking %s for snapshot %s (unfrozen trial): nothing frozen", file, snap.Name)
+	}
+	o.step("snapshot-reflink-trial", "snapshot", snap.Name, "took", took.Round(time.Millisecond).String())
+	if failpoint.Enabled {
+		if d, err := time.ParseDuration(os.Getenv("SALT_VOLUMES_TEST_REFLINK_TRIAL")); err == nil {
+			took = d
+		}
+	}
+	if took > limit/2 {
+		data, _ := filecopy.Allocated(file)
+		return refused("freeze_limit", "snapshot %s of %s: a reflink of its %s of data took %s unfrozen, more than half of --freeze-limit %s: it would not fit the limit frozen. Refused before anything was frozen. "+
+			"With an LVM volume a snapshot takes an instant; else unmount the volume (its copy needs no freeze) or raise --freeze-limit",
+			snap.Name, snap.Volume, spec.Approx(data), took.Round(time.Millisecond), limit)
+	}
+	return nil
+}
+
+// cloneUnsynced reflinks file to a new part, not synced (the caller syncs
+// it once the filesystem is thawed); neither is followed if a symlink.
+func cloneUnsynced(file, part string) error {
+	in, err := os.OpenFile(file, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if st, err := in.Stat(); err != nil || !st.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file", file)
+	}
+	out, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	err = unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(part)
+		return fmt.Errorf("reflink %s: %w", file, err)
+	}
+	return nil
 }
 
 // precopy makes part a copy of file unfrozen and brings it up to date
@@ -208,6 +280,8 @@ func freezeFailed(snap *Snapshot, mp string, limit time.Duration, err error) err
 			"a reflink-capable state dir (xfs with reflink, btrfs) or an LVM volume snapshots in an instant", snap.Name, snap.Volume, limit, mp)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return failed("cancelled", err, "snapshot %s of %s: stopped while %s was frozen: thawed, snapshot abandoned", snap.Name, snap.Volume, mp)
+	case errors.As(err, new(*stepError)):
+		return failed("snapshot_copy", err, "snapshot %s of %s: the copy made while %s was frozen failed: thawed, snapshot abandoned", snap.Name, snap.Volume, mp)
 	}
 	return failed("freeze", err, "snapshot %s of %s: the freeze of %s did not hold for the whole copy: snapshot abandoned", snap.Name, snap.Volume, mp)
 }
@@ -229,30 +303,95 @@ func (e *Engine) abandonSnapshot(u, name, part string) {
 	}
 }
 
-// settleFreeze deals with a freeze an earlier run of snapshot name left
-// (freeze.Settle) and reports what it found.
-func (e *Engine) settleFreeze(o *op, u, name string) error {
-	st, err := freeze.Settle(e.freezePath(u, name), staleWait)
+// settleFreezes deals with every freeze an earlier run of a snapshot of
+// volume u left (freeze.Settle; the caller holds the volume's lock), any
+// snapshot's: a bind mount of the same filesystem frozen by a run of
+// another name holds this run's mount frozen too. It reports what it
+// found. A stale freeze it leaves alone (freeze.SettledStaleLeft,
+// SettledNotSame) keeps its record and is warned of; one of snapshot
+// name refuses this run (a new freeze record would replace its trace)
+// unless thawStale, an operator's snapshot-delete --thaw-stale, which
+// thaws any stale freeze of the volume after the device and mount
+// checks, however old.
+func (e *Engine) settleFreezes(o *op, u, name string, thawStale bool) error {
+	var left error
+	for _, p := range freeze.Records(e.snapshotDir(u)) {
+		snap := strings.TrimSuffix(filepath.Base(p), ".freeze")
+		st, err := freeze.Settle(p, staleWait, thawStale)
+		if err != nil {
+			return failed("freeze", err, "settling the freeze an earlier run of snapshot %s left", snap)
+		}
+		if st == nil {
+			continue
+		}
+		r := st.Record
+		attrs := []any{"snapshot", snap, "mountpoint", r.Mountpoint, "frozenAt", r.FrozenAt, "watchdogPID", r.WatchdogPID}
+		switch st.What {
+		case freeze.SettledWatchdogThawed:
+			e.Log.Warn("an earlier run ended while it held the filesystem frozen; its watchdog thawed it", append(attrs, "why", r.Thawed, "frozenFor", r.ThawedAt.Sub(r.FrozenAt).Round(time.Millisecond).String())...)
+		case freeze.SettledStaleThawed:
+			e.Log.Warn("a stale freeze: an earlier run and its watchdog both ended with the filesystem frozen; thawed now", attrs...)
+		case freeze.SettledStaleNotFrozen:
+			e.Log.Warn("a stale freeze: an earlier run and its watchdog both ended with the filesystem frozen, but it was not frozen any more (somebody thawed it)", attrs...)
+		case freeze.SettledStaleLeft:
+			e.Log.Warn("a stale freeze: an earlier run and its watchdog both ended with the filesystem frozen, long enough ago that a freeze there now may be somebody else's: nothing thawed; "+thawStaleHint(o, snap), attrs...)
+		case freeze.SettledNotSame:
+			if st.Kept {
+				e.Log.Warn("a stale freeze record names a mountpoint that holds another filesystem or mount now: nothing thawed (that freeze would not be ours), record kept (another mount of the filesystem may still be frozen); "+thawStaleHint(o, snap), attrs...)
+			} else {
+				e.Log.Warn("a stale freeze record names a mountpoint that holds another filesystem or mount now: nothing thawed, record removed as asked (--thaw-stale)", attrs...)
+			}
+		}
+		o.step(st.What, "snapshot", snap, "mountpoint", r.Mountpoint)
+		if !st.Kept && snap != name {
+			// Its last freeze record gone, a take that was abandoned
+			// with it is finished now (this run holds the lock).
+			e.dropAbandoned(u, snap)
+		}
+		if st.Kept && snap == name {
+			left = refused("stale_freeze", "snapshot %s of %s: a stale freeze of its earlier run is left at %s (since %s), which this run does not thaw: it may be somebody else's freeze by now. %s",
+				snap, o.s.Name, r.Mountpoint, r.FrozenAt.Format(time.RFC3339), thawStaleHint(o, snap))
+		}
+	}
+	return left
+}
+
+// dropAbandoned removes snapshot name of volume u if a take abandoned it
+// (still taking, with no freeze record left): its record, partial copy
+// and image, which are nobody's. The caller holds the volume's lock.
+func (e *Engine) dropAbandoned(u, name string) bool {
+	if _, err := os.Stat(e.freezePath(u, name)); err == nil {
+		return false
+	}
+	recPath, img := e.snapshotPaths(u, name)
+	old, err := readSnapshot(recPath)
+	if err != nil || old.Phase != SnapshotTaking || old.LV != "" {
+		return false
+	}
+	for _, p := range []string{img + ".part", img + ".part.probe", img} {
+		os.Remove(p)
+	}
+	return os.Remove(recPath) == nil
+}
+
+// dropAbandonedUnlocked is dropAbandoned for a listing, which holds no
+// lock: only when no run holds volume u's lock (one taking the snapshot
+// right now does).
+func (e *Engine) dropAbandonedUnlocked(u, name string) bool {
+	f, err := os.OpenFile(filepath.Join(e.State.Root, "locks", u+".lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return failed("freeze", err, "settling the freeze an earlier run of snapshot %s left", name)
+		return false
 	}
-	if st == nil {
-		return nil
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false
 	}
-	r := st.Record
-	attrs := []any{"snapshot", name, "mountpoint", r.Mountpoint, "frozenAt", r.FrozenAt, "watchdogPID", r.WatchdogPID}
-	switch st.What {
-	case freeze.SettledWatchdogThawed:
-		e.Log.Warn("an earlier run ended while it held the filesystem frozen; its watchdog thawed it", append(attrs, "why", r.Thawed, "frozenFor", r.ThawedAt.Sub(r.FrozenAt).Round(time.Millisecond).String())...)
-	case freeze.SettledStaleThawed:
-		e.Log.Warn("a stale freeze: an earlier run and its watchdog both ended with the filesystem frozen; thawed now", attrs...)
-	case freeze.SettledStaleNotFrozen:
-		e.Log.Warn("a stale freeze: an earlier run and its watchdog both ended with the filesystem frozen, but it was not frozen any more (somebody thawed it)", attrs...)
-	case freeze.SettledNotSame:
-		e.Log.Warn("a stale freeze record names a mountpoint that holds another filesystem or mount now: nothing thawed (that freeze would not be ours)", attrs...)
-	}
-	o.step(st.What, "snapshot", name, "mountpoint", r.Mountpoint)
-	return nil
+	return e.dropAbandoned(u, name)
+}
+
+// thawStaleHint names the operator's action for a stale freeze left.
+func thawStaleHint(o *op, snap string) string {
+	return fmt.Sprintf("if nobody else froze it, thaw it with: salt-volume-exec snapshot-delete --spec - --name %s --thaw-stale (with volume %s's spec)", snap, o.s.Name)
 }
 
 // reportOldFreezing: a record of salt-volume-exec 0.3 says it was freezing
@@ -275,7 +414,12 @@ func (e *Engine) staleFreezes(snaps []*Snapshot) {
 			continue
 		}
 		s.StaleFreeze = r.Mountpoint
-		s.Warning = fmt.Sprintf("stale freeze: the run taking it and its watchdog (pid %d) ended with %s frozen (since %s): writes there wait until the next snapshot or snapshot-delete of it thaws it, or fsfreeze -u %s",
-			r.WatchdogPID, r.Mountpoint, r.FrozenAt.Format(time.RFC3339), r.Mountpoint)
+		if r.OnlyOurs(time.Now()) {
+			s.Warning = fmt.Sprintf("stale freeze: the run taking it and its watchdog (pid %d) ended with %s frozen (since %s): writes there wait until the next snapshot, snapshot-delete or snapshot-restore of %s thaws it",
+				r.WatchdogPID, r.Mountpoint, r.FrozenAt.Format(time.RFC3339), s.Volume)
+		} else {
+			s.Warning = fmt.Sprintf("stale freeze: the run taking it and its watchdog (pid %d) ended with %s frozen (since %s); no run thaws it on its own any more (it may be somebody else's freeze by now): if nobody else froze it, salt-volume-exec snapshot-delete --spec - --name %s --thaw-stale",
+				r.WatchdogPID, r.Mountpoint, r.FrozenAt.Format(time.RFC3339), s.Name)
+		}
 	}
 }

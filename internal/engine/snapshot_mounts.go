@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -363,10 +364,33 @@ func usersOf(d loopdev.Device, dev blockdev.Dev, file string, anywhere bool) (*d
 	if users.opens, err = openers(devs, file); err != nil {
 		return nil, err
 	}
+	// LVM's and udev's scans open every block device for an instant
+	// (pvscan when a device appears, lvs from a report): not a user, but
+	// wait until they have let go rather than refuse for them.
+	for wait := 0; len(users.opens) > 0 && onlyScanners(users.opens) && wait < 20; wait++ {
+		time.Sleep(100 * time.Millisecond)
+		if users.opens, err = openers(devs, file); err != nil {
+			return nil, err
+		}
+	}
 	if !u.InUse() && len(users.mounts) == 0 && len(users.opens) == 0 {
 		users.claim = blockdev.CheckExclusive(d.Path)
 	}
 	return users, nil
+}
+
+// scanners are the commands that open block devices only to read what is
+// on them, for an instant.
+var scanners = map[string]bool{"lvm": true, "lvs": true, "vgs": true, "pvs": true, "pvscan": true, "vgscan": true,
+	"blkid": true, "lsblk": true, "udevadm": true, "systemd-udevd": true, "(udev-worker)": true}
+
+func onlyScanners(opens []opener) bool {
+	for _, o := range opens {
+		if !scanners[o.comm] {
+			return false
+		}
+	}
+	return true
 }
 
 // openers lists the processes other than this one that have one of devs

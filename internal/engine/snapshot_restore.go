@@ -96,6 +96,11 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 		return nil, refused("restore_unsupported", "volume %s is a raw volume: it has no snapshots of its own to restore: nothing was changed", s.Name)
 	}
 	o := opFor(e, s)
+	// A freeze an earlier snapshot run of this volume left: thawed while
+	// it can only be ours, else reported (settleFreezes).
+	if err := e.settleFreezes(o, s.UUID, "", false); err != nil {
+		return nil, err
+	}
 	out := &SnapshotRestore{Snapshot: name}
 	recPath, temp := e.restorePaths(s.UUID)
 	if rr, err := readRestore(recPath); err == nil {

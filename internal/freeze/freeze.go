@@ -60,10 +60,22 @@ func Thaw(f *os.File) error {
 
 // Identity names a mounted filesystem: its device (major:minor) and the
 // mount's id. A path alone could name another filesystem by the time a
-// later run thaws.
+// later run thaws. MountID is statx's STATX_MNT_ID, which the kernel
+// reuses once a mount is gone; UniqueMountID its STATX_MNT_ID_UNIQUE
+// (kernels 6.8 and later, 0 before), never reused within a boot.
 type Identity struct {
-	Dev     string `json:"dev"`
-	MountID uint64 `json:"mountID"`
+	Dev           string `json:"dev"`
+	MountID       uint64 `json:"mountID"`
+	UniqueMountID uint64 `json:"uniqueMountID,omitempty"`
+}
+
+// Same says whether id names the filesystem and mount rec recorded: a
+// unique mount id is compared when both have one.
+func (id Identity) Same(rec Identity) bool {
+	if id.Dev != rec.Dev || id.MountID != rec.MountID {
+		return false
+	}
+	return id.UniqueMountID == 0 || rec.UniqueMountID == 0 || id.UniqueMountID == rec.UniqueMountID
 }
 
 // OpenRoot opens the mount root at mountpoint, for Freeze, Thaw and
@@ -77,7 +89,8 @@ func OpenRoot(mountpoint string) (*os.File, error) {
 }
 
 // Identify reads the identity of the filesystem f is open on: statx's
-// mount id, or /proc/self/fdinfo's on kernels before 5.8.
+// mount id (or /proc/self/fdinfo's on kernels before 5.8) and its unique
+// mount id where the kernel has one.
 func Identify(f *os.File) (Identity, error) {
 	var stx unix.Statx_t
 	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &stx); err != nil {
@@ -89,6 +102,10 @@ func Identify(f *os.File) (Identity, error) {
 		if id.MountID, err = fdinfoMountID(f); err != nil {
 			return Identity{}, err
 		}
+	}
+	var ux unix.Statx_t
+	if unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID_UNIQUE, &ux) == nil && ux.Mask&unix.STATX_MNT_ID_UNIQUE != 0 {
+		id.UniqueMountID = ux.Mnt_id
 	}
 	return id, nil
 }

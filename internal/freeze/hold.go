@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,7 +55,7 @@ func Hold(ctx context.Context, root *os.File, o Options, step func(context.Conte
 	}
 	bound := time.NewTimer(time.Until(w.start.Add(o.Limit)))
 	defer bound.Stop()
-	if cause := w.frozen(ctx, bound.C); cause != nil {
+	if cause := w.frozen(ctx, root, bound.C); cause != nil {
 		if w.answered {
 			w.done() // it did not freeze, or died: nothing of ours to thaw
 			return 0, cause
@@ -125,6 +126,9 @@ type watchdog struct {
 	start time.Time
 	mp    string
 	limit time.Duration
+	// record: the freeze record's path, which names the watchdog's pid
+	// once it froze (the freeze is ours even if it never said so).
+	record string
 	// answered: it said frozen or why not; sawFrozen: it said frozen,
 	// so the freeze is ours to undo if it dies.
 	answered, sawFrozen bool
@@ -147,29 +151,35 @@ func startWatchdog(root *os.File, o Options) (*watchdog, error) {
 	if len(argv) == 0 {
 		argv = []string{"/proc/self/exe", WatchdogCommand}
 	}
+	start := time.Now()
 	cmd := exec.Command(argv[0], append(argv[1:len(argv):len(argv)], "--limit", o.Limit.String(), "--margin", o.Margin.String(),
+		"--deadline", strconv.FormatInt(start.Add(o.Limit+o.Margin).UnixNano(), 10),
 		"--record", o.Record, "--mountpoint", o.Mountpoint)...)
+	// Only these reach it (exec.Cmd passes Stdin, Stdout, Stderr and
+	// ExtraFiles, and Go opens everything close-on-exec); a descriptor
+	// this process itself inherited without close-on-exec (from the
+	// Salt minion that ran it) is marked so here, and the watchdog
+	// closes any above its own at its start anyway.
+	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	cmd.ExtraFiles = []*os.File{theirs, root}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	start := time.Now()
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("starting the freeze watchdog: %w", err)
 	}
-	return &watchdog{cmd: cmd, ctl: ours, words: lines(ours), start: start, mp: o.Mountpoint, limit: o.Limit}, nil
+	return &watchdog{cmd: cmd, ctl: ours, words: lines(ours), start: start, mp: o.Mountpoint, limit: o.Limit, record: o.Record}, nil
 }
 
 // frozen waits for the watchdog's answer to the freeze: nil once frozen.
-func (w *watchdog) frozen(ctx context.Context, bound <-chan time.Time) error {
+func (w *watchdog) frozen(ctx context.Context, root *os.File, bound <-chan time.Time) error {
 	select {
 	case word, ok := <-w.words:
 		w.answered = true
 		switch {
 		case !ok:
-			return fmt.Errorf("the freeze watchdog (pid %d) died before it answered: %s may be left frozen by it; if writes there hang, fsfreeze -u %s",
-				w.cmd.Process.Pid, w.mp, w.mp)
+			return w.diedUnanswered(root)
 		case word == wordFrozen:
 			w.sawFrozen = true
 			return nil
@@ -202,7 +212,9 @@ func (w *watchdog) end(o Options, cause error, th thawed) (time.Duration, error)
 // thaw asks the watchdog to thaw and waits for its last word.
 func (w *watchdog) thaw(root *os.File, o Options) thawed {
 	_, _ = w.ctl.Write([]byte(wordThaw + "\n")) // EPIPE when it is gone: its words tell
-	wait := time.NewTimer(time.Until(w.start.Add(o.Limit + o.Margin + 5*time.Second)))
+	// At the limit plus the margin the watchdog thaws by itself; one that
+	// has not answered a moment later is stopped or stuck.
+	wait := time.NewTimer(time.Until(w.start.Add(o.Limit + o.Margin + watchdogSlack)))
 	defer wait.Stop()
 	for {
 		select {
@@ -213,7 +225,7 @@ func (w *watchdog) thaw(root *os.File, o Options) thawed {
 			}
 			return w.heard(root, word, ok)
 		case <-wait.C:
-			return thawed{fmt.Errorf("the freeze watchdog (pid %d) did not answer: %s may still be frozen (fsfreeze -u %s)", w.cmd.Process.Pid, w.mp, w.mp), true}
+			return w.unanswered(root)
 		}
 	}
 }
@@ -227,14 +239,62 @@ func (w *watchdog) heard(root *os.File, word string, ok bool) thawed {
 		err := w.final(word)
 		return thawed{err, err != nil && !errors.Is(err, ErrThawedEarly) && !errors.Is(err, ErrNotFrozen) && !errors.Is(err, ErrBusy)}
 	}
-	if !w.sawFrozen {
-		return thawed{fmt.Errorf("the freeze watchdog (pid %d) died before it answered: %s may be left frozen by it; if writes there hang, fsfreeze -u %s",
-			w.cmd.Process.Pid, w.mp, w.mp), true}
+	if !w.sawFrozen && !w.recorded() {
+		return thawed{fmt.Errorf("the freeze watchdog (pid %d) died before it answered, with no record of a freeze: if %s was frozen, that freeze is not known to be ours and was left alone",
+			w.cmd.Process.Pid, w.mp), false}
 	}
 	if err := Thaw(root); err != nil {
 		return thawed{fmt.Errorf("the freeze watchdog (pid %d) died holding %s frozen: %w", w.cmd.Process.Pid, w.mp, err), !errors.Is(err, ErrNotFrozen)}
 	}
 	return thawed{}
+}
+
+// watchdogSlack: how long past its bound a watchdog that has not thawed
+// is taken for stopped or stuck.
+const watchdogSlack = 200 * time.Millisecond
+
+// recorded says whether the freeze record names this run's watchdog: it
+// froze (it writes the record only once FIFREEZE returned 0). Its pid
+// cannot be another process's yet: it is our child, not reaped.
+func (w *watchdog) recorded() bool {
+	rec, err := ReadRecord(w.record)
+	return err == nil && rec.WatchdogPID == w.cmd.Process.Pid && rec.Thawed == ""
+}
+
+// diedUnanswered: the watchdog ended before it said frozen or why not.
+// If its record shows it froze, the freeze is ours, and thawed here
+// (root is the same filesystem); else nothing is thawed.
+func (w *watchdog) diedUnanswered(root *os.File) error {
+	th := w.heard(root, "", false)
+	if !th.mayHold {
+		_ = RemoveRecord(w.record)
+	}
+	if th.err == nil {
+		return fmt.Errorf("the freeze watchdog (pid %d) died before it answered, after it froze %s: thawed", w.cmd.Process.Pid, w.mp)
+	}
+	return th.err
+}
+
+// unanswered: the watchdog did not thaw by its bound (stopped, or stuck).
+// A freeze known to be ours (it said frozen, or its record names it) is
+// thawed here, through root, and the watchdog killed, so that it does not
+// thaw later what may be somebody else's freeze by then.
+func (w *watchdog) unanswered(root *os.File) thawed {
+	pid := w.cmd.Process.Pid
+	if !w.sawFrozen && !w.recorded() {
+		// Not killed: one stuck in FIFREEZE would die with its freeze
+		// made and unrecorded; alive, it thaws at its own bound.
+		return thawed{fmt.Errorf("the freeze watchdog (pid %d) did not answer and recorded no freeze: if %s is frozen, that freeze is not known to be ours and was left alone (the watchdog thaws its own as soon as it can)", pid, w.mp), false}
+	}
+	err := Thaw(root)
+	_ = w.cmd.Process.Kill()
+	switch {
+	case err == nil:
+		return thawed{fmt.Errorf("the freeze watchdog (pid %d) did not thaw %s at its bound (stopped or stuck): thawed by the run, watchdog killed", pid, w.mp), false}
+	case errors.Is(err, ErrNotFrozen):
+		return thawed{fmt.Errorf("the freeze watchdog (pid %d) did not answer at its bound: killed; %w", pid, err), false}
+	}
+	return thawed{fmt.Errorf("the freeze watchdog (pid %d) did not thaw %s at its bound and the run's own thaw failed: %w", pid, w.mp, err), true}
 }
 
 // final reads the watchdog's last word: nil when it thawed as asked.

@@ -30,6 +30,10 @@ type Record struct {
 	BootID        string    `json:"bootID"`
 	FrozenAt      time.Time `json:"frozenAt"`
 	Limit         string    `json:"limit"`
+	// ThawBy is when the watchdog thaws at the latest (the limit plus
+	// its margin): until then plus StaleGrace a stale freeze of the
+	// mount can only be ours; after, it may be somebody else's.
+	ThawBy time.Time `json:"thawBy,omitzero"`
 	// Thawed says why the watchdog thawed without being asked
 	// (ThawedParentGone, ThawedAtBound, ThawedSignal), ThawError what
 	// FITHAW answered if it failed.
@@ -44,6 +48,28 @@ const (
 	ThawedAtBound    = "at-bound"
 	ThawedSignal     = "signal"
 )
+
+// StaleGrace: how long past its ThawBy a stale freeze is still thawed by
+// the next run on its own. Later, an operator may have thawed it by hand
+// and somebody else (a backup tool) frozen the same mount since: such a
+// freeze is reported, and thawed only when asked (ThawStale).
+const StaleGrace = 30 * time.Second
+
+// thawBy is the record's ThawBy, or for a record of a watchdog that did
+// not write one its frozenAt plus its limit and the default margin.
+func (r *Record) thawBy() time.Time {
+	if !r.ThawBy.IsZero() {
+		return r.ThawBy
+	}
+	d, _ := time.ParseDuration(r.Limit)
+	return r.FrozenAt.Add(d + 500*time.Millisecond)
+}
+
+// OnlyOurs says whether a stale freeze of the record's mount can at now
+// only be ours still: in this boot, before its ThawBy plus StaleGrace.
+func (r *Record) OnlyOurs(now time.Time) bool {
+	return r.BootID == BootID() && now.Before(r.thawBy().Add(StaleGrace))
+}
 
 // ReadRecord reads the freeze record at path (os.ErrNotExist: none).
 func ReadRecord(path string) (*Record, error) {

@@ -41,27 +41,37 @@ func TestRecordStale(t *testing.T) {
 	}
 }
 
-// Settle removes a record of another boot without touching anything, and
-// one whose mountpoint is not the recorded filesystem without thawing it.
+// Settle removes a record of another boot without touching anything; one
+// whose mountpoint is not the recorded filesystem it keeps, thawing
+// nothing (removed only when an operator forces it); a stale one past
+// the time it could only be ours it keeps and leaves alone.
 func TestSettleWithoutThawing(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "s.freeze")
+	now := time.Now()
 	for _, tc := range []struct {
-		rec  Record
-		what string
+		rec   Record
+		force bool
+		what  string
+		kept  bool
 	}{
-		{Record{Version: 1, Mountpoint: dir, BootID: "another", FrozenAt: time.Now()}, SettledOtherBoot},
-		{Record{Version: 1, Mountpoint: dir, BootID: BootID(), Identity: Identity{Dev: "0:0", MountID: 1}}, SettledNotSame},
-		{Record{Version: 1, Mountpoint: filepath.Join(dir, "gone"), BootID: BootID()}, SettledNotSame},
+		{Record{Version: 1, Mountpoint: dir, BootID: "another", FrozenAt: now}, false, SettledOtherBoot, false},
+		{Record{Version: 1, Mountpoint: dir, BootID: BootID(), FrozenAt: now, Limit: "1s", Identity: Identity{Dev: "0:0", MountID: 1}}, false, SettledNotSame, true},
+		{Record{Version: 1, Mountpoint: filepath.Join(dir, "gone"), BootID: BootID(), FrozenAt: now, Limit: "1s"}, false, SettledNotSame, true},
+		{Record{Version: 1, Mountpoint: filepath.Join(dir, "gone"), BootID: BootID(), FrozenAt: now, Limit: "1s"}, true, SettledNotSame, false},
+		{Record{Version: 1, Mountpoint: dir, BootID: BootID(), FrozenAt: now.Add(-time.Minute), Limit: "1s"}, false, SettledStaleLeft, true},
+		{Record{Version: 1, Mountpoint: dir, BootID: BootID(), FrozenAt: now, ThawBy: now.Add(-StaleGrace - time.Second)}, false, SettledStaleLeft, true},
 	} {
 		require.NoError(t, WriteRecord(p, &tc.rec))
-		s, err := Settle(p, time.Second)
+		s, err := Settle(p, time.Second, tc.force)
 		require.NoError(t, err)
 		assert.Equal(t, tc.what, s.What)
+		assert.Equal(t, tc.kept, s.Kept)
 		_, err = os.Stat(p)
-		assert.True(t, os.IsNotExist(err), "removed")
+		assert.Equal(t, !tc.kept, os.IsNotExist(err), "removed unless kept")
+		require.NoError(t, RemoveRecord(p))
 	}
-	s, err := Settle(p, time.Second)
+	s, err := Settle(p, time.Second, false)
 	assert.NoError(t, err)
 	assert.Nil(t, s, "no record, nothing to settle")
 }

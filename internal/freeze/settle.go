@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sort"
 	"time"
 )
 
@@ -18,27 +20,45 @@ const (
 	// SettledStaleNotFrozen: its watchdog was gone, but FITHAW found the
 	// filesystem not frozen (somebody thawed it).
 	SettledStaleNotFrozen = "stale-freeze-not-frozen"
+	// SettledStaleLeft: its watchdog was gone, and the time in which a
+	// freeze of that mount could only be ours is over: nothing thawed
+	// (the freeze there may be somebody else's by now), the record kept
+	// for the listing until an operator asks for ThawStale.
+	SettledStaleLeft = "stale-freeze-left"
 	// SettledNotSame: the mountpoint holds another filesystem or mount
-	// now: nothing thawed, since that freeze would not be ours.
+	// now: nothing thawed, since that freeze would not be ours; the
+	// record is kept (another mount of the filesystem may still be
+	// frozen) unless an operator asked for ThawStale.
 	SettledNotSame = "stale-freeze-not-the-same-mount"
 	// SettledOtherBoot: the record is from before a reboot, which thawed
 	// everything.
 	SettledOtherBoot = "freeze-record-of-another-boot"
 )
 
-// Settled is what Settle did.
+// Settled is what Settle did; Kept: the record stays.
 type Settled struct {
+	Path   string
 	Record *Record
 	What   string
+	Kept   bool
+}
+
+// Records lists the freeze records in dir (a volume's snapshot dir).
+func Records(dir string) []string {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.freeze"))
+	sort.Strings(paths)
+	return paths
 }
 
 // Settle deals with the freeze record at path that an earlier run left:
 // the caller holds the volume's lock, so that run is over. A watchdog
 // still running is thawing (its parent is gone): Settle waits for it, up
 // to wait. A stale freeze (watchdog gone, freeze not known thawed) is
-// thawed only on the same filesystem and mount the record names. The
-// record is removed once nothing of ours can hold; an error leaves it.
-func Settle(path string, wait time.Duration) (*Settled, error) {
+// thawed only on the same filesystem and mount the record names, and
+// only while it can be nobody's but ours (Record.OnlyOurs), unless force
+// (an operator's ThawStale). The record is removed once nothing of ours
+// can hold; an error leaves it, and so does a freeze left alone.
+func Settle(path string, wait time.Duration, force bool) (*Settled, error) {
 	rec, err := ReadRecord(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -62,15 +82,22 @@ func Settle(path string, wait time.Duration) (*Settled, error) {
 			return nil, fmt.Errorf("the freeze watchdog of an earlier run (pid %d) still holds %s frozen", rec.WatchdogPID, rec.Mountpoint)
 		}
 	}
-	s := &Settled{Record: rec}
+	s := &Settled{Path: path, Record: rec}
 	switch {
 	case rec.BootID != BootID():
 		s.What = SettledOtherBoot
 	case !rec.Stale():
 		s.What = SettledWatchdogThawed
+	case !force && !rec.OnlyOurs(time.Now()):
+		s.What, s.Kept = SettledStaleLeft, true
+		return s, nil
 	default:
 		if s.What, err = thawStale(rec); err != nil {
 			return s, err
+		}
+		if s.What == SettledNotSame && !force {
+			s.Kept = true
+			return s, nil
 		}
 	}
 	return s, RemoveRecord(path)
@@ -85,7 +112,7 @@ func thawStale(rec *Record) (string, error) {
 	}
 	defer f.Close()
 	id, err := Identify(f)
-	if err != nil || id != rec.Identity {
+	if err != nil || !id.Same(rec.Identity) {
 		return SettledNotSame, nil
 	}
 	err = Thaw(f)

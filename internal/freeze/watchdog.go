@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -38,15 +39,23 @@ const (
 // run that asked for the freeze, fd 4 the mount root to freeze. It
 // freezes, records the freeze, says so, and thaws on the word "thaw", on
 // the line's end (its parent died: a SIGKILL closes every descriptor),
-// on SIGTERM, SIGINT or SIGHUP, or at --limit plus --margin after it
-// started freezing, whichever comes first. It runs in a session of its
-// own (Setsid), so that a signal to its parent's process group, which is
-// how a Salt watchdog or a shell kills a command, does not reach it.
+// on SIGTERM, SIGINT or SIGHUP, or at --deadline (the run's start plus
+// the limit and the margin, absolute: a slow exec does not move it),
+// whichever comes first. That bound is armed before FIFREEZE, in a timer
+// of its own, so that it thaws whatever the rest is blocked on (the
+// record's fsync on a slow disk). It runs in a session of its own
+// (Setsid), so that a signal to its parent's process group, which is how
+// a Salt watchdog or a shell kills a command, does not reach it.
 func RunWatchdog(args []string) int {
+	// Descriptors its caller's caller left open without close-on-exec
+	// (a Salt minion's pipe): holding them would keep their readers
+	// waiting for as long as the freeze.
+	_ = unix.CloseRange(5, ^uint(0), 0)
 	fl := flag.NewFlagSet(WatchdogCommand, flag.ContinueOnError)
 	fl.SetOutput(io.Discard)
 	limit := fl.Duration("limit", 0, "the freeze limit")
 	margin := fl.Duration("margin", 0, "slack past the limit before the watchdog thaws itself")
+	deadline := fl.Int64("deadline", 0, "when to thaw at the latest (Unix nanoseconds)")
 	record := fl.String("record", "", "the freeze record's path")
 	mountpoint := fl.String("mountpoint", "", "where the filesystem is mounted (for the record)")
 	if err := fl.Parse(args); err != nil || *limit <= 0 || *margin < 0 || *record == "" {
@@ -59,9 +68,13 @@ func RunWatchdog(args []string) int {
 		fmt.Fprintln(os.Stderr, "freeze-watchdog is started by salt-volume-exec snapshot, not by hand")
 		return 2
 	}
+	by := time.Now().Add(*limit + *margin)
+	if *deadline > 0 {
+		by = time.Unix(0, *deadline)
+	}
 	w := &watchdogProc{ctl: os.NewFile(3, "control"), root: os.NewFile(4, *mountpoint),
 		record: *record, mountpoint: *mountpoint, limit: *limit}
-	return w.run(*limit + *margin)
+	return w.run(by)
 }
 
 func isType(fd int, mode uint32) bool {
@@ -73,16 +86,34 @@ type watchdogProc struct {
 	ctl, root          *os.File
 	record, mountpoint string
 	limit              time.Duration
+
+	// The bound's timer and the main path agree under mu on who thaws:
+	// frozen once FIFREEZE returned 0, expired once the bound passed,
+	// ended once the main path thaws itself.
+	mu                     sync.Mutex
+	frozen, expired, ended bool
 }
 
-func (w *watchdogProc) run(bound time.Duration) int {
-	words := lines(w.ctl)
+func (w *watchdogProc) run(by time.Time) int {
 	// Installed before the freeze: a signal that comes while it is being
 	// made finds the handler and thaws it at once.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	boundThaw := make(chan error, 1)
+	bound := time.AfterFunc(time.Until(by), func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.ended {
+			return
+		}
+		w.expired = true
+		if w.frozen {
+			boundThaw <- Thaw(w.root)
+		}
+	})
+	defer bound.Stop()
 	start := time.Now()
-	rec, err := w.freeze(start)
+	rec, err := w.freeze(start, by)
 	if err != nil {
 		if errors.Is(err, ErrBusy) {
 			w.say(wordBusy)
@@ -93,61 +124,100 @@ func (w *watchdogProc) run(bound time.Duration) int {
 	}
 	w.say(wordFrozen)
 	failpoint.Hit("freeze-watchdog-frozen")
-	how := w.wait(words, sigs, time.Until(start.Add(bound)))
+	how, thawErr, done := w.wait(lines(w.ctl), sigs, boundThaw)
 	if how == ThawedParentGone {
 		failpoint.Hit("freeze-watchdog-parent-gone")
 	}
-	err = Thaw(w.root)
-	w.settle(rec, how, err)
+	if !done {
+		thawErr = w.thawOnce(boundThaw)
+		if thawErr == errBoundThawed {
+			how, thawErr = ThawedAtBound, <-boundThaw
+		}
+	}
+	w.settle(rec, how, thawErr)
 	switch {
-	case err == nil:
+	case thawErr == nil:
 		w.say(wordThawed + " " + how)
-	case errors.Is(err, ErrNotFrozen):
+	case errors.Is(thawErr, ErrNotFrozen):
 		w.say(wordNotFrozen + " " + how)
 	default:
-		w.say(wordFailed + " " + how + " " + oneLine(err))
+		w.say(wordFailed + " " + how + " " + oneLine(thawErr))
 		return 1
 	}
 	return 0
 }
 
+var errBoundThawed = errors.New("thawed at the bound")
+
+// thawOnce thaws unless the bound's timer does (errBoundThawed: its
+// result comes on boundThaw).
+func (w *watchdogProc) thawOnce(boundThaw <-chan error) error {
+	w.mu.Lock()
+	if w.expired {
+		w.mu.Unlock()
+		return errBoundThawed
+	}
+	w.ended = true
+	w.mu.Unlock()
+	return Thaw(w.root)
+}
+
 // freeze makes the freeze and its record; a record that cannot be
-// written undoes the freeze (a freeze no later run could find).
-func (w *watchdogProc) freeze(start time.Time) (*Record, error) {
+// written undoes the freeze (a freeze no later run could find). Nothing
+// is frozen once the bound passed or when the run that asked is gone or
+// has withdrawn (its control line ended, or says thaw).
+func (w *watchdogProc) freeze(start, by time.Time) (*Record, error) {
 	id, err := Identify(w.root)
 	if err != nil {
 		return nil, err
 	}
+	if !time.Now().Before(by) {
+		return nil, errors.New("the freeze limit passed before the watchdog could freeze: nothing frozen")
+	}
+	fds := []unix.PollFd{{Fd: 3, Events: unix.POLLIN | unix.POLLRDHUP}}
+	if n, _ := unix.Poll(fds, 0); n > 0 {
+		return nil, errors.New("its run ended or withdrew before the freeze: nothing frozen")
+	}
 	if err := Freeze(w.root); err != nil {
 		return nil, err
 	}
+	w.mu.Lock()
+	if w.expired {
+		w.mu.Unlock()
+		return nil, errors.Join(errors.New("freezing took past the bound: thawed at once"), Thaw(w.root))
+	}
+	w.frozen = true
+	w.mu.Unlock()
 	self := os.Getpid()
 	rec := &Record{Version: 1, Mountpoint: w.mountpoint, Identity: id, WatchdogPID: self, WatchdogStart: processStart(self),
-		BootID: BootID(), FrozenAt: start.UTC(), Limit: w.limit.String()}
+		BootID: BootID(), FrozenAt: start.UTC(), Limit: w.limit.String(), ThawBy: by.UTC()}
 	if err := WriteRecord(w.record, rec); err != nil {
-		return nil, errors.Join(fmt.Errorf("recording the freeze of %s: %w", w.mountpoint, err), Thaw(w.root))
+		terr := w.thawOnce(nil)
+		if terr == errBoundThawed {
+			terr = nil
+		}
+		_ = RemoveRecord(w.record)
+		return nil, errors.Join(fmt.Errorf("recording the freeze of %s: %w", w.mountpoint, err), terr)
 	}
 	return rec, nil
 }
 
 // wait returns why the freeze ends: asked, the parent gone, a signal or
-// the bound.
-func (w *watchdogProc) wait(words <-chan string, sigs <-chan os.Signal, left time.Duration) string {
-	bound := time.NewTimer(left)
-	defer bound.Stop()
+// the bound (done: the bound's timer has thawed, with err).
+func (w *watchdogProc) wait(words <-chan string, sigs <-chan os.Signal, boundThaw <-chan error) (how string, err error, done bool) {
 	for {
 		select {
 		case word, ok := <-words:
 			if !ok {
-				return ThawedParentGone
+				return ThawedParentGone, nil, false
 			}
 			if word == wordThaw {
-				return thawedAsked
+				return thawedAsked, nil, false
 			}
-		case <-bound.C:
-			return ThawedAtBound
+		case err := <-boundThaw:
+			return ThawedAtBound, err, true
 		case <-sigs:
-			return ThawedSignal
+			return ThawedSignal, nil, false
 		}
 	}
 }

@@ -369,14 +369,17 @@ const MaxThinPools = 64
 var poolName = regexp.MustCompile(`^[A-Za-z0-9+_][A-Za-z0-9+_.-]{0,127}/[A-Za-z0-9+_][A-Za-z0-9+_.-]{0,127}$`)
 
 // thinPools keeps the reported pools that are an LVM vg/pool name with
-// percents between 0 and 100, at most MaxThinPools of them.
+// percents between 0 and 100, each name once, at most MaxThinPools.
 func thinPools(in []saltvolumes.ThinPool) []saltvolumes.ThinPool {
 	var out []saltvolumes.ThinPool
+	seen := map[string]bool{}
 	for _, p := range in {
 		if len(out) == MaxThinPools {
 			break
 		}
-		if poolName.MatchString(p.Name) && p.DataPercent >= 0 && p.DataPercent <= 100 && p.MetadataPercent >= 0 && p.MetadataPercent <= 100 {
+		// One series per pool: a name reported twice keeps its first.
+		if !seen[p.Name] && poolName.MatchString(p.Name) && p.DataPercent >= 0 && p.DataPercent <= 100 && p.MetadataPercent >= 0 && p.MetadataPercent <= 100 {
+			seen[p.Name] = true
 			out = append(out, p)
 		}
 	}

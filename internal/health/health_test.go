@@ -155,6 +155,7 @@ func TestThinPoolsBounded(t *testing.T) {
 		{Name: `vg0/pool"} 1\nfake_metric{x="`, DataPercent: 1},
 		{Name: "vg0/p2", DataPercent: 101},
 		{Name: "../etc", DataPercent: 1},
+		{Name: "vg0/pool", DataPercent: 1},
 	}
 	for i := range 2 * MaxThinPools {
 		rep.Capacity.ThinPools = append(rep.Capacity.ThinPools, saltvolumes.ThinPool{Name: fmt.Sprintf("vg%d/pool", i)})
@@ -163,8 +164,11 @@ func TestThinPoolsBounded(t *testing.T) {
 	c, _ := g.NodeView("n1")
 	require.Len(t, c.ThinPools, MaxThinPools)
 	assert.Equal(t, saltvolumes.ThinPool{Name: "vg0/pool", DataPercent: 12.5, MetadataPercent: 88}, c.ThinPools[0])
-	assert.Equal(t, "vg0/pool", c.ThinPools[1].Name, "the next kept is the first well-formed one (vg0/pool of the loop)")
+	assert.Equal(t, "vg1/pool", c.ThinPools[1].Name, "the next kept: the loop's, vg0/pool being kept already")
+	names := map[string]bool{}
 	for _, p := range c.ThinPools {
 		assert.NotContains(t, p.Name, `"`)
+		assert.False(t, names[p.Name], "%s twice: one series a pool", p.Name)
+		names[p.Name] = true
 	}
 }

@@ -64,6 +64,10 @@ type record struct {
 	// Owner is the Kubernetes object the snapshot belongs to (nil: taken
 	// through the API, or a record older than owners).
 	Owner *Owner `json:"owner,omitempty"`
+	// RestoreSpec is the volume's spec when its last restore was asked
+	// for, and RestoreJobStartedAt when that restore's job was launched.
+	RestoreSpec         *spec.Spec `json:"restoreSpec,omitempty"`
+	RestoreJobStartedAt *time.Time `json:"restoreJobStartedAt,omitempty"`
 }
 
 // Owner is the namespaced object (a VolumeSnapshot of salt-volumes.io)
@@ -363,6 +367,9 @@ func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone st
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.restoring(ctx, v.Spec.UUID, "take its snapshot"); err != nil {
+		return Snapshot{}, false, err
+	}
 	r, err := s.read(ctx, name)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -407,6 +414,9 @@ func (s *Service) remove(ctx context.Context, name, by string, owner *Owner) (Sn
 	}
 	if owner != nil && !r.Owner.Is(owner) {
 		return r.Snapshot, fmt.Errorf("%w: snapshot %s belongs to %s", ErrNotOwner, name, r.Owner)
+	}
+	if r.Restore != nil && r.Restore.Phase == Restoring {
+		return r.Snapshot, &Error{409, "name", fmt.Sprintf("snapshot %s: volume %s is being restored from it: delete it once that has finished", name, r.Volume)}
 	}
 	if r.Phase != Deleting {
 		r.Phase, r.Message, r.JobID, r.JobStartedAt = Deleting, "", "", nil
@@ -499,6 +509,12 @@ func (s *Service) pass(ctx context.Context) bool {
 		}
 		if r.For != "" && r.Phase != Failed {
 			busy = true // its clone is on its way: look again soon
+		}
+		if r.Restore != nil && r.Restore.Phase == Restoring {
+			if !s.stepRestore(ctx, r) {
+				busy = true
+			}
+			continue
 		}
 		if r.Phase != Pending && r.Phase != Deleting {
 			continue

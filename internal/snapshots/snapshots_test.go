@@ -26,6 +26,7 @@ type fakeSalt struct {
 	n        int
 	launched []string // fun action name
 	kwargs   []map[string]any
+	args     []any // each apply_snapshot's volume spec
 	returns  map[string]saltapi.JobInfo
 	fail     error
 }
@@ -40,6 +41,7 @@ func (f *fakeSalt) LocalAsync(_ context.Context, tgt, fun string, arg []any, kw 
 	desc := fun
 	if fun == FunApply {
 		desc = fmt.Sprintf("%s %v %v", fun, arg[0], arg[2])
+		f.args = append(f.args, arg[1])
 	}
 	f.launched = append(f.launched, desc)
 	f.kwargs = append(f.kwargs, kw)

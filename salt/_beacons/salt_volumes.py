@@ -7,9 +7,11 @@ Every ``interval`` seconds the beacon runs ``salt-volume-exec list`` (through
 only when something the control plane shows changed: a volume appeared,
 disappeared or changed state, device, use or mountpoints; its usage moved by
 more than 1 % of its size (at least 1 MiB); the node's free space moved by
-more than 1 % of the filesystem. Otherwise it stays quiet, except for a
-heartbeat every ``heartbeat`` seconds, by which the control plane tells a
-silent node. When ``salt-volume-exec restore`` ran (at boot, by systemd,
+more than 1 % of the filesystem; a snapshot schedule's runs on a volume
+began or stopped failing, or failed otherwise (each event carries every
+schedule's last success, ``snapshotSchedules``). Otherwise it stays
+quiet, except for a heartbeat every ``heartbeat`` seconds, by which the
+control plane tells a silent node. When ``salt-volume-exec restore`` ran (at boot, by systemd,
 outside Salt), it fires ``salt-volumes/node/<minion id>/restore`` once with
 what was rebuilt and what failed.
 
@@ -108,7 +110,20 @@ def digest(doc):
         "volumes": [_volume(v) for v in doc.get("volumes") or []],
         "capacity": doc.get("capacity"),
         "error": doc.get("error"),
+        # Bounded by the module (64 entries, errors cut short).
+        "snapshotSchedules": doc.get("snapshotSchedules") or [],
     }
+
+
+def _schedule_outcomes(d):
+    # A schedule's success moves its time at every run: that alone is no
+    # news (a heartbeat carries it); a volume coming or going, a run
+    # failing or recovering, or another error, is.
+    return sorted(
+        (str(s.get("schedule")), str(s.get("uuid")), bool(s.get("failing")), str(s.get("lastError") or ""))
+        for s in d.get("snapshotSchedules") or []
+        if isinstance(s, dict)
+    )
 
 
 def _moved(old, new, size):
@@ -118,6 +133,8 @@ def _moved(old, new, size):
 def changed(old, new):
     """Whether new differs from old in anything worth an event."""
     if old is None or old.get("error") != new.get("error"):
+        return True
+    if _schedule_outcomes(old) != _schedule_outcomes(new):
         return True
     before = {v.get("uuid"): v for v in old["volumes"]}
     after = {v.get("uuid"): v for v in new["volumes"]}

@@ -18,14 +18,24 @@ Volumes are declared in pillar under ``salt_volumes:volumes:<name>`` (with
 ``node`` set to the minion id); a run for one volume passes
 ``pillar={"salt_volumes": {"volume": <spec>}}``. While a volume is prepared
 or removed, ``salt-volumes/<name>/progress`` events are fired with each step.
+Snapshot schedules are pillar ``salt_volumes:snapshot_schedules``, run by
+the minion's Salt scheduler (``run_snapshot_schedule``, formula
+``salt_volumes.scheduled``).
 """
 
+import calendar
+import contextlib
+import fcntl
+import fnmatch
 import itertools
 import json
 import logging
 import os
+import re
 import subprocess
+import tempfile
 import threading
+import time
 
 import salt.utils.path
 import salt.utils.platform
@@ -245,10 +255,10 @@ def _run(command, spec=None, extra_args=()):
 
 
 def _lookup(name):
-    single = __salt__["pillar.get"]("salt_volumes:volume")
+    single = _pillar_get("salt_volumes:volume")
     if isinstance(single, dict) and single.get("name") == name:
         return dict(single)
-    volumes = __salt__["pillar.get"]("salt_volumes:volumes", {}) or {}
+    volumes = _pillar_get("salt_volumes:volumes", {}) or {}
     if name in volumes:
         spec = volumes[name]
         if not isinstance(spec, dict):
@@ -342,13 +352,13 @@ def volumes():
 
         salt '*' salt_volumes.volumes
     """
-    single = __salt__["pillar.get"]("salt_volumes:volume")
+    single = _pillar_get("salt_volumes:volume")
     if single:
         if not isinstance(single, dict):
             return {"<salt_volumes:volume>": single}
         return {single.get("name") or "<unnamed>": dict(single)}
     out = {}
-    for name, spec in (__salt__["pillar.get"]("salt_volumes:volumes", {}) or {}).items():
+    for name, spec in (_pillar_get("salt_volumes:volumes", {}) or {}).items():
         if not isinstance(spec, dict) or spec.get("node") in (None, "", __grains__.get("id")):
             out[name] = spec
     return out
@@ -413,13 +423,16 @@ def apply_volume(action, volumes, wipe=False):
 
 def apply_snapshot(action, volume, snapshot, size=None):
     """
-    Take or delete one snapshot of a volume on this minion, with nothing
-    else a caller can choose: the control plane's Salt account calls this
-    (like ``apply_volume``) instead of ``snapshot``/``snapshot_delete``,
-    whose ``name`` would let it pick a volume by name alone.
+    Take, delete or restore one snapshot of a volume on this minion, with
+    nothing else a caller can choose: the control plane's Salt account
+    calls this (like ``apply_volume``) instead of ``snapshot``,
+    ``snapshot_delete`` or ``snapshot_restore``, whose ``name`` would let it
+    pick a volume by name alone.
 
     action
-        ``taken`` or ``deleted``
+        ``taken``, ``deleted`` or ``restored`` (the volume put back to the
+        snapshot in place: a sparse volume nothing uses; refused otherwise,
+        with nothing changed)
     volume
         the volume's spec (its name, uuid and kind: the snapshot is of the
         volume this minion prepared under that uuid)
@@ -429,7 +442,8 @@ def apply_snapshot(action, volume, snapshot, size=None):
         a thick LVM snapshot's copy-on-write space (``64Mi``; default a
         quarter of the LV); nothing else takes it
 
-    Returns the snapshot's record (``taken``) or what was deleted.
+    Returns the snapshot's record (``taken``), what was deleted, or what
+    was restored.
 
     CLI Example:
 
@@ -437,9 +451,9 @@ def apply_snapshot(action, volume, snapshot, size=None):
 
         salt node-1 salt_volumes.apply_snapshot taken '{"name": "data-1", "uuid": "...", "sparseLoopDevice": {"size": "1Gi"}}' before-upgrade
     """
-    if action not in ("taken", "deleted"):
+    if action not in ("taken", "deleted", "restored"):
         raise SaltInvocationError(
-            "action: {!r} is not a snapshot action: use taken or deleted".format(action)
+            "action: {!r} is not a snapshot action: use taken, deleted or restored".format(action)
         )
     if not isinstance(volume, dict) or not volume.get("name") or not volume.get("uuid"):
         raise SaltInvocationError("volume: give the volume's spec, with its name and uuid")
@@ -447,8 +461,12 @@ def apply_snapshot(action, volume, snapshot, size=None):
         raise SaltInvocationError("snapshot: give the snapshot's name")
     if size is not None and (not isinstance(size, str) or not size):
         raise SaltInvocationError("size: give the copy-on-write space as a size such as 64Mi")
+    if size is not None and action != "taken":
+        raise SaltInvocationError("size: only a snapshot taken sets space aside")
     if action == "deleted":
         return _run("snapshot-delete", volume, ["--name", snapshot])
+    if action == "restored":
+        return _run("snapshot-restore", volume, ["--name", snapshot])
     return _run("snapshot", volume, ["--name", snapshot] + (["--size", size] if size else []))
 
 
@@ -544,6 +562,31 @@ def snapshot_delete(name=None, snapshot_name=None, spec=None):
     return _run("snapshot-delete", _spec(name, spec), ["--name", str(snapshot_name)])
 
 
+def snapshot_restore(name=None, spec=None, snapshot_name=None):
+    """
+    Put a sparse volume on this minion back to one of its snapshots in
+    place: same UUID, same persistent path (and loop device where it is
+    free). Only while nothing uses the volume: a mount in any namespace, a
+    holder or a process with it open is refused (``in_use``), naming it,
+    with nothing changed; LVM volumes are refused (``restore_unsupported``).
+    The snapshot stays. A run stopped at any point is rolled back or
+    finished by the next one.
+
+    This is an action, not a state: there is no formula that restores,
+    since a state run again would restore again, throwing away whatever
+    was written since.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot_restore data-1 snapshot_name=before-upgrade
+    """
+    if not snapshot_name:
+        raise SaltInvocationError("give snapshot_name: the snapshot to restore the volume to")
+    return _run("snapshot-restore", _spec(name, spec), ["--name", str(snapshot_name)])
+
+
 def snapshots(name=None, spec=None):
     """
     List the snapshots on this minion: a volume's, or all of them.
@@ -603,8 +646,10 @@ def status():
     """
     Every volume this minion knows, with its health and usage (allocated
     bytes of sparse files, filesystem used/free when mounted), the node's
-    sparse capacity, and the report of the last restore. The beacon sends
-    this to the control plane.
+    sparse capacity, the report of the last restore, and the outcome of
+    each snapshot schedule per volume (``snapshotSchedules``, see
+    ``snapshot_schedule_status``). The beacon sends this to the control
+    plane.
 
     CLI Example:
 
@@ -618,6 +663,7 @@ def status():
     except CommandExecutionError as exc:
         log.warning("salt_volumes: last restore report unreadable: %s", exc)
         doc["lastRestore"] = None
+    doc["snapshotSchedules"] = _schedule_report_or_none()
     return doc
 
 
@@ -675,3 +721,636 @@ def restore():
         raise
     fire_restore(report)
     return report
+
+
+# Snapshot schedules. An operator declares them in pillar
+# (salt_volumes:snapshot_schedules); the salt_volumes.scheduled formula
+# turns each into an entry of the minion's own Salt scheduler, which calls
+# run_snapshot_schedule. Which snapshots a schedule took is recorded in the
+# minion's cachedir (salt_volumes/snapshot_schedules.json): a schedule
+# prunes only those, never a snapshot someone else took, whatever its name.
+
+SCHEDULE_ENTRY_PREFIX = "salt-volumes-snapshot-"
+_SCHEDULES_PILLAR = "salt_volumes:snapshot_schedules"
+_SCHEDULE_KEYS = ("volumes", "match", "every", "daily_at", "keep", "max_age")
+# A schedule's snapshot is <schedule>-<UTC YYYYMMDDhhmmss>, and a snapshot
+# name is at most 63 characters.
+_STAMP_FORMAT = "%Y%m%d%H%M%S"
+_STAMP_RE = re.compile(r"[0-9]{14}")
+_MAX_SCHEDULE_NAME = 63 - 1 - 14
+_SCHEDULE_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+_DURATION_RE = re.compile(r"([1-9][0-9]{0,8})([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DAILY_AT_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_SCHEDULE_STATE = "snapshot_schedules.json"
+_SCHEDULE_STATE_VERSION = 1
+# What the node's report carries of the schedules: at most this many
+# (schedule, volume) outcomes, each error cut to this many characters.
+_SCHEDULE_REPORT_LIMIT = 64
+_SCHEDULE_ERROR_LIMIT = 300
+
+
+def _pillar_get(key, default=None):
+    """
+    pillar.get as it is: Salt 3008 masks what it answers outside a
+    template (every value '**********') unless given unmask=True, which
+    earlier lines do not take.
+    """
+    try:
+        return __salt__["pillar.get"](key, default, unmask=True)
+    except TypeError:
+        return __salt__["pillar.get"](key, default)
+
+
+def _schedule_error(name, field, msg):
+    where = "{}:{}".format(_SCHEDULES_PILLAR, name)
+    if field:
+        where += ": " + field
+    return SaltInvocationError("{}: {}".format(where, msg))
+
+
+def _duration(value):
+    """Seconds of a duration written as 30s, 15m, 1h or 7d; None otherwise."""
+    if isinstance(value, str):
+        m = _DURATION_RE.fullmatch(value.strip())
+        if m:
+            return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return None
+
+
+def _check_schedule(name, conf):
+    """One schedule from pillar, normalised; raises naming the field and the fix."""
+    if (
+        not isinstance(name, str)
+        or len(name) > _MAX_SCHEDULE_NAME
+        or not _SCHEDULE_NAME_RE.fullmatch(name)
+    ):
+        raise SaltInvocationError(
+            "{}: {!r} is not a schedule name: use lower-case letters, digits, '-' and '.', "
+            "at most {} characters, starting and ending with a letter or digit (it begins the "
+            "name of every snapshot the schedule takes)".format(_SCHEDULES_PILLAR, name, _MAX_SCHEDULE_NAME)
+        )
+    if not isinstance(conf, dict):
+        raise _schedule_error(
+            name, None, "must be a mapping, e.g. {volumes: [data-1], every: 1h, keep: 24}"
+        )
+    unknown = sorted(str(k) for k in conf if k not in _SCHEDULE_KEYS)
+    if unknown:
+        raise _schedule_error(
+            name, unknown[0], "unknown key: a schedule takes {}".format(", ".join(_SCHEDULE_KEYS))
+        )
+    out = {}
+    if "volumes" in conf and "match" in conf:
+        raise _schedule_error(name, "volumes", "give volumes or match, not both")
+    if "volumes" in conf:
+        vols = conf["volumes"]
+        if not isinstance(vols, list) or not vols or not all(isinstance(v, str) and v for v in vols):
+            raise _schedule_error(
+                name, "volumes", "{!r} is not a list of volume names: use e.g. [data-1, data-2]".format(vols)
+            )
+        out["volumes"] = sorted(set(vols))
+    elif "match" in conf:
+        pats = conf["match"]
+        if isinstance(pats, str):
+            pats = [pats]
+        if not isinstance(pats, list) or not pats or not all(isinstance(p, str) and p for p in pats):
+            raise _schedule_error(
+                name, "match", "{!r} is not a pattern: use a shell pattern on the names of this "
+                "minion's volumes, e.g. 'db-*', or a list of them".format(conf["match"])
+            )
+        out["match"] = list(pats)
+    else:
+        raise _schedule_error(
+            name, "volumes", "missing: give volumes (a list of volume names) or match (a pattern such as 'db-*')"
+        )
+    if "every" in conf and "daily_at" in conf:
+        raise _schedule_error(name, "every", "give every or daily_at, not both")
+    if "every" in conf:
+        every = _duration(conf["every"])
+        if every is None:
+            raise _schedule_error(
+                name, "every", "{!r} is not an interval: use a whole number and a unit, e.g. 30s, 15m, "
+                "1h or 1d".format(conf["every"])
+            )
+        out["every"] = every
+    elif "daily_at" in conf:
+        at = conf["daily_at"]
+        if not isinstance(at, str) or not _DAILY_AT_RE.fullmatch(at):
+            raise _schedule_error(
+                name, "daily_at", "{!r} is not a time of day: use HH:MM on 24 hours, quoted (YAML reads "
+                "02:00 unquoted as a number), e.g. '02:00'".format(at)
+            )
+        out["daily_at"] = at
+    else:
+        raise _schedule_error(name, "every", "missing: give every (e.g. 1h) or daily_at (e.g. '02:00')")
+    if "keep" not in conf and "max_age" not in conf:
+        raise _schedule_error(
+            name, "keep", "missing: give how many of this schedule's snapshots to keep (1 or more), "
+            "max_age (e.g. 7d), or both"
+        )
+    if "keep" in conf:
+        keep = conf["keep"]
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise _schedule_error(
+                name, "keep", "{!r}: give how many of this schedule's snapshots to keep, a whole number "
+                "of at least 1".format(keep)
+            )
+        out["keep"] = keep
+    if "max_age" in conf:
+        age = _duration(conf["max_age"])
+        if age is None:
+            raise _schedule_error(
+                name, "max_age", "{!r} is not a duration: use a whole number and a unit, e.g. 12h or "
+                "7d".format(conf["max_age"])
+            )
+        out["max_age"] = age
+    return out
+
+
+def _schedules_pillar():
+    raw = _pillar_get(_SCHEDULES_PILLAR, {})
+    if raw in (None, ""):
+        return {}
+    if not isinstance(raw, dict):
+        raise SaltInvocationError(
+            "{}: must be a mapping of schedule names to schedules, e.g. "
+            "{{nightly: {{volumes: [data-1], every: 1h, keep: 24}}}}".format(_SCHEDULES_PILLAR)
+        )
+    return raw
+
+
+def snapshot_schedules():
+    """
+    The snapshot schedules in pillar ``salt_volumes:snapshot_schedules``,
+    checked and normalised (intervals and ages in seconds). Raises on the
+    first bad one, naming the schedule, the field and the fix.
+
+    .. code-block:: yaml
+
+        salt_volumes:
+          snapshot_schedules:
+            nightly:               # begins the name of each snapshot it takes
+              volumes: [data-1]    # or match: 'db-*' (this minion's volumes)
+              every: 1h            # or daily_at: '02:00' (the minion's local time)
+              keep: 24             # and/or max_age: 7d
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot_schedules
+    """
+    raw = _schedules_pillar()
+    return {name: _check_schedule(name, raw[name]) for name in sorted(raw, key=str)}
+
+
+def _have_croniter():
+    try:
+        import croniter  # noqa: F401 pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        return False
+    return True
+
+
+def snapshot_schedule_plan():
+    """
+    What the ``salt_volumes.scheduled`` formula applies: the Salt schedule
+    entry of each snapshot schedule in pillar (``present``: entry name to
+    ``schedule.present`` arguments, each calling ``run_snapshot_schedule``
+    with the schedule as pillar gives it), the entries of ours whose
+    schedule left pillar (``absent``), or, when the pillar is wrong, only
+    ``error`` (the formula then fails with it and changes nothing).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot_schedule_plan
+    """
+    try:
+        schedules = snapshot_schedules()
+    except SaltInvocationError as exc:
+        return {"error": str(exc), "present": {}, "absent": []}
+    raw = _schedules_pillar()
+    present = {}
+    for name, conf in schedules.items():
+        # The entry carries the schedule itself: a scheduled job may see
+        # the minion's pillar as it was one refresh earlier.
+        item = {"function": "salt_volumes.run_snapshot_schedule", "job_args": [name],
+                "job_kwargs": dict(raw[name]), "maxrunning": 1}
+        if "every" in conf:
+            item["seconds"] = conf["every"]
+        else:
+            hour, minute = conf["daily_at"].split(":")
+            item["cron"] = "{} {} * * *".format(int(minute), int(hour))
+        present[SCHEDULE_ENTRY_PREFIX + name] = item
+    if any("cron" in item for item in present.values()) and not _have_croniter():
+        return {
+            "error": "{}: daily_at needs the croniter Python package in the minion's Salt (Salt's "
+            "scheduler runs cron times with it): install it there, or use every: 1d".format(_SCHEDULES_PILLAR),
+            "present": {},
+            "absent": [],
+        }
+    current = __salt__["schedule.list"](show_all=True, return_yaml=False)
+    absent = sorted(
+        n for n in (current if isinstance(current, dict) else {})
+        if isinstance(n, str) and n.startswith(SCHEDULE_ENTRY_PREFIX) and n not in present
+    )
+    return {"error": None, "present": present, "absent": absent, "prefix": SCHEDULE_ENTRY_PREFIX}
+
+
+def _schedule_dir(create=True):
+    cachedir = __opts__.get("cachedir")
+    if not cachedir:
+        raise CommandExecutionError(
+            "the minion config has no cachedir: snapshot schedules record there which snapshots they took"
+        )
+    path = os.path.join(cachedir, "salt_volumes")
+    if create:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _flock(path, blocking=True):
+    """An exclusive lock on path (an open fd), or None if busy and not blocking."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _load_schedule_state(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {"version": _SCHEDULE_STATE_VERSION, "schedules": {}, "retired": {}}
+    except (OSError, ValueError) as exc:
+        raise CommandExecutionError(
+            "{} is unreadable ({}): it records which snapshots the schedules took; move it away to "
+            "start over (the snapshots it named are then kept, never pruned)".format(path, exc)
+        )
+    if (
+        not isinstance(doc, dict)
+        or doc.get("version") != _SCHEDULE_STATE_VERSION
+        or not isinstance(doc.get("schedules"), dict)
+        or not isinstance(doc.setdefault("retired", {}), dict)
+    ):
+        raise CommandExecutionError(
+            "{} is not a version {} record of snapshot schedules: move it away to start over (the "
+            "snapshots it named are then kept, never pruned)".format(path, _SCHEDULE_STATE_VERSION)
+        )
+    return doc
+
+
+def _save_schedule_state(path, doc):
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + _SCHEDULE_STATE + ".", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, sort_keys=True, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@contextlib.contextmanager
+def _schedule_state():
+    """The schedules' record, read and written back atomically under a lock."""
+    folder = _schedule_dir()
+    fd = _flock(os.path.join(folder, _SCHEDULE_STATE + ".lock"))
+    try:
+        path = os.path.join(folder, _SCHEDULE_STATE)
+        doc = _load_schedule_state(path)
+        yield doc
+        _save_schedule_state(path, doc)
+    finally:
+        os.close(fd)
+
+
+def _schedule_entry(doc, schedule, uuid, volume):
+    entry = doc["schedules"].setdefault(schedule, {}).setdefault(uuid, {})
+    entry["volume"] = volume
+    entry.setdefault("owned", [])
+    return entry
+
+
+def _utc(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def scheduled_snapshot_name(schedule, at):
+    """
+    The name of the snapshot schedule ``schedule`` takes at ``at`` (seconds
+    since the epoch): ``<schedule>-<UTC YYYYMMDDhhmmss>``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.scheduled_snapshot_name nightly 1767225600
+    """
+    return "{}-{}".format(schedule, time.strftime(_STAMP_FORMAT, time.gmtime(float(at))))
+
+
+def _stamp_of(schedule, snapshot):
+    """When a snapshot named after schedule was taken (epoch seconds), or None."""
+    prefix = schedule + "-"
+    if not isinstance(snapshot, str) or not snapshot.startswith(prefix):
+        return None
+    stamp = snapshot[len(prefix):]
+    if not _STAMP_RE.fullmatch(stamp):
+        return None
+    try:
+        return calendar.timegm(time.strptime(stamp, _STAMP_FORMAT))
+    except ValueError:
+        return None
+
+
+def _prune_selection(schedule, owned, snaps, keep, max_age, now, current):
+    """
+    The snapshots a run of schedule deletes after taking current: of those
+    it took (named in owned AND named after it), those past the newest keep
+    (current counts as one) or older than max_age, and any of them left
+    unfinished or lost. current is never among them, nor anything else.
+    """
+    owned = set(owned)
+    ours = []
+    for snap in snaps:
+        name = snap.get("name")
+        if name == current or name not in owned:
+            continue
+        at = _stamp_of(schedule, name)
+        if at is not None:
+            ours.append((at, name, snap))
+    ours.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    doomed, kept = [], 1
+    for at, name, snap in ours:
+        if snap.get("phase") != "taken" or snap.get("lost"):
+            doomed.append(name)
+        elif (keep is not None and kept >= keep) or (max_age is not None and now - at > max_age):
+            doomed.append(name)
+        else:
+            kept += 1
+    return sorted(doomed)
+
+
+def _node_spec(uuid):
+    """
+    The spec this node prepared volume uuid with, from its own record: a
+    volume the control plane made is in no pillar.
+    """
+    if not isinstance(uuid, str) or not _UUID_RE.fullmatch(uuid):
+        raise CommandExecutionError("{!r} is not a volume uuid".format(uuid))
+    path = os.path.join(_opt("state_dir", DEFAULT_STATE_DIR), "volumes", uuid + ".json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CommandExecutionError("the node's record of volume {} is unreadable: {}".format(uuid, exc))
+    spec = rec.get("spec") if isinstance(rec, dict) else None
+    if not isinstance(spec, dict) or spec.get("uuid") != uuid:
+        raise CommandExecutionError("the node's record of volume {} ({}) holds no spec of it".format(uuid, path))
+    return spec
+
+
+def _run_schedule_on(schedule, conf, vol, snap, now):
+    """Take snap of one volume for schedule, then prune; records the outcome."""
+    uuid, volume = vol["uuid"], vol["name"]
+    out = {"volume": volume, "uuid": uuid}
+    stage = "snapshot " + snap
+    try:
+        spec = _node_spec(uuid)
+        before = {s.get("name"): s for s in _run("snapshots", spec).get("snapshots") or []}
+        with _schedule_state() as doc:
+            entry = _schedule_entry(doc, schedule, uuid, volume)
+            owned = set(entry["owned"])
+            if snap in before and snap not in owned:
+                raise CommandExecutionError(
+                    "a snapshot named {} that this schedule did not take is there already: not taken, "
+                    "nothing pruned".format(snap)
+                )
+            # Recorded before it is taken: a run killed in between leaves a
+            # name the next run forgets if the node does not have it, and
+            # prunes as its own if it does. Names of ours the node no longer
+            # has (deleted by hand) are forgotten.
+            owned = {n for n in owned if n in before} | {snap}
+            entry["owned"] = sorted(owned)
+        taken = _run("snapshot", spec, ["--name", snap])
+        out["snapshot"], out["new"] = snap, snap not in before
+        with _schedule_state() as doc:
+            entry = _schedule_entry(doc, schedule, uuid, volume)
+            entry["lastSuccess"], entry["lastSnapshot"] = _utc(now), snap
+        stage = "pruning"
+        snaps = dict(before)
+        snaps[snap] = taken
+        doomed = _prune_selection(schedule, owned, snaps.values(), conf.get("keep"), conf.get("max_age"), now, snap)
+        deleted = []
+        try:
+            for name in doomed:
+                stage = "pruning " + name
+                _run("snapshot-delete", spec, ["--name", name])
+                deleted.append(name)
+        finally:
+            with _schedule_state() as doc:
+                entry = _schedule_entry(doc, schedule, uuid, volume)
+                entry["owned"] = sorted(n for n in entry["owned"] if n not in deleted)
+                if len(deleted) == len(doomed):
+                    entry["failing"] = False
+        out["pruned"] = deleted
+    except (CommandExecutionError, SaltInvocationError, OSError) as exc:
+        out["error"] = "schedule {}, volume {}: {}: {}".format(schedule, volume, stage, message(exc))
+        log.warning("salt_volumes: %s", out["error"])
+        try:
+            with _schedule_state() as doc:
+                entry = _schedule_entry(doc, schedule, uuid, volume)
+                entry["failing"] = True
+                entry["lastError"] = out["error"][:_SCHEDULE_ERROR_LIMIT]
+                entry["lastErrorAt"] = _utc(now)
+        except (CommandExecutionError, OSError) as exc2:
+            log.warning("salt_volumes: could not record the error of schedule %s: %s", schedule, exc2)
+    return out
+
+
+def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=None, keep=None, max_age=None):
+    """
+    Run snapshot schedule ``name`` once: Salt's scheduler calls this, with
+    the schedule's fields as the ``salt_volumes.scheduled`` formula wrote
+    them into its entry; called by hand with the name alone, the schedule
+    is read from pillar ``salt_volumes:snapshot_schedules``. Take
+    snapshot ``<name>-<UTC YYYYMMDDhhmmss>`` of each volume of this minion
+    the schedule names or matches, then delete this schedule's own older
+    snapshots past ``keep`` or older than ``max_age``. Only snapshots this
+    function took for this schedule (recorded in the minion's cachedir,
+    before each is taken) are ever deleted, and only after a snapshot was
+    taken in this run; the one just taken is always kept. A run in the same
+    second as the last one takes nothing more; a run while another of the
+    same schedule is going does nothing. The outcome per volume (last
+    success, last error) is kept for the node's report (``status``). A
+    failure of one volume does not stop the others and fails the job.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.run_snapshot_schedule nightly
+        salt node-1 salt_volumes.run_snapshot_schedule nightly volumes='[data-1]' every=1h keep=24
+    """
+    given = {k: v for k, v in (("volumes", volumes), ("match", match), ("every", every),
+                                ("daily_at", daily_at), ("keep", keep), ("max_age", max_age)) if v is not None}
+    if given:
+        conf = _check_schedule(name, given)
+    else:
+        raw = _schedules_pillar()
+        if name not in raw:
+            raise SaltInvocationError(
+                "{}: no schedule {!r}: add it there, or apply salt_volumes.scheduled to remove its Salt "
+                "schedule entry ({}{})".format(_SCHEDULES_PILLAR, name, SCHEDULE_ENTRY_PREFIX, name)
+            )
+        conf = _check_schedule(name, raw[name])
+    now = int(time.time())
+    snap = scheduled_snapshot_name(name, now)
+    busy = _flock(os.path.join(_schedule_dir(), "schedule-{}.lock".format(name)), blocking=False)
+    if busy is None:
+        return {"schedule": name, "skipped": "another run of schedule {} is going on this minion".format(name)}
+    try:
+        held = [
+            v for v in list_()
+            if v.get("name") and v.get("uuid") and v.get("state") != "orphan"
+        ]
+        if "volumes" in conf:
+            chosen = [v for v in held if v["name"] in conf["volumes"]]
+        else:
+            chosen = [v for v in held if any(fnmatch.fnmatchcase(v["name"], p) for p in conf["match"])]
+        # A volume gone from this node took its snapshots with it (a volume
+        # with snapshots is not removed): forget it.
+        here = {v["uuid"] for v in held}
+        with _schedule_state() as doc:
+            mine = doc["schedules"].get(name) or {}
+            for uuid in [u for u in mine if u not in here]:
+                del mine[uuid]
+            # Retired before this run began: it is scheduled again. (A run
+            # that began earlier and ends after its retirement leaves it.)
+            if name in doc["retired"] and doc["retired"][name] < now:
+                del doc["retired"][name]
+        results = [_run_schedule_on(name, conf, v, snap, now) for v in sorted(chosen, key=lambda v: v["name"])]
+    finally:
+        os.close(busy)
+    failed = [r["error"] for r in results if r.get("error")]
+    if failed:
+        __context__["retcode"] = 1
+    ret = {"schedule": name, "snapshot": snap, "volumes": results, "failed": len(failed)}
+    if "volumes" in conf:
+        missing = sorted(set(conf["volumes"]) - {v["name"] for v in chosen})
+        if missing:
+            ret["notOnThisMinion"] = missing
+    return ret
+
+
+def snapshot_schedule_status():
+    """
+    The outcome of each snapshot schedule on each of its volumes on this
+    minion (but for schedules retired by ``retire_snapshot_schedule``, as
+    the ``salt_volumes.scheduled`` formula does when a schedule leaves
+    pillar): ``schedule``, ``volume``, ``uuid``, ``lastSuccess`` and
+    ``lastSnapshot`` (the last snapshot taken, UTC), ``failing`` (the last
+    run failed) with ``lastError`` and ``lastErrorAt``. At most 64 entries,
+    errors cut to 300 characters; ``status`` (and so the beacon) carries
+    it as ``snapshotSchedules``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot_schedule_status
+    """
+    path = os.path.join(_schedule_dir(create=False), _SCHEDULE_STATE)
+    doc = _load_schedule_state(path)
+    rows = []
+    for schedule in sorted(doc["schedules"]):
+        if schedule in doc["retired"]:
+            continue
+        vols = doc["schedules"][schedule]
+        if not isinstance(vols, dict):
+            continue
+        for uuid in sorted(vols, key=lambda u: (str(vols[u].get("volume")), u)):
+            entry = vols[uuid]
+            row = {
+                "schedule": schedule,
+                "volume": entry.get("volume"),
+                "uuid": uuid,
+                "lastSuccess": entry.get("lastSuccess"),
+                "lastSnapshot": entry.get("lastSnapshot"),
+                "failing": bool(entry.get("failing")),
+            }
+            if entry.get("lastError"):
+                row["lastError"] = str(entry["lastError"])[:_SCHEDULE_ERROR_LIMIT]
+                row["lastErrorAt"] = entry.get("lastErrorAt")
+            rows.append(row)
+    return rows[:_SCHEDULE_REPORT_LIMIT]
+
+
+def _schedule_report_or_none():
+    """snapshot_schedule_status for status: a problem with it is logged, never fails the report."""
+    if not __opts__.get("cachedir"):
+        return []
+    try:
+        return snapshot_schedule_status()
+    except Exception as exc:  # pylint: disable=broad-except
+        log.warning("salt_volumes: snapshot schedules' outcome unreadable: %s", exc)
+        return None
+
+
+def retire_snapshot_schedule(name):
+    """
+    Stop reporting snapshot schedule ``name`` (its Salt schedule entry was
+    removed: the ``salt_volumes.scheduled`` formula calls this, through the
+    ``salt_volumes.snapshot_schedule_retired`` state, when a schedule
+    leaves pillar). Its record of the snapshots it took is kept, and they
+    stay on the node. A run that starts later reports it again. Returns
+    whether it was reported until now.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.retire_snapshot_schedule nightly
+    """
+    if not isinstance(name, str) or not name:
+        raise SaltInvocationError("name: give the schedule's name")
+    with _schedule_state() as doc:
+        was = name not in doc["retired"]
+        if was:
+            doc["retired"][name] = time.time()
+    return was
+
+
+def snapshot_schedule_retired(name):
+    """
+    Whether snapshot schedule ``name`` is retired (see
+    ``retire_snapshot_schedule``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.snapshot_schedule_retired nightly
+    """
+    path = os.path.join(_schedule_dir(create=False), _SCHEDULE_STATE)
+    return name in _load_schedule_state(path)["retired"]

@@ -276,3 +276,36 @@ def snapshot_absent(name, volume, spec=None):
     ret["changes"] = {"deleted": name}
     ret["comment"] = "Snapshot {} of volume {} deleted".format(name, volume)
     return ret
+
+
+def snapshot_schedule_retired(name):
+    """
+    Make sure snapshot schedule ``name`` is no longer reported in the
+    node's report (``snapshotSchedules``): the ``salt_volumes.scheduled``
+    formula uses it once the schedule's Salt schedule entry is removed. The
+    snapshots it took stay, and so does its record of them.
+
+    .. code-block:: yaml
+
+        nightly:
+          salt_volumes.snapshot_schedule_retired
+    """
+    ret = _ret(name)
+    try:
+        if __salt__["salt_volumes.snapshot_schedule_retired"](name):
+            ret["result"] = True
+            ret["comment"] = "Snapshot schedule {} is retired".format(name)
+            return ret
+        if __opts__["test"]:
+            ret["result"] = None
+            ret["comment"] = "Snapshot schedule {} would be retired".format(name)
+            ret["changes"] = {"retired": name}
+            return ret
+        __salt__["salt_volumes.retire_snapshot_schedule"](name)
+    except (CommandExecutionError, SaltInvocationError) as exc:
+        ret["comment"] = "snapshot schedule {}: {}".format(name, __salt__["salt_volumes.message"](exc))
+        return ret
+    ret["result"] = True
+    ret["changes"] = {"retired": name}
+    ret["comment"] = "Snapshot schedule {} retired: no longer reported; its snapshots stay".format(name)
+    return ret

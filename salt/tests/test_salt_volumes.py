@@ -561,6 +561,8 @@ def test_beacon_fires_when_snapshots_come_or_grow(beacon):
     (("deleted", SPEC, ""), "snapshot"),
     (("deleted", SPEC, ["s1"]), "snapshot"),
     (("taken", SPEC, "s1", 64), "size"),
+    (("restored", SPEC, "s1", "64Mi"), "size"),
+    (("restored", {"name": "v1", "sparseLoopDevice": {"size": "1Gi"}}, "s1"), "volume"),
 ])
 def test_apply_snapshot_refuses_anything_else_before_running(mod, args, field, monkeypatch):
     monkeypatch.setattr(mod, "_run", lambda *a, **kw: pytest.fail("nothing may run"))
@@ -579,3 +581,32 @@ def test_apply_snapshot_runs_the_binary_with_the_volume_and_the_name(mod, monkey
         ("snapshot-delete", SPEC, ["--name", "s1"]),
         ("snapshot", SPEC, ["--name", "s2", "--size", "64Mi"]),
     ]
+
+
+def test_apply_snapshot_restored_runs_snapshot_restore_and_passes_a_refusal_on(mod, monkeypatch):
+    calls = []
+
+    def run(*a):
+        calls.append(a)
+        if len(calls) > 1:
+            exc = CommandExecutionError("volume data-1: /dev/loop3 mounted on /mnt/x (in_use)")
+            exc.code, exc.retcode = "in_use", 3
+            raise exc
+        return {"snapshot": a[2][1], "sameDevice": True}
+
+    monkeypatch.setattr(mod, "_run", run)
+    assert mod.apply_snapshot("restored", SPEC, "s1") == {"snapshot": "s1", "sameDevice": True}
+    with pytest.raises(CommandExecutionError, match="mounted on /mnt/x") as exc:
+        mod.apply_snapshot("restored", SPEC, "s1")
+    assert exc.value.code == "in_use"
+    assert calls == [("snapshot-restore", SPEC, ["--name", "s1"])] * 2
+
+
+def test_snapshot_restore_names_the_snapshot(mod, monkeypatch):
+    calls = []
+    monkeypatch.setattr(mod, "_run", lambda *a: calls.append(a) or {})
+    with pytest.raises(SaltInvocationError, match="snapshot_name"):
+        mod.snapshot_restore(spec=SPEC)
+    assert calls == []
+    mod.snapshot_restore(spec=SPEC, snapshot_name="before")
+    assert calls == [("snapshot-restore", SPEC, ["--name", "before"])]

@@ -3,6 +3,7 @@ package nodeexec
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -178,6 +179,16 @@ func (n *node) startSnapshot(env []string, spec map[string]any, args ...string) 
 		})
 	})
 	return cmd, &out
+}
+
+// readFreezeRecord reads a freeze record as JSON.
+func readFreezeRecord(t *testing.T, path string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal(b, &rec))
+	return rec
 }
 
 // waitFor polls for path to exist.
@@ -416,6 +427,7 @@ func TestSnapshotFreezeEnds(t *testing.T) {
 		require.Equal(t, 0, lr.Code, lr.Stdout)
 		c := lr.Out["capacity"].(map[string]any)
 		assert.Contains(t, fmt.Sprint(c["snapshotWarnings"]), "stale freeze", lr.Stdout)
+		assert.Equal(t, float64(1), c["staleFreezes"], lr.Stdout)
 
 		r := n.ok("snapshot", spec, "--name", "s")
 		assert.Contains(t, steps(r.Stderr), "stale-freeze-thawed")
@@ -428,6 +440,147 @@ func TestSnapshotFreezeEnds(t *testing.T) {
 		}
 		n.ok("snapshot-delete", spec, "--name", "s")
 	})
+
+	t.Run("a stale freeze of another snapshot name is settled by any run of the volume", func(t *testing.T) {
+		other := filepath.Join(n.dir, "snapshots", u, "a.freeze")
+		cmd, _ := n.startSnapshot([]string{stall(20 * time.Second), failpoint.CrashEnv + "=freeze-watchdog-parent-gone"}, spec, "--name", "a", "--freeze-limit", "10s")
+		waitFor(t, other, 10*time.Second)
+		require.NoError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL))
+		_ = cmd.Wait()
+		blocked, wrote := writeBlocks(mp, 300*time.Millisecond)
+		require.True(t, blocked, "frozen with nobody left to thaw it")
+		r := n.ok("snapshot", spec, "--name", "b")
+		assert.Contains(t, steps(r.Stderr), "stale-freeze-thawed")
+		assert.Equal(t, "taken", r.str("phase"))
+		select {
+		case err := <-wrote:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("still frozen after a run of another name")
+		}
+		// The take of a, abandoned, is gone with its freeze record.
+		noTrace(t, n, u, "a")
+		list := n.ok("snapshots", spec).Out["snapshots"].([]any)
+		require.Len(t, list, 1)
+		assert.Equal(t, "b", list[0].(map[string]any)["name"])
+		n.ok("snapshot-delete", spec, "--name", "b")
+	})
+
+	t.Run("the watchdog holds no descriptor its run inherited", func(t *testing.T) {
+		pr, pw, err := os.Pipe()
+		require.NoError(t, err)
+		defer pr.Close()
+		var ino uint64
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Fstat(int(pw.Fd()), &st))
+		ino = st.Ino
+		cmd := exec.Command(binary, "--state-dir", n.dir, "snapshot", "--spec", "-", "--name", "s", "--freeze-limit", "5s")
+		cmd.Env = append(os.Environ(), stall(3*time.Second))
+		cmd.Stdin = strings.NewReader(mustJSON(t, spec))
+		// As a Salt minion's pipe reaches it: open across exec, at 3 to 9.
+		cmd.ExtraFiles = []*os.File{pw, pw, pw, pw, pw, pw, pw}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		pw.Close()
+		waitFor(t, freezeRecord, 10*time.Second)
+		pid := int(readFreezeRecord(t, freezeRecord)["watchdogPID"].(float64))
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		require.NoError(t, err)
+		for _, fd := range fds {
+			link, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+			assert.NotEqual(t, fmt.Sprintf("pipe:[%d]", ino), link, "the watchdog holds the run's inherited pipe at fd %s", fd.Name())
+		}
+		require.NoError(t, cmd.Wait(), out.String())
+		n.ok("snapshot-delete", spec, "--name", "s")
+	})
+
+	t.Run("a stopped watchdog: the run thaws at the limit plus the margin and kills it", func(t *testing.T) {
+		w := startWriter(t, mp)
+		cmd, out := n.startSnapshot([]string{stall(20 * time.Second)}, spec, "--name", "s", "--freeze-limit", "2s")
+		waitFor(t, freezeRecord, 10*time.Second)
+		rec := readFreezeRecord(t, freezeRecord)
+		pid := int(rec["watchdogPID"].(float64))
+		require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+		stoppedAt := time.Now()
+		after, ok := w.wroteAfter(stoppedAt, 6*time.Second)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			err = <-done
+			t.Error("the run did not end while its watchdog was stopped")
+		}
+		st := w.finish()
+		t.Logf("stopped watchdog: writes resumed %s after it was stopped; writer's longest stall %s; %s", after.Round(time.Millisecond), st.Round(time.Millisecond), out.String())
+		assert.True(t, ok, "thawed while the watchdog was stopped")
+		assert.Less(t, st, 2*time.Second+stallMargin, "the writer's longest stall")
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, out.String())
+		assert.Equal(t, 1, ee.ExitCode(), out.String())
+		assert.Contains(t, out.String(), "thawed by the run, watchdog killed")
+		assert.Eventually(t, func() bool { return syscall.Kill(pid, 0) != nil }, 3*time.Second, 20*time.Millisecond, "the watchdog was killed")
+		blocked, wrote := writeBlocks(mp, time.Second)
+		require.False(t, blocked)
+		require.NoError(t, <-wrote)
+		noTrace(t, n, u, "s")
+	})
+
+	t.Run("a stale freeze past its window: left alone, reported, thawed only with --thaw-stale", func(t *testing.T) {
+		cmd, _ := n.startSnapshot([]string{stall(20 * time.Second), failpoint.CrashEnv + "=freeze-watchdog-parent-gone"}, spec, "--name", "s", "--freeze-limit", "10s")
+		waitFor(t, freezeRecord, 10*time.Second)
+		require.NoError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL))
+		_ = cmd.Wait()
+		// Time passes: the window in which that freeze could only be
+		// ours is over (its record's bound a minute ago).
+		rec := readFreezeRecord(t, freezeRecord)
+		rec["frozenAt"] = time.Now().Add(-2 * time.Minute).UTC().Format(time.RFC3339Nano)
+		rec["thawBy"] = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+		b, err := json.Marshal(rec)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(freezeRecord, b, 0o600))
+		// An operator thaws it by hand; a backup tool freezes it since.
+		out, err := exec.Command("fsfreeze", "-u", mp).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		out, err = exec.Command("fsfreeze", "-f", mp).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+
+		for _, verb := range []string{"snapshot", "snapshot-delete"} {
+			r := n.do(verb, spec, "--name", "s")
+			assert.Equal(t, 3, r.Code, "%s: %s", verb, r.Stdout)
+			assert.Equal(t, "stale_freeze", r.errCode(), verb)
+			assert.Contains(t, r.errMsg(), "--thaw-stale", verb)
+			assert.Contains(t, steps(r.Stderr), "stale-freeze-left", verb)
+			blocked, wrote := writeBlocks(mp, 300*time.Millisecond)
+			require.True(t, blocked, "%s thawed the backup tool's freeze", verb)
+			_ = wrote
+		}
+		list := n.ok("snapshots", spec).Out["snapshots"].([]any)
+		require.Len(t, list, 1)
+		assert.Equal(t, mp, list[0].(map[string]any)["staleFreeze"])
+		assert.Contains(t, list[0].(map[string]any)["warning"], "--thaw-stale")
+		assert.NotContains(t, list[0].(map[string]any)["warning"], "fsfreeze -u")
+		lr := n.exec(nil, "", "list")
+		require.Equal(t, 0, lr.Code, lr.Stdout)
+		c := lr.Out["capacity"].(map[string]any)
+		assert.Contains(t, fmt.Sprint(c["snapshotWarnings"]), "--thaw-stale", lr.Stdout)
+		assert.Equal(t, float64(1), c["staleFreezes"], lr.Stdout)
+
+		// The operator's explicit action thaws it (the device and mount
+		// are the same).
+		r := n.ok("snapshot-delete", spec, "--name", "s", "--thaw-stale")
+		assert.Contains(t, steps(r.Stderr), "stale-freeze-thawed")
+		blocked, wrote := writeBlocks(mp, time.Second)
+		require.False(t, blocked)
+		require.NoError(t, <-wrote)
+		noTrace(t, n, u, "s")
+		lr = n.exec(nil, "", "list")
+		assert.Nil(t, lr.Out["capacity"].(map[string]any)["staleFreezes"], lr.Stdout)
+	})
 	umount(t, mp)
 	n.ok("unprepare", spec)
 }
@@ -436,18 +589,32 @@ func TestSnapshotFreezeEnds(t *testing.T) {
 // volume is frozen for the reflink alone: no copy first, a short freeze.
 func TestSnapshotFreezeReflinkOnly(t *testing.T) {
 	n := reflinkNode(t)
-	_, spec, mp := mountedFilled(t, n, "freeze-xfs", "128Mi", 64<<20)
+	u, spec, mp := mountedFilled(t, n, "freeze-xfs", "128Mi", 64<<20)
 	w := startWriter(t, mp)
 	r := n.ok("snapshot", spec, "--name", "s", "--freeze-limit", "1s")
 	stall := w.finish()
 	assert.Equal(t, "reflink", r.str("method"))
 	assert.Equal(t, true, r.Out["frozen"])
-	assert.Equal(t, []string{"frozen", "thawed", "snapshot-taken"}, steps(r.Stderr), "no copy made unfrozen first")
+	assert.Equal(t, []string{"snapshot-reflink-trial", "frozen", "thawed", "snapshot-taken"}, steps(r.Stderr), "no copy made unfrozen first, one timed reflink")
 	frozen, err := time.ParseDuration(r.str("frozenFor"))
 	require.NoError(t, err)
 	t.Logf("reflink: frozen for %s, writer's longest stall %s", frozen, stall.Round(time.Millisecond))
 	assert.Less(t, frozen, time.Second)
 	n.ok("snapshot-delete", spec, "--name", "s")
+
+	// A reflink that takes more than half the limit unfrozen (a file of
+	// many extents) is refused before anything is frozen.
+	w = startWriter(t, mp)
+	r = n.exec([]string{"SALT_VOLUMES_TEST_REFLINK_TRIAL=800ms"}, mustJSON(t, spec), "snapshot", "--spec", "-", "--name", "s", "--freeze-limit", "1s")
+	stall = w.finish()
+	assert.Equal(t, 3, r.Code, r.Stdout)
+	assert.Equal(t, "freeze_limit", r.errCode())
+	for _, want := range []string{"a reflink of its", "more than half of --freeze-limit 1s", "Refused before anything was frozen", "LVM volume", "unmount the volume"} {
+		assert.Contains(t, r.errMsg(), want)
+	}
+	assert.NotContains(t, steps(r.Stderr), "frozen")
+	noTrace(t, n, u, "s")
+	assert.Less(t, stall, 500*time.Millisecond, "nothing frozen")
 	umount(t, mp)
 	n.ok("unprepare", spec)
 }

@@ -126,3 +126,27 @@ func TestSnapshotPlantedLinks(t *testing.T) {
 	require.NoError(t, os.Rename(file+".moved", file))
 	n.ok("unprepare", spec)
 }
+
+// A volume begun as a new one and killed before it was written may not be
+// finished as a clone (a clone's LV skips the check for an earlier LV's
+// leftovers), nor the other way round.
+func TestSourceFixedUntilWritten(t *testing.T) {
+	n := newNode(t)
+	origin := sparseSpec("src-origin", n.newUUID(), "16Mi", nil)
+	n.ok("prepare", origin)
+	n.ok("snapshot", origin, "--name", "s")
+	fresh := sparseSpec("src-fresh", n.newUUID(), "16Mi", nil)
+	b, err := json.Marshal(fresh)
+	require.NoError(t, err)
+	r := n.exec([]string{"SALT_VOLUMES_CRASH_AFTER=recorded"}, string(b), "prepare", "--spec", "-")
+	require.Equal(t, -1, r.Code, "killed after recorded: %s", r.Stderr)
+	asClone := sparseSpec("src-fresh", fresh["uuid"].(string), "16Mi", map[string]any{"source": map[string]any{"volumeUUID": origin["uuid"], "snapshot": "s"}})
+	r = n.do("prepare", asClone)
+	assert.Equal(t, 3, r.Code, r.Stdout)
+	assert.Equal(t, "conflict", r.errCode())
+	assert.Contains(t, r.errMsg(), "begun as a new volume (no source)")
+	n.ok("prepare", fresh)
+	n.ok("unprepare", fresh)
+	n.ok("snapshot-delete", origin, "--name", "s")
+	n.ok("unprepare", origin)
+}

@@ -1,0 +1,274 @@
+package snapshots
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
+)
+
+// Phases of a restore (Snapshot.Restore.Phase).
+const (
+	Restoring = "Restoring" // its job runs (or is about to)
+	Restored  = "Restored"
+	// A failed restore's phase is Failed, like a snapshot's.
+)
+
+// Restore asks for volume v to be put back to snapshot name in place
+// (salt-volume-exec snapshot-restore on its node). Asking while a restore
+// from that snapshot runs answers it (started false). Refused (409) unless
+// the snapshot is Ready, of v as it is now, and v is a sparse volume that
+// is Available, not being deleted, with no other job of its snapshots
+// running. The restore is kept on the snapshot's record, last one only.
+func (s *Service) Restore(ctx context.Context, v *volume.Volume, name, by string) (snap Snapshot, started bool, err error) {
+	s.init()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.read(ctx, name)
+	if err != nil {
+		return Snapshot{}, false, err
+	}
+	if r.Restore != nil && r.Restore.Phase == Restoring {
+		return r.Snapshot, false, nil
+	}
+	vol := v.Spec.Name
+	switch {
+	case r.Phase != Ready:
+		return r.Snapshot, false, &Error{409, "name", fmt.Sprintf("snapshot %s is %s: only a Ready snapshot is restored", name, r.Phase)}
+	case v.Spec.UUID != r.VolumeUUID:
+		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("snapshot %s is of volume %s (%s), which is gone: volume %s is another one", name, r.Volume, r.VolumeUUID, vol)}
+	case v.Spec.SparseLoopDevice == nil:
+		// LVM snapshots would need a merge (which removes the snapshot),
+		// a raw device has none of its own: the node refuses both.
+		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s is not a sparse volume: only sparse volumes are restored in place (an LVM volume: lvconvert --merge by hand, see docs/operations.md)", vol)}
+	case v.DeleteRequested:
+		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to restore", vol)}
+	case v.Status.Phase != volume.Available:
+		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s is %s: restore it once it is Available (salt-volumes wait %s --for Available)", vol, v.Status.Phase, vol)}
+	}
+	if busy, err := s.busyWith(ctx, r.VolumeUUID, name); err != nil {
+		return Snapshot{}, false, err
+	} else if busy != "" {
+		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s: %s: restore it once that has finished", vol, busy)}
+	}
+	now := time.Now().UTC()
+	r.Restore = &saltvolumes.SnapshotRestore{Phase: Restoring, RequestedBy: by, RequestedAt: now}
+	// The volume's spec as it is now: one grown since the snapshot would
+	// be refused by its node under the snapshot's older, smaller spec.
+	sp := v.Spec
+	r.RestoreSpec = &sp
+	r.RestoreJobStartedAt = nil
+	if err := s.write(ctx, r); err != nil {
+		return Snapshot{}, false, err
+	}
+	s.Kick()
+	return r.Snapshot, true, nil
+}
+
+// busyWith names a job of volume uuid's snapshots other than a restore
+// from except that runs: a snapshot taken or deleted, or a restore.
+// Called with s.mu held.
+func (s *Service) busyWith(ctx context.Context, uuid, except string) (string, error) {
+	rs, err := s.all(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, o := range rs {
+		if o.VolumeUUID != uuid {
+			continue
+		}
+		switch {
+		case o.Restore != nil && o.Restore.Phase == Restoring && o.Name != except:
+			return fmt.Sprintf("it is being restored from snapshot %s", o.Name), nil
+		case o.Phase == Pending:
+			return fmt.Sprintf("snapshot %s of it is being taken", o.Name), nil
+		case o.Phase == Deleting:
+			return fmt.Sprintf("snapshot %s of it is being deleted", o.Name), nil
+		}
+	}
+	return "", nil
+}
+
+// Restoring names the snapshot volume vol is being restored from ("" when
+// none): while that runs, the volume is not deleted, grown or snapshotted.
+func (s *Service) Restoring(ctx context.Context, vol string) (string, error) {
+	rs, err := s.all(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range rs {
+		if r.Volume == vol && r.Restore != nil && r.Restore.Phase == Restoring {
+			return r.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// restoring refuses a change to a snapshot's volume while a restore of it
+// runs (409). Called with s.mu held.
+func (s *Service) restoring(ctx context.Context, uuid, what string) error {
+	rs, err := s.all(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.VolumeUUID == uuid && r.Restore != nil && r.Restore.Phase == Restoring {
+			return &Error{409, "volume", fmt.Sprintf("volume %s is being restored from snapshot %s: %s once that has finished", r.Volume, r.Name, what)}
+		}
+	}
+	return nil
+}
+
+// stepRestore launches or looks up a restore's job; it says whether the
+// restore is finished.
+func (s *Service) stepRestore(ctx context.Context, r *record) bool {
+	if r.Restore.JobID == "" {
+		s.launchRestore(ctx, r)
+		return false
+	}
+	info, err := s.Salt.ListJob(ctx, r.Restore.JobID)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.Log.Warn("looking up a restore's job", "snapshot", r.Name, "job", r.Restore.JobID, "error", err)
+		}
+		return false
+	}
+	return s.settleRestore(ctx, r, info)
+}
+
+func (s *Service) launchRestore(ctx context.Context, r *record) {
+	sp := r.Spec
+	if r.RestoreSpec != nil {
+		sp = *r.RestoreSpec
+	}
+	if why := s.stillRestorable(r); why != "" {
+		// Changed between the request and its job (another replica's
+		// request, a node report): nothing was run.
+		s.endRestore(ctx, r, Failed, why+": nothing was run, the volume is as it was", nil)
+		return
+	}
+	jctx := ctx
+	if r.Restore.RequestedBy != "" {
+		jctx = saltapi.WithMetadata(ctx, map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"restore/" + r.Name: r.Restore.RequestedBy}}})
+	}
+	job, err := s.Salt.LocalAsync(jctx, r.Node, FunApply, []any{"restored", sp, r.Name}, nil)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, rerr := s.read(ctx, r.Name)
+	if rerr != nil || cur.Restore == nil || cur.Restore.Phase != Restoring || cur.Restore.JobID != "" {
+		return
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			cur.Restore.Message = fmt.Sprintf("could not start the job on %s: %v; trying again", r.Node, err)
+			_ = s.write(ctx, cur)
+			s.Log.Warn("starting a restore job", "snapshot", r.Name, "node", r.Node, "error", err)
+		}
+		return
+	}
+	now := time.Now().UTC()
+	cur.Restore.JobID, cur.Restore.Message, cur.RestoreJobStartedAt = job.JID, "", &now
+	if err := s.write(ctx, cur); err != nil {
+		s.Log.Warn("saving a restore's job", "snapshot", r.Name, "job", job.JID, "error", err)
+		return
+	}
+	s.Log.Info("restore job started", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "job", job.JID, "requestedBy", r.Restore.RequestedBy)
+}
+
+// stillRestorable says why the volume may not be restored now ("": it
+// may), when the service reads volumes.
+func (s *Service) stillRestorable(r *record) string {
+	if s.Volumes == nil {
+		return ""
+	}
+	v, err := s.Volumes.Get(r.Volume)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Sprintf("volume %s is gone", r.Volume)
+	case err != nil:
+		return "" // the node checks the volume itself
+	case v.Spec.UUID != r.VolumeUUID:
+		return fmt.Sprintf("volume %s is another volume now", r.Volume)
+	case v.DeleteRequested:
+		return fmt.Sprintf("volume %s is being deleted", r.Volume)
+	case v.Status.Phase != volume.Available:
+		return fmt.Sprintf("volume %s is %s", r.Volume, v.Status.Phase)
+	}
+	return ""
+}
+
+// restoreAnswer is the part of snapshot-restore's answer a restore keeps.
+type restoreAnswer struct {
+	Snapshot   string   `json:"snapshot"`
+	Method     string   `json:"method"`
+	SameDevice bool     `json:"sameDevice"`
+	Took       string   `json:"took"`
+	Warnings   []string `json:"warnings"`
+	Volume     *struct {
+		UUID string `json:"uuid"`
+	} `json:"volume"`
+}
+
+func (s *Service) settleRestore(ctx context.Context, r *record, info saltapi.JobInfo) bool {
+	ret, returned := info.Returns[r.Node]
+	if !returned {
+		started := time.Time{}
+		if r.RestoreJobStartedAt != nil {
+			started = *r.RestoreJobStartedAt
+		}
+		if age := time.Since(started); (!info.Known && age > 30*time.Second) || age > s.JobTimeout {
+			// Lost or stuck: a restore run again finishes or rolls back
+			// what a stopped one left (the node keeps a record of it).
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			cur, err := s.read(ctx, r.Name)
+			if err != nil || cur.Restore == nil || cur.Restore.JobID != r.Restore.JobID {
+				return false
+			}
+			s.Log.Warn("restore job without a return; starting it again", "snapshot", cur.Name, "job", cur.Restore.JobID, "age", age.Round(time.Second))
+			cur.Restore.Message = fmt.Sprintf("job %s had no return from %s after %s; started again", cur.Restore.JobID, r.Node, age.Round(time.Second))
+			cur.Restore.JobID, cur.RestoreJobStartedAt = "", nil
+			_ = s.write(ctx, cur)
+			s.Kick()
+		}
+		return false
+	}
+	var ans restoreAnswer
+	if ret.Retcode != 0 || json.Unmarshal(ret.Return, &ans) != nil || ans.Snapshot != r.Name ||
+		(ans.Volume != nil && ans.Volume.UUID != "" && ans.Volume.UUID != r.VolumeUUID) {
+		msg := failure(ret.Return)
+		s.Failures.Add(1)
+		s.Log.Warn("restore job failed", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "job", r.Restore.JobID, "message", msg)
+		s.endRestore(ctx, r, Failed, fmt.Sprintf("restoring volume %s on %s failed (job %s): %s", r.Volume, r.Node, r.Restore.JobID, msg), nil)
+		return true
+	}
+	s.Log.Info("volume restored from its snapshot", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "job", r.Restore.JobID, "method", ans.Method, "sameDevice", ans.SameDevice)
+	s.endRestore(ctx, r, Restored, "", &ans)
+	return true
+}
+
+// endRestore writes a restore's outcome, if the record still has the
+// restore r had.
+func (s *Service) endRestore(ctx context.Context, r *record, phase, msg string, ans *restoreAnswer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, err := s.read(ctx, r.Name)
+	if err != nil || cur.Restore == nil || cur.Restore.Phase != Restoring || cur.Restore.JobID != r.Restore.JobID {
+		return
+	}
+	now := time.Now().UTC()
+	cur.Restore.Phase, cur.Restore.Message, cur.Restore.FinishedAt = phase, msg, &now
+	cur.RestoreJobStartedAt = nil
+	if ans != nil {
+		cur.Restore.Method, cur.Restore.SameDevice, cur.Restore.Took, cur.Restore.Warnings = ans.Method, ans.SameDevice, ans.Took, ans.Warnings
+	}
+	if err := s.write(ctx, cur); err != nil {
+		s.Log.Warn("saving a restore", "snapshot", cur.Name, "error", err)
+	}
+}
