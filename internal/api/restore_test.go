@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -87,4 +88,35 @@ func TestRestoreRolesConflictsAndReplay(t *testing.T) {
 	code, m = do(t, ts, "POST", "/api/v1/snapshots/b1/restore", op, "")
 	assert.Equal(t, 409, code, m)
 	assert.Contains(t, errField(m, "message"), "volume busy is Pending: restore it once it is Available")
+}
+
+// From the outside review of #49: a restore rolls back the data under a
+// claim as surely as a deletion removes it, so an operator does not
+// restore a volume whose PersistentVolume a claim holds, or one in use;
+// an admin may (the node still refuses a volume in use).
+func TestRestoreOfAHeldVolumeNeedsAdmin(t *testing.T) {
+	var st *store.Bolt
+	ts, _ := newServerWith(t, func(s *Server) {
+		withAccess(&st)(s)
+		s.Snapshots = &snapshots.Service{Records: s.Store.(*store.Bolt)}
+	})
+	code, m := do(t, ts, "POST", "/api/v1/tokens", token, `{"name":"op","role":"operator"}`)
+	require.Equal(t, 201, code, m)
+	op := m["token"].(string)
+	v := available(t, st, `{"name":"claimed","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	v.Status.PersistentVolume = &saltvolumes.PersistentVolume{Name: "pv-claimed", Phase: "Bound", Claim: "tenant/db"}
+	require.NoError(t, st.Update(context.Background(), v))
+	rec, err := json.Marshal(map[string]any{"name": "c1", "volume": "claimed", "volumeUUID": v.Spec.UUID, "node": "node-1",
+		"phase": snapshots.Ready, "createdAt": time.Now(), "spec": v.Spec})
+	require.NoError(t, err)
+	require.NoError(t, st.PutRecord(context.Background(), snapshots.Kind, "c1", rec))
+
+	code, m = do(t, ts, "POST", "/api/v1/snapshots/c1/restore", op, "")
+	assert.Equal(t, 403, code, m)
+	assert.Contains(t, errField(m, "message"), "PersistentVolume pv-claimed is Bound (claim tenant/db)")
+	got, err := st.GetRecord(context.Background(), snapshots.Kind, "c1")
+	require.NoError(t, err)
+	assert.NotContains(t, string(got), snapshots.Restoring, "nothing was asked of the node")
+	code, m = do(t, ts, "POST", "/api/v1/snapshots/c1/restore", token, "")
+	assert.Equal(t, 202, code, m)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
+	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
 // Snapshots: taken and deleted through the leader (its snapshot loop acts
@@ -266,6 +267,13 @@ func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
 		storeErr(w, err)
 		return
 	}
+	// A restore rolls back the data under whoever holds the volume: like a
+	// deletion, not for an operator while a claim holds it (its pods may
+	// be scaled down for a moment only) or while it is in use; an admin
+	// may (the node still refuses a volume in use).
+	if why := heldFor(v); why != "" && !s.escalate(w, r, access.Admin, "restore volume "+v.Spec.Name+" in place while "+why) {
+		return
+	}
 	snap, started, err := s.Snapshots.Restore(r.Context(), v, name, requester(r))
 	if err != nil {
 		snapshotErr(w, name, err)
@@ -276,6 +284,18 @@ func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/api/v1/snapshots/"+snap.Name)
 	writeJSON(w, http.StatusAccepted, snap)
+}
+
+// heldFor says who holds volume v ("": nobody the control plane knows of):
+// it is in use on its node, or a claim holds its PersistentVolume.
+func heldFor(v *volume.Volume) string {
+	if v.Status.InUse {
+		return "it is in use on " + v.Spec.Node
+	}
+	if pv := v.Status.PersistentVolume; pv != nil && (pv.Phase == "Bound" || pv.Phase == "Pending") {
+		return fmt.Sprintf("its PersistentVolume %s is %s (claim %s)", pv.Name, pv.Phase, pv.Claim)
+	}
+	return ""
 }
 
 // beingRestored refuses a change to a volume (409) while it is being

@@ -13,6 +13,11 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
+// restoreJobLimit is how long a restore job the master knows is waited
+// for: the node's module stops salt-volume-exec after its exec_timeout
+// (3600 s by default), a little after which no answer will come.
+const restoreJobLimit = 65 * time.Minute
+
 // Phases of a restore (Snapshot.Restore.Phase).
 const (
 	Restoring = "Restoring" // its job runs (or is about to)
@@ -41,6 +46,10 @@ func (s *Service) Restore(ctx context.Context, v *volume.Volume, name, by string
 	switch {
 	case r.Phase != Ready:
 		return r.Snapshot, false, &Error{409, "name", fmt.Sprintf("snapshot %s is %s: only a Ready snapshot is restored", name, r.Phase)}
+	case r.For != "":
+		// It goes once its clone is Available, which a restore running
+		// from it would hold up for good.
+		return r.Snapshot, false, &Error{409, "name", fmt.Sprintf("snapshot %s was taken for the clone %s alone and is deleted once that is Available: restore from a snapshot of your own", name, r.For)}
 	case v.Spec.UUID != r.VolumeUUID:
 		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("snapshot %s is of volume %s (%s), which is gone: volume %s is another one", name, r.Volume, r.VolumeUUID, vol)}
 	case v.Spec.SparseLoopDevice == nil:
@@ -222,22 +231,23 @@ func (s *Service) settleRestore(ctx context.Context, r *record, info saltapi.Job
 		if r.RestoreJobStartedAt != nil {
 			started = *r.RestoreJobStartedAt
 		}
-		if age := time.Since(started); (!info.Known && age > 30*time.Second) || age > s.JobTimeout {
-			// Lost or stuck: a restore run again finishes or rolls back
-			// what a stopped one left (the node keeps a record of it).
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			cur, err := s.read(ctx, r.Name)
-			if err != nil || cur.Restore == nil || cur.Restore.JobID != r.Restore.JobID {
-				return false
-			}
-			s.Log.Warn("restore job without a return; starting it again", "snapshot", cur.Name, "job", cur.Restore.JobID, "age", age.Round(time.Second))
-			cur.Restore.Message = fmt.Sprintf("job %s had no return from %s after %s; started again", cur.Restore.JobID, r.Node, age.Round(time.Second))
-			cur.Restore.JobID, cur.RestoreJobStartedAt = "", nil
-			_ = s.write(ctx, cur)
-			s.Kick()
+		// Never started again by itself: a second run would put the
+		// volume back once more, over whatever was written after the
+		// first one finished (its return lost, or late). A job the master
+		// knows is waited for as long as the node may run it (its
+		// exec_timeout, an hour); one it does not know is said lost.
+		age := time.Since(started)
+		lost := !info.Known && age > 30*time.Second
+		if !lost && age <= restoreJobLimit {
+			return false
 		}
-		return false
+		msg := fmt.Sprintf("job %s has no return from %s after %s: the restore may have run, or may be running still; look at the volume's data before asking again (salt-volumes snapshot restore %s)", r.Restore.JobID, r.Node, age.Round(time.Second), r.Name)
+		if lost {
+			msg = fmt.Sprintf("job %s is not known to the master after %s: it was lost before or after it ran on %s; look at the volume's data before asking again (salt-volumes snapshot restore %s)", r.Restore.JobID, age.Round(time.Second), r.Node, r.Name)
+		}
+		s.Log.Warn("restore job without a return: ended, not started again", "snapshot", r.Name, "job", r.Restore.JobID, "age", age.Round(time.Second), "known", info.Known)
+		s.endRestore(ctx, r, Failed, msg, nil)
+		return true
 	}
 	var ans restoreAnswer
 	if ret.Retcode != 0 || json.Unmarshal(ret.Return, &ans) != nil || ans.Snapshot != r.Name ||

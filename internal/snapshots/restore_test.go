@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/salt-volumes/salt-volumes/internal/saltapi"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
@@ -134,4 +136,54 @@ func TestRestoreRefusals(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNotFound)
 	got, _ := s.Get(ctx, "before")
 	assert.Nil(t, got.Restore, "nothing written")
+}
+
+// From the outside review of #49: a restore whose job gives no answer is
+// never started again by itself (a second run would roll back whatever was
+// written after the first finished): a job the master does not know ends
+// Failed after 30 s, saying so; and a snapshot taken for a clone alone is
+// not restored from (its deletion once the clone is Available would wait
+// for the restore for good).
+func TestRestoreNeverRunsTwiceByItself(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	ready(t, s, f, v, "before")
+	_, started, err := s.Restore(ctx, v, "before", "bob")
+	require.NoError(t, err)
+	require.True(t, started)
+	s.pass(ctx)
+	jid := f.lastJID()
+	launched := len(f.launched)
+	// Running (the master knows the job): waited for, whatever the
+	// service's job timeout.
+	s.JobTimeout = time.Millisecond
+	time.Sleep(5 * time.Millisecond)
+	s.pass(ctx)
+	assert.Len(t, f.launched, launched, "a running restore is not started again")
+	// The master lost it: ended, not started again.
+	f.mu.Lock()
+	f.returns[jid] = saltapi.JobInfo{Known: false}
+	f.mu.Unlock()
+	r, err := s.read(ctx, "before")
+	require.NoError(t, err)
+	old := time.Now().Add(-time.Minute)
+	r.RestoreJobStartedAt = &old
+	require.NoError(t, s.write(ctx, r))
+	s.pass(ctx)
+	s.pass(ctx)
+	assert.Len(t, f.launched, launched, "a lost restore is not started again")
+	got, err := s.Get(ctx, "before")
+	require.NoError(t, err)
+	require.NotNil(t, got.Restore)
+	assert.Equal(t, Failed, got.Restore.Phase)
+	assert.Contains(t, got.Restore.Message, "look at the volume's data before asking again")
+
+	// A clone's own snapshot.
+	_, _, err = s.TakeFor(ctx, v, "clone-copy-0a1b2c3d", "bob", "copy", 0)
+	require.NoError(t, err)
+	s.pass(ctx)
+	f.answer(f.lastJID(), 0, map[string]any{"name": "clone-copy-0a1b2c3d", "volumeUUID": v.Spec.UUID, "method": "reflink"})
+	s.pass(ctx)
+	_, _, err = s.Restore(ctx, v, "clone-copy-0a1b2c3d", "bob")
+	checkRefusal(t, err, "a clone's snapshot", "name", 409, "taken for the clone copy alone")
 }
