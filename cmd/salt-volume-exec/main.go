@@ -31,11 +31,13 @@ const usage = `usage:
   salt-volume-exec [--state-dir DIR] list
   salt-volume-exec [--state-dir DIR] restore
   salt-volume-exec [--state-dir DIR] last-restore  (the report the last restore left)
-  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME [--size SIZE] [--freeze-limit 10s]
+  salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME [--size SIZE] [--freeze-limit 10s] [--owner ID]
                    (a sparse volume's point-in-time copy: reflink, else a sparse copy; a
                    mounted filesystem is never frozen longer than --freeze-limit, and a
-                   copy that would need longer is refused before anything is frozen)
-  salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME [--thaw-stale]
+                   copy that would need longer is refused before anything is frozen;
+                   --owner ID, the control plane's: a snapshot of that name not taken
+                   with ID is refused, exit 3 name_taken, and left as it is)
+  salt-volume-exec [--state-dir DIR] snapshot-delete --spec FILE|- --name NAME [--thaw-stale] [--owner ID]
                    (--thaw-stale: first thaw a stale freeze an earlier snapshot of the
                    volume left, which no run thaws on its own once its limit is long
                    past: only if nobody else froze that filesystem since)
@@ -94,6 +96,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	snapName := sub.String("name", "", "snapshot, snapshot-delete, snapshot-restore: the snapshot's name")
 	snapSize := sub.String("size", "", "snapshot: a thick LVM snapshot's copy-on-write space (default: a quarter of the LV)")
 	thawStale := sub.Bool("thaw-stale", false, "snapshot-delete: first thaw a stale freeze an earlier snapshot run of the volume left, however old (only if nobody else froze that filesystem since)")
+	owner := sub.String("owner", "", "snapshot, snapshot-delete: the control plane's id of the snapshot: a snapshot of that name not taken with it is refused (name_taken), never answered, taken over or deleted")
 	freezeLimit := sub.String("freeze-limit", "", "snapshot: the longest a mounted sparse volume's filesystem may be frozen (default 10s)")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
 	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
@@ -176,8 +179,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 					break
 				}
 			}
+			opts.Owner = *owner
 			out, err = e.TakeSnapshot(ctx, s, *snapName, opts)
-		} else if err = e.DeleteSnapshotThawing(ctx, s, *snapName, *thawStale); err == nil {
+		} else if err = e.DeleteSnapshotOwned(ctx, s, *snapName, *thawStale, *owner); err == nil {
 			out = map[string]any{"deleted": *snapName, "volumeUUID": s.UUID}
 		}
 	case "snapshots":

@@ -57,6 +57,15 @@ func (e *Engine) committed(recs []*nodestate.Record) int64 {
 			sum += st.Size()
 		}
 	}
+	// A restore's copy (<uuid>.restore) takes its room beside its volume
+	// until it is swapped in or dropped.
+	if temps, _ := filepath.Glob(filepath.Join(e.State.Sparse(), "*.restore")); len(temps) > 0 {
+		for _, p := range temps {
+			if st, err := os.Lstat(p); err == nil && st.Mode().IsRegular() {
+				sum += st.Size()
+			}
+		}
+	}
 	return sum
 }
 

@@ -31,6 +31,11 @@ func growing(s *spec.Spec, rec *nodestate.Record) bool {
 
 // checkGrowth applies the overcommit rule to what a growth adds.
 func (e *Engine) checkGrowth(s *spec.Spec, rec *nodestate.Record, all []*nodestate.Record) error {
+	// A restore's whole copy waiting to be swapped in has the old size:
+	// finished or rolled back first, never renamed over a grown file.
+	if err := e.refuseRestorePending(rec.Spec, "", "growing it to "+spec.FormatSize(s.SizeBytes)); err != nil {
+		return err
+	}
 	more := *s
 	more.SizeBytes = s.SizeBytes - rec.Spec.SizeBytes
 	return e.checkOvercommit(&more, all)

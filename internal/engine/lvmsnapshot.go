@@ -55,6 +55,11 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 	o := opFor(e, s)
 	recPath, _ := e.snapshotPaths(s.UUID, name)
 	old, err := readSnapshot(recPath)
+	if err == nil {
+		if err := checkOwner(old, opts.Owner, s.Name); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case err == nil && old.Phase == SnapshotTaken:
 		lv, err := snapshotLVOf(ctx, old)
@@ -76,7 +81,7 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 	vg := origin.VG
 	lvName, tag := snapshotLVName(s.UUID, name), snapshotTag(s.UUID, name)
 	snap := &Snapshot{Version: 1, Name: name, Volume: s.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
-		Mode: s.Mode, FSType: s.FSType, LV: vg + "/" + lvName, Size: origin.Size, Method: MethodLVMThick}
+		Mode: s.Mode, FSType: s.FSType, LV: vg + "/" + lvName, Size: origin.Size, Method: MethodLVMThick, Owner: opts.Owner}
 	thin := origin.Pool != ""
 	if thin {
 		snap.Method = MethodLVMThin

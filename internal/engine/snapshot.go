@@ -65,6 +65,12 @@ type Snapshot struct {
 	// may name a freeze that never was ours: read only to report it (a
 	// freeze of ours is in the freeze record, see snapshot_freeze.go).
 	Freezing string `json:"freezing,omitempty"`
+	// Owner is who took the snapshot when that was the control plane: its
+	// snapshot record's id (--owner), the same on every retry. Empty: taken
+	// through Salt (a state, a schedule, salt-call) or recorded by a
+	// salt-volume-exec older than owners; either way not the control
+	// plane's, which never takes such a snapshot over (checkOwner).
+	Owner string `json:"owner,omitempty"`
 
 	// An LVM snapshot (methods lvm-thick, lvm-thin) is an LV of its own,
 	// vg/name in LV, selected by LVUUID once taken; a thick one has
@@ -118,6 +124,46 @@ func (e *Engine) snapshotPaths(u, name string) (record, image string) {
 type SnapshotOptions struct {
 	COWSize     int64
 	FreezeLimit time.Duration
+	// Owner (--owner): the control plane's id for this snapshot. A
+	// snapshot of that name already on the node is answered only if it is
+	// that owner's; empty (Salt's own callers): answered whoever took it.
+	Owner string
+}
+
+// validOwner: an owner id is at most 128 of letters, digits, '-', '_', '.'
+// and ':'.
+func validOwner(o string) bool {
+	if len(o) > 128 {
+		return false
+	}
+	for i := 0; i < len(o); i++ {
+		c := o[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkOwner refuses to answer (or take over, or delete) snapshot old for
+// owner when owner is set and old is not that owner's: a snapshot of that
+// name that Salt took, or another control plane record's, stays what it
+// is. Nothing is changed.
+func checkOwner(old *Snapshot, owner, volume string) error {
+	if owner == "" || old == nil || old.Owner == owner {
+		return nil
+	}
+	who := "through Salt (a state, a schedule or salt-call) or by an older salt-volumes"
+	if old.Owner != "" {
+		who = "for another control-plane snapshot (owner " + old.Owner + ")"
+	}
+	when := ""
+	if !old.TakenAt.IsZero() {
+		when = " at " + old.TakenAt.UTC().Format(time.RFC3339)
+	} else if old.Phase != SnapshotTaken {
+		when = " (still being taken)"
+	}
+	return refused("name_taken", "snapshot %s of %s is on this node already, taken %s%s, not by this request: it is not taken over and nothing was changed: take this snapshot under another name", old.Name, volume, who, when)
 }
 
 // TakeSnapshot copies the sparse volume s's backing file as snapshot name;
@@ -129,6 +175,9 @@ type SnapshotOptions struct {
 func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, opts SnapshotOptions) (*Snapshot, error) {
 	if !validSnapshotName(name) {
 		return nil, invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.', at most 63, starting and ending with a letter or digit", name)
+	}
+	if !validOwner(opts.Owner) {
+		return nil, invalid("invalid_owner", "owner %q: at most 128 letters, digits, '-', '_', '.' and ':'", opts.Owner)
 	}
 	limit, err := freezeLimit(opts.FreezeLimit)
 	if err != nil {
@@ -148,6 +197,11 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	}
 	recPath, img := e.snapshotPaths(s.UUID, name)
 	old, err := readSnapshot(recPath)
+	if err == nil {
+		if err := checkOwner(old, opts.Owner, s.Name); err != nil {
+			return nil, err
+		}
+	}
 	if err == nil && old.Freezing != "" {
 		e.reportOldFreezing(o, old.Freezing)
 	}
@@ -163,7 +217,7 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 		return nil, failed("state", err, "the snapshots of %s", s.Name)
 	}
 	snap := &Snapshot{Version: 1, Name: name, Volume: rec.Spec.Name, VolumeUUID: s.UUID, Phase: SnapshotTaking,
-		Mode: rec.Spec.Mode, FSType: rec.Spec.FSType, Image: img}
+		Mode: rec.Spec.Mode, FSType: rec.Spec.FSType, Image: img, Owner: opts.Owner}
 	part := img + ".part"
 	os.Remove(part)
 	file := e.State.SparseFile(s.UUID)
@@ -335,19 +389,40 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, s *spec.Spec, name string) 
 // snapshot of s left, however old, after the device and mount checks
 // (settleFreezes).
 func (e *Engine) DeleteSnapshotThawing(ctx context.Context, s *spec.Spec, name string, thawStale bool) error {
+	return e.DeleteSnapshotOwned(ctx, s, name, thawStale, "")
+}
+
+// DeleteSnapshotOwned is DeleteSnapshotThawing for owner (--owner, the
+// control plane's id of the snapshot): a snapshot of that name that is
+// not owner's is refused (name_taken) and kept; "" deletes whoever's.
+// Any delete is refused while a restore of the volume from this snapshot
+// is unfinished (its leftover copy would outlive the snapshot it is of).
+func (e *Engine) DeleteSnapshotOwned(ctx context.Context, s *spec.Spec, name string, thawStale bool, owner string) error {
 	if !validSnapshotName(name) {
 		return invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.'", name)
+	}
+	if !validOwner(owner) {
+		return invalid("invalid_owner", "owner %q: at most 128 letters, digits, '-', '_', '.' and ':'", owner)
 	}
 	l, err := e.lockVolume(s.UUID)
 	if err != nil {
 		return err
 	}
 	defer l.Unlock()
+	recPath, img := e.snapshotPaths(s.UUID, name)
+	old, err := readSnapshot(recPath)
+	if err == nil {
+		if err := checkOwner(old, owner, s.Name); err != nil {
+			return err
+		}
+	}
+	if err := e.refuseRestorePending(s, name, "deleting snapshot "+name); err != nil {
+		return err
+	}
 	if err := e.settleFreezes(opFor(e, s), s.UUID, name, thawStale); err != nil {
 		return err
 	}
-	recPath, img := e.snapshotPaths(s.UUID, name)
-	old, err := readSnapshot(recPath)
+	old, err = readSnapshot(recPath)
 	if err == nil && old.LV != "" {
 		return e.deleteLVMSnapshot(ctx, s, old, recPath)
 	}

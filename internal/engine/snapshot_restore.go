@@ -45,6 +45,40 @@ type restoreRecord struct {
 	Device    string          `json:"device,omitempty"`
 	Method    filecopy.Method `json:"method,omitempty"`
 	StartedAt time.Time       `json:"startedAt"`
+	// SnapshotTakenAt and SnapshotImage (the image's inode) say which
+	// snapshot of that name the copy is of: a leftover copy of a snapshot
+	// deleted and taken again since is not put back (a record of an older
+	// version, without them, is not trusted either).
+	SnapshotTakenAt time.Time `json:"snapshotTakenAt,omitempty"`
+	SnapshotImage   uint64    `json:"snapshotImage,omitempty"`
+}
+
+// imageIno is the inode of a snapshot's image (0 if it cannot be read).
+func imageIno(img string) uint64 {
+	var st unix.Stat_t
+	if err := unix.Stat(img, &st); err != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// refuseRestorePending refuses what (a growth, a snapshot's deletion) of
+// volume s while a restore of s has not finished (its record is there);
+// snapshot, when set, limits that to a restore from that snapshot.
+func (e *Engine) refuseRestorePending(s *spec.Spec, snapshot, what string) error {
+	recPath, temp := e.restorePaths(s.UUID)
+	rr, err := readRestore(recPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return failed("state", err, "reading %s", recPath)
+	}
+	if snapshot != "" && rr.Snapshot != snapshot {
+		return nil
+	}
+	return refused("restore_pending", "volume %s: a restore from snapshot %s (started %s) did not finish, so %s is refused: finish it by running the restore again (salt-volume-exec snapshot-restore --name %s, or the API's or Salt's restore), or, while %s is still there (the volume was not swapped yet), roll it back by removing %s and %s; then try again",
+		s.Name, rr.Snapshot, rr.StartedAt.Format(time.RFC3339), what, rr.Snapshot, temp, recPath, temp)
 }
 
 // SnapshotRestore is what snapshot-restore prints.
@@ -108,8 +142,17 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 			if rr.Snapshot != name {
 				return nil, refused("restore_pending", "volume %s: a restore from snapshot %s did not finish: run snapshot-restore --name %s again first (the copy is whole, the next run finishes it)", s.Name, rr.Snapshot, rr.Snapshot)
 			}
-			out.Finished = rr.Snapshot
-			return e.finishRestore(ctx, o, rr, out, start)
+			if keep, err := e.restoreCopyCurrent(rr, temp); err != nil {
+				return nil, err
+			} else if keep {
+				out.Finished = rr.Snapshot
+				return e.finishRestore(ctx, o, rr, out, start)
+			}
+			// The copy left is of another snapshot of that name (deleted
+			// and taken again since) or cannot be told: it is dropped
+			// below, and the restore starts over from the snapshot as
+			// it is now.
+			o.step("restore-stale-copy-dropped", "snapshot", rr.Snapshot)
 		}
 		// Nothing of the volume was touched yet: forget the copy.
 		if err := e.dropRestore(s.UUID); err != nil {
@@ -153,14 +196,15 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	if err != nil {
 		return nil, err
 	}
-	rr := &restoreRecord{Version: 1, Snapshot: name, VolumeUUID: s.UUID, Phase: restoreCopying, StartedAt: start.UTC()}
+	rr := &restoreRecord{Version: 1, Snapshot: name, VolumeUUID: s.UUID, Phase: restoreCopying, StartedAt: start.UTC(),
+		SnapshotTakenAt: snap.TakenAt, SnapshotImage: imageIno(img)}
 	if len(devs) > 0 {
 		rr.Device = devs[0].Name
 	}
+	os.Remove(temp) // no record speaks for it: nobody's, and not counted
 	if err := e.imageRoom(fmt.Sprintf("restoring %s to snapshot %s", s.Name, name), "restore_copy", img, temp); err != nil {
 		return nil, err
 	}
-	os.Remove(temp)
 	if err := writeRecord(recPath, rr); err != nil {
 		return nil, failed("state", err, "recording the restore of %s", s.Name)
 	}
@@ -171,7 +215,7 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 		_ = e.dropRestore(s.UUID)
 		return nil, failed("restore_copy", err, "copying snapshot %s: nothing was changed", name)
 	}
-	if err := e.readyRestore(o, snap, temp); err != nil {
+	if err := e.readyRestore(o, temp); err != nil {
 		_ = e.dropRestore(s.UUID)
 		return nil, err
 	}
@@ -192,14 +236,21 @@ func refusedLVM(s *spec.Spec) error {
 // readyRestore sizes the copy as the volume is now: a volume grown since
 // the snapshot keeps its size (a Block volume's table laid out to the end
 // again, as a growth does), and syncs it before any record says it is whole.
-func (e *Engine) readyRestore(o *op, snap *Snapshot, temp string) error {
+func (e *Engine) readyRestore(o *op, temp string) error {
 	s := o.s
 	f, err := os.OpenFile(temp, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return failed("restore_copy", err, "opening %s", temp)
 	}
 	defer f.Close()
-	if snap.Size < s.SizeBytes {
+	st, err := f.Stat()
+	if err != nil {
+		return failed("restore_copy", err, "reading %s", temp)
+	}
+	if st.Size() > s.SizeBytes {
+		return refused("snapshot_mismatch", "the restored copy %s (%s) is larger than volume %s (%s): not put in place", temp, spec.FormatSize(st.Size()), s.Name, spec.FormatSize(s.SizeBytes))
+	}
+	if st.Size() < s.SizeBytes {
 		if err := f.Truncate(s.SizeBytes); err != nil {
 			return failed("restore_copy", err, "sizing %s", temp)
 		}
@@ -226,6 +277,11 @@ func (e *Engine) finishRestore(ctx context.Context, o *op, rr *restoreRecord, ou
 	res := baseResult(s)
 	res.BackingFile = file
 	if _, err := os.Lstat(temp); err == nil {
+		// Sized again to the volume as it is now: a run that left the
+		// copy whole may be long before a growth.
+		if err := e.readyRestore(o, temp); err != nil {
+			return nil, err
+		}
 		// Checked again right before the detach: a rerun may come long
 		// after the run that checked first.
 		devs, err := refuseRestoreInUse(s, file)
@@ -371,6 +427,24 @@ func whoUses(d loopdev.Device, file string) ([]string, error) {
 		why = append(why, u.claim.Error())
 	}
 	return why, nil
+}
+
+// restoreCopyCurrent tells whether the whole copy a swapping restore left
+// is of snapshot rr.Snapshot as it is now (its takenAt and image inode).
+// A copy already swapped in (temp gone) is finished whatever it was of:
+// the volume's file is that copy now.
+func (e *Engine) restoreCopyCurrent(rr *restoreRecord, temp string) (bool, error) {
+	if _, err := os.Lstat(temp); errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	} else if err != nil {
+		return false, failed("restore_swap", err, "reading %s", temp)
+	}
+	snapPath, img := e.snapshotPaths(rr.VolumeUUID, rr.Snapshot)
+	snap, err := readSnapshot(snapPath)
+	if err != nil || snap.Phase != SnapshotTaken || rr.SnapshotImage == 0 {
+		return false, nil
+	}
+	return snap.TakenAt.Equal(rr.SnapshotTakenAt) && imageIno(img) == rr.SnapshotImage, nil
 }
 
 func readRestore(p string) (*restoreRecord, error) {

@@ -205,14 +205,61 @@ func Detach(ctx context.Context, d Device, wait time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s is still attached %s after detach: something still holds it open", d.Path, wait)
+			return keepAttached(d, fmt.Errorf("%s is still attached %s after detach: something still holds it open", d.Path, wait))
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return keepAttached(d, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// keepAttached undoes what a detach of a busy device did (LOOP_CLR_FD
+// only set AUTOCLEAR), so that the device stays attached when its last
+// user closes it instead of vanishing then; err is the detach's failure.
+// A device the kernel let go of meanwhile is detached after all (nil).
+func keepAttached(d Device, err error) error {
+	cerr := ClearAutoclear(d)
+	if _, serr := os.Stat(filepath.Join("/sys/block", d.Name, "loop")); errors.Is(serr, os.ErrNotExist) {
+		return nil
+	}
+	if cerr != nil {
+		return fmt.Errorf("%w; and its autoclear flag could not be cleared (%v): it detaches when its last user closes it", err, cerr)
+	}
+	return fmt.Errorf("%w (it stays attached)", err)
+}
+
+// ClearAutoclear clears LO_FLAGS_AUTOCLEAR of a bound loop device, the
+// rest of its status kept (LOOP_SET_STATUS64 changes only the flags that
+// differ from what LOOP_GET_STATUS64 read).
+func ClearAutoclear(d Device) error {
+	fd, err := unix.Open(d.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		return fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.Path, err)
+	}
+	if info.Flags&unix.LO_FLAGS_AUTOCLEAR == 0 {
+		return nil
+	}
+	info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
+	if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+		return fmt.Errorf("LOOP_SET_STATUS64 %s: %w", d.Path, err)
+	}
+	return nil
+}
+
+// Autoclear tells whether the loop device d has LO_FLAGS_AUTOCLEAR set.
+func Autoclear(d Device) (bool, error) {
+	info, err := status(d.Path)
+	if err != nil {
+		return false, err
+	}
+	return info.Flags&unix.LO_FLAGS_AUTOCLEAR != 0, nil
 }
 
 // EnsurePartition makes partition pno of the loop device (or any disk)

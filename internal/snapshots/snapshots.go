@@ -12,6 +12,8 @@ package snapshots
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,6 +70,24 @@ type record struct {
 	// for, and RestoreJobStartedAt when that restore's job was launched.
 	RestoreSpec         *spec.Spec `json:"restoreSpec,omitempty"`
 	RestoreJobStartedAt *time.Time `json:"restoreJobStartedAt,omitempty"`
+	// NodeID is this record's identity on the node (apply_snapshot's
+	// owner, salt-volume-exec --owner): random, made with the record and
+	// the same on every retry, so that the node answers the snapshot this
+	// record took and refuses one of that name Salt (or another record)
+	// took (name_taken). Empty in a record older than it: no owner passed.
+	NodeID string `json:"nodeID,omitempty"`
+}
+
+// nameTaken prefixes apply_snapshot's message when the node refused a
+// snapshot of that name that is not this record's.
+const nameTaken = "name_taken: "
+
+func newNodeID() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return "sv-" + hex.EncodeToString(b)
 }
 
 // Owner is the namespaced object (a VolumeSnapshot of salt-volumes.io)
@@ -391,7 +411,7 @@ func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone st
 	}
 	now := time.Now().UTC()
 	r = &record{Snapshot: Snapshot{Name: name, Volume: v.Spec.Name, VolumeUUID: v.Spec.UUID, Node: v.Spec.Node,
-		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone, COWSize: cow}, Spec: v.Spec, Owner: owner}
+		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone, COWSize: cow}, Spec: v.Spec, Owner: owner, NodeID: newNodeID()}
 	if err := s.write(ctx, r); err != nil {
 		return Snapshot{}, false, err
 	}
@@ -548,9 +568,15 @@ func (s *Service) launch(ctx context.Context, r *record) {
 	if r.RequestedBy != "" {
 		jctx = saltapi.WithMetadata(ctx, map[string]any{"salt-volumes": map[string]any{"requestedBy": map[string]any{"snapshot/" + r.Name: r.RequestedBy}}})
 	}
-	var kw map[string]any
+	kw := map[string]any{}
 	if action == "taken" && r.COWSize > 0 {
-		kw = map[string]any{"size": strconv.FormatInt(r.COWSize, 10)}
+		kw["size"] = strconv.FormatInt(r.COWSize, 10)
+	}
+	if r.NodeID != "" {
+		kw["owner"] = r.NodeID
+	}
+	if len(kw) == 0 {
+		kw = nil
 	}
 	job, err := s.Salt.LocalAsync(jctx, r.Node, FunApply, []any{action, r.Spec, r.Name}, kw)
 	s.mu.Lock()
@@ -639,7 +665,7 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) b
 	}
 	if !okAnswer {
 		msg := failure(ret.Return)
-		if !cur.Synced && strings.Contains(msg, "is not available") {
+		if !cur.Synced && (strings.Contains(msg, "is not available") || (cur.NodeID != "" && strings.Contains(msg, "owner") && (strings.Contains(msg, "not valid") || strings.Contains(msg, "unexpected keyword")))) {
 			// The minion's modules predate apply_snapshot: sync them
 			// from base once and run it again.
 			cur.Synced, cur.JobID, cur.JobStartedAt = true, "", nil
@@ -650,7 +676,25 @@ func (s *Service) settle(ctx context.Context, r *record, info saltapi.JobInfo) b
 			_ = s.write(ctx, cur)
 			return false
 		}
+		if strings.HasPrefix(msg, nameTaken) && cur.Phase == Deleting {
+			// The node's snapshot of that name is not this record's
+			// (this record's was never taken): it is left there, and
+			// only the record goes.
+			if err := s.writer().DeleteRecord(ctx, Kind, cur.Name); err != nil {
+				s.Log.Warn("removing a snapshot's record", "snapshot", cur.Name, "error", err)
+				return false
+			}
+			s.Log.Info("snapshot record deleted; the node's snapshot of that name is not its own and stays", "snapshot", cur.Name, "node", r.Node, "job", r.JobID)
+			return true
+		}
 		s.Failures.Add(1)
+		if strings.HasPrefix(msg, nameTaken) {
+			cur.Phase, cur.JobID, cur.JobStartedAt = Failed, "", nil
+			cur.Message = fmt.Sprintf("not taken: %s already has a snapshot named %s that this request did not take (job %s): %s. Nothing on the node was changed; deleting this Failed snapshot removes only this record. Take the snapshot under another name", r.Node, cur.Name, r.JobID, strings.TrimPrefix(msg, nameTaken))
+			s.Log.Warn("snapshot name taken on the node", "snapshot", cur.Name, "node", r.Node, "job", r.JobID)
+			_ = s.write(ctx, cur)
+			return true
+		}
 		verb := "taking"
 		if cur.Phase == Deleting {
 			verb = "deleting"

@@ -171,7 +171,8 @@ func TestLVMSnapshotCarriesItsSize(t *testing.T) {
 	assert.Equal(t, int64(64<<20), snap.COWSize)
 	s.pass(ctx)
 	require.Len(t, f.kwargs, 1)
-	assert.Equal(t, map[string]any{"size": "67108864"}, f.kwargs[0])
+	assert.Equal(t, "67108864", f.kwargs[0]["size"])
+	assert.Regexp(t, `^sv-[0-9a-f]{32}$`, f.kwargs[0]["owner"], "the record's node id goes as owner")
 	f.answer("1", 0, map[string]any{"name": "nightly", "volumeUUID": v.Spec.UUID, "method": "lvm-thick", "frozen": true,
 		"size": 1 << 30, "allocated": 64 << 20, "cowSize": 64 << 20, "lv": "vg0/svsnap-3f2504e0-nightly"})
 	s.pass(ctx)
@@ -183,7 +184,8 @@ func TestLVMSnapshotCarriesItsSize(t *testing.T) {
 	_, err = s.Delete(ctx, "nightly", "")
 	require.NoError(t, err)
 	s.pass(ctx)
-	assert.Nil(t, f.kwargs[1], "a deletion takes no size")
+	assert.NotContains(t, f.kwargs[1], "size", "a deletion takes no size")
+	assert.Equal(t, f.kwargs[0]["owner"], f.kwargs[1]["owner"], "the same owner deletes it")
 }
 
 // Only the node knows whether a raw device is an operator's LV: a raw
@@ -196,7 +198,7 @@ func TestRawVolumeSnapshotIsTheNodesCall(t *testing.T) {
 	require.NoError(t, err)
 	s.pass(ctx)
 	assert.Equal(t, FunApply+" taken onlv", f.launched[0])
-	assert.Equal(t, map[string]any{"size": "33554432"}, f.kwargs[0])
+	assert.Equal(t, "33554432", f.kwargs[0]["size"])
 	f.answer("1", 3, "ERROR: volume data-1 is on /dev/sdb (/dev/sdb), a disk or partition, not an LVM logical volume")
 	s.pass(ctx)
 	got, err := s.Get(ctx, "onlv")
@@ -342,4 +344,49 @@ func TestOwners(t *testing.T) {
 	sn, err := s.Get(ctx, "old")
 	require.NoError(t, err)
 	assert.Equal(t, Ready, sn.Phase, "released, kept")
+}
+
+// A snapshot of that name the node has and this record did not take
+// (Salt's, another record's) is refused by the node: the record is Failed
+// with the node's words, the same owner goes with every retry, and
+// deleting the Failed record removes only the record (the node refuses
+// to delete a snapshot not this owner's, which the leader takes as done).
+func TestNameTakenOnTheNodeIsFailedNeverTakenOver(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	_, _, err := s.Take(ctx, v, "before-upgrade", "alice")
+	require.NoError(t, err)
+	s.pass(ctx)
+	require.Len(t, f.kwargs, 1)
+	owner := f.kwargs[0]["owner"]
+	require.NotEmpty(t, owner)
+	f.answer("1", 3, "ERROR: name_taken: snapshot before-upgrade of data-1 is on this node already, taken through Salt (a state, a schedule or salt-call) or by an older salt-volumes at 2026-11-27T10:00:00Z, not by this request: it is not taken over and nothing was changed: take this snapshot under another name")
+	s.pass(ctx)
+	got, err := s.Get(ctx, "before-upgrade")
+	require.NoError(t, err)
+	assert.Equal(t, Failed, got.Phase)
+	assert.Contains(t, got.Message, "through Salt")
+	assert.Contains(t, got.Message, "another name")
+	assert.NotContains(t, got.Message, "name_taken: ")
+
+	// Asked again: retried with the same owner.
+	_, _, err = s.Take(ctx, v, "before-upgrade", "alice")
+	require.NoError(t, err)
+	s.pass(ctx)
+	require.Len(t, f.kwargs, 2)
+	assert.Equal(t, owner, f.kwargs[1]["owner"])
+	f.answer("2", 3, "ERROR: name_taken: snapshot before-upgrade of data-1 is on this node already")
+	s.pass(ctx)
+
+	_, err = s.Delete(ctx, "before-upgrade", "alice")
+	require.NoError(t, err)
+	s.pass(ctx)
+	require.Len(t, f.kwargs, 3)
+	assert.Equal(t, FunApply+" deleted before-upgrade", f.launched[2])
+	assert.Equal(t, owner, f.kwargs[2]["owner"], "the delete is the owner's only")
+	f.answer("3", 3, "ERROR: name_taken: snapshot before-upgrade of data-1 is on this node already")
+	s.pass(ctx)
+	_, err = s.Get(ctx, "before-upgrade")
+	assert.ErrorIs(t, err, ErrNotFound, "only the record went")
+	assert.Equal(t, int64(0), s.Taken.Load())
 }

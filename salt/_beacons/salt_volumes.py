@@ -31,6 +31,7 @@ with the minion id it verified.
 
 import calendar
 import logging
+import re
 import time
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,22 @@ def digest(doc):
     }
 
 
+# The times in an error: a snapshot's <schedule>-YYYYMMDDhhmmss, a UTC time.
+_ERROR_TIMES = re.compile(r"(?<![0-9])[0-9]{14}(?![0-9])|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z?")
+
+
+def _error_kind(error):
+    """An error without its times: the same failure at each run is no news."""
+    return _ERROR_TIMES.sub("<time>", str(error or ""))
+
+
 def _schedule_outcomes(d):
     # A schedule's success moves its time at every run: that alone is no
     # news (a heartbeat carries it); a volume coming or going, a run
-    # failing or recovering, or another error, is.
+    # failing or recovering, or another error, is (the same error again,
+    # naming the snapshot of this run, is not).
     return sorted(
-        (str(s.get("schedule")), str(s.get("uuid")), bool(s.get("failing")), str(s.get("lastError") or ""))
+        (str(s.get("schedule")), str(s.get("uuid")), bool(s.get("failing")), _error_kind(s.get("lastError")))
         for s in d.get("snapshotSchedules") or []
         if isinstance(s, dict)
     )

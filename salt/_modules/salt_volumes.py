@@ -421,7 +421,7 @@ def apply_volume(action, volumes, wipe=False):
     )
 
 
-def apply_snapshot(action, volume, snapshot, size=None):
+def apply_snapshot(action, volume, snapshot, size=None, owner=None):
     """
     Take, delete or restore one snapshot of a volume on this minion, with
     nothing else a caller can choose: the control plane's Salt account
@@ -441,6 +441,12 @@ def apply_snapshot(action, volume, snapshot, size=None):
     size
         a thick LVM snapshot's copy-on-write space (``64Mi``; default a
         quarter of the LV); nothing else takes it
+    owner
+        the control plane's id of the snapshot (``taken``, ``deleted``): a
+        snapshot of that name on the minion that was not taken with it (by
+        Salt, or for another record) is refused, ``name_taken``, and left as
+        it is; without it, any snapshot of that name is answered (Salt's own
+        callers)
 
     Returns the snapshot's record (``taken``), what was deleted, or what
     was restored.
@@ -463,11 +469,24 @@ def apply_snapshot(action, volume, snapshot, size=None):
         raise SaltInvocationError("size: give the copy-on-write space as a size such as 64Mi")
     if size is not None and action != "taken":
         raise SaltInvocationError("size: only a snapshot taken sets space aside")
-    if action == "deleted":
-        return _run("snapshot-delete", volume, ["--name", snapshot])
-    if action == "restored":
-        return _run("snapshot-restore", volume, ["--name", snapshot])
-    return _run("snapshot", volume, ["--name", snapshot] + (["--size", size] if size else []))
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise SaltInvocationError("owner: give the control plane's id of the snapshot")
+    if owner is not None and action == "restored":
+        raise SaltInvocationError("owner: a restore takes none")
+    mine = ["--owner", owner] if owner else []
+    try:
+        if action == "deleted":
+            return _run("snapshot-delete", volume, ["--name", snapshot] + mine)
+        if action == "restored":
+            return _run("snapshot-restore", volume, ["--name", snapshot])
+        return _run("snapshot", volume, ["--name", snapshot] + (["--size", size] if size else []) + mine)
+    except CommandExecutionError as exc:
+        if getattr(exc, "code", None) != "name_taken":
+            raise
+        # Said first, so that the control plane tells it from a failure.
+        err = CommandExecutionError("name_taken: {}".format(exc))
+        err.code, err.retcode, err.result = exc.code, getattr(exc, "retcode", 3), getattr(exc, "result", None)
+        raise err
 
 
 def prepare(name=None, spec=None):
@@ -727,12 +746,25 @@ def restore():
 # (salt_volumes:snapshot_schedules); the salt_volumes.scheduled formula
 # turns each into an entry of the minion's own Salt scheduler, which calls
 # run_snapshot_schedule. Which snapshots a schedule took is recorded in the
-# minion's cachedir (salt_volumes/snapshot_schedules.json): a schedule
-# prunes only those, never a snapshot someone else took, whatever its name.
+# minion's cachedir (salt_volumes/snapshot_schedules.json), under the id
+# of its Salt schedule entry: a schedule prunes only those, never a
+# snapshot someone else took, whatever its name, nor one an earlier
+# schedule of its name took. By default it takes only the volumes of the
+# minion's pillar, never a raw one (any_volume, raw_volumes).
 
 SCHEDULE_ENTRY_PREFIX = "salt-volumes-snapshot-"
 _SCHEDULES_PILLAR = "salt_volumes:snapshot_schedules"
-_SCHEDULE_KEYS = ("volumes", "match", "every", "daily_at", "keep", "max_age")
+_SCHEDULE_KEYS = ("volumes", "match", "every", "daily_at", "keep", "max_age", "any_volume", "raw_volumes")
+# Bounds: keep at most this many per volume; max_age at most this many
+# intervals and never more than 10 years; below a minute, keep is needed.
+_MAX_KEEP = 1000
+_MAX_AGE_INTERVALS = 1000
+_MAX_AGE_CAP = 3650 * 86400
+_FAST_EVERY = 60
+# A run takes nothing more while the schedule already holds this many past
+# its bound on a volume (its pruning failed): it only tries to prune.
+_OVER_KEEP = 3
+_SCHEDULE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # A schedule's snapshot is <schedule>-<UTC YYYYMMDDhhmmss>, and a snapshot
 # name is at most 63 characters.
 _STAMP_FORMAT = "%Y%m%d%H%M%S"
@@ -777,6 +809,13 @@ def _duration(value):
         if m:
             return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     return None
+
+
+def _fmt_duration(seconds):
+    for unit in ("d", "h", "m"):
+        if seconds % _UNIT_SECONDS[unit] == 0:
+            return "{}{}".format(seconds // _UNIT_SECONDS[unit], unit)
+    return "{}s".format(seconds)
 
 
 def _check_schedule(name, conf):
@@ -856,7 +895,13 @@ def _check_schedule(name, conf):
                 name, "keep", "{!r}: give how many of this schedule's snapshots to keep, a whole number "
                 "of at least 1".format(keep)
             )
+        if keep > _MAX_KEEP:
+            raise _schedule_error(
+                name, "keep", "{}: at most {} snapshots per volume: give a smaller keep (for a longer "
+                "history, a longer every)".format(keep, _MAX_KEEP)
+            )
         out["keep"] = keep
+    interval = out.get("every", 86400)
     if "max_age" in conf:
         age = _duration(conf["max_age"])
         if age is None:
@@ -864,8 +909,32 @@ def _check_schedule(name, conf):
                 name, "max_age", "{!r} is not a duration: use a whole number and a unit, e.g. 12h or "
                 "7d".format(conf["max_age"])
             )
+        cap = min(_MAX_AGE_INTERVALS * interval, _MAX_AGE_CAP)
+        if age > cap:
+            raise _schedule_error(
+                name, "max_age", "{!r}: at most {} times the interval and at most 3650d, here {}: give "
+                "a shorter max_age, or a longer every".format(conf["max_age"], _MAX_AGE_INTERVALS, _fmt_duration(cap))
+            )
         out["max_age"] = age
+    if interval < _FAST_EVERY and "keep" not in out:
+        raise _schedule_error(
+            name, "keep", "missing: every {} is more often than once a minute: give keep too (at most {}), "
+            "so that a count bounds how many snapshots it holds".format(conf["every"], _MAX_KEEP)
+        )
+    for key in ("any_volume", "raw_volumes"):
+        if key in conf:
+            if not isinstance(conf[key], bool):
+                raise _schedule_error(name, key, "{!r}: give true or false".format(conf[key]))
+            if conf[key]:
+                out[key] = True
     return out
+
+
+def _schedule_bound(conf):
+    """How many of its snapshots a schedule holds on a volume at most, pruning aside."""
+    if "keep" in conf:
+        return conf["keep"]
+    return conf["max_age"] // conf.get("every", 86400) + 1
 
 
 def _schedules_pillar():
@@ -933,12 +1002,19 @@ def snapshot_schedule_plan():
     except SaltInvocationError as exc:
         return {"error": str(exc), "present": {}, "absent": []}
     raw = _schedules_pillar()
+    current = __salt__["schedule.list"](show_all=True, return_yaml=False)
+    current = current if isinstance(current, dict) else {}
     present = {}
     for name, conf in schedules.items():
         # The entry carries the schedule itself: a scheduled job may see
-        # the minion's pillar as it was one refresh earlier.
+        # the minion's pillar as it was one refresh earlier. And an id made
+        # when the entry is made (kept while it stays): the snapshots a
+        # schedule owns are those taken under its id, so a schedule of the
+        # same name later owns none of an earlier one's.
+        kwargs = dict(raw[name])
+        kwargs["schedule_id"] = _entry_schedule_id(current.get(SCHEDULE_ENTRY_PREFIX + name)) or os.urandom(8).hex()
         item = {"function": "salt_volumes.run_snapshot_schedule", "job_args": [name],
-                "job_kwargs": dict(raw[name]), "maxrunning": 1}
+                "job_kwargs": kwargs, "maxrunning": 1}
         if "every" in conf:
             item["seconds"] = conf["every"]
         else:
@@ -952,12 +1028,22 @@ def snapshot_schedule_plan():
             "present": {},
             "absent": [],
         }
-    current = __salt__["schedule.list"](show_all=True, return_yaml=False)
     absent = sorted(
-        n for n in (current if isinstance(current, dict) else {})
+        n for n in current
         if isinstance(n, str) and n.startswith(SCHEDULE_ENTRY_PREFIX) and n not in present
     )
     return {"error": None, "present": present, "absent": absent, "prefix": SCHEDULE_ENTRY_PREFIX}
+
+
+def _entry_schedule_id(entry):
+    """The schedule id in a Salt schedule entry of ours (schedule.list), or None."""
+    if not isinstance(entry, dict):
+        return None
+    for key in ("kwargs", "job_kwargs"):
+        kw = entry.get(key)
+        if isinstance(kw, dict) and isinstance(kw.get("schedule_id"), str) and _SCHEDULE_ID_RE.fullmatch(kw["schedule_id"]):
+            return kw["schedule_id"]
+    return None
 
 
 def _schedule_dir(create=True):
@@ -1044,8 +1130,13 @@ def _schedule_state():
         os.close(fd)
 
 
-def _schedule_entry(doc, schedule, uuid, volume):
-    entry = doc["schedules"].setdefault(schedule, {}).setdefault(uuid, {})
+def _schedule_entry(doc, schedule, uuid, volume, owner):
+    vols = doc["schedules"].setdefault(schedule, {})
+    entry = vols.get(uuid)
+    if not isinstance(entry, dict) or entry.get("owner") != owner:
+        # Recorded under another id (an earlier schedule of that name):
+        # what it took is released, owned by nobody, never pruned.
+        entry = vols[uuid] = {"owner": owner}
     entry["volume"] = volume
     entry.setdefault("owned", [])
     return entry
@@ -1089,6 +1180,7 @@ def _prune_selection(schedule, owned, snaps, keep, max_age, now, current):
     it took (named in owned AND named after it), those past the newest keep
     (current counts as one) or older than max_age, and any of them left
     unfinished or lost. current is never among them, nor anything else.
+    With current None (nothing taken), by count alone: max_age None.
     """
     owned = set(owned)
     ours = []
@@ -1100,7 +1192,7 @@ def _prune_selection(schedule, owned, snaps, keep, max_age, now, current):
         if at is not None:
             ours.append((at, name, snap))
     ours.sort(key=lambda t: (t[0], t[1]), reverse=True)
-    doomed, kept = [], 1
+    doomed, kept = [], (0 if current is None else 1)
     for at, name, snap in ours:
         if snap.get("phase") != "taken" or snap.get("lost"):
             doomed.append(name)
@@ -1130,56 +1222,145 @@ def _node_spec(uuid):
     return spec
 
 
-def _run_schedule_on(schedule, conf, vol, snap, now):
+def _pillar_volumes():
+    """
+    The volumes this minion's pillar defines for it (salt_volumes:volumes,
+    and salt_volumes:volume, with node this minion): name to the uuid
+    pillar gives them (None if none).
+    """
+    me = __grains__.get("id")
+    specs = _pillar_get("salt_volumes:volumes", {}) or {}
+    items = list(specs.items()) if isinstance(specs, dict) else []
+    single = _pillar_get("salt_volumes:volume")
+    if isinstance(single, dict) and single.get("name"):
+        items.append((single["name"], single))
+    out = {}
+    for key, spec in items:
+        if isinstance(spec, dict) and spec.get("node") == me:
+            out[spec.get("name") or key] = spec.get("uuid")
+    return out
+
+
+def _not_in_pillar(schedule):
+    return (
+        "not a volume of this minion's pillar (salt_volumes:volumes, node {}): a schedule takes only "
+        "those; set any_volume: true in {}:{} to take the volumes this node holds from elsewhere too "
+        "(the control plane, Kubernetes), whose deletion through the control plane then waits until "
+        "their scheduled snapshots are gone".format(__grains__.get("id"), _SCHEDULES_PILLAR, schedule)
+    )
+
+
+def _raw_refusal(schedule):
+    return (
+        "a raw volume (rawBlockDevice): set raw_volumes: true in {}:{} to take its snapshots (LVM "
+        "snapshots of the operator's LV: each thick one sets aside a quarter of the LV in its VG; on a "
+        "disk or partition there is nothing to take one with)".format(_SCHEDULES_PILLAR, schedule)
+    )
+
+
+def _delete_own(schedule, uuid, volume, owner, spec, doomed):
+    """Delete doomed snapshots of ours, each even if another fails: (deleted, [(stage, error)])."""
+    deleted, errors = [], []
+    try:
+        for name in doomed:
+            try:
+                _run("snapshot-delete", spec, ["--name", name])
+                deleted.append(name)
+            except (CommandExecutionError, OSError) as exc:
+                errors.append(("pruning " + name, message(exc)))
+    finally:
+        if deleted:
+            with _schedule_state() as doc:
+                entry = _schedule_entry(doc, schedule, uuid, volume, owner)
+                entry["owned"] = sorted(n for n in entry["owned"] if n not in deleted)
+    return deleted, errors
+
+
+def _first_error(errors):
+    stage, msg = errors[0]
+    if len(errors) > 1:
+        msg += " (and {} more failed)".format(len(errors) - 1)
+    return stage, msg
+
+
+def _run_schedule_on(schedule, conf, vol, snap, now, owner):
     """Take snap of one volume for schedule, then prune; records the outcome."""
     uuid, volume = vol["uuid"], vol["name"]
     out = {"volume": volume, "uuid": uuid}
     stage = "snapshot " + snap
     try:
+        if vol.get("refused"):
+            stage = "not taken"
+            raise CommandExecutionError(vol["refused"])
         spec = _node_spec(uuid)
+        if "rawBlockDevice" in spec and not conf.get("raw_volumes"):
+            stage = "not taken"
+            raise CommandExecutionError(_raw_refusal(schedule))
         before = {s.get("name"): s for s in _run("snapshots", spec).get("snapshots") or []}
-        with _schedule_state() as doc:
-            entry = _schedule_entry(doc, schedule, uuid, volume)
-            owned = set(entry["owned"])
-            if snap in before and snap not in owned:
+        bound = _schedule_bound(conf)
+
+        def claim(doc):
+            entry = _schedule_entry(doc, schedule, uuid, volume, owner)
+            # Names of ours the node no longer has (deleted by hand) are
+            # forgotten.
+            mine = {n for n in entry["owned"] if n in before}
+            entry["owned"] = sorted(mine)
+            if len([n for n in mine if _stamp_of(schedule, n) is not None]) >= bound + _OVER_KEEP:
+                return mine, False
+            if snap in before and snap not in mine:
                 raise CommandExecutionError(
                     "a snapshot named {} that this schedule did not take is there already: not taken, "
                     "nothing pruned".format(snap)
                 )
             # Recorded before it is taken: a run killed in between leaves a
             # name the next run forgets if the node does not have it, and
-            # prunes as its own if it does. Names of ours the node no longer
-            # has (deleted by hand) are forgotten.
-            owned = {n for n in owned if n in before} | {snap}
-            entry["owned"] = sorted(owned)
+            # prunes as its own if it does.
+            mine.add(snap)
+            entry["owned"] = sorted(mine)
+            return mine, True
+
+        with _schedule_state() as doc:
+            owned, claimed = claim(doc)
+        if not claimed:
+            # Its pruning failed run after run: it holds keep + a few. It
+            # takes no more, but tries again to prune, by count alone.
+            doomed = _prune_selection(schedule, owned, before.values(), bound, None, now, None)
+            deleted, errors = _delete_own(schedule, uuid, volume, owner, spec, doomed)
+            for name in deleted:
+                before.pop(name, None)
+            with _schedule_state() as doc:
+                owned, claimed = claim(doc)
+            if not claimed:
+                stage = "not taken"
+                raise CommandExecutionError(
+                    "it holds {} of its own snapshots on this volume, keep ({}) + {} or more, as its pruning "
+                    "failed{}: it takes no more until they are fewer; fix that, or delete some by hand "
+                    "(salt_volumes.snapshot_delete)".format(
+                        len([n for n in owned if _stamp_of(schedule, n) is not None]), bound, _OVER_KEEP,
+                        " ({}: {})".format(*_first_error(errors)) if errors else "")
+                )
         taken = _run("snapshot", spec, ["--name", snap])
         out["snapshot"], out["new"] = snap, snap not in before
         with _schedule_state() as doc:
-            entry = _schedule_entry(doc, schedule, uuid, volume)
+            entry = _schedule_entry(doc, schedule, uuid, volume, owner)
             entry["lastSuccess"], entry["lastSnapshot"] = _utc(now), snap
         stage = "pruning"
         snaps = dict(before)
         snaps[snap] = taken
         doomed = _prune_selection(schedule, owned, snaps.values(), conf.get("keep"), conf.get("max_age"), now, snap)
-        deleted = []
-        try:
-            for name in doomed:
-                stage = "pruning " + name
-                _run("snapshot-delete", spec, ["--name", name])
-                deleted.append(name)
-        finally:
-            with _schedule_state() as doc:
-                entry = _schedule_entry(doc, schedule, uuid, volume)
-                entry["owned"] = sorted(n for n in entry["owned"] if n not in deleted)
-                if len(deleted) == len(doomed):
-                    entry["failing"] = False
+        deleted, errors = _delete_own(schedule, uuid, volume, owner, spec, doomed)
         out["pruned"] = deleted
+        if errors:
+            stage, msg = _first_error(errors)
+            raise CommandExecutionError(msg)
+        with _schedule_state() as doc:
+            _schedule_entry(doc, schedule, uuid, volume, owner)["failing"] = False
     except (CommandExecutionError, SaltInvocationError, OSError) as exc:
         out["error"] = "schedule {}, volume {}: {}: {}".format(schedule, volume, stage, message(exc))
         log.warning("salt_volumes: %s", out["error"])
         try:
             with _schedule_state() as doc:
-                entry = _schedule_entry(doc, schedule, uuid, volume)
+                entry = _schedule_entry(doc, schedule, uuid, volume, owner)
                 entry["failing"] = True
                 entry["lastError"] = out["error"][:_SCHEDULE_ERROR_LIMIT]
                 entry["lastErrorAt"] = _utc(now)
@@ -1188,20 +1369,26 @@ def _run_schedule_on(schedule, conf, vol, snap, now):
     return out
 
 
-def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=None, keep=None, max_age=None):
+def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=None, keep=None, max_age=None,
+                          any_volume=None, raw_volumes=None, schedule_id=None):
     """
     Run snapshot schedule ``name`` once: Salt's scheduler calls this, with
     the schedule's fields as the ``salt_volumes.scheduled`` formula wrote
     them into its entry; called by hand with the name alone, the schedule
     is read from pillar ``salt_volumes:snapshot_schedules``. Take
     snapshot ``<name>-<UTC YYYYMMDDhhmmss>`` of each volume of this minion
-    the schedule names or matches, then delete this schedule's own older
-    snapshots past ``keep`` or older than ``max_age``. Only snapshots this
-    function took for this schedule (recorded in the minion's cachedir,
-    before each is taken) are ever deleted, and only after a snapshot was
+    the schedule names or matches, among the volumes of this minion's
+    pillar (``salt_volumes:volumes``) unless ``any_volume`` is true, and
+    never a raw volume unless ``raw_volumes`` is true, then delete this
+    schedule's own older snapshots past ``keep`` or older than
+    ``max_age``. Only snapshots this function took for this schedule
+    (recorded in the minion's cachedir, before each is taken, under the id
+    of its Salt schedule entry, ``schedule_id``: by hand, read from the
+    entry) are ever deleted, and only after a snapshot was
     taken in this run; the one just taken is always kept. A run in the same
     second as the last one takes nothing more; a run while another of the
-    same schedule is going does nothing. The outcome per volume (last
+    same schedule is going does nothing; on a volume where it holds keep
+    + 3 of its own (its pruning failed), a run takes no more. The outcome per volume (last
     success, last error) is kept for the node's report (``status``). A
     failure of one volume does not stop the others and fails the job.
 
@@ -1213,7 +1400,8 @@ def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=N
         salt node-1 salt_volumes.run_snapshot_schedule nightly volumes='[data-1]' every=1h keep=24
     """
     given = {k: v for k, v in (("volumes", volumes), ("match", match), ("every", every),
-                                ("daily_at", daily_at), ("keep", keep), ("max_age", max_age)) if v is not None}
+                                ("daily_at", daily_at), ("keep", keep), ("max_age", max_age),
+                                ("any_volume", any_volume), ("raw_volumes", raw_volumes)) if v is not None}
     if given:
         conf = _check_schedule(name, given)
     else:
@@ -1224,6 +1412,20 @@ def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=N
                 "schedule entry ({}{})".format(_SCHEDULES_PILLAR, name, SCHEDULE_ENTRY_PREFIX, name)
             )
         conf = _check_schedule(name, raw[name])
+    if schedule_id is None:
+        current = __salt__["schedule.list"](show_all=True, return_yaml=False)
+        schedule_id = _entry_schedule_id((current if isinstance(current, dict) else {}).get(SCHEDULE_ENTRY_PREFIX + name))
+        if schedule_id is None:
+            raise SaltInvocationError(
+                "{}{}: no Salt schedule entry of that name, with its id, on this minion: apply "
+                "salt_volumes.scheduled first (a schedule owns only the snapshots taken under its "
+                "entry's id)".format(SCHEDULE_ENTRY_PREFIX, name)
+            )
+    elif not isinstance(schedule_id, str) or not _SCHEDULE_ID_RE.fullmatch(schedule_id):
+        raise SaltInvocationError(
+            "schedule_id: {!r} is not a schedule id: leave it out (it is read from the Salt schedule "
+            "entry {}{})".format(schedule_id, SCHEDULE_ENTRY_PREFIX, name)
+        )
     now = int(time.time())
     snap = scheduled_snapshot_name(name, now)
     busy = _flock(os.path.join(_schedule_dir(), "schedule-{}.lock".format(name)), blocking=False)
@@ -1234,28 +1436,52 @@ def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=N
             v for v in list_()
             if v.get("name") and v.get("uuid") and v.get("state") != "orphan"
         ]
+        pillar_vols = None if conf.get("any_volume") else _pillar_volumes()
+
+        def refusal(v):
+            if pillar_vols is not None:
+                want = pillar_vols.get(v["name"], False)
+                if want is False or (want and want != v["uuid"]):
+                    return _not_in_pillar(name)
+            if v.get("type") == "rawBlockDevice" and not conf.get("raw_volumes"):
+                return _raw_refusal(name)
+            return None
+
+        skipped = []
         if "volumes" in conf:
-            chosen = [v for v in held if v["name"] in conf["volumes"]]
+            # Named: one refused fails, saying why.
+            chosen = [dict(v, refused=refusal(v)) for v in held if v["name"] in conf["volumes"]]
         else:
-            chosen = [v for v in held if any(fnmatch.fnmatchcase(v["name"], p) for p in conf["match"])]
+            chosen = []
+            for v in held:
+                if any(fnmatch.fnmatchcase(v["name"], p) for p in conf["match"]):
+                    why = refusal(v)
+                    if why:
+                        skipped.append({"volume": v["name"], "uuid": v["uuid"], "reason": why})
+                    else:
+                        chosen.append(v)
         # A volume gone from this node took its snapshots with it (a volume
-        # with snapshots is not removed): forget it.
+        # with snapshots is not removed): forget it. So is what an earlier
+        # schedule of this name (another id) recorded: released.
         here = {v["uuid"] for v in held}
         with _schedule_state() as doc:
             mine = doc["schedules"].get(name) or {}
-            for uuid in [u for u in mine if u not in here]:
+            for uuid in [u for u in mine if u not in here or not isinstance(mine[u], dict)
+                         or mine[u].get("owner") != schedule_id]:
                 del mine[uuid]
             # Retired before this run began: it is scheduled again. (A run
             # that began earlier and ends after its retirement leaves it.)
             if name in doc["retired"] and doc["retired"][name] < now:
                 del doc["retired"][name]
-        results = [_run_schedule_on(name, conf, v, snap, now) for v in sorted(chosen, key=lambda v: v["name"])]
+        results = [_run_schedule_on(name, conf, v, snap, now, schedule_id) for v in sorted(chosen, key=lambda v: v["name"])]
     finally:
         os.close(busy)
     failed = [r["error"] for r in results if r.get("error")]
     if failed:
         __context__["retcode"] = 1
     ret = {"schedule": name, "snapshot": snap, "volumes": results, "failed": len(failed)}
+    if skipped:
+        ret["skipped"] = sorted(skipped, key=lambda v: v["volume"])
     if "volumes" in conf:
         missing = sorted(set(conf["volumes"]) - {v["name"] for v in chosen})
         if missing:
@@ -1270,8 +1496,8 @@ def snapshot_schedule_status():
     the ``salt_volumes.scheduled`` formula does when a schedule leaves
     pillar): ``schedule``, ``volume``, ``uuid``, ``lastSuccess`` and
     ``lastSnapshot`` (the last snapshot taken, UTC), ``failing`` (the last
-    run failed) with ``lastError`` and ``lastErrorAt``. At most 64 entries,
-    errors cut to 300 characters; ``status`` (and so the beacon) carries
+    run failed) with ``lastError`` and ``lastErrorAt``. At most 64 entries
+    (when cut, the failing ones first), errors cut to 300 characters; ``status`` (and so the beacon) carries
     it as ``snapshotSchedules``.
 
     CLI Example:
@@ -1303,7 +1529,11 @@ def snapshot_schedule_status():
                 row["lastError"] = str(entry["lastError"])[:_SCHEDULE_ERROR_LIMIT]
                 row["lastErrorAt"] = entry.get("lastErrorAt")
             rows.append(row)
-    return rows[:_SCHEDULE_REPORT_LIMIT]
+    if len(rows) > _SCHEDULE_REPORT_LIMIT:
+        # Cut: the failing ones first, in their order.
+        first = sorted(range(len(rows)), key=lambda i: (not rows[i]["failing"], i))[:_SCHEDULE_REPORT_LIMIT]
+        rows = [rows[i] for i in sorted(first)]
+    return rows
 
 
 def _schedule_report_or_none():
@@ -1322,9 +1552,11 @@ def retire_snapshot_schedule(name):
     Stop reporting snapshot schedule ``name`` (its Salt schedule entry was
     removed: the ``salt_volumes.scheduled`` formula calls this, through the
     ``salt_volumes.snapshot_schedule_retired`` state, when a schedule
-    leaves pillar). Its record of the snapshots it took is kept, and they
-    stay on the node. A run that starts later reports it again. Returns
-    whether it was reported until now.
+    leaves pillar). Its snapshots stay on the node, released: its record
+    of them goes, so no schedule ever prunes them (one of the same name
+    later owns only what it takes, under its own entry's id). A run that
+    starts later reports it again. Returns whether it was reported until
+    now.
 
     CLI Example:
 
@@ -1338,6 +1570,7 @@ def retire_snapshot_schedule(name):
         was = name not in doc["retired"]
         if was:
             doc["retired"][name] = time.time()
+        doc["schedules"].pop(name, None)
     return was
 
 

@@ -283,7 +283,8 @@ def snapshot_schedule_retired(name):
     Make sure snapshot schedule ``name`` is no longer reported in the
     node's report (``snapshotSchedules``): the ``salt_volumes.scheduled``
     formula uses it once the schedule's Salt schedule entry is removed. The
-    snapshots it took stay, and so does its record of them.
+    snapshots it took stay, released: its record of them goes, so no
+    schedule prunes them, not even a later one of the same name.
 
     .. code-block:: yaml
 
@@ -307,5 +308,5 @@ def snapshot_schedule_retired(name):
         return ret
     ret["result"] = True
     ret["changes"] = {"retired": name}
-    ret["comment"] = "Snapshot schedule {} retired: no longer reported; its snapshots stay".format(name)
+    ret["comment"] = "Snapshot schedule {} retired: no longer reported; its snapshots stay, released".format(name)
     return ret

@@ -583,6 +583,35 @@ def test_apply_snapshot_runs_the_binary_with_the_volume_and_the_name(mod, monkey
     ]
 
 
+def test_apply_snapshot_passes_the_owner_and_says_name_taken_first(mod, monkeypatch):
+    calls = []
+
+    def run(*a):
+        calls.append(a)
+        if len(calls) == 3:
+            exc = CommandExecutionError("snapshot s1 of data-1 is on this node already, taken through Salt")
+            exc.code, exc.retcode = "name_taken", 3
+            raise exc
+        return {"name": a[2][1]}
+
+    monkeypatch.setattr(mod, "_run", run)
+    mod.apply_snapshot("taken", SPEC, "s1", owner="sv-1")
+    mod.apply_snapshot("deleted", SPEC, "s1", owner="sv-1")
+    with pytest.raises(CommandExecutionError, match="^name_taken: snapshot s1 .* through Salt") as exc:
+        mod.apply_snapshot("taken", SPEC, "s1", size="64Mi", owner="sv-2")
+    assert exc.value.code == "name_taken" and exc.value.retcode == 3
+    assert calls == [
+        ("snapshot", SPEC, ["--name", "s1", "--owner", "sv-1"]),
+        ("snapshot-delete", SPEC, ["--name", "s1", "--owner", "sv-1"]),
+        ("snapshot", SPEC, ["--name", "s1", "--size", "64Mi", "--owner", "sv-2"]),
+    ]
+    for bad in ("", 5):
+        with pytest.raises(SaltInvocationError, match="^owner:"):
+            mod.apply_snapshot("taken", SPEC, "s1", owner=bad)
+    with pytest.raises(SaltInvocationError, match="^owner:"):
+        mod.apply_snapshot("restored", SPEC, "s1", owner="sv-1")
+
+
 def test_apply_snapshot_restored_runs_snapshot_restore_and_passes_a_refusal_on(mod, monkeypatch):
     calls = []
 

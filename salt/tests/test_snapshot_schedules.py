@@ -84,11 +84,16 @@ def mod(tmp_path, monkeypatch):
     (state_dir / "volumes").mkdir(parents=True)
     node = {"volumes": [], "snaps": {}}
 
-    def add_volume(name, uuid, state="prepared"):
-        node["volumes"].append({"name": name, "uuid": uuid, "state": state})
+    def add_volume(name, uuid, state="prepared", in_pillar=True, kind="sparseLoopDevice"):
+        # in_pillar: this minion's pillar defines it (else the control
+        # plane or Kubernetes made it).
+        node["volumes"].append({"name": name, "uuid": uuid, "state": state, "type": kind})
+        spec = {"name": name, "uuid": uuid}
+        spec[kind] = {"size": "32Mi"} if kind == "sparseLoopDevice" else {"devicePath": "/dev/vg0/" + name}
         (state_dir / "volumes" / (uuid + ".json")).write_text(json.dumps(
-            {"version": 1, "phase": "prepared",
-             "spec": {"name": name, "uuid": uuid, "sparseLoopDevice": {"size": "32Mi"}}}))
+            {"version": 1, "phase": "prepared", "spec": spec}))
+        if in_pillar:
+            pillar["salt_volumes"].setdefault("volumes", {})[name] = dict(spec, node="node-1")
 
     def write_node():
         (bindir / "node.json").write_text(json.dumps(node))
@@ -123,6 +128,21 @@ def names(node, uuid=U1):
     return sorted(node["snaps"].get(uuid, {}))
 
 
+def apply(mod):
+    """What the salt_volumes.scheduled formula does with the plan: schedule.present
+    (stored as Salt stores it, job_kwargs as kwargs), schedule.absent, retired."""
+    plan = mod.snapshot_schedule_plan()
+    assert plan["error"] is None, plan["error"]
+    for entry, item in plan["present"].items():
+        stored = {k: v for k, v in item.items() if k not in ("job_args", "job_kwargs")}
+        stored.update(args=item["job_args"], kwargs=item["job_kwargs"])
+        mod.schedule_list[entry] = stored
+    for entry in plan["absent"]:
+        del mod.schedule_list[entry]
+        mod.retire_snapshot_schedule(entry[len(plan["prefix"]):])
+    return plan
+
+
 def test_a_schedules_snapshot_is_named_after_it_and_the_utc_second(mod):
     assert mod.scheduled_snapshot_name("nightly", T0 + 3723) == "nightly-20260101010203"
     assert mod._stamp_of("nightly", "nightly-20260101010203") == T0 + 3723
@@ -142,7 +162,7 @@ def test_a_schedules_snapshot_is_named_after_it_and_the_utc_second(mod):
     ("a" * 49, {"volumes": ["v"], "every": "1h", "keep": 1}, "at most 48 characters"),
     ("n", ["v"], "salt_volumes:snapshot_schedules:n: must be a mapping"),
     ("n", {"volumes": ["v"], "every": "1h", "keep": 1, "kep": 2},
-     "salt_volumes:snapshot_schedules:n: kep: unknown key: a schedule takes volumes, match, every, daily_at, keep, max_age"),
+     "salt_volumes:snapshot_schedules:n: kep: unknown key: a schedule takes volumes, match, every, daily_at, keep, max_age, any_volume, raw_volumes"),
     ("n", {"every": "1h", "keep": 1}, "n: volumes: missing: give volumes"),
     ("n", {"volumes": ["v"], "match": "v*", "every": "1h", "keep": 1}, "n: volumes: give volumes or match, not both"),
     ("n", {"volumes": "data-1", "every": "1h", "keep": 1}, "n: volumes: 'data-1' is not a list of volume names: use e.g."),
@@ -159,6 +179,16 @@ def test_a_schedules_snapshot_is_named_after_it_and_the_utc_second(mod):
     ("n", {"volumes": ["v"], "every": "1h", "keep": True}, "n: keep: True: give how many"),
     ("n", {"volumes": ["v"], "every": "1h", "keep": "24"}, "n: keep: '24': give how many"),
     ("n", {"volumes": ["v"], "every": "1h", "max_age": "a week"}, "n: max_age: 'a week' is not a duration: use a whole number and a unit, e.g. 12h or 7d"),
+    # Bounds: keep, max_age against the interval and 10 years, a fast
+    # schedule bounded by count.
+    ("n", {"volumes": ["v"], "every": "1h", "keep": 10**9}, "n: keep: 1000000000: at most 1000 snapshots per volume: give a smaller keep"),
+    ("n", {"volumes": ["v"], "every": "1h", "keep": 1001}, "n: keep: 1001: at most 1000"),
+    ("n", {"volumes": ["v"], "every": "1h", "max_age": "1001h"}, "n: max_age: '1001h': at most 1000 times the interval and at most 3650d, here 1000h: give a shorter max_age, or a longer every"),
+    ("n", {"volumes": ["v"], "daily_at": "02:00", "max_age": "1001d"}, "n: max_age: '1001d': at most 1000 times the interval and at most 3650d, here 1000d"),
+    ("n", {"volumes": ["v"], "every": "7d", "max_age": "3651d"}, "here 3650d"),
+    ("n", {"volumes": ["v"], "every": "1s", "max_age": "10s"}, "n: keep: missing: every 1s is more often than once a minute: give keep too (at most 1000)"),
+    ("n", {"volumes": ["v"], "every": "1h", "keep": 1, "any_volume": "yes"}, "n: any_volume: 'yes': give true or false"),
+    ("n", {"volumes": ["v"], "every": "1h", "keep": 1, "raw_volumes": 1}, "n: raw_volumes: 1: give true or false"),
 ])
 def test_a_bad_schedule_is_refused_naming_the_field_and_the_fix(mod, name, conf, want):
     with pytest.raises(SaltInvocationError) as exc:
@@ -170,10 +200,10 @@ def test_good_schedules_are_normalised(mod):
     mod.pillar["salt_volumes"]["snapshot_schedules"] = {
         "nightly": {"volumes": ["data-1", "data-1"], "daily_at": "02:30", "keep": 7},
         "hourly": {"match": "db-*", "every": "1h", "keep": 24, "max_age": "2d"},
-        "aged": {"match": ["a*", "b*"], "every": "90s", "max_age": "7d"},
+        "aged": {"match": ["a*", "b*"], "every": "90s", "max_age": "1d", "any_volume": True, "raw_volumes": False},
     }
     assert mod.snapshot_schedules() == {
-        "aged": {"match": ["a*", "b*"], "every": 90, "max_age": 7 * 86400},
+        "aged": {"match": ["a*", "b*"], "every": 90, "max_age": 86400, "any_volume": True},
         "hourly": {"match": ["db-*"], "every": 3600, "keep": 24, "max_age": 2 * 86400},
         "nightly": {"volumes": ["data-1"], "daily_at": "02:30", "keep": 7},
     }
@@ -187,6 +217,8 @@ def test_the_plan_writes_one_salt_schedule_entry_each_and_removes_only_ours(mod)
     mod.schedule_list.update({"salt-volumes-snapshot-fast": {}, "salt-volumes-snapshot-gone": {},
                               "operators-own-job": {}, "__mine_interval": {}})
     plan = mod.snapshot_schedule_plan()
+    ids = {e: item["job_kwargs"].pop("schedule_id") for e, item in plan["present"].items()}
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids.values()) and len(set(ids.values())) == 2
     assert plan == {"error": None, "absent": ["salt-volumes-snapshot-gone"], "prefix": "salt-volumes-snapshot-", "present": {
         "salt-volumes-snapshot-fast": {"function": "salt_volumes.run_snapshot_schedule", "job_args": ["fast"],
                                        "job_kwargs": {"match": "*", "every": "2s", "keep": 2},
@@ -195,6 +227,14 @@ def test_the_plan_writes_one_salt_schedule_entry_each_and_removes_only_ours(mod)
                                           "job_kwargs": {"volumes": ["data-1"], "daily_at": "02:05", "keep": 7},
                                           "maxrunning": 1, "cron": "5 2 * * *"},
     }}
+    # Applied, then planned again (a field changed): each entry keeps its id.
+    mod.schedule_list.clear()
+    apply(mod)
+    mod.pillar["salt_volumes"]["snapshot_schedules"]["fast"]["keep"] = 3
+    again = mod.snapshot_schedule_plan()["present"]
+    assert {e: i["kwargs"]["schedule_id"] for e, i in mod.schedule_list.items()} == {
+        e: item["job_kwargs"]["schedule_id"] for e, item in again.items()}
+    assert again["salt-volumes-snapshot-fast"]["job_kwargs"]["keep"] == 3
 
 
 def test_a_bad_pillar_plans_nothing_at_all(mod):
@@ -239,6 +279,8 @@ def schedule(mod, **conf):
     conf.setdefault("volumes", ["data-1"])
     conf.setdefault("every", "1h")
     mod.pillar["salt_volumes"]["snapshot_schedules"] = {"nightly": conf}
+    if conf.get("keep") != 0:
+        apply(mod)
 
 
 def test_a_run_takes_prunes_its_own_and_never_an_operators(mod):
@@ -272,6 +314,7 @@ def test_a_selector_matches_this_minions_volume_names(mod):
     mod.write_node()
     mod.pillar["salt_volumes"]["snapshot_schedules"] = {"db": {"match": "db-*", "every": "1h", "keep": 1},
                                                         "named": {"volumes": ["web-1", "elsewhere"], "every": "1h", "keep": 1}}
+    apply(mod)
     ret = mod.run_snapshot_schedule("db")
     assert [v["volume"] for v in ret["volumes"]] == ["db-1"]
     ret = mod.run_snapshot_schedule("named")
@@ -363,7 +406,7 @@ def test_the_scheduler_passes_the_schedule_and_pillar_is_not_read(mod):
     # What the pillar says now is not what the entry runs.
     schedule(mod, keep=0)
     for i in range(3):
-        ret = mod.run_snapshot_schedule("nightly", volumes=["data-1"], every="1h", keep=2)
+        ret = mod.run_snapshot_schedule("nightly", volumes=["data-1"], every="1h", keep=2, schedule_id="0123456789abcdef")
         assert ret["failed"] == 0
         mod.clock[0] += 1
     assert names(mod.read_node()) == ["nightly-20260101000001", "nightly-20260101000002"]
@@ -399,13 +442,13 @@ def test_status_reports_the_schedules_of_pillar_bounded(mod):
     rows = mod.snapshot_schedule_status()
     assert len(rows) == 64 and all(len(r.get("lastError", "")) <= 300 for r in rows)
     # A retired schedule (its entry removed) is not reported; its record
-    # stays; a run that starts later reports it again.
+    # goes (its snapshots released); a run that starts later reports it again.
     assert mod.snapshot_schedule_retired("nightly") is False
     assert mod.retire_snapshot_schedule("nightly") is True
     assert mod.retire_snapshot_schedule("nightly") is False
     assert mod.snapshot_schedule_retired("nightly") is True
     assert mod.status()["snapshotSchedules"] == []
-    assert U1 in mod.record()["schedules"]["nightly"]
+    assert "nightly" not in mod.record()["schedules"]
     mod.clock[0] += 1
     mod.run_snapshot_schedule("nightly")
     assert mod.snapshot_schedule_retired("nightly") is False
@@ -512,3 +555,195 @@ def test_the_retired_state(tmp_path):
     assert ret["result"] is True and ret["changes"] == {"retired": "nightly"} and retired == {"nightly"}
     ret = st.snapshot_schedule_retired("nightly")
     assert ret["result"] is True and ret["changes"] == {}
+
+
+def test_the_fastest_bounded_schedules_are_allowed(mod):
+    assert mod._check_schedule("n", {"volumes": ["v"], "every": "1s", "keep": 1000}) == {
+        "volumes": ["v"], "every": 1, "keep": 1000}
+    assert mod._check_schedule("n", {"volumes": ["v"], "every": "1h", "max_age": "1000h"})["max_age"] == 3600000
+    assert mod._check_schedule("n", {"volumes": ["v"], "every": "7d", "max_age": "3650d"})["max_age"] == 3650 * 86400
+
+
+U3 = "5c0a8b5e-6a53-4f0e-9a0b-6f1d2e3c4b5a"
+U4 = "7e1c2d3f-4a5b-4c6d-8e7f-901a2b3c4d5e"
+
+
+def test_by_default_a_schedule_takes_only_this_minions_pillar_volumes_and_no_raw_one(mod):
+    mod.add_volume("data-1", U1)
+    mod.add_volume("cp-1", U2, in_pillar=False)          # the control plane's, or Kubernetes'
+    mod.add_volume("raw-1", U3, kind="rawBlockDevice")   # in pillar, on an operator's LV
+    mod.add_volume("other-1", U4, in_pillar=False)
+    # In pillar, but for another minion, or with another uuid: not this volume.
+    mod.pillar["salt_volumes"]["volumes"]["other-1"] = {"uuid": U4, "node": "node-2", "sparseLoopDevice": {"size": "1Gi"}}
+    mod.pillar["salt_volumes"]["volumes"]["cp-1"] = {"uuid": U1, "node": "node-1", "sparseLoopDevice": {"size": "1Gi"}}
+    mod.write_node()
+    mod.pillar["salt_volumes"]["snapshot_schedules"] = {"all": {"match": "*", "every": "1h", "keep": 2}}
+    apply(mod)
+    ret = mod.run_snapshot_schedule("all")
+    assert ret["failed"] == 0, ret
+    assert [v["volume"] for v in ret["volumes"]] == ["data-1"]
+    assert [(v["volume"], v["reason"].split(":")[0]) for v in ret["skipped"]] == [
+        ("cp-1", "not a volume of this minion's pillar (salt_volumes"),
+        ("other-1", "not a volume of this minion's pillar (salt_volumes"),
+        ("raw-1", "a raw volume (rawBlockDevice)")]
+    node = mod.read_node()
+    assert names(node) == ["all-20260101000000"]
+    assert names(node, U2) == names(node, U3) == names(node, U4) == []
+    assert [r["volume"] for r in mod.snapshot_schedule_status()] == ["data-1"]
+
+    # Named, not in pillar: refused on that volume, saying the key and what it costs.
+    mod.pillar["salt_volumes"]["snapshot_schedules"] = {"cp": {"volumes": ["cp-1", "data-1", "raw-1"], "every": "1h", "keep": 2}}
+    apply(mod)
+    ret = mod.run_snapshot_schedule("cp")
+    assert ret["failed"] == 2 and mod.__context__["retcode"] == 1
+    errors = {v["volume"]: v.get("error") for v in ret["volumes"]}
+    assert errors["data-1"] is None
+    assert errors["cp-1"] == (
+        "schedule cp, volume cp-1: not taken: not a volume of this minion's pillar (salt_volumes:volumes, "
+        "node node-1): a schedule takes only those; set any_volume: true in salt_volumes:snapshot_schedules:cp "
+        "to take the volumes this node holds from elsewhere too (the control plane, Kubernetes), whose "
+        "deletion through the control plane then waits until their scheduled snapshots are gone")
+    assert errors["raw-1"].startswith("schedule cp, volume raw-1: not taken: a raw volume (rawBlockDevice): set "
+                                      "raw_volumes: true in salt_volumes:snapshot_schedules:cp to take its snapshots")
+    assert {r["volume"]: r["failing"] for r in mod.snapshot_schedule_status() if r["schedule"] == "cp"} == {
+        "cp-1": True, "data-1": False, "raw-1": True}
+    assert names(mod.read_node(), U2) == names(mod.read_node(), U3) == []
+
+    # The opt-ins.
+    mod.clock[0] += 1
+    mod.pillar["salt_volumes"]["snapshot_schedules"] = {"cp": {"volumes": ["cp-1", "raw-1"], "every": "1h", "keep": 2,
+                                                               "any_volume": True, "raw_volumes": True}}
+    apply(mod)
+    ret = mod.run_snapshot_schedule("cp")
+    assert ret["failed"] == 0, ret
+    assert names(mod.read_node(), U2) == names(mod.read_node(), U3) == ["cp-20260101000001"]
+
+
+def test_a_schedule_whose_pruning_fails_stops_taking_at_keep_plus_3(mod):
+    mod.add_volume("data-1", U1)
+    mod.write_node()
+    schedule(mod, keep=1)
+    mod.run_snapshot_schedule("nightly")
+    mod.node.update(mod.read_node())
+    mod.node["fail"] = ["snapshot-delete"] * 15
+    mod.write_node()
+    counts = []
+    for i in range(6):
+        mod.clock[0] += 60
+        ret = mod.run_snapshot_schedule("nightly")
+        assert ret["failed"] == 1
+        counts.append(len(names(mod.read_node())))
+    assert counts == [2, 3, 4, 4, 4, 4], "never more than keep + 3"
+    assert mod.read_node()["fail"] == [], "each run tried every doomed one"
+    # Every doomed one was tried, not only the first.
+    assert ret["volumes"][0]["error"].startswith(
+        "schedule nightly, volume data-1: not taken: it holds 4 of its own snapshots on this volume, keep (1) + 3 "
+        "or more, as its pruning failed (pruning nightly-20260101000000: snapshot-delete failed on purpose (and 2 more failed)): "
+        "it takes no more until they are fewer; fix that, or delete some by hand (salt_volumes.snapshot_delete)")
+    # Deletes work again: it prunes, then takes.
+    mod.clock[0] += 60
+    ret = mod.run_snapshot_schedule("nightly")
+    assert ret["failed"] == 0, ret
+    assert names(mod.read_node()) == ["nightly-20260101000700"]
+    assert mod.snapshot_schedule_status()[0]["failing"] is False
+
+
+def test_a_failed_delete_does_not_stop_the_other_deletes(mod):
+    mod.add_volume("data-1", U1)
+    mod.write_node()
+    schedule(mod, keep=3)
+    for i in range(3):
+        mod.run_snapshot_schedule("nightly")
+        mod.clock[0] += 60
+    mod.pillar["salt_volumes"]["snapshot_schedules"]["nightly"]["keep"] = 1
+    apply(mod)
+    mod.node.update(mod.read_node())
+    mod.node["fail"] = ["snapshot-delete"]
+    mod.write_node()
+    ret = mod.run_snapshot_schedule("nightly")
+    assert ret["volumes"][0]["pruned"] == ["nightly-20260101000100", "nightly-20260101000200"]
+    assert ret["volumes"][0]["error"] == ("schedule nightly, volume data-1: pruning nightly-20260101000000: "
+                                          "snapshot-delete failed on purpose")
+    assert names(mod.read_node()) == ["nightly-20260101000000", "nightly-20260101000300"]
+
+
+def test_a_new_schedule_of_a_retired_ones_name_owns_none_of_its_snapshots(mod):
+    mod.add_volume("data-1", U1)
+    mod.write_node()
+    schedule(mod, keep=2)
+    old = []
+    for i in range(2):
+        old.append(mod.run_snapshot_schedule("nightly")["snapshot"])
+        mod.clock[0] += 60
+    first_id = mod.schedule_list["salt-volumes-snapshot-nightly"]["kwargs"]["schedule_id"]
+    # A field changed, the entry stays: the same schedule, still its own.
+    schedule(mod, keep=3)
+    assert mod.schedule_list["salt-volumes-snapshot-nightly"]["kwargs"]["schedule_id"] == first_id
+    # Out of pillar (retired: released), then a new one of that name.
+    del mod.pillar["salt_volumes"]["snapshot_schedules"]
+    apply(mod)
+    assert mod.record()["schedules"] == {}
+    schedule(mod, keep=1)
+    assert mod.schedule_list["salt-volumes-snapshot-nightly"]["kwargs"]["schedule_id"] != first_id
+    ret = mod.run_snapshot_schedule("nightly")
+    assert ret["failed"] == 0 and ret["volumes"][0]["pruned"] == []
+    new = [ret["snapshot"]]
+    mod.clock[0] += 60
+    ret = mod.run_snapshot_schedule("nightly")
+    assert ret["volumes"][0]["pruned"] == new, "only its own"
+    assert names(mod.read_node()) == sorted(old + [ret["snapshot"]])
+    # Its entry replaced without a retirement (deleted by hand, applied
+    # again): a new id, and the same holds.
+    mod.schedule_list.clear()
+    apply(mod)
+    mod.clock[0] += 60
+    ret2 = mod.run_snapshot_schedule("nightly")
+    assert ret2["volumes"][0]["pruned"] == []
+    assert names(mod.read_node()) == sorted(old + [ret["snapshot"], ret2["snapshot"]])
+    # A run by hand needs the entry (its id).
+    mod.schedule_list.clear()
+    with pytest.raises(SaltInvocationError, match="salt-volumes-snapshot-nightly: no Salt schedule entry of that name, "
+                       "with its id, on this minion: apply salt_volumes.scheduled first"):
+        mod.run_snapshot_schedule("nightly")
+
+
+def test_a_cut_report_keeps_the_failing_schedules(mod):
+    mod.write_node()
+    with mod._schedule_state() as rec:
+        rec["schedules"]["nightly"] = {
+            "00000000-0000-4000-8000-%012d" % i: {"volume": "v%03d" % i, "owned": [], "failing": i >= 97,
+                                                  "lastError": "boom" if i >= 97 else None}
+            for i in range(100)}
+    rows = mod.snapshot_schedule_status()
+    assert len(rows) == 64
+    assert [r["volume"] for r in rows if r["failing"]] == ["v097", "v098", "v099"]
+    assert [r["volume"] for r in rows][:3] == ["v000", "v001", "v002"], "in their order"
+
+
+def test_the_beacon_tells_a_failure_once_not_at_each_run(monkeypatch):
+    b = load("beacons")
+    fired = []
+    row = {"schedule": "nightly", "volume": "data-1", "uuid": U1, "lastSuccess": "2026-01-01T00:00:00Z",
+           "lastSnapshot": "nightly-20260101000000", "failing": True,
+           "lastError": "schedule nightly, volume data-1: snapshot nightly-20260101000100: no space left",
+           "lastErrorAt": "2026-01-01T00:01:00Z"}
+    doc = {"volumes": [], "capacity": {}, "snapshotSchedules": [row]}
+    b.__salt__ = {"salt_volumes.status": lambda: json.loads(json.dumps(doc)),
+                  "event.send": lambda tag, data: fired.append(data)}
+    b.__grains__ = {"id": "node-1"}
+    b.__context__ = {}
+    clock = [1000.0]
+    monkeypatch.setattr(b.time, "time", lambda: clock[0])
+    cfg = [{"interval": 10}, {"heartbeat": 300}]
+    b.beacon(cfg)
+    assert len(fired) == 1
+    # The next run fails the same way, naming its own snapshot.
+    row.update(lastError="schedule nightly, volume data-1: snapshot nightly-20260101000200: no space left",
+               lastErrorAt="2026-01-01T00:02:00Z")
+    clock[0] += 10
+    b.beacon(cfg)
+    assert len(fired) == 1, "the same failure again is no news"
+    row.update(lastError="schedule nightly, volume data-1: pruning nightly-20260101000000: in use")
+    clock[0] += 10
+    b.beacon(cfg)
+    assert len(fired) == 2 and fired[-1]["kind"] == "change"

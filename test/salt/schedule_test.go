@@ -60,7 +60,9 @@ func scheduleSnapshots(t *testing.T, stateDir, u, schedule string, except ...str
 // salt_volumes.scheduled formula, takes a snapshot of a real sparse volume
 // every 2 s and keeps the newest 2 of its own; an operator's snapshots of
 // the same volume, one of them named like the schedule's, are never
-// touched; the last success is in the node's report (status, and the
+// touched; a volume its pattern matches that is not in the minion's pillar
+// (prepared with a pillar= of the call, as the control plane does) is not
+// snapshotted; the last success is in the node's report (status, and the
 // beacon's event); a bad schedule fails the formula and changes nothing;
 // a schedule taken out of pillar loses its entry.
 func TestSnapshotScheduleOnTheMinionScheduler(t *testing.T) {
@@ -76,13 +78,21 @@ func TestSnapshotScheduleOnTheMinionScheduler(t *testing.T) {
 	u := uuid.NewString()
 	uuids = append(uuids, u)
 	volumes := map[string]any{"sched-vol": vol("", u, s.MinionID, nil)}
-	fast := map[string]any{"volumes": []string{"sched-vol"}, "every": "2s", "keep": 2}
+	// Matches sched-other too, which is in no pillar of the minion: by
+	// default a schedule takes only the volumes of the minion's pillar.
+	fast := map[string]any{"match": "sched-*", "every": "2s", "keep": 2}
 	// A bad schedule first (it does not stop the volume being prepared).
 	writePillar(t, s, map[string]any{"salt_volumes": map[string]any{"volumes": volumes,
 		"snapshot_schedules": map[string]any{"fast": map[string]any{"volumes": []string{"sched-vol"}, "every": "2 seconds", "keep": 2}}}})
 	out, code = s.Salt(s.MinionID, "state.apply", "salt_volumes.prepared", "--out=json", "--static")
 	require.Equal(t, 0, code, out)
 	require.Equal(t, true, states(t, saltstack.JSON(t, out), s.MinionID)["salt_volumes sched-vol"]["result"], out)
+	other := uuid.NewString()
+	uuids = append(uuids, other)
+	out, code = s.Salt(s.MinionID, "state.apply", "salt_volumes.prepared", "--out=json", "--static",
+		saltstack.Pillar(map[string]any{"salt_volumes": map[string]any{"volume": vol("sched-other", other, s.MinionID, nil)}}))
+	require.Equal(t, 0, code, out)
+	require.Equal(t, true, states(t, saltstack.JSON(t, out), s.MinionID)["salt_volumes sched-other"]["result"], out)
 	// An operator's own snapshots: one named as the schedule names its own.
 	operators := []string{"fast-20200101000000", "before-upgrade"}
 	for _, name := range operators {
@@ -151,6 +161,18 @@ func TestSnapshotScheduleOnTheMinionScheduler(t *testing.T) {
 		_, err := os.Stat(filepath.Join(s.StateDir, "snapshots", u, name+".json"))
 		assert.NoError(t, err, "the operator's snapshot %s is untouched", name)
 	}
+	assert.Empty(t, scheduleSnapshots(t, s.StateDir, other, "fast"), "sched-other is in no pillar of the minion: not snapshotted")
+	// A run by hand (the id read from the Salt schedule entry) says why.
+	var byHand map[string]any
+	require.Eventually(t, func() bool {
+		out, code := s.Salt(s.MinionID, "salt_volumes.run_snapshot_schedule", "fast", "--out=json", "--static")
+		byHand, _ = saltstack.JSON(t, out)[s.MinionID].(map[string]any)
+		return code == 0 && byHand["snapshot"] != nil // not while a scheduled run is going
+	}, 20*time.Second, 500*time.Millisecond, "a run by hand: %v", byHand)
+	skipped, _ := byHand["skipped"].([]any)
+	require.Len(t, skipped, 1, byHand)
+	assert.Equal(t, "sched-other", skipped[0].(map[string]any)["volume"])
+	assert.Contains(t, skipped[0].(map[string]any)["reason"], "set any_volume: true")
 
 	// The last success, in the node's report.
 	out, code = s.Salt(s.MinionID, "salt_volumes.status", "--out=json", "--static")

@@ -3,7 +3,9 @@
     salt_volumes:snapshot_schedules, calling
     salt_volumes.run_snapshot_schedule <name>; the entries of schedules that
     left pillar are removed, and those schedules no longer reported (their
-    snapshots stay). A bad schedule fails this state, naming the
+    snapshots stay, released: never pruned). By default a schedule takes
+    only the volumes of this minion's pillar, no raw one (any_volume: true,
+    raw_volumes: true to widen it: see docs/operations.md). A bad schedule fails this state, naming the
     field, and nothing is changed. Needs the modules on the minion
     (saltutil.sync_all, or salt_volumes.installed first).
       salt_volumes:
