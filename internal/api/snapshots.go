@@ -137,6 +137,19 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, snap)
 }
 
+// snapshotToChange reads snapshot name for a change to it, and notes its
+// volume and node for the audit; false when it answered already.
+func (s *Server) snapshotToChange(w http.ResponseWriter, r *http.Request, name string) (saltvolumes.Snapshot, bool) {
+	snap, err := s.Snapshots.Get(r.Context(), name)
+	if err != nil {
+		snapshotErr(w, name, err)
+		return snap, false
+	}
+	n := noteOf(r.Context())
+	n.volume, n.uuid, n.node = snap.Volume, snap.VolumeUUID, snap.Node
+	return snap, true
+}
+
 // deleteSnapshot: DELETE /api/v1/snapshots/{name}; 202 while its node
 // deletes it.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -144,17 +157,12 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	snap, err := s.Snapshots.Get(r.Context(), name)
+	snap, ok := s.snapshotToChange(w, r, name)
+	if !ok || !s.inScope(w, r, snap.Node) {
+		return
+	}
+	snap, err := s.Snapshots.Delete(r.Context(), name, requester(r))
 	if err != nil {
-		snapshotErr(w, name, err)
-		return
-	}
-	n := noteOf(r.Context())
-	n.volume, n.uuid, n.node = snap.Volume, snap.VolumeUUID, snap.Node
-	if !s.inScope(w, r, snap.Node) {
-		return
-	}
-	if snap, err = s.Snapshots.Delete(r.Context(), name, requester(r)); err != nil {
 		snapshotErr(w, name, err)
 		return
 	}
@@ -243,15 +251,12 @@ func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	snap, err := s.Snapshots.Get(r.Context(), name)
-	if err != nil {
-		snapshotErr(w, name, err)
+	snap, ok := s.snapshotToChange(w, r, name)
+	if !ok {
 		return
 	}
-	n := noteOf(r.Context())
-	n.volume, n.uuid, n.node = snap.Volume, snap.VolumeUUID, snap.Node
 	if p := access.From(r.Context()); p != nil && p.Kind == "kubernetes" &&
-		!s.kubeAllowed(w, r, p, n, kubeauth.Attributes{Verb: "delete", Resource: kubeauth.Resource, Name: snap.Volume}, false) {
+		!s.kubeAllowed(w, r, p, noteOf(r.Context()), kubeauth.Attributes{Verb: "delete", Resource: kubeauth.Resource, Name: snap.Volume}, false) {
 		return
 	}
 	if !s.inScope(w, r, snap.Node) {
