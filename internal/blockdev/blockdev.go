@@ -159,6 +159,21 @@ func SizeOf(name string) (int64, error) {
 	return n * 512, err
 }
 
+// SizeOfSettled is SizeOf of a device that may be away for a moment: a
+// partition vanishes while the kernel reads its disk's table again (udev
+// has it do so after a write to the table, a moment after that write), and
+// comes back under the same name; up to wait is given for that.
+func SizeOfSettled(name string, wait time.Duration) (int64, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		n, err := SizeOf(name)
+		if err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENODEV)) || time.Now().After(deadline) {
+			return n, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func readInt(p string) (int64, error) {
 	b, err := os.ReadFile(p)
 	if err != nil {

@@ -245,7 +245,7 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 // blank, unused, whole and nobody else's volume.
 // probed receives what the device was found to hold when admitRaw read it.
 func (e *Engine) admitRaw(ctx context.Context, s *spec.Spec, rec *nodestate.Record, raw *rawDevice, held map[string]string, sigs *pendingSignatures, probed **probe.Result) error {
-	size, err := blockdev.SizeOf(raw.name)
+	size, err := blockdev.SizeOfSettled(raw.name, partitionSettle)
 	if err != nil {
 		return failed("sysfs", err, "reading the size of %s", raw.name)
 	}

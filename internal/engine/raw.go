@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
@@ -80,11 +81,16 @@ func checkPartitionTable(s *spec.Spec, raw *rawDevice) error {
 	return nil
 }
 
+// partitionSettle is how long a raw device's partition may be away while
+// its disk's table is read again (another volume's GPT write on the same
+// disk, then udev's re-read: seen on a booted guest's NVMe disk).
+const partitionSettle = 10 * time.Second
+
 // describeRaw fills in the record what identifies the raw device before
 // anything is written to it.
 func describeRaw(rec *nodestate.Record, raw *rawDevice) error {
 	rec.Device, rec.DeviceNum = raw.name, raw.dev.String()
-	size, err := blockdev.SizeOf(raw.name)
+	size, err := blockdev.SizeOfSettled(raw.name, partitionSettle)
 	if err != nil {
 		return failed("sysfs", err, "reading the size of %s", raw.name)
 	}

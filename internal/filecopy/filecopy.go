@@ -134,7 +134,7 @@ func CanReflink(src, probe string) bool {
 	defer os.Remove(probe)
 	defer out.Close()
 	n := uint64(st.Blksize)
-	if st.Size < st.Blksize {
+	if st.Size < int64(st.Blksize) {
 		n = 0 // to the end of the file
 	}
 	return unix.IoctlFileCloneRange(int(out.Fd()), &unix.FileCloneRange{Src_fd: int64(in.Fd()), Src_length: n}) == nil
