@@ -224,12 +224,54 @@ type Snapshot struct {
 	RequestedBy string `json:"requestedBy,omitempty"`
 	// For names the clone this snapshot was taken for (a claim's
 	// dataSource): it is deleted once that clone is Available.
-	For       string    `json:"for,omitempty"`
+	For string `json:"for,omitempty"`
+	// Schedule names the API snapshot schedule that took it (its
+	// volume's name); only that schedule prunes it, and only while it
+	// stays the schedule that took it.
+	Schedule  string    `json:"schedule,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
 	// Restore is the last restore of the volume from this snapshot
 	// (POST /api/v1/snapshots/NAME/restore); nil: never restored.
 	Restore *SnapshotRestore `json:"restore,omitempty"`
+}
+
+// SnapshotSchedule is a schedule of snapshots of one volume: one made
+// through the API (Source "api", run by the leading control plane) or one
+// of Salt's minion scheduler that a node reports (Source "salt", pillar
+// salt_volumes:snapshot_schedules). Every, Keep and MaxAge are the API's
+// only: a node's report does not carry them.
+type SnapshotSchedule struct {
+	Source   string `json:"source"`
+	Schedule string `json:"schedule"`
+	Volume   string `json:"volume"`
+	// VolumeUUID is the volume the schedule was made for: a volume made
+	// again under the name is not taken by it.
+	VolumeUUID string `json:"volumeUUID,omitempty"`
+	Node       string `json:"node"`
+	Every      string `json:"every,omitempty"`
+	Keep       int    `json:"keep,omitempty"`
+	MaxAge     string `json:"maxAge,omitempty"`
+	// LastSuccess is when its last snapshot was taken (nil: none yet),
+	// LastSnapshot that snapshot's name.
+	LastSuccess  *time.Time `json:"lastSuccess,omitempty"`
+	LastSnapshot string     `json:"lastSnapshot,omitempty"`
+	// Failing: its last take failed (LastError says why); Failures is how
+	// many in a row (the API's only).
+	Failing     bool       `json:"failing"`
+	Failures    int        `json:"failures,omitempty"`
+	LastError   string     `json:"lastError,omitempty"`
+	LastErrorAt *time.Time `json:"lastErrorAt,omitempty"`
+	// Taking is the snapshot its current slot is taking; NextAt when its
+	// next slot begins (the API's only).
+	Taking string     `json:"taking,omitempty"`
+	NextAt *time.Time `json:"nextAt,omitempty"`
+	// Overdue: no success within twice its interval plus a minute (a
+	// node's schedule, whose interval is not reported: its last run
+	// failed).
+	Overdue   bool       `json:"overdue"`
+	CreatedBy string     `json:"createdBy,omitempty"`
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
 }
 
 // SnapshotRestore is a volume put back to a snapshot in place: who asked,

@@ -56,6 +56,9 @@ salt-volumes login keeps):
   salt-volumes snapshot create VOLUME NAME [--wait] | snapshot ls [VOLUME] | snapshot get NAME
   salt-volumes snapshot rm NAME [--wait]   snapshots of sparse volumes, kept on their nodes
   salt-volumes snapshot restore NAME [--wait] [--timeout D]   put its volume back to it in place (unmounted; operator)
+  salt-volumes snapshot schedule VOLUME --every D --keep N [--max-age D]   the control plane takes and prunes them (operator)
+  salt-volumes snapshot schedules [VOLUME] [--source api|salt] [-o table|json]   the API's and the nodes' Salt schedules
+  salt-volumes snapshot unschedule VOLUME   its schedule goes, its snapshots stay
   salt-volumes watch [--node N] [-o table|json]
   salt-volumes nodes [-o table|json]
   salt-volumes node forget NODE [--yes]   a node gone for good: forget its volumes (listed, confirmed), touching no disk

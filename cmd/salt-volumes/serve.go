@@ -17,6 +17,7 @@ func (c *cli) serve(ctx context.Context, in []string) error {
 	path := fs.String("config", "/etc/salt-volumes/config.yaml", "configuration file (YAML)")
 	var o config.Overrides
 	fs.StringVar(&o.Listen, "listen", "", "the API's host:port, over the file's listen (replicas sharing one file: --listen $(POD_IP):8080)")
+	fs.DurationVar(&o.MinScheduleEvery, "min-schedule-every", 0, "the shortest snapshot schedule interval allowed, over the file's snapshots.minScheduleEvery (default 1m; a test knob: 1s lets a test see schedules run)")
 	if _, err := args(fs, in, 0, "takes no arguments (--config FILE [--listen HOST:PORT])"); err != nil {
 		return err
 	}

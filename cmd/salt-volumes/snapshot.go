@@ -14,12 +14,15 @@ import (
 )
 
 // snapshotCmd: snapshot create VOLUME NAME, ls [VOLUME], get NAME, rm NAME,
-// restore NAME.
+// restore NAME; schedule, schedules and unschedule (schedule.go).
 func (c *cli) snapshotCmd(ctx context.Context, in []string) error {
 	if len(in) == 0 {
-		return failf(exitUsage, "snapshot: give a subcommand: snapshot create VOLUME NAME [--wait], snapshot ls [VOLUME], snapshot get NAME, snapshot rm NAME [--wait], snapshot restore NAME [--wait]")
+		return failf(exitUsage, "snapshot: give a subcommand: snapshot create VOLUME NAME [--wait], snapshot ls [VOLUME], snapshot get NAME, snapshot rm NAME [--wait], snapshot restore NAME [--wait], snapshot schedule VOLUME --every D --keep N, snapshot schedules [VOLUME], snapshot unschedule VOLUME")
 	}
 	sub := in[0]
+	if handled, err := c.scheduleCmd(ctx, sub, in[1:]); handled {
+		return err
+	}
 	switch sub {
 	case "create", "take":
 		fs := c.flags("snapshot create")
@@ -109,7 +112,7 @@ func (c *cli) snapshotCmd(ctx context.Context, in []string) error {
 		}
 		return c.showSnapshots([]saltvolumes.Snapshot{s})
 	}
-	return failf(exitUsage, "snapshot %s: not a subcommand: create, ls, get, rm or restore", sub)
+	return failf(exitUsage, "snapshot %s: not a subcommand: create, ls, get, rm, restore, schedule, schedules or unschedule", sub)
 }
 
 // waitSnapshot polls until the snapshot is Ready (or gone, for a
@@ -175,7 +178,7 @@ func (c *cli) showSnapshots(items []saltvolumes.Snapshot) error {
 		return c.json(items)
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tVOLUME\tNODE\tPHASE\tMETHOD\tSIZE\tUSED\tTAKEN\tMESSAGE")
+	fmt.Fprintln(tw, "NAME\tVOLUME\tNODE\tPHASE\tMETHOD\tSIZE\tUSED\tTAKEN\tSCHEDULE\tMESSAGE")
 	for _, s := range items {
 		size, used, taken := "-", "-", "-"
 		if s.Size > 0 {
@@ -188,7 +191,7 @@ func (c *cli) showSnapshots(items []saltvolumes.Snapshot) error {
 		if s.Frozen {
 			method += " (frozen)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Volume, s.Node, s.Phase, method, size, used, taken, or(s.Message, ""))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Volume, s.Node, s.Phase, method, size, used, taken, or(s.Schedule, "-"), or(s.Message, ""))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -315,8 +315,13 @@ var kubeRoutes = map[string]struct {
 	// Reading the snapshot here; the handler then asks delete on its
 	// volume, by the volume's name: a restore loses what a deletion does.
 	"POST /api/v1/snapshots/{name}/restore": {"get", kubeauth.SnapshotResource, "", true},
-	"GET /api/v1/watch":                     {"watch", kubeauth.Resource, "", false},
-	"POST /api/v1/watch/ticket":             {"watch", kubeauth.Resource, "", false},
+	// A schedule takes snapshots of the volume: setting or removing one
+	// asks what taking one does; the listing is a read of snapshots.
+	"PUT /api/v1/volumes/{name}/snapshot-schedule":    {"create", kubeauth.Resource, kubeauth.SnapshotsSubresource, true},
+	"DELETE /api/v1/volumes/{name}/snapshot-schedule": {"create", kubeauth.Resource, kubeauth.SnapshotsSubresource, true},
+	"GET /api/v1/snapshot-schedules":                  {"list", kubeauth.SnapshotResource, "", false},
+	"GET /api/v1/watch":                               {"watch", kubeauth.Resource, "", false},
+	"POST /api/v1/watch/ticket":                       {"watch", kubeauth.Resource, "", false},
 }
 
 // kubeAttributes is what a route asks of RBAC: kubeRoutes' entry; for

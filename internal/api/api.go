@@ -164,6 +164,12 @@ func (s *Server) Handler() http.Handler {
 	// written since the snapshot is gone), and nothing an operator cannot
 	// already read or make (snapshot, clone).
 	mux.Handle("POST /api/v1/snapshots/{name}/restore", op(query(s.fromLeader(s.restoreSnapshot))))
+	// Schedules: set and removed as a snapshot is taken (operator; admin
+	// for a raw device); listed with the nodes' Salt schedules, which the
+	// leader hears.
+	mux.Handle("PUT /api/v1/volumes/{name}/snapshot-schedule", op(query(s.fromLeader(s.setSchedule))))
+	mux.Handle("DELETE /api/v1/volumes/{name}/snapshot-schedule", op(query(s.fromLeader(s.deleteSchedule))))
+	mux.Handle("GET /api/v1/snapshot-schedules", view(query(s.fromLeader(s.listSchedules), "volume", "source")))
 	mux.Handle("GET /api/v1/watch", s.authWatch(query(s.watch, "node", "name", "ticket")))
 	mux.Handle("POST /api/v1/watch/ticket", view(query(s.watchTicket)))
 	mux.Handle("GET /api/v1/nodes", view(query(s.fromLeader(s.nodes))))

@@ -143,6 +143,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	mw.Gauge("salt_volumes_volumes", "Volumes by phase.", "phase", phases)
 	s.healthMetrics(mw)
+	s.scheduleMetrics(r, mw)
 	mw.Gauge("salt_volumes_watchers", "Open watch streams.", "", map[string]float64{"": float64(s.Watch.Watchers())})
 	mw.Counter("salt_volumes_api_unauthenticated_total", "API requests refused for a missing, wrong, revoked or expired token.", s.refused.Load())
 	mw.Counter("salt_volumes_logins_refused_total", "Logins refused: a wrong user, password or eauth, or a Salt user with no role here.", s.loginsRefused.Load())

@@ -171,7 +171,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // heldBySnapshots refuses a volume's deletion while it has snapshots: the
 // node would refuse it too (has_snapshots), after the volume had left
-// Available.
+// Available. A schedule of the volume goes first, or it takes more.
 func (s *Server) heldBySnapshots(w http.ResponseWriter, r *http.Request, name string) bool {
 	if s.Snapshots == nil {
 		return false
@@ -188,8 +188,16 @@ func (s *Server) heldBySnapshots(w http.ResponseWriter, r *http.Request, name st
 	for _, sn := range snaps {
 		ns = append(ns, sn.Name)
 	}
+	shown, rm := strings.Join(ns, ", "), "salt-volumes snapshot rm "+strings.Join(ns, " ")
+	if len(ns) > 10 {
+		shown, rm = fmt.Sprintf("%s and %d more", strings.Join(ns[:10], ", "), len(ns)-10), "salt-volumes snapshot rm NAME..."
+	}
+	todo := fmt.Sprintf("delete them first (salt-volumes snapshot ls %s lists them; %s)", name, rm)
+	if held := s.scheduleHeld(r, name); held != "" {
+		todo = fmt.Sprintf("%s: remove the schedule first (salt-volumes snapshot unschedule %s; its snapshots stay), then delete the snapshots (salt-volumes snapshot ls %s lists them; %s)", held, name, name, rm)
+	}
 	writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeDeleteForbidden,
-		Message: fmt.Sprintf("volume %q has snapshots (%s): delete them first (salt-volumes snapshot rm %s); nothing was changed", name, strings.Join(ns, ", "), strings.Join(ns, " "))})
+		Message: fmt.Sprintf("volume %q has snapshots (%s): a volume is deleted only once its snapshots are; %s; nothing was changed", name, shown, todo)})
 	return true
 }
 

@@ -66,3 +66,45 @@ func (c *Client) RestoreSnapshot(ctx context.Context, name string) (saltvolumes.
 	err := c.do(ctx, http.MethodPost, "/api/v1/snapshots/"+url.PathEscape(name)+"/restore", nil, &s)
 	return s, err
 }
+
+// SetSnapshotSchedule sets (or changes) a volume's snapshot schedule:
+// every ("1h"), keep, and maxAge ("7d", optional).
+func (c *Client) SetSnapshotSchedule(ctx context.Context, volume, every string, keep int, maxAge string) (saltvolumes.SnapshotSchedule, error) {
+	var s saltvolumes.SnapshotSchedule
+	body := map[string]any{"every": every, "keep": keep}
+	if maxAge != "" {
+		body["maxAge"] = maxAge
+	}
+	err := c.do(ctx, http.MethodPut, "/api/v1/volumes/"+url.PathEscape(volume)+"/snapshot-schedule", body, &s)
+	return s, err
+}
+
+// DeleteSnapshotSchedule removes a volume's snapshot schedule (its
+// snapshots stay).
+func (c *Client) DeleteSnapshotSchedule(ctx context.Context, volume string) (saltvolumes.SnapshotSchedule, error) {
+	var s saltvolumes.SnapshotSchedule
+	err := c.do(ctx, http.MethodDelete, "/api/v1/volumes/"+url.PathEscape(volume)+"/snapshot-schedule", nil, &s)
+	return s, err
+}
+
+// SnapshotSchedules lists the API's and the nodes' Salt snapshot
+// schedules: one volume's, or all (""); source "api" or "salt" for one
+// kind ("" both).
+func (c *Client) SnapshotSchedules(ctx context.Context, volume, source string) ([]saltvolumes.SnapshotSchedule, error) {
+	var out struct {
+		Items []saltvolumes.SnapshotSchedule `json:"items"`
+	}
+	q := url.Values{}
+	if volume != "" {
+		q.Set("volume", volume)
+	}
+	if source != "" {
+		q.Set("source", source)
+	}
+	path := "/api/v1/snapshot-schedules"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out.Items, err
+}

@@ -48,6 +48,8 @@ type Config struct {
 	Audit Audit `yaml:"audit"`
 	// Access maps Salt users and groups who log in onto roles.
 	Access Access `yaml:"access"`
+	// Snapshots tunes the snapshots the control plane takes.
+	Snapshots Snapshots `yaml:"snapshots"`
 	// Kubernetes turns on Kubernetes mode: PVs for volumes, provisioning
 	// from claims. Absent: no Kubernetes at all.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
@@ -135,6 +137,14 @@ type Etcd struct {
 	// API; shown by followers as the leader's address (default
 	// http://<listen>).
 	AdvertiseURL string `yaml:"advertiseURL"`
+}
+
+// Snapshots tunes the snapshots the control plane takes.
+type Snapshots struct {
+	// MinScheduleEvery is the shortest interval a snapshot schedule made
+	// through the API may have (default 1m, at least 1s): a test knob,
+	// so that a test sees a schedule run in seconds.
+	MinScheduleEvery Duration `yaml:"minScheduleEvery"`
 }
 
 // Limits bound what API clients can make serve hold.
@@ -242,6 +252,8 @@ type Overrides struct {
 	// Listen replaces listen, before the replica's id and advertised URL
 	// are derived from it.
 	Listen string
+	// MinScheduleEvery replaces snapshots.minScheduleEvery (a test knob).
+	MinScheduleEvery time.Duration
 }
 
 // LoadWith is Load with o applied over the file.
@@ -269,6 +281,9 @@ func parse(data []byte, o Overrides) (*Config, error) {
 	}
 	if o.Listen != "" {
 		c.Listen = o.Listen
+	}
+	if o.MinScheduleEvery != 0 {
+		c.Snapshots.MinScheduleEvery = Duration(o.MinScheduleEvery)
 	}
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
@@ -378,6 +393,8 @@ func parse(data []byte, o Overrides) (*Config, error) {
 		return nil, errors.New("audit: maxAge and maxEntries must be positive (leave them out for 90d and 5000)")
 	case c.Access.SessionTTL < 0:
 		return nil, errors.New("access.sessionTTL: must be positive (leave it out for 12h)")
+	case c.Snapshots.MinScheduleEvery != 0 && (c.Snapshots.MinScheduleEvery < Duration(time.Second) || c.Snapshots.MinScheduleEvery > Duration(time.Hour)):
+		return nil, fmt.Errorf("snapshots.minScheduleEvery: %s: give 1s to 1h, or leave it out for 1m (a lower floor is for tests)", time.Duration(c.Snapshots.MinScheduleEvery))
 	}
 	if c.Access.SessionTTL == 0 {
 		c.Access.SessionTTL = Duration(12 * time.Hour)

@@ -51,6 +51,23 @@ func TestErrorsNameTheField(t *testing.T) {
 	}
 }
 
+// The schedule floor (a test knob): the file's, or serve's flag over it,
+// within 1s to 1h.
+func TestMinScheduleEvery(t *testing.T) {
+	c, err := Parse([]byte(base + "snapshots:\n  minScheduleEvery: 1s\n"))
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, time.Duration(c.Snapshots.MinScheduleEvery))
+	c, err = parse([]byte(base), Overrides{MinScheduleEvery: 2 * time.Second})
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, time.Duration(c.Snapshots.MinScheduleEvery))
+	c, err = Parse([]byte(base))
+	require.NoError(t, err)
+	assert.Zero(t, c.Snapshots.MinScheduleEvery, "unset: the service's default, 1m")
+	_, err = Parse([]byte(base + "snapshots:\n  minScheduleEvery: 500ms\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "snapshots.minScheduleEvery: 500ms: give 1s to 1h")
+}
+
 func TestValues(t *testing.T) {
 	c, err := Parse([]byte(base + "jobTimeout: 90s\nlisten: 0.0.0.0:9000\ninsecure: true\nevents:\n  source: sse\n"))
 	require.NoError(t, err)

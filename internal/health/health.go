@@ -28,6 +28,8 @@ type Report struct {
 	// Error: the node could not list its volumes; Volumes says nothing.
 	Error    string
 	Received time.Time
+	// Schedules are the node's Salt snapshot schedules, per volume.
+	Schedules []SaltSchedule
 }
 
 // Find returns the report's entry for a volume UUID (nil if none).
@@ -48,6 +50,8 @@ type wire struct {
 	Volumes   []saltvolumes.Device  `json:"volumes"`
 	Capacity  *saltvolumes.Capacity `json:"capacity"`
 	Error     string                `json:"error"`
+	// Read apart: a malformed row never costs the rest of the report.
+	Schedules json.RawMessage `json:"snapshotSchedules"`
 }
 
 // Parse reads a health event's data; node is the authenticated minion id.
@@ -64,7 +68,7 @@ func Parse(node string, data map[string]any, received time.Time) (*Report, error
 		return nil, fmt.Errorf("health event of %s: interval and heartbeat must be positive", node)
 	}
 	return &Report{
-		Node: node, Kind: w.Kind, Volumes: w.Volumes, Capacity: w.Capacity, Error: w.Error, Received: received,
+		Node: node, Kind: w.Kind, Volumes: w.Volumes, Capacity: w.Capacity, Error: w.Error, Received: received, Schedules: ownSchedules(ParseSchedules(w.Schedules), w.Volumes),
 		Interval:  time.Duration(w.Interval * float64(time.Second)),
 		Heartbeat: time.Duration(w.Heartbeat * float64(time.Second)),
 	}, nil
@@ -77,12 +81,13 @@ type Status struct {
 	Volumes     []saltvolumes.Device  `json:"volumes"`
 	Capacity    *saltvolumes.Capacity `json:"capacity"`
 	LastRestore *Restore              `json:"lastRestore"`
+	Schedules   json.RawMessage       `json:"snapshotSchedules"`
 }
 
 // Confirmed turns a status into a report, with the beacon's timings from
 // the last report of the node (if any).
 func (g *Registry) Confirmed(node string, st Status, received time.Time) *Report {
-	rep := &Report{Node: node, Kind: "confirmed", Volumes: st.Volumes, Capacity: st.Capacity, Received: received}
+	rep := &Report{Node: node, Kind: "confirmed", Volumes: st.Volumes, Capacity: st.Capacity, Received: received, Schedules: ownSchedules(ParseSchedules(st.Schedules), st.Volumes)}
 	g.mu.Lock()
 	if n := g.nodes[node]; n != nil && n.last != nil {
 		rep.Interval, rep.Heartbeat = n.last.Interval, n.last.Heartbeat

@@ -38,6 +38,7 @@ func (c *Controller) queueAllClaims() {
 		return
 	}
 	for _, pvc := range pvcs {
+		c.queueRestore(pvc)
 		if !c.ofOurClass(pvc) {
 			continue
 		}
@@ -57,6 +58,9 @@ func (c *Controller) claimChanged(o any) {
 	}
 	// A claim's volume learns of its claim's changes (deletion, binding).
 	c.vols.Touch("pvc-" + string(pvc.UID))
+	if c.leading() {
+		c.queueRestore(pvc)
+	}
 	if !c.leading() || !c.ofOurClass(pvc) {
 		return // a follower's are queued when it leads (followLeadership)
 	}

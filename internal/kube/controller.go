@@ -95,11 +95,19 @@ type Controller struct {
 	synced    []cache.InformerSynced
 
 	claims      workqueue.TypedRateLimitingInterface[string]
+	restores    workqueue.TypedRateLimitingInterface[string] // claims asking for a restore (restore.go)
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 
+	// snapshotObjects, when set, reads VolumeSnapshot objects instead of
+	// the API server (tests).
+	snapshotObjects func(ctx context.Context, ns, name string) (snapshotObject, error)
+
 	mu       sync.Mutex
 	reported map[string]string // volume -> last condition reported on its claim
+	// restoreWaits: when each new restore request (claim key, value) first
+	// waited for its snapshot (restore.go).
+	restoreWaits map[string]time.Time
 
 	// ctx is Start's; work the informers' handlers start runs under it and
 	// is counted in wg, which Stop waits for. stopped (under mu) refuses
@@ -140,6 +148,8 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger) *Controller {
 	c.synced = []cache.InformerSynced{pvInf.Informer().HasSynced, pvcInf.Informer().HasSynced, scInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
 	c.claims = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "claims", MetricsProvider: metrics.WorkQueues})
+	c.restores = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "restores", MetricsProvider: metrics.WorkQueues})
 
 	_, _ = pvInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { c.pvChanged(o) },
@@ -182,6 +192,10 @@ func (c *Controller) Start(ctx context.Context, timeout time.Duration) error {
 			}
 		})
 	}
+	c.spawn(func() {
+		for c.nextRestore(ctx) {
+		}
+	})
 	c.spawn(func() { c.followLeadership(ctx) })
 	go func() {
 		select {
@@ -189,6 +203,7 @@ func (c *Controller) Start(ctx context.Context, timeout time.Duration) error {
 		case <-c.stop:
 		}
 		c.claims.ShutDown()
+		c.restores.ShutDown()
 	}()
 	return nil
 }
@@ -208,6 +223,7 @@ func (c *Controller) Stop() {
 		close(c.stop)
 	}
 	c.claims.ShutDown()
+	c.restores.ShutDown()
 	c.wg.Wait()
 	c.broadcaster.Shutdown()
 }

@@ -77,7 +77,7 @@ func (w *Writer) Counter(name, help string, v int64) {
 func (w *Writer) CounterVec(name, help, label string, values map[string]int64) {
 	w.printf("# HELP %s %s\n# TYPE %s counter\n", name, help, name)
 	for _, k := range sortedKeys(values) {
-		w.printf("%s{%s=%q} %d\n", name, label, escape(k), values[k])
+		w.printf("%s{%s=%s} %d\n", name, label, quote(k), values[k])
 	}
 }
 
@@ -97,7 +97,7 @@ func (w *Writer) Gauge(name, help, label string, values map[string]float64) {
 		if label == "" {
 			w.printf("%s %s\n", name, num(values[k]))
 		} else {
-			w.printf("%s{%s=%q} %s\n", name, label, escape(k), num(values[k]))
+			w.printf("%s{%s=%s} %s\n", name, label, quote(k), num(values[k]))
 		}
 	}
 }
@@ -118,7 +118,7 @@ func (w *Writer) GaugeVec(name, help string, samples []Sample) {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(&b, "%s=%q", s.Labels[i], escape(s.Labels[i+1]))
+			fmt.Fprintf(&b, "%s=%s", s.Labels[i], quote(s.Labels[i+1]))
 		}
 		w.printf("%s{%s} %s\n", name, b.String(), num(s.Value))
 	}
@@ -145,4 +145,28 @@ func num(f float64) string {
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
-func escape(s string) string { return strings.ReplaceAll(s, "\n", `\n`) }
+// quote writes a label value as the text exposition format reads it:
+// quoted, with only the escapes it defines (\\, \" and \n), other
+// control characters dropped and invalid UTF-8 replaced, so that strict
+// parsers (prometheus/common's expfmt: promtool, relays) take the whole
+// scrape whatever a label carries (a node's report names some).
+func quote(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '"':
+			b.WriteString(`\"`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

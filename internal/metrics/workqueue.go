@@ -151,6 +151,6 @@ func (w *Writer) summary(name, help string, names []string, get func(string) (fl
 	w.printf("# HELP %s %s\n# TYPE %s summary\n", name, help, name)
 	for _, n := range names {
 		sum, count := get(n)
-		w.printf("%s_sum{name=%q} %s\n%s_count{name=%q} %d\n", name, escape(n), num(sum), name, escape(n), count)
+		w.printf("%s_sum{name=%s} %s\n%s_count{name=%s} %d\n", name, quote(n), num(sum), name, quote(n), count)
 	}
 }

@@ -116,7 +116,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 	}
 	// Snapshots: taken by the leader beside the volumes; claims clone
 	// from them.
-	snaps := &snapshots.Service{Records: records, Salt: jobs, Volumes: st, Log: log.With("component", "snapshots"), JobTimeout: time.Duration(cfg.JobTimeout)}
+	snaps := &snapshots.Service{Records: records, Salt: jobs, Volumes: st, Log: log.With("component", "snapshots"), JobTimeout: time.Duration(cfg.JobTimeout),
+		MinScheduleEvery: time.Duration(cfg.Snapshots.MinScheduleEvery)}
 	rec.Snapshots = snaps
 	// A clone that became Available frees the snapshot taken for it.
 	defer st.Watch(func(ev store.Event) {

@@ -76,6 +76,9 @@ type record struct {
 	// record took and refuses one of that name Salt (or another record)
 	// took (name_taken). Empty in a record older than it: no owner passed.
 	NodeID string `json:"nodeID,omitempty"`
+	// ScheduleID is the identity of the API schedule that took it
+	// (schedules.go): only that schedule prunes it.
+	ScheduleID string `json:"scheduleID,omitempty"`
 }
 
 // nameTaken prefixes apply_snapshot's message when the node refused a
@@ -147,6 +150,9 @@ type Service struct {
 	// Volumes, when set, lets the leader delete the snapshots taken for a
 	// clone (a claim's dataSource) once the clone is Available.
 	Volumes store.Reader
+	// MinScheduleEvery is the shortest interval a snapshot schedule may
+	// have (default a minute; tests set seconds).
+	MinScheduleEvery time.Duration
 
 	// mu orders the leader's read-modify-write of a record with the
 	// API's (requests that change snapshots are passed to the leader).
@@ -159,6 +165,14 @@ type Service struct {
 	once   sync.Once
 
 	Taken, Deleted, Failures atomic.Int64
+
+	// schedMu orders the changes to schedule records (schedules.go).
+	schedMu sync.Mutex
+
+	// hintMu guards the steps of looking again after a hint (Hint).
+	hintMu    sync.Mutex
+	hintUntil time.Time
+	hintStep  uint
 }
 
 func (s *Service) init() {
@@ -185,8 +199,42 @@ func (s *Service) Kick() {
 	}
 }
 
-// Hint is a snapshot job's return seen on the bus: look it up.
-func (s *Service) Hint(string) { s.Kick() }
+// Hint is a snapshot job's return seen on the bus: look it up. The
+// master fires the event before it writes the job cache, so the first
+// look can come too early: while a hint is fresh, the loop looks again
+// after 25 ms, 50 ms, 100 ms, ... instead of after Every (5 s), as the
+// reconciler does with its own hints. A flood of forged hints cannot
+// make it look more often than that: the steps restart only once a
+// window has passed.
+func (s *Service) Hint(string) {
+	s.init()
+	now := time.Now()
+	s.hintMu.Lock()
+	if now.After(s.hintUntil) {
+		s.hintStep = 0
+	}
+	s.hintUntil = now.Add(hintWindow)
+	s.hintMu.Unlock()
+	s.Kick()
+}
+
+// hintWindow is how long after a hint the loop looks again soon.
+const hintWindow = 4 * time.Second
+
+// nextLook is how long the loop waits after a pass that left work.
+func (s *Service) nextLook() time.Duration {
+	s.hintMu.Lock()
+	defer s.hintMu.Unlock()
+	if time.Now().After(s.hintUntil) {
+		return s.Every
+	}
+	d := 25 * time.Millisecond << s.hintStep
+	if d >= s.Every {
+		return s.Every
+	}
+	s.hintStep++
+	return d
+}
 
 func (s *Service) read(ctx context.Context, name string) (*record, error) {
 	b, err := s.Records.GetRecord(ctx, Kind, name)
@@ -296,6 +344,9 @@ func (s *Service) Bind(ctx context.Context, name string, o Owner, adopt func(Sna
 		return r.Snapshot, fmt.Errorf("%w: snapshot %s belongs to no object", ErrNotOwner, name)
 	}
 	r.Owner = &o
+	// Handed to the object, a scheduled snapshot leaves its schedule's
+	// retention for good (released later, it is kept: schedules.go).
+	r.ScheduleID = ""
 	if err := s.write(ctx, r); err != nil {
 		return Snapshot{}, err
 	}
@@ -357,17 +408,17 @@ func (s *Service) Take(ctx context.Context, v *volume.Volume, name, by string) (
 // cow is a thick LVM snapshot's copy-on-write space (0: the node's
 // default, a quarter of the LV); other volumes take none.
 func (s *Service) TakeFor(ctx context.Context, v *volume.Volume, name, by, clone string, cow int64) (snap Snapshot, created bool, err error) {
-	return s.take(ctx, v, name, by, clone, cow, nil)
+	return s.take(ctx, v, name, by, clone, cow, nil, nil)
 }
 
 // TakeOwned is Take of a snapshot that belongs to object o from the
 // start: a record of that name that is not o's is refused (409, field
 // name), never taken over.
 func (s *Service) TakeOwned(ctx context.Context, v *volume.Volume, name, by string, cow int64, o Owner) (snap Snapshot, created bool, err error) {
-	return s.take(ctx, v, name, by, "", cow, &o)
+	return s.take(ctx, v, name, by, "", cow, &o, nil)
 }
 
-func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone string, cow int64, owner *Owner) (snap Snapshot, created bool, err error) {
+func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone string, cow int64, owner *Owner, sched *scheduleRecord) (snap Snapshot, created bool, err error) {
 	s.init()
 	if clone != "" && !names.MatchString(clone) {
 		return Snapshot{}, false, &Error{400, "for", fmt.Sprintf("for: %q is not a volume name", clone)}
@@ -399,6 +450,8 @@ func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone st
 		return Snapshot{}, false, &Error{409, "name", fmt.Sprintf("name: snapshot %s exists and is not this object's (it belongs to %s): nothing was taken", name, r.Owner)}
 	case r.VolumeUUID != v.Spec.UUID:
 		return Snapshot{}, false, &Error{409, "name", fmt.Sprintf("name: snapshot %s is volume %s's: pick another name", name, r.Volume)}
+	case sched != nil && r.ScheduleID != sched.ID:
+		return Snapshot{}, false, &Error{409, "name", fmt.Sprintf("name: snapshot %s exists and is not this schedule's (asked by %s): nothing was taken for this slot", name, or(r.RequestedBy, "someone else"))}
 	case r.Phase == Failed:
 		r.Phase, r.Message, r.JobID, r.JobStartedAt = Pending, "", "", nil
 		if err := s.write(ctx, r); err != nil {
@@ -412,6 +465,9 @@ func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone st
 	now := time.Now().UTC()
 	r = &record{Snapshot: Snapshot{Name: name, Volume: v.Spec.Name, VolumeUUID: v.Spec.UUID, Node: v.Spec.Node,
 		Phase: Pending, RequestedBy: by, CreatedAt: now, For: clone, COWSize: cow}, Spec: v.Spec, Owner: owner, NodeID: newNodeID()}
+	if sched != nil {
+		r.Schedule, r.ScheduleID = sched.Volume, sched.ID
+	}
 	if err := s.write(ctx, r); err != nil {
 		return Snapshot{}, false, err
 	}
@@ -487,9 +543,14 @@ func (s *Service) Run(ctx context.Context, fenced store.Records) {
 		s.term = nil
 		s.termMu.Unlock()
 	}()
+	// Schedules take snapshots in the same term, through the same
+	// fenced writer; Run returns once they stopped too.
+	sched := make(chan struct{})
+	defer func() { <-sched }()
+	go func() { defer close(sched); s.runSchedules(ctx) }()
 	for {
 		busy := s.pass(ctx)
-		every := s.Every
+		every := s.nextLook()
 		if !busy {
 			// Nothing unfinished: a request here kicks; one through
 			// another replica is seen within this.

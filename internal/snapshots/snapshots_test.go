@@ -390,3 +390,28 @@ func TestNameTakenOnTheNodeIsFailedNeverTakenOver(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNotFound, "only the record went")
 	assert.Equal(t, int64(0), s.Taken.Load())
 }
+
+// A job's return on the bus makes the loop look again soon (the job
+// cache may lag the event), at growing steps; more hints in the window
+// do not start the steps over, so a flood cannot make it look more often.
+func TestHintLooksAgainSoon(t *testing.T) {
+	s := &Service{Every: time.Second}
+	s.init()
+	assert.Equal(t, time.Second, s.nextLook(), "no hint: the loop's own interval")
+	s.Hint("20261128010203040506")
+	var steps []time.Duration
+	for i := 0; i < 7; i++ {
+		steps = append(steps, s.nextLook())
+		if i == 2 {
+			s.Hint("20261128010203040507") // within the window: no restart
+		}
+	}
+	ms := time.Millisecond
+	assert.Equal(t, []time.Duration{25 * ms, 50 * ms, 100 * ms, 200 * ms, 400 * ms, 800 * ms, time.Second}, steps)
+	s.hintMu.Lock()
+	s.hintUntil = time.Now().Add(-time.Millisecond)
+	s.hintMu.Unlock()
+	assert.Equal(t, time.Second, s.nextLook(), "the window over: the loop's own interval")
+	s.Hint("20261128010203040508")
+	assert.Equal(t, 25*ms, s.nextLook(), "a hint after the window starts the steps again")
+}

@@ -11,6 +11,7 @@ const state = {
   filter: "",
   es: null,
   cloneFrom: null, // the snapshot the clone form is for
+  restoreOf: null, // the volume and snapshot the restore dialog is for
 };
 
 const UNITS = { "": 1, k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, E: 1e18,
@@ -56,6 +57,23 @@ async function api(method, path, body) {
 // names the field and the fix.
 function refusal(r) {
   return (r.data && r.data.error && r.data.error.message) || "The control plane refused (HTTP " + r.status + ").";
+}
+
+// may says whether the caller's role allows what needs role need. Until
+// whoami answers nothing that changes anything shows (a viewer would see
+// the buttons come and go). A Kubernetes identity has no role here: RBAC
+// decides each request, so it sees every action and a refusal says why.
+const RANKS = { viewer: 1, operator: 2, admin: 3 };
+function may(need) {
+  if (!state.who) return false;
+  const r = RANKS[state.who.role];
+  return !r || r >= RANKS[need];
+}
+
+// roleNote says why a viewer sees no buttons ("" for anyone else).
+function roleNote() {
+  return state.who && state.who.role === "viewer" ?
+    `You are signed in as ${state.who.user}, a viewer: creating, changing, restoring and deleting volumes and snapshots needs role operator.` : "";
 }
 
 function el(tag, attrs, ...children) {
@@ -166,9 +184,10 @@ function refreshDetail() {
     state.detail = { usage: u.ok ? u.data.current : null, samples: u.ok ? u.data.samples : [], jobs: j.ok ? j.data.items : [],
       history: h.ok ? h.data.items : [], snapshots: sn.ok ? sn.data.items : [] };
     render();
-    // A snapshot's job changes no volume, so no watch event says when it
-    // ends: look again each second while one runs.
-    if (state.detail.snapshots.some((x) => x.phase === "Pending" || x.phase === "Deleting")) setTimeout(refreshDetail, 1000);
+    // A snapshot's job changes no volume, nor does a restore (the volume
+    // stays Available throughout), so no watch event says when one ends:
+    // look again each second while one runs.
+    if (state.detail.snapshots.some((x) => x.phase === "Pending" || x.phase === "Deleting" || restoringNow(x))) setTimeout(refreshDetail, 1000);
   }, 300);
 }
 
@@ -278,6 +297,9 @@ function row(v) {
 function renderVolumes() {
   $("#node-name").textContent = state.node;
   $("#create-node").textContent = state.node;
+  $("#show-create").hidden = !may("operator");
+  if (!may("operator")) $("#create-form").hidden = true;
+  $("#node-role").textContent = roleNote();
   const f = state.filter.toLowerCase();
   const rows = [...state.volumes.values()]
     .filter((v) => v.spec.node === state.node)
@@ -295,9 +317,10 @@ function renderVolumes() {
     const del = el("button", { type: "button", class: "delete", "data-volume": r.name,
       disabled: !r.v.deletable, title: r.v.deletable ? "Delete " + r.name : r.v.deleteBlockedReason,
       "aria-describedby": r.v.deletable ? null : "why-" + r.name }, "Delete");
+    del.hidden = !may("operator");
     del.addEventListener("click", () => confirmDelete(r.v));
     const actions = el("td", {}, del);
-    if (!r.v.deletable) actions.append(el("span", { class: "reason", id: "why-" + r.name, text: r.v.deleteBlockedReason }));
+    if (!r.v.deletable && !del.hidden) actions.append(el("span", { class: "reason", id: "why-" + r.name, text: r.v.deleteBlockedReason }));
     tbody.append(el("tr", { "data-volume": r.name, "data-phase": r.phase },
       el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
       el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
@@ -332,27 +355,40 @@ function renderDetail() {
     $("#vol-phase").textContent = "";
     $("#vol-reason").textContent = state.volumes.size ? "This volume does not exist (any more)." : "";
     for (const b of ["#vol-delete", "#vol-wipe", "#vol-forget", "#grow-form"]) $(b).hidden = true;
+    $("#vol-restore").textContent = "";
     return;
   }
   const s = v.status, sp = v.spec;
   $("#vol-phase").textContent = s.phase;
   $("#vol-phase").className = "phase phase-" + s.phase;
   $("#vol-reason").textContent = s.message ? (s.reason ? s.reason + ": " : "") + s.message : "";
+  const op = may("operator"), admin = may("admin");
+  // The control plane refuses these while a restore runs (409): say so
+  // before anyone asks.
+  const busy = restoringOf(v);
+  const busyWhy = busy ? `${name} is being restored from snapshot ${busy.name}: wait until that has finished.` : "";
+  $("#vol-role").textContent = roleNote();
   const del = $("#vol-delete");
-  del.hidden = false;
-  del.disabled = !v.deletable;
-  del.title = v.deletable ? "Delete " + name : v.deleteBlockedReason;
-  $("#vol-blocked").textContent = v.deletable ? "" : v.deleteBlockedReason;
-  $("#vol-wipe").hidden = !sp.rawBlockDevice && !sp.lvmLogicalVolume;
-  $("#vol-wipe").disabled = !v.deletable;
-  $("#vol-forget").hidden = s.phase !== "Failed";
+  del.hidden = !op;
+  del.disabled = !v.deletable || !!busy;
+  del.title = busy ? busyWhy : v.deletable ? "Delete " + name : v.deleteBlockedReason;
+  $("#vol-blocked").textContent = !op || v.deletable ? "" : v.deleteBlockedReason;
+  // Wiping and forgetting are an admin's: an operator sees them disabled,
+  // saying so, rather than learning it from a refusal.
+  $("#vol-wipe").hidden = !op || (!sp.rawBlockDevice && !sp.lvmLogicalVolume);
+  $("#vol-wipe").disabled = !v.deletable || !admin || !!busy;
+  $("#vol-wipe").title = admin ? busyWhy : "Wiping needs role admin.";
+  $("#vol-forget").hidden = !op || s.phase !== "Failed";
+  $("#vol-forget").disabled = !admin;
+  $("#vol-forget").title = admin ? "" : "Forgetting needs role admin.";
   // Sparse and LVM volumes grow to a size, raw ones to their grown device;
   // only once Available (the node's answer otherwise names why), or again
   // after a growth that failed.
-  $("#grow-form").hidden = false;
+  $("#grow-form").hidden = !op;
   $("#grow-size").hidden = $("label[for=grow-size]").hidden = !!sp.rawBlockDevice;
   $("#vol-grow").textContent = sp.rawBlockDevice ? "Grow to its device" : "Grow";
-  $("#vol-grow").disabled = !(s.phase === "Available" || growthFailed(v)) || !!v.deleting;
+  $("#vol-grow").disabled = !(s.phase === "Available" || growthFailed(v)) || !!v.deleting || !!busy;
+  $("#vol-grow").title = busyWhy;
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
     ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
@@ -377,11 +413,59 @@ function renderDetail() {
   renderSnapshots(v);
 }
 
+// restoringNow: a restore from snapshot x runs.
+function restoringNow(x) {
+  return !!x.restore && x.restore.phase === "Restoring";
+}
+
+// restoringOf is the snapshot volume v is being restored from (null: none).
+function restoringOf(v) {
+  return (state.detail.snapshots || []).find((x) => x.volumeUUID === v.spec.uuid && restoringNow(x)) || null;
+}
+
+// heldFor says who holds v, as the control plane sees it: then only an
+// admin restores it ("": nobody).
+function heldFor(v) {
+  const pv = v.status.persistentVolume;
+  if (v.status.inUse) return `it is in use on ${v.spec.node}`;
+  if (pv && (pv.phase === "Bound" || pv.phase === "Pending")) return `its PersistentVolume ${pv.name} is ${pv.phase} (claim ${pv.claim})`;
+  return "";
+}
+
+// restoreBlocked says why v is not restored from snapshot x now ("": it
+// may be): what the control plane would refuse, said on the button.
+function restoreBlocked(v, x) {
+  const busy = restoringOf(v);
+  if (x.volumeUUID !== v.spec.uuid) return `${x.name} is a snapshot of an earlier volume named ${v.spec.name}, not of this one.`;
+  if (!v.spec.sparseLoopDevice) return "Only sparse volumes are restored in place (an LVM volume: lvconvert --merge by hand, see docs/operations.md).";
+  if (x.for) return `${x.name} was taken for the clone ${x.for} alone: restore from a snapshot of your own.`;
+  if (busy) return `${v.spec.name} is being restored from snapshot ${busy.name}.`;
+  if (v.deleting) return `${v.spec.name} is being deleted.`;
+  if (v.status.phase !== "Available") return `${v.spec.name} is ${v.status.phase}: restore it once it is Available.`;
+  const held = heldFor(v);
+  if (held && !may("admin")) return `Restoring ${v.spec.name} while ${held} needs role admin.`;
+  return "";
+}
+
+// restoreText is how the last restore from snapshot x went.
+function restoreText(x) {
+  const r = x.restore;
+  const by = r.requestedBy ? " by " + r.requestedBy : "";
+  if (r.phase === "Restoring") return `Restoring ${x.volume} from this snapshot (asked${by} ${age(r.requestedAt)} ago)…` + (r.message ? " " + r.message : "");
+  const when = r.finishedAt ? " " + age(r.finishedAt) + " ago" : "";
+  if (r.phase === "Restored") {
+    return `Restored${when}${by}` + (r.took ? ` in ${r.took}` : "") + "." + (r.warnings && r.warnings.length ? " " + r.warnings.join(" ") : "");
+  }
+  return `Restore failed${when}${by}: ${r.message || "the node gave no reason"}`;
+}
+
 function renderSnapshots(v) {
   const lv = v.spec.lvmLogicalVolume;
+  const op = may("operator");
   // A raw volume's snapshot is the node's call (only an operator's LV has
   // one): the form is there, its refusal shows in the table.
   $("#snapshot-size").hidden = !!v.spec.sparseLoopDevice || !!(lv && lv.thinPool);
+  $("#snapshot-form").hidden = !op;
   const tbody = $("#vol-snapshots tbody");
   tbody.replaceChildren();
   const items = state.detail.snapshots || [];
@@ -391,9 +475,26 @@ function renderSnapshots(v) {
     state.cloneFrom = null;
     $("#clone-form").hidden = true;
   }
+  const busy = restoringOf(v);
+  $("#take-snapshot").disabled = !!busy;
+  $("#take-snapshot").title = busy ? `${v.spec.name} is being restored from snapshot ${busy.name}: take it once that has finished.` : "";
+  // The volume's last restore, from whichever of its snapshots: its phase
+  // stays Available throughout, so this is where the page says it.
+  const last = items.filter((x) => x.restore && x.volumeUUID === v.spec.uuid)
+    .sort((a, b) => Date.parse(a.restore.requestedAt) - Date.parse(b.restore.requestedAt)).pop();
+  const vr = $("#vol-restore");
+  const when = last && last.restore.finishedAt ? new Date(last.restore.finishedAt).toLocaleString() : "";
+  const text = last ? (restoringNow(last) ? `Being restored from snapshot ${last.name}: everything written since it was taken is being replaced.`
+    : last.restore.phase === "Restored" ? `Last restored from snapshot ${last.name} at ${when}.`
+      : `Restoring from snapshot ${last.name} failed at ${when}; the volume is as it was: ${last.restore.message || "the node gave no reason"}`) : "";
+  // Set only when it changes: it is a live region, and the page is drawn
+  // again every second while a restore runs.
+  if (vr.textContent !== text) vr.textContent = text;
+  vr.dataset.restore = last ? last.restore.phase : "";
+  vr.className = last && last.restore.phase === "Failed" ? "error" : "";
   for (const x of items) {
     const clone = el("button", { type: "button", class: "clone", text: "Clone" });
-    clone.hidden = x.phase !== "Ready";
+    clone.hidden = x.phase !== "Ready" || !op;
     clone.addEventListener("click", () => {
       state.cloneFrom = x;
       $("#clone-of").textContent = x.name;
@@ -401,18 +502,57 @@ function renderSnapshots(v) {
       $("#clone-form").hidden = false;
       $("#clone-name").focus();
     });
-    const del = el("button", { type: "button", class: "danger", text: "Delete" });
-    del.hidden = x.phase === "Deleting";
+    const why = restoreBlocked(v, x);
+    const restore = el("button", { type: "button", class: "restore", text: "Restore",
+      disabled: !!why, title: why || `Put ${v.spec.name} back to ${x.name}, losing what was written since` });
+    restore.hidden = x.phase !== "Ready" || !op;
+    restore.addEventListener("click", () => confirmRestore(v, x));
+    const del = el("button", { type: "button", class: "danger", text: "Delete",
+      disabled: !!busy, title: busy ? `${v.spec.name} is being restored from snapshot ${busy.name}.` : null });
+    del.hidden = x.phase === "Deleting" || !op;
     del.addEventListener("click", async () => {
       const r = await api("DELETE", "/api/v1/snapshots/" + encodeURIComponent(x.name));
       $("#m-snapshot").textContent = r.ok ? "" : refusal(r);
       refreshDetail();
     });
+    const outcome = x.restore ? el("span", { class: "reason restore-status restore-" + x.restore.phase, "data-restore": x.restore.phase,
+      text: restoreText(x) }) : null;
     tbody.append(el("tr", { "data-snapshot": x.name },
       el("td", { text: x.name }), el("td", { class: "phase", text: x.phase, title: x.message || "" }),
       el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }), el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
-      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || "") }), el("td", {}, clone, " ", del)));
+      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || "") }), el("td", {}, clone, " ", restore, " ", del, outcome)));
   }
+}
+
+// confirmRestore asks before a restore, naming what is lost, and has the
+// volume's name typed: a restore cannot be undone, and a click out of
+// habit on a dialog like every other would do it.
+function confirmRestore(v, x) {
+  const dlg = $("#restore-dialog");
+  state.restoreOf = { volume: v.spec.name, snapshot: x.name };
+  const taken = x.takenAt || x.createdAt;
+  $("#restore-volume").textContent = v.spec.name;
+  $("#restore-snapshot").textContent = x.name;
+  $("#restore-text").textContent = `Everything written to ${v.spec.name} since snapshot ${x.name} was taken at ${new Date(taken).toLocaleString()} ` +
+    `(${age(taken)} ago) is lost: node ${v.spec.node} puts the volume back to the snapshot in place, same path and device. ` +
+    "The snapshot stays. Nothing may use the volume meanwhile (unmount it, stop its pods): the node refuses a volume in use and changes nothing.";
+  $("#restore-want").textContent = v.spec.name;
+  $("#restore-confirm").value = "";
+  $("#restore-ok").disabled = true;
+  dlg.returnValue = "";
+  dlg.showModal();
+  $("#restore-confirm").focus();
+}
+
+async function submitRestore(of) {
+  const r = await api("POST", "/api/v1/snapshots/" + encodeURIComponent(of.snapshot) + "/restore");
+  $("#m-snapshot").textContent = r.ok ? "" : refusal(r);
+  if (r.ok && of.volume === state.volume && state.detail.snapshots) {
+    // Shown at once: the next look at the snapshots is 300 ms away.
+    state.detail.snapshots = state.detail.snapshots.map((x) => (x.name === r.data.name ? r.data : x));
+    render();
+  }
+  refreshDetail();
 }
 
 // A clone is a new volume on the snapshot's node, of its volume's mode and
@@ -518,6 +658,7 @@ function renderHistory() {
   for (const e of items) {
     const snap = e.route.match(/\/snapshots(?:\/([^/?]+))?/);
     let act = /\/resize$/.test(e.route) ? "growth"
+      : snap && /\/restore$/.test(e.route) ? "restore from snapshot " + decodeURIComponent(snap[1] || "")
       : snap ? (e.method === "POST" ? "snapshot" : "snapshot " + decodeURIComponent(snap[1] || "") + " deletion")
         : (ACTS[e.method] || e.method);
     if (/[?&]wipe=true/.test(e.route)) act += " and wiped";
@@ -711,6 +852,9 @@ function logout(msg) {
   sessionStorage.removeItem("salt-volumes-token");
   state.token = "";
   state.who = null;
+  // The detail page's timers would go on asking, each refusal logging
+  // out again over this message.
+  state.volume = null;
   $("#who").textContent = "";
   $("#logout").hidden = true;
   clearTimeout(state.retry);
@@ -722,13 +866,22 @@ function logout(msg) {
 
 // ---- wiring ---------------------------------------------------------------
 
-// whoami shows who the token is, and the log-out button.
+// whoami shows who the token is, and the log-out button; the actions
+// its role allows show once it answers.
 async function whoami() {
-  const r = await api("GET", "/api/v1/whoami");
+  const token = state.token;
+  let r = null;
+  try { r = await api("GET", "/api/v1/whoami"); } catch (e) { r = null; }
+  // An answer for a token logged out since is not this one's.
+  if (!state.token || state.token !== token) return;
+  // The actions wait for its answer: ask again until there is one (a
+  // refused token is logged out by the other requests).
+  if (!r || (!r.ok && r.status !== 401)) { setTimeout(whoami, 2000); return; }
   if (!r.ok) return;
   state.who = r.data;
-  $("#who").textContent = `${r.data.user} (${r.data.role})`;
+  $("#who").textContent = `${r.data.user} (${r.data.role || r.data.kind})`;
   $("#logout").hidden = false;
+  render();
 }
 
 function init() {
@@ -788,6 +941,20 @@ function init() {
     });
   }
   $("#grow-form").addEventListener("submit", submitGrow);
+  $("#restore-confirm").addEventListener("input", () => {
+    $("#restore-ok").disabled = !state.restoreOf || $("#restore-confirm").value !== state.restoreOf.volume;
+  });
+  // Enter in the name field submits the form: only the exact name
+  // restores, however the form is sent.
+  $("#restore-form").addEventListener("submit", (e) => {
+    if (!state.restoreOf || $("#restore-confirm").value !== state.restoreOf.volume) e.preventDefault();
+  });
+  $("#restore-cancel").addEventListener("click", () => $("#restore-dialog").close());
+  $("#restore-dialog").addEventListener("close", () => {
+    const of = state.restoreOf;
+    state.restoreOf = null;
+    if ($("#restore-dialog").returnValue === "ok" && of) submitRestore(of);
+  });
   $("#snapshot-form").addEventListener("submit", submitSnapshot);
   $("#clone-form").addEventListener("submit", submitClone);
   window.addEventListener("hashchange", route);
