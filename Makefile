@@ -47,7 +47,11 @@ dist:
 
 # A local Salt stack plus the control plane, two real volumes; Ctrl-C stops
 # everything and detaches what it attached. DEMO_ARGS=--once for a smoke run.
-demo: setup build
+# The demo sets up only what it needs (scripts/setup.sh demo); with
+# --kubernetes or --ha it needs the test setup's Kubernetes tools and etcd.
+demo:
+	scripts/setup.sh $(if $(or $(findstring --kubernetes,$(DEMO_ARGS)),$(findstring --ha,$(DEMO_ARGS))),,demo)
+	$(MAKE) --no-print-directory build
 	$(GO) run ./test/demo $(DEMO_ARGS)
 
 # Unit and integration tests. Integration tests need root and loop devices;

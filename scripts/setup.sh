@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Installs what building and testing salt-volumes needs on a bare Debian or
 # Ubuntu machine. Idempotent: installs only what is missing.
+#   scripts/setup.sh        everything make test needs
+#   scripts/setup.sh demo   what make demo needs: the tools a sparse volume
+#                           runs, Go's modules and Salt in .venv (a few
+#                           minutes from bare, not the test setup's ~15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-all}
+case $mode in
+  all | demo) ;;
+  *) echo "setup: unknown mode '$mode': use no argument (everything) or demo" >&2; exit 2 ;;
+esac
 
+# What a node's sparse volumes and the demo's local Salt need.
+base=(e2fsprogs xfsprogs util-linux gdisk mount python3-venv)
 need=()
 # vagrant, vagrant-libvirt and shellcheck check the Vagrant cluster's files
 # in make test; the cluster itself cannot start here. The filesystem, crypto,
@@ -14,12 +25,17 @@ need=()
 # Debian guests of the booted-machine tests (test/booted); qemu-user-static
 # runs the arm64 binaries of make dist, and lintian and rpmlint (with rpm
 # and groff for its checks) judge its packages (test/dist).
-for pkg in e2fsprogs xfsprogs util-linux gdisk mount python3-venv chromium vagrant vagrant-libvirt shellcheck \
-  btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs \
-  cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools \
-  containerd runc containernetworking-plugins busybox-static \
-  qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static \
-  lintian rpmlint rpm groff-base; do
+tests=(chromium vagrant vagrant-libvirt shellcheck
+  btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs
+  cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools
+  containerd runc containernetworking-plugins busybox-static
+  qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static
+  lintian rpmlint rpm groff-base)
+pkgs=("${base[@]}")
+if [ "$mode" = all ]; then
+  pkgs+=("${tests[@]}")
+fi
+for pkg in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -32,7 +48,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-command -v go >/dev/null || { echo "setup: Go is not installed (need go >= 1.25)" >&2; exit 1; }
+command -v go >/dev/null || { echo "setup: Go is not installed (need go >= 1.26, as go.mod says)" >&2; exit 1; }
 go mod download
 
 # Salt from PyPI into the project's virtualenv, nothing global.
@@ -43,6 +59,10 @@ if ! cmp -s salt/requirements.txt .venv/.requirements.installed; then
   echo "setup: installing Salt into .venv (salt/requirements.txt)"
   .venv/bin/pip install -q --disable-pip-version-check -r salt/requirements.txt
   cp salt/requirements.txt .venv/.requirements.installed
+fi
+
+if [ "$mode" = demo ]; then
+  exit 0
 fi
 
 # The other supported Salt lines, for the Salt matrix (make test-salt) and

@@ -131,8 +131,12 @@ fi
 if ! added; then
   "$vagrant" box add --force --name "$name" --provider libvirt "$box" >&2
   # A box image vagrant-libvirt already uploaded to its storage pool under
-  # this name is stale now.
-  virsh -c qemu:///system vol-list default 2>/dev/null | awk '$1 ~ /^salt-volumes-VAGRANTSLASH-debian12/ {print $1}' |
-    while read -r vol; do virsh -c qemu:///system vol-delete --pool default "$vol" >/dev/null || true; done
+  # this name is stale now. A fresh libvirt has no pool yet (vagrant-libvirt
+  # makes it at the first vagrant up): then there is nothing to drop, and
+  # listing it would fail the script under pipefail.
+  if virsh -c qemu:///system pool-info default >/dev/null 2>&1; then
+    virsh -c qemu:///system vol-list default | awk '$1 ~ /^salt-volumes-VAGRANTSLASH-debian12/ {print $1}' |
+      while read -r vol; do virsh -c qemu:///system vol-delete --pool default "$vol" >/dev/null || true; done
+  fi
 fi
 echo "$name"

@@ -20,7 +20,7 @@ import (
 
 var version = "dev"
 
-// Exit codes (documented in README).
+// Exit codes, documented in --help and the man page (TestManPageNamesEveryCommandAndExitCode keeps them so).
 const (
 	exitOK       = 0
 	exitFailed   = 1 // server error, or the volume ended Failed while waiting
@@ -44,9 +44,12 @@ salt-volumes login keeps):
   salt-volumes login [--user U] [--eauth pam|ldap|file|...]   log in with your Salt identity
   salt-volumes logout
   salt-volumes create NAME --node N (--size Q | --device PATH) [--mode Block] [--fs xfs]
-                      [--mkfs-option OPT]... [--uuid U] [--wait] [--timeout D]
-  salt-volumes create NAME --from snapshot/SNAP [--size Q] [--wait]
-                                 a clone of a snapshot, on its node (its own uuid)
+                      [--mkfs-option OPT]... [--uuid U] [--label K=V]... [--annotation K=V]...
+                      [--wait] [--timeout D]
+  salt-volumes create NAME --node N --size Q --vg VG [--thin-pool POOL] [--wipe-signatures] ...
+                                 an LVM logical volume in the existing volume group VG
+  salt-volumes create NAME --from snapshot/SNAP|volume/VOL [--size Q] [--wait]
+                                 a clone of a snapshot, or of a volume as it is now, on its node (its own uuid)
   salt-volumes ls [--node N] [-o table|json]
   salt-volumes get NAME [-o table|json]
   salt-volumes rm NAME [--wipe | --forget] [--wait] [--timeout D]

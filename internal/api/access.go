@@ -143,10 +143,17 @@ func (s *Server) recheck(p *access.Principal, secret string) func(context.Contex
 // escalate asks for a role beyond the route's: it answers 403 and returns
 // false when the principal lacks it.
 func (s *Server) escalate(w http.ResponseWriter, r *http.Request, role access.Role, what string) bool {
+	return s.escalateOn(w, r, role, what, r.PathValue("name"))
+}
+
+// escalateOn is escalate for volume (a Kubernetes identity is asked for
+// "admin" on that volume): on routes whose {name} is not a volume's (a
+// snapshot's), the volume it acts on; "" asks for every volume.
+func (s *Server) escalateOn(w http.ResponseWriter, r *http.Request, role access.Role, what, volume string) bool {
 	p := access.From(r.Context())
 	if p != nil && p.Kind == "kubernetes" {
 		// The route's own audit entry records the refusal.
-		return s.kubeAllowed(w, r, p, noteOf(r.Context()), kubeauth.Attributes{Verb: "admin", Resource: kubeauth.Resource, Name: r.PathValue("name")}, false)
+		return s.kubeAllowed(w, r, p, noteOf(r.Context()), kubeauth.Attributes{Verb: "admin", Resource: kubeauth.Resource, Name: volume}, false)
 	}
 	if p != nil && p.Role.Allows(role) {
 		return true

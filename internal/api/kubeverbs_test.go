@@ -2,14 +2,18 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"regexp"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 
 	"github.com/salt-volumes/salt-volumes/internal/access"
 	"github.com/salt-volumes/salt-volumes/internal/kubeauth"
@@ -201,4 +205,36 @@ func TestKubernetesTokenRefusals(t *testing.T) {
 	code, _ = do(t, ts, "GET", "/api/v1/volumes", "svt_nothing", "")
 	assert.Equal(t, http.StatusUnauthorized, code)
 	assert.Empty(t, kube.sources)
+}
+
+// A Kubernetes identity restoring a volume a claim holds is asked for
+// admin on that volume, not on the snapshot's name the route carries: an
+// RBAC rule on volumes of that name must decide (#48's last review).
+func TestKubernetesRestoreOfAHeldVolumeAsksAdminOnTheVolume(t *testing.T) {
+	kube := &fakeKube{allow: func(a kubeauth.Attributes) bool { return a.Verb != "admin" }}
+	var st *store.Bolt
+	ts, _ := newServerWith(t, func(s *Server) {
+		s.Kube = kube
+		st = s.Store.(*store.Bolt)
+		s.Snapshots = &snapshots.Service{Records: st}
+	})
+	v := available(t, st, `{"name":"claimed","node":"node-1","sparseLoopDevice":{"size":"1Gi"}}`)
+	v.Status.PersistentVolume = &saltvolumes.PersistentVolume{Name: "pv-claimed", Phase: "Bound", Claim: "tenant/db"}
+	require.NoError(t, st.Update(context.Background(), v))
+	rec, err := json.Marshal(map[string]any{"name": "nightly", "volume": "claimed", "volumeUUID": v.Spec.UUID, "node": "node-1",
+		"phase": snapshots.Ready, "createdAt": time.Now(), "spec": v.Spec})
+	require.NoError(t, err)
+	require.NoError(t, st.PutRecord(context.Background(), snapshots.Kind, "nightly", rec))
+	kube.take()
+
+	code, m := do(t, ts, "POST", "/api/v1/snapshots/nightly/restore", "viewer", "")
+	assert.Equal(t, http.StatusForbidden, code, m)
+	assert.Equal(t, []attrs{
+		{Verb: "get", Resource: snaps, Name: "nightly"},
+		{Verb: "delete", Resource: vols, Name: "claimed"},
+		{Verb: "admin", Resource: vols, Name: "claimed"},
+	}, kube.take())
+	got, err := st.GetRecord(context.Background(), snapshots.Kind, "nightly")
+	require.NoError(t, err)
+	assert.NotContains(t, string(got), snapshots.Restoring, "nothing was asked of the node")
 }

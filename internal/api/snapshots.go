@@ -218,7 +218,7 @@ func requester(r *http.Request) string {
 func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Source) bool {
 	what := fmt.Sprintf("clone snapshot %s of volume %s", src.Snapshot, src.VolumeUUID)
 	if s.Snapshots == nil {
-		return s.escalate(w, r, access.Admin, what+", which this control plane does not keep")
+		return s.escalateOn(w, r, access.Admin, what+", which this control plane does not keep", "")
 	}
 	all, err := s.Snapshots.List(r.Context(), "")
 	if err != nil {
@@ -238,9 +238,10 @@ func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Sour
 		v, err := s.Store.Get(sn.Volume)
 		switch {
 		case err != nil || v.Spec.UUID != sn.VolumeUUID:
-			return s.escalate(w, r, access.Admin, what+", of a volume this control plane no longer has")
+			// Its name may be a new volume's now: every volume's admin.
+			return s.escalateOn(w, r, access.Admin, what+", of a volume this control plane no longer has", "")
 		case v.Spec.RawBlockDevice != nil:
-			return s.escalate(w, r, access.Admin, what+", of a volume on a raw device ("+v.Spec.RawBlockDevice.DevicePath+")")
+			return s.escalateOn(w, r, access.Admin, what+", of a volume on a raw device ("+v.Spec.RawBlockDevice.DevicePath+")", v.Spec.Name)
 		}
 		if p := access.From(r.Context()); p != nil && p.Kind == "kubernetes" {
 			// Reading a snapshot is its own right in RBAC.
@@ -248,7 +249,7 @@ func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Sour
 		}
 		return true
 	}
-	return s.escalate(w, r, access.Admin, what+", which no snapshot record of this control plane names (one taken through Salt)")
+	return s.escalateOn(w, r, access.Admin, what+", which no snapshot record of this control plane names (one taken through Salt)", "")
 }
 
 // restoreSnapshot: POST /api/v1/snapshots/{name}/restore; 202 while the
@@ -284,7 +285,7 @@ func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
 	// deletion, not for an operator while a claim holds it (its pods may
 	// be scaled down for a moment only) or while it is in use; an admin
 	// may (the node still refuses a volume in use).
-	if why := heldFor(v); why != "" && !s.escalate(w, r, access.Admin, "restore volume "+v.Spec.Name+" in place while "+why) {
+	if why := heldFor(v); why != "" && !s.escalateOn(w, r, access.Admin, "restore volume "+v.Spec.Name+" in place while "+why, v.Spec.Name) {
 		return
 	}
 	snap, started, err := s.Snapshots.Restore(r.Context(), v, name, requester(r))

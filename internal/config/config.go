@@ -169,8 +169,9 @@ type Salt struct {
 	InsecureSkipVerify bool   `yaml:"insecureSkipVerify"`
 	// JobCache is the master's local job cache (<cachedir>/jobs, by default
 	// /var/cache/salt/master/jobs). Set, job returns are confirmed by
-	// reading it (serve runs on the master as its user) instead of asking
-	// salt-api; jobs it cannot read still go to salt-api.
+	// reading it (serve on the master's host, in the master's group or as
+	// its user) instead of asking salt-api; jobs it cannot read still go
+	// to salt-api.
 	JobCache string `yaml:"jobCache"`
 	// HashType is the master's hash_type, which names the cache's
 	// directories (default sha256).

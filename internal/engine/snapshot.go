@@ -221,11 +221,12 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	part := img + ".part"
 	os.Remove(part)
 	file := e.State.SparseFile(s.UUID)
-	if err := e.reserveSnapshot(snap, file, recPath); err != nil {
+	reflink, err := e.reserveSnapshot(snap, file, recPath)
+	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	q, err := e.quiesce(rec.Spec, file)
+	q, err := e.quiesce(rec.Spec, file, reflink)
 	if err != nil {
 		e.abandonSnapshot(s.UUID, name, part)
 		return nil, err
@@ -284,35 +285,35 @@ func (e *Engine) lockPrepared(s *spec.Spec, what string) (*nodestate.Lock, *node
 // on leaves a record that lists the snapshot, counts its room and lets a
 // delete remove whatever was copied. Under the global lock, so that two
 // snapshots cannot both take the last room.
-func (e *Engine) reserveSnapshot(snap *Snapshot, file, recPath string) error {
+func (e *Engine) reserveSnapshot(snap *Snapshot, file, recPath string) (reflink bool, err error) {
 	g, err := e.State.Lock("global")
 	if err != nil {
-		return failed("lock", err, "locking the node's state")
+		return false, failed("lock", err, "locking the node's state")
 	}
 	defer g.Unlock()
 	data, err := filecopy.Allocated(file)
 	if err != nil {
-		return failed("snapshot_copy", err, "reading %s", file)
+		return false, failed("snapshot_copy", err, "reading %s", file)
 	}
 	// A retry of this snapshot's own reservation is not counted twice.
 	snap.Allocated = 0
 	if err := writeSnapshot(recPath, snap); err != nil {
-		return failed("state", err, "recording snapshot %s", snap.Name)
+		return false, failed("state", err, "recording snapshot %s", snap.Name)
 	}
-	reflink := filecopy.CanReflink(file, snap.Image+".part.probe")
+	reflink = filecopy.CanReflink(file, snap.Image+".part.probe")
 	if err := e.checkCopyRoom(fmt.Sprintf("snapshot %s of %s", snap.Name, snap.Volume), data, data, reflink); err != nil {
 		// Refused: nothing of this snapshot is kept, not even what a
 		// killed earlier try copied (never taken, it is nobody's).
 		for _, p := range []string{snap.Image + ".part", snap.Image, recPath} {
 			_ = os.Remove(p)
 		}
-		return err
+		return false, err
 	}
 	snap.Allocated = data
 	if err := writeSnapshot(recPath, snap); err != nil {
-		return failed("state", err, "recording snapshot %s", snap.Name)
+		return false, failed("state", err, "recording snapshot %s", snap.Name)
 	}
-	return nil
+	return reflink, nil
 }
 
 // quiesced is what quiesce found: a mount to freeze through, or the loop
@@ -328,7 +329,15 @@ type quiesced struct {
 // else holds the loop devices (a copy made while somebody may write them
 // is torn unless made in one instant: copyUnmounted) and flushes their
 // writes to the file.
-func (e *Engine) quiesce(s *spec.Spec, file string) (*quiesced, error) {
+//
+// An unmounted Filesystem volume whose copy will be a reflink (one
+// instant, whoever writes) is not searched for holders: the search reads
+// every process's open files, 10 ms of a 27 ms snapshot with 76
+// processes here (more on a busy node), to name users nobody expects of
+// a filesystem no one mounted. A Block volume's holders are still named
+// (its users write the device, not a filesystem), and should the reflink
+// fail after all, copyUnmounted looks for holders before keeping a copy.
+func (e *Engine) quiesce(s *spec.Spec, file string, reflink bool) (*quiesced, error) {
 	devs, err := loopdev.Find(file)
 	if err != nil {
 		return nil, failed("loop", err, "looking for the loop device of %s", file)
@@ -353,7 +362,7 @@ func (e *Engine) quiesce(s *spec.Spec, file string) (*quiesced, error) {
 				h = "mounted where it cannot be frozen safely (" + strings.Join(unusable, "; ") + ")"
 			}
 		}
-		if h == "" {
+		if h == "" && !(reflink && s.Mode == spec.ModeFilesystem) {
 			if h, err = holdersOf(d, bd, file); err != nil {
 				return nil, failed("loop", err, "looking for the users of %s", d.Path)
 			}
