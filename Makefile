@@ -62,7 +62,8 @@ demo:
 # started first. The other lane runs the checks (lint, pytest, the race
 # detector), then everything else one package at a time, then the load
 # test's and the benchmarks' smoke runs (about 3 min): the guest lane was
-# the longer one by about that much (2026-11-27: 44 min against 38).
+# the longer one by about that much (2026-11-27: 44 min against 38; on
+# 2026-11-28, with qemu64 guests, 37 min in all).
 GUEST_SUITES := ./test/packages/ ./test/booted/ ./test/dist/
 test: setup
 	@rm -f test-results/adversarial.txt test-results/guest-suites.log
