@@ -201,18 +201,7 @@ func maxAgeLimit(every time.Duration) time.Duration {
 }
 
 func (s *Service) readSchedule(ctx context.Context, vol string) (*scheduleRecord, error) {
-	b, err := s.Records.GetRecord(ctx, ScheduleKind, vol)
-	if errors.Is(err, store.ErrNoRecord) {
-		return nil, ErrNoSchedule
-	}
-	if err != nil {
-		return nil, err
-	}
-	var sc scheduleRecord
-	if err := json.Unmarshal(b, &sc); err != nil {
-		return nil, fmt.Errorf("snapshot schedule %s: %w", vol, err)
-	}
-	return &sc, nil
+	return readOne[scheduleRecord](ctx, s.Records, ScheduleKind, vol, "snapshot schedule", ErrNoSchedule)
 }
 
 func (s *Service) writeSchedule(ctx context.Context, sc *scheduleRecord) error {
@@ -224,20 +213,8 @@ func (s *Service) writeSchedule(ctx context.Context, sc *scheduleRecord) error {
 }
 
 func (s *Service) allSchedules(ctx context.Context) ([]*scheduleRecord, error) {
-	recs, err := s.Records.ListRecords(ctx, ScheduleKind)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*scheduleRecord, 0, len(recs))
-	for _, rec := range recs {
-		var sc scheduleRecord
-		if err := json.Unmarshal(rec.Data, &sc); err != nil {
-			s.Log.Warn("unreadable snapshot schedule record skipped", "key", rec.Key, "error", err)
-			continue
-		}
-		out = append(out, &sc)
-	}
-	return out, nil
+	s.init()
+	return readAll[scheduleRecord](ctx, s.Records, ScheduleKind, "snapshot schedule", s.Log)
 }
 
 // ErrNoSchedule: the volume has no API schedule.

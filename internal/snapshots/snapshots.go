@@ -237,18 +237,43 @@ func (s *Service) nextLook() time.Duration {
 }
 
 func (s *Service) read(ctx context.Context, name string) (*record, error) {
-	b, err := s.Records.GetRecord(ctx, Kind, name)
+	return readOne[record](ctx, s.Records, Kind, name, "snapshot", ErrNotFound)
+}
+
+// readOne reads the record kind/key (what names it in an error) as a T;
+// notFound when there is none.
+func readOne[T any](ctx context.Context, recs store.Records, kind, key, what string, notFound error) (*T, error) {
+	b, err := recs.GetRecord(ctx, kind, key)
 	if errors.Is(err, store.ErrNoRecord) {
-		return nil, ErrNotFound
+		return nil, notFound
 	}
 	if err != nil {
 		return nil, err
 	}
-	var r record
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", name, err)
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, key, err)
 	}
-	return &r, nil
+	return &v, nil
+}
+
+// readAll reads every record of kind as a T; one it cannot read is
+// logged and skipped, so that one bad record stops nothing else.
+func readAll[T any](ctx context.Context, recs store.Records, kind, what string, log *slog.Logger) ([]*T, error) {
+	list, err := recs.ListRecords(ctx, kind)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*T, 0, len(list))
+	for _, rec := range list {
+		var v T
+		if err := json.Unmarshal(rec.Data, &v); err != nil {
+			log.Warn("unreadable "+what+" record skipped", "key", rec.Key, "error", err)
+			continue
+		}
+		out = append(out, &v)
+	}
+	return out, nil
 }
 
 func (s *Service) write(ctx context.Context, r *record) error {
@@ -270,20 +295,7 @@ func (s *Service) writer() store.Records {
 }
 
 func (s *Service) all(ctx context.Context) ([]*record, error) {
-	recs, err := s.Records.ListRecords(ctx, Kind)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*record, 0, len(recs))
-	for _, rec := range recs {
-		var r record
-		if err := json.Unmarshal(rec.Data, &r); err != nil {
-			s.Log.Warn("unreadable snapshot record skipped", "key", rec.Key, "error", err)
-			continue
-		}
-		out = append(out, &r)
-	}
-	return out, nil
+	return readAll[record](ctx, s.Records, Kind, "snapshot", s.Log)
 }
 
 // Get returns one snapshot.

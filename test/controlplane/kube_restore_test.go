@@ -18,7 +18,6 @@ import (
 
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
-	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -31,21 +30,8 @@ import (
 // is written, and the volume mounted, on the node's side.
 func TestKubeRestore(t *testing.T) {
 	began := time.Now()
-	s := saltstack.Start(t, bin("salt-volume-exec"), true)
-	out, code := s.SyncAll(s.MinionID)
-	require.Equal(t, 0, code, out)
-	tools, err := kubecluster.Tools(s.Repo)
-	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	s, k := saltAndKube(t)
 	ctx := context.Background()
-	k, err := kubecluster.Start(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(k.Logs(3000))
-		}
-		k.Stop()
-	})
-	require.NoError(t, k.AddNode(ctx, s.MinionID))
 	var uuids []string
 	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
 	must := func(stdin string, args ...string) string {
@@ -74,7 +60,7 @@ func TestKubeRestore(t *testing.T) {
 	uuids = append(uuids, v.Spec.UUID)
 	class := kube.DefaultStaticClass
 	claims := k.Admin.CoreV1().PersistentVolumeClaims("default")
-	_, err = claims.Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "rs-claim"},
+	_, err := claims.Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "rs-claim"},
 		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &class, VolumeName: "rs-data",
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("16Mi")}}}}, metav1.CreateOptions{})

@@ -4,12 +4,16 @@
 package controlplane
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/serveproc"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -58,3 +62,26 @@ func phaseIs(phase string) func(saltvolumes.Event) bool {
 }
 
 func isDeleted(ev saltvolumes.Event) bool { return ev.Type == "DELETED" }
+
+// saltAndKube starts a Salt master and minion (modules synced) and a
+// Kubernetes control plane with serve's RBAC, the minion a node of it; both
+// stop with the test (the cluster's logs printed if it failed).
+func saltAndKube(t *testing.T) (*saltstack.Stack, *kubecluster.Cluster) {
+	t.Helper()
+	s := saltstack.Start(t, bin("salt-volume-exec"), true)
+	out, code := s.SyncAll(s.MinionID)
+	require.Equal(t, 0, code, out)
+	tools, err := kubecluster.Tools(s.Repo)
+	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	ctx := context.Background()
+	k, err := kubecluster.Start(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(k.Logs(3000))
+		}
+		k.Stop()
+	})
+	require.NoError(t, k.AddNode(ctx, s.MinionID))
+	return s, k
+}

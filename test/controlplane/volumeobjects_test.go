@@ -21,7 +21,6 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/internal/kube"
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
-	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
@@ -30,21 +29,8 @@ import (
 // Lease. kubectl is the client here; the REST API, CLI and web UI read and
 // write the same objects.
 func TestVolumeObjects(t *testing.T) {
-	s := saltstack.Start(t, bin("salt-volume-exec"), true)
-	out, code := s.SyncAll(s.MinionID)
-	require.Equal(t, 0, code, out)
-	tools, err := kubecluster.Tools(s.Repo)
-	require.NoError(t, err, "building the Kubernetes binaries (scripts/kube-tools.sh)")
+	s, k := saltAndKube(t)
 	ctx := context.Background()
-	k, err := kubecluster.Start(ctx, filepath.Join(s.Root, "kube"), tools, filepath.Join(s.Repo, "deploy", "kubernetes", "rbac.yaml"))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(k.Logs(3000))
-		}
-		k.Stop()
-	})
-	require.NoError(t, k.AddNode(ctx, s.MinionID))
 	var uuids []string
 	t.Cleanup(func() { testenv.Cleanup(s.StateDir, uuids, t.Logf) })
 	kubectl := func(stdin string, args ...string) (string, error) {
