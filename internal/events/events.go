@@ -364,6 +364,10 @@ type Progress struct {
 	Node          string
 	Authenticated bool
 	Data          map[string]any
+	// Seq is the step's number from the sending minion process (0: the
+	// event carried none): a minion that forwards events concurrently
+	// (Salt 3006) delivers them out of order, and Seq puts them back.
+	Seq int
 }
 
 // AsProgress decodes a progress event, unwrapping the envelope Salt puts
@@ -382,6 +386,7 @@ func (e Event) AsProgress() (Progress, bool) {
 	p.Data = d
 	p.UUID, _ = d["uuid"].(string)
 	p.Step, _ = d["step"].(string)
+	p.Seq = toInt(d["seq"])
 	return p, true
 }
 

@@ -40,6 +40,7 @@ type observation struct {
 	result  *volume.StateResult // set for returns found by state name
 	uuid    string
 	step    string
+	seq     int // obsProgress: the step's number from its minion (0: none)
 	wipe    bool
 	sls     string    // obsLaunched: the run's state
 	tries   int       // lookups of a hint so far
@@ -62,7 +63,7 @@ func (r *Reconciler) Handle(ev events.Event) {
 			r.warn.Warn("progress event outside Salt's single-event envelope ignored", "tag", ev.Tag)
 			return
 		}
-		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node})
+		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node, seq: p.Seq})
 	case events.KindNodeHealth, events.KindNodeRestore:
 		r.handleNode(ev)
 	case events.KindJobReturn:

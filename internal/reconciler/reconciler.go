@@ -223,6 +223,9 @@ type Reconciler struct {
 	Nodes *health.Registry
 
 	mu sync.Mutex
+	// steps holds, per volume, the last progress step shown (stepBehind).
+	stepsMu sync.Mutex
+	steps   map[string]stepMark
 	// term is the queue of the term under way (nil between terms).
 	term           *term
 	inbox          map[string][]observation

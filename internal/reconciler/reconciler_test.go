@@ -287,8 +287,15 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	assert.Nil(t, calls[0].Kwarg, "no keyword arguments")
 
 	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
-		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "attached", "uuid": s.UUID}}})
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "attached", "uuid": s.UUID, "seq": int64(5)}}})
 	assert.Equal(t, "attached", g.next("data-1").Volume.Status.Step)
+	// Out of order (Salt 3006's minion forwards events concurrently): an
+	// earlier step arriving late is not shown; the next one is.
+	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "recorded", "uuid": s.UUID, "seq": int64(2)}}})
+	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "linked", "uuid": s.UUID, "seq": uint64(6)}}})
+	assert.Equal(t, "linked", g.next("data-1").Volume.Status.Step)
 
 	// A progress event for another volume with the same name but another
 	// uuid (a stale run) changes nothing; the return settles the volume.
@@ -308,9 +315,10 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	assert.Equal(t, v.Status.JobID, jobs[0].JID)
 	assert.Equal(t, SLSPrepared, jobs[0].SLS)
 	assert.Equal(t, "succeeded", jobs[0].Result)
-	require.Len(t, jobs[0].Steps, 1)
+	require.Len(t, jobs[0].Steps, 2, "the late step is not logged either")
 	assert.Equal(t, "attached", jobs[0].Steps[0].Name)
-	assert.False(t, jobs[0].Finished.Before(jobs[0].Steps[0].At))
+	assert.Equal(t, "linked", jobs[0].Steps[1].Name)
+	assert.False(t, jobs[0].Finished.Before(jobs[0].Steps[1].At))
 }
 
 func TestFailedReturnCarriesSaltsMessage(t *testing.T) {

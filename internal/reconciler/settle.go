@@ -25,7 +25,7 @@ func (r *Reconciler) apply(v *volume.Volume, o observation, res *Result) effect 
 			r.warn.Warn("progress event from another minion ignored", "volume", v.Spec.Name, "node", v.Spec.Node, "from", o.node)
 			return unchanged
 		}
-		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step {
+		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step || r.stepBehind(v, o.seq) {
 			return unchanged
 		}
 		st.Step = o.step
@@ -243,4 +243,31 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume, res *Result) boo
 		return r.checkTimeout(ctx, v, res)
 	}
 	return false
+}
+
+// stepBehind tells whether a progress step numbered seq comes before one
+// already shown for the volume's running job, and remembers seq if not.
+// Salt 3006's minion forwards events concurrently, so a step can arrive
+// after a later one; shown then, the volume's step would go backwards.
+func (r *Reconciler) stepBehind(v *volume.Volume, seq int) bool {
+	if seq <= 0 {
+		return false
+	}
+	r.stepsMu.Lock()
+	defer r.stepsMu.Unlock()
+	if r.steps == nil {
+		r.steps = map[string]stepMark{}
+	}
+	last, ok := r.steps[v.Spec.Name]
+	if ok && last.job == v.Status.JobID && last.uuid == v.Spec.UUID && seq < last.seq {
+		return true
+	}
+	r.steps[v.Spec.Name] = stepMark{job: v.Status.JobID, uuid: v.Spec.UUID, seq: seq}
+	return false
+}
+
+// stepMark is the last progress step shown for a volume's job.
+type stepMark struct {
+	job, uuid string
+	seq       int
 }
