@@ -132,8 +132,8 @@ check: lint pytest
 	$(GO) test -count=1 ./internal/... ./cmd/...
 
 # The control plane's concurrent packages under the race detector: the
-# reconciler's workers, the bus reader, the API's watchers.
-RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/ ./internal/leader/ ./internal/kube/
+# reconciler's workers, the bus reader, the API's watchers, the snapshot loop.
+RACE_PKGS = ./internal/reconciler/ ./internal/events/ ./internal/api/ ./internal/store/ ./internal/health/ ./internal/saltapi/ ./internal/leader/ ./internal/kube/ ./internal/snapshots/
 race:
 	$(GO) test -race -count=1 $(RACE_PKGS)
 

@@ -89,6 +89,16 @@ func snapService(t *testing.T) *snapshots.Service {
 	return &snapshots.Service{Records: st, Salt: &takingSalt{args: map[string][]any{}}, Every: 10 * time.Millisecond}
 }
 
+// runSnaps runs the service's loop until the test ends, and waits for it
+// to return before the store closes (cleanups run last-in first-out): a
+// loop still reading a closed store is a race the detector reports.
+func runSnaps(t *testing.T, snaps *snapshots.Service) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); snaps.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func TestDecisionCloneOfAClaim(t *testing.T) {
 	vols := &recVolumes{vols: map[string]*volume.Volume{"pvc-" + srcUID: sourceVolume()}}
 	c, _ := follower(t, vols, testClass(), originClaim(), heldPV(originClaim()), cloneClaim())
@@ -96,7 +106,7 @@ func TestDecisionCloneOfAClaim(t *testing.T) {
 	c.SetSnapshots(snaps)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go snaps.Run(ctx, nil)
+	runSnaps(t, snaps)
 
 	// The snapshot is taken first (named for the new claim); the claim
 	// waits for it, then its volume is provisioned from it.
@@ -141,9 +151,8 @@ func TestDecisionCloneRefusals(t *testing.T) {
 			ctl, _ := follower(t, vols, testClass(), originClaim(), heldPV(originClaim()), c.claim)
 			snaps := snapService(t)
 			ctl.SetSnapshots(snaps)
-			rctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			go snaps.Run(rctx, nil)
+			runSnaps(t, snaps)
+			rctx := ctx
 			s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
 				SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
 			require.NoError(t, s.Validate())
@@ -175,7 +184,7 @@ func TestDecisionLVMSnapshotNotRestoredByAClaim(t *testing.T) {
 	ctl, _ := follower(t, &recVolumes{vols: map[string]*volume.Volume{lv.Spec.Name: lv}}, testClass(), claim)
 	snaps := snapService(t)
 	ctl.SetSnapshots(snaps)
-	go snaps.Run(ctx, nil)
+	runSnaps(t, snaps)
 	_, _, err := snaps.TakeOwned(ctx, lv, SnapshotName("apps", "nightly"), "alice", 0, snapshots.Owner{Namespace: "apps", Name: "nightly", UID: "u1"})
 	require.NoError(t, err)
 	name := SnapshotName("apps", "nightly")
@@ -203,7 +212,7 @@ func TestDecisionClaimRestoresOnlyItsNamespacesSnapshots(t *testing.T) {
 	defer cancel()
 	src := sourceVolume()
 	snaps := snapService(t)
-	go snaps.Run(ctx, nil)
+	runSnaps(t, snaps)
 	ready := func(name string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
@@ -301,7 +310,7 @@ func TestDecisionCloneOfADecoyClaimWaits(t *testing.T) {
 			ctl, _ := follower(t, vols, testClass(), tc.claim, operators, cloneClaim())
 			snaps := snapService(t)
 			ctl.SetSnapshots(snaps)
-			go snaps.Run(ctx, nil)
+			runSnaps(t, snaps)
 			s := &spec.Spec{Name: claimVolume, UUID: uid, Node: "node-1", Mode: spec.ModeFilesystem, FSType: "ext4",
 				SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}}
 			require.NoError(t, s.Validate())

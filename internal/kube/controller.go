@@ -85,6 +85,9 @@ type Controller struct {
 	snaps   *snapshots.Service
 	log     *slog.Logger
 	Metrics *Metrics
+	// classReported holds the UIDs of the PVs moveClass reported as kept
+	// in their class, so that each is reported once per process.
+	classReported sync.Map
 
 	factory   informers.SharedInformerFactory
 	pvFactory informers.SharedInformerFactory

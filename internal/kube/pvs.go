@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -105,10 +104,6 @@ func (c *Controller) Observe(ctx context.Context, v *volume.Volume) reconciler.K
 	return kv
 }
 
-// classReported holds the UIDs of the PVs moveClass reported as kept in
-// their class (Bound), so that each is logged once per process.
-var classReported sync.Map
-
 // moveClass puts the PV of a volume made with the CLI, the REST API, the
 // UI or a Volume object (no claim of its own) into kubernetes.storageClass
 // when it is in another class and no claim holds it. That is the upgrade
@@ -126,7 +121,7 @@ func (c *Controller) moveClass(ctx context.Context, v *volume.Volume, pv *corev1
 		return nil
 	}
 	if r := pv.Spec.ClaimRef; r != nil {
-		if _, seen := classReported.LoadOrStore(pv.UID, true); !seen {
+		if _, seen := c.classReported.LoadOrStore(pv.UID, true); !seen {
 			c.log.Warn("a PersistentVolume of a volume made through the API, CLI, UI or Volume objects stays in its class while a claim holds it: any claim of that class could bind it; it moves to kubernetes.storageClass once no claim holds it (delete the claim, then clear the Released PV's claimRef, or delete and recreate the volume)",
 				"pv", pv.Name, "storageClass", pv.Spec.StorageClassName, "claim", r.Namespace+"/"+r.Name, "want", want)
 		}

@@ -123,10 +123,12 @@ func newRestoreEnv(t *testing.T, seed func(e *restoreEnv), objs ...runtime.Objec
 	e.snaps = snapService(t)
 	e.snaps.Salt = salt
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	// As in a term: the records written through a fenced store (here
 	// the store itself), which the controller asks for (LeadsTerm).
-	go e.snaps.Run(ctx, e.snaps.Records)
+	// The loop is waited for before the store closes.
+	done := make(chan struct{})
+	go func() { defer close(done); e.snaps.Run(ctx, e.snaps.Records) }()
+	t.Cleanup(func() { cancel(); <-done })
 	if seed != nil {
 		seed(e)
 	}

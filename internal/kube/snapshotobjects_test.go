@@ -59,7 +59,7 @@ func newObjects(t *testing.T, claims ...*corev1.PersistentVolumeClaim) *objects 
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	snaps := snapService(t)
-	go snaps.Run(ctx, nil)
+	runSnaps(t, snaps)
 	src := sourceVolume()
 	other := sourceVolume(func(v *volume.Volume) { v.Spec.Name, v.Spec.UUID = "prod-db", "7c1d2e3f-0000-4000-8000-000000000002" })
 	vols := &recVolumes{vols: map[string]*volume.Volume{src.Spec.Name: src, other.Spec.Name: other}}

@@ -295,6 +295,7 @@ func (s *Service) writer() store.Records {
 }
 
 func (s *Service) all(ctx context.Context) ([]*record, error) {
+	s.init() // its Log may be read before Run starts
 	return readAll[record](ctx, s.Records, Kind, "snapshot", s.Log)
 }
 
