@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid as _uuid
 
 import salt.utils.path
 import salt.utils.platform
@@ -255,6 +256,9 @@ def _run(command, spec=None, extra_args=()):
 
 
 def _lookup(name):
+    run = _run_doc()
+    if run is not None and isinstance(run["volumes"].get(name), dict):
+        return dict(run["volumes"][name], name=name)
     single = _pillar_get("salt_volumes:volume")
     if isinstance(single, dict) and single.get("name") == name:
         return dict(single)
@@ -271,6 +275,32 @@ def _lookup(name):
     raise SaltInvocationError(
         "volume {}: not found in pillar salt_volumes:volume or salt_volumes:volumes".format(name)
     )
+
+
+# A pillar volume may leave out its uuid: it is then derived from the node
+# and the name, the same on every run and every master, so re-applying a
+# pillar finds the volume it made. The namespace is itself derived from a
+# name of ours, so anyone can recompute a volume's uuid by hand:
+#   python3 -c 'import uuid; ns = uuid.uuid5(uuid.NAMESPACE_DNS, "salt-volumes.io");
+#               print(uuid.uuid5(ns, "pillar/NODE/NAME"))'
+_PILLAR_UUIDS = _uuid.uuid5(_uuid.NAMESPACE_DNS, "salt-volumes.io")
+
+
+def pillar_uuid(node, name):
+    """
+    The uuid a pillar volume without one gets: derived from its node (the
+    minion id) and its name, so it never changes while both stay. Renaming
+    the volume or moving it to another node makes it another volume.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' salt_volumes.pillar_uuid node-1 data-1
+    """
+    if not node or not name:
+        raise SaltInvocationError("pillar_uuid: give the volume's node and name")
+    return str(_uuid.uuid5(_PILLAR_UUIDS, "pillar/{}/{}".format(node, name)))
 
 
 def _spec(name=None, spec=None):
@@ -330,6 +360,8 @@ def check(name=None, spec=None):
                 vol, node, __grains__.get("id")
             )
         )
+    if spec.get("uuid") in (None, "") and vol:
+        spec["uuid"] = pillar_uuid(node, vol)
     try:
         doc = _run("validate", spec)
     except CommandExecutionError as exc:
@@ -339,11 +371,54 @@ def check(name=None, spec=None):
     return normalised
 
 
+# The volumes of one run, as apply_volume and the orchestrate files pass
+# them: pillar salt_volumes:run, a JSON string. Salt merges a command
+# line's pillar into the minion's own, dict into dict, so volumes passed as
+# salt_volumes:volumes would be joined by those the node's pillar defines
+# (and a removal would remove them too), and a node pillar's wipe would
+# apply to a removal that did not ask for it. A string is never merged: it
+# replaces, so the run is exactly what the caller passed.
+RUN_PILLAR = "salt_volumes:run"
+
+
+def _run_doc():
+    raw = _pillar_get(RUN_PILLAR)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        doc = None
+    vols = doc.get("volumes") if isinstance(doc, dict) else None
+    if isinstance(vols, list):
+        vols = {v.get("name") if isinstance(v, dict) else None: v for v in vols}
+    if not isinstance(vols, dict) or not vols or None in vols or not isinstance(doc.get("wipe", False), bool):
+        raise SaltInvocationError(
+            'pillar {}: a JSON string {{"volumes": [specs, each with its name], "wipe": false}}, '
+            "as apply_volume passes it; it is not for a pillar file".format(RUN_PILLAR)
+        )
+    return {"volumes": vols, "wipe": doc.get("wipe", False)}
+
+
+def wipe_requested():
+    """
+    Whether ``salt_volumes.unprepared`` zeroes raw volumes: the run's own
+    choice when one was passed (``apply_volume``, the orchestrate files),
+    else pillar ``salt_volumes:wipe``.
+    """
+    run = _run_doc()
+    if run is not None:
+        return run["wipe"]
+    return _pillar_get("salt_volumes:wipe", False) is True
+
+
 def volumes():
     """
-    The volumes a formula run should act on: the single volume in pillar
-    ``salt_volumes:volume`` when given, else every volume in
-    ``salt_volumes:volumes`` whose ``node`` is this minion. Entries with no
+    The volumes a formula run should act on: those of the run (pillar
+    ``salt_volumes:run``, passed by ``apply_volume`` and the orchestrate
+    files) when given, else the single volume in pillar
+    ``salt_volumes:volume``, else every volume in ``salt_volumes:volumes``;
+    of each list, those whose ``node`` is this minion. Entries with no
     ``node`` are included so that their state fails and says so.
 
     CLI Example:
@@ -352,6 +427,12 @@ def volumes():
 
         salt '*' salt_volumes.volumes
     """
+    run = _run_doc()
+    if run is not None:
+        return {
+            name: spec for name, spec in run["volumes"].items()
+            if not isinstance(spec, dict) or spec.get("node") in (None, "", __grains__.get("id"))
+        }
     single = _pillar_get("salt_volumes:volume")
     if single:
         if not isinstance(single, dict):
@@ -410,14 +491,9 @@ def apply_volume(action, volumes, wipe=False):
         raise SaltInvocationError("wipe: {!r} is not true or false".format(wipe))
     if wipe and action != "unprepared":
         raise SaltInvocationError("wipe: only a removal (unprepared) wipes")
-    if len(volumes) == 1:
-        pillar = {"volume": volumes[0]}
-    else:
-        pillar = {"volumes": {v["name"]: v for v in volumes}}
-    if wipe:
-        pillar["wipe"] = True
+    run = json.dumps({"volumes": volumes, "wipe": wipe}, sort_keys=True)
     return __salt__["state.apply"](
-        "salt_volumes." + action, pillar={"salt_volumes": pillar}, saltenv="base"
+        "salt_volumes." + action, pillar={"salt_volumes": {"run": run}}, saltenv="base"
     )
 
 
@@ -1226,7 +1302,7 @@ def _pillar_volumes():
     """
     The volumes this minion's pillar defines for it (salt_volumes:volumes,
     and salt_volumes:volume, with node this minion): name to the uuid
-    pillar gives them (None if none).
+    pillar gives them, or the one derived for them (pillar_uuid).
     """
     me = __grains__.get("id")
     specs = _pillar_get("salt_volumes:volumes", {}) or {}
@@ -1237,7 +1313,8 @@ def _pillar_volumes():
     out = {}
     for key, spec in items:
         if isinstance(spec, dict) and spec.get("node") == me:
-            out[spec.get("name") or key] = spec.get("uuid")
+            name = spec.get("name") or key
+            out[name] = spec.get("uuid") or pillar_uuid(me, name)
     return out
 
 

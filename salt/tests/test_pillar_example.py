@@ -36,10 +36,11 @@ def test_schedules_pass_the_modules_checks():
 def test_keys_are_the_ones_the_formulas_read():
     states = os.path.join(HERE, "..", "states", "salt_volumes")
     read = ""
-    for name in os.listdir(states):
-        if name.endswith(".sls"):
-            with open(os.path.join(states, name)) as f:
-                read += f.read()
+    for root, _, names in os.walk(states):
+        for name in names:
+            if name.endswith((".sls", ".jinja")):
+                with open(os.path.join(root, name)) as f:
+                    read += f.read()
     with open(os.path.join(HERE, "..", "_modules", "salt_volumes.py")) as f:
         read += f.read()
     for key in example():

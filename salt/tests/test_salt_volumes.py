@@ -178,6 +178,26 @@ def test_check_names_the_node_field(mod, tmp_path):
     assert mod.check(spec=SPEC)["node"] == "node-1"
 
 
+# The same vector is pinned in Go (internal/spec), which must agree.
+DERIVED = "f71a9971-2168-50f5-8c80-2052a56a21d3"
+
+
+def test_a_pillar_volume_without_uuid_gets_one_derived_from_node_and_name(mod, tmp_path):
+    mod.opts["exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"spec": json.loads(data)}))')
+    assert mod.pillar_uuid("node-1", "data-1") == DERIVED
+    spec = {"node": "node-1", "sparseLoopDevice": {"size": "1Gi"}}
+    assert mod.check(name="data-1", spec=dict(spec))["uuid"] == DERIVED
+    assert mod.check(name="data-1", spec=dict(spec, uuid=""))["uuid"] == DERIVED
+    assert mod.check(name="data-2", spec=dict(spec))["uuid"] != DERIVED, "another name, another volume"
+    given = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+    assert mod.check(name="data-1", spec=dict(spec, uuid=given))["uuid"] == given, "a uuid given is kept"
+    # Schedules match the volumes this node holds by the same uuid.
+    mod.pillar["salt_volumes"] = {"volumes": {"data-1": dict(spec), "other": dict(spec, node="node-2")}}
+    assert mod._pillar_volumes() == {"data-1": DERIVED}
+    with pytest.raises(SaltInvocationError, match="node and name"):
+        mod.pillar_uuid("", "data-1")
+
+
 @pytest.fixture
 def state():
     s = load("states")
@@ -495,11 +515,35 @@ def test_apply_volume_runs_our_formula_from_base_and_nothing_else(mod):
     spec2 = dict(SPEC, name="v2")
     assert mod.apply_volume("prepared", [SPEC]) == {"ok": True}
     mod.apply_volume("unprepared", [SPEC, spec2], wipe=True)
-    assert calls == [
-        (("salt_volumes.prepared",), {"pillar": {"salt_volumes": {"volume": SPEC}}, "saltenv": "base"}),
-        (("salt_volumes.unprepared",), {"pillar": {"salt_volumes": {"volumes": {"v1": SPEC, "v2": spec2}, "wipe": True}},
-                                        "saltenv": "base"}),
-    ]
+    assert [(a, kw["saltenv"], list(kw["pillar"]["salt_volumes"])) for a, kw in calls] == [
+        (("salt_volumes.prepared",), "base", ["run"]),
+        (("salt_volumes.unprepared",), "base", ["run"]),
+    ], "only the run's key: a string Salt cannot merge with the node's own pillar"
+    runs = [kw["pillar"]["salt_volumes"]["run"] for _, kw in calls]
+    assert all(isinstance(r, str) for r in runs)
+    assert json.loads(runs[0]) == {"volumes": [SPEC], "wipe": False}
+    assert json.loads(runs[1]) == {"volumes": [SPEC, spec2], "wipe": True}
+
+
+def test_a_run_is_only_its_own_volumes_and_wipe(mod):
+    # The node's own pillar has a volume and asks for wipes; a run (what
+    # apply_volume passes, merged in by Salt) acts on its volumes only, with
+    # its own wipe.
+    mod.pillar["salt_volumes"] = {
+        "volumes": {"pillar-vol": dict(SPEC, name="pillar-vol")}, "wipe": True,
+        "run": json.dumps({"volumes": [SPEC, dict(SPEC, name="elsewhere", node="node-2")], "wipe": False}),
+    }
+    assert list(mod.volumes()) == ["v1"]
+    assert mod.wipe_requested() is False
+    assert mod._lookup("v1")["uuid"] == SPEC["uuid"]
+    del mod.pillar["salt_volumes"]["run"]
+    assert list(mod.volumes()) == ["pillar-vol"]
+    assert mod.wipe_requested() is True
+    for bad in ({"volumes": {}}, "not json", json.dumps({"volumes": [{"uuid": "x"}]}),
+                json.dumps({"volumes": [SPEC], "wipe": "yes"})):
+        mod.pillar["salt_volumes"]["run"] = bad
+        with pytest.raises(SaltInvocationError, match="pillar salt_volumes:run"):
+            mod.volumes()
 
 
 @pytest.mark.parametrize("args,kwargs,field", [

@@ -6,10 +6,18 @@
         beacon_heartbeat: 300   # seconds between events when nothing changes #}
 {%- set conf = opts.get('salt_volumes') or {} %}
 
-# The beacon runs the salt_volumes module: both must be on the minion.
+# The beacon runs the salt_volumes module: both must be on the minion, and
+# nothing else (sync_all would sync every custom module of every
+# environment on each run).
 salt_volumes beacon module:
-  saltutil.sync_all:
+  saltutil.sync_modules:
     - refresh: True
+
+salt_volumes beacon code:
+  saltutil.sync_beacons:
+    - refresh: True
+    - require:
+      - saltutil: salt_volumes beacon module
 
 salt_volumes beacon:
   beacon.present:
@@ -18,4 +26,4 @@ salt_volumes beacon:
     - interval: {{ conf.get('beacon_interval', 10) }}
     - heartbeat: {{ conf.get('beacon_heartbeat', 300) }}
     - require:
-      - saltutil: salt_volumes beacon module
+      - saltutil: salt_volumes beacon code
