@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Debian guest the booted-machine tests boot under qemu
 # (test/guest): bookworm with systemd, udev, LVM (thin pools too), mdadm, the filesystems'
-# tools, sshd, and Salt's minion (salt/requirements.txt's version, from PyPI,
-# in /opt/salt, started once configured), as an ext4 qcow2 image plus its
+# tools, sshd, and Salt (salt/requirements.txt's version, from PyPI, in
+# /opt/salt: the minion started once configured; the master and salt-api,
+# with CherryPy, for the package tests), as an ext4 qcow2 image plus its
 # kernel and initrd, and an ssh key for root. Cached outside the
 # repository, keyed by this script and the Salt version; prints the
 # directory. The first build takes 3-7 minutes and ~1 GB.
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 cache=${SALT_VOLUMES_CACHE:-/var/cache/salt-volumes}
 salt=$(grep -E '^salt==' salt/requirements.txt)
+cherrypy=$(grep -iE '^cherrypy==' salt/requirements.txt)
 key=$(printf '%s\n' "$(cat scripts/guest-image.sh)" "$salt" | sha256sum | cut -c1-12)
 dir="$cache/guest-$key"
 if [ -f "$dir/rootfs.qcow2" ] && [ -f "$dir/vmlinuz" ] && [ -f "$dir/initrd.img" ] && [ -f "$dir/id_ed25519" ]; then
@@ -60,8 +62,8 @@ printf 'PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\
 pip=(python3 -m pip)
 [ -x .venv/bin/python ] && pip=(.venv/bin/python -m pip)
 chroot "$root" python3 -m venv /opt/salt
-if ! "${pip[@]}" wheel -q -w "$root/tmp/wheels" "$salt" >"$tmp/pip.log" 2>&1 ||
-  ! chroot "$root" /opt/salt/bin/pip install -q --disable-pip-version-check --no-index --find-links /tmp/wheels "$salt" >>"$tmp/pip.log" 2>&1; then
+if ! "${pip[@]}" wheel -q -w "$root/tmp/wheels" "$salt" "$cherrypy" >"$tmp/pip.log" 2>&1 ||
+  ! chroot "$root" /opt/salt/bin/pip install -q --disable-pip-version-check --no-index --find-links /tmp/wheels "$salt" "$cherrypy" >>"$tmp/pip.log" 2>&1; then
   tail -n 30 "$tmp/pip.log" >&2
   exit 1
 fi

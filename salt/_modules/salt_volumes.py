@@ -258,10 +258,10 @@ def _run(command, spec=None, extra_args=()):
 def _lookup(name):
     run = _run_doc()
     if run is not None and isinstance(run["volumes"].get(name), dict):
-        return dict(run["volumes"][name], name=name)
+        return _with_uuid(dict(run["volumes"][name], name=name))
     single = _pillar_get("salt_volumes:volume")
     if isinstance(single, dict) and single.get("name") == name:
-        return dict(single)
+        return _with_uuid(dict(single))
     volumes = _pillar_get("salt_volumes:volumes", {}) or {}
     if name in volumes:
         spec = volumes[name]
@@ -271,7 +271,7 @@ def _lookup(name):
             )
         spec = dict(spec)
         spec.setdefault("name", name)
-        return spec
+        return _with_uuid(spec)
     raise SaltInvocationError(
         "volume {}: not found in pillar salt_volumes:volume or salt_volumes:volumes".format(name)
     )
@@ -301,6 +301,13 @@ def pillar_uuid(node, name):
     if not node or not name:
         raise SaltInvocationError("pillar_uuid: give the volume's node and name")
     return str(_uuid.uuid5(_PILLAR_UUIDS, "pillar/{}/{}".format(node, name)))
+
+
+def _with_uuid(spec):
+    """spec, with the uuid derived for it when it has none (pillar_uuid)."""
+    if spec.get("uuid") in (None, "") and spec.get("node") and spec.get("name"):
+        spec["uuid"] = pillar_uuid(spec["node"], spec["name"])
+    return spec
 
 
 def _spec(name=None, spec=None):
@@ -392,12 +399,61 @@ def _run_doc():
     vols = doc.get("volumes") if isinstance(doc, dict) else None
     if isinstance(vols, list):
         vols = {v.get("name") if isinstance(v, dict) else None: v for v in vols}
-    if not isinstance(vols, dict) or not vols or None in vols or not isinstance(doc.get("wipe", False), bool):
+    bad = (
+        not isinstance(vols, dict) or not vols or None in vols
+        or (isinstance(doc.get("volumes"), list) and len(vols) != len(doc["volumes"]))
+        or not isinstance(doc.get("wipe", False), bool)
+    )
+    lists = {}
+    for key in ("snapshots", "snapshots_absent"):
+        lists[key] = doc.get(key, {}) if isinstance(doc, dict) else None
+        if not _snapshot_map(lists[key]):
+            bad = True
+    if bad:
         raise SaltInvocationError(
-            'pillar {}: a JSON string {{"volumes": [specs, each with its name], "wipe": false}}, '
-            "as apply_volume passes it; it is not for a pillar file".format(RUN_PILLAR)
+            'pillar {}: a JSON string {{"volumes": [specs, each with its own name], "wipe": false}}, '
+            "as apply_volume and the orchestrate files pass it; it is not for a pillar file".format(RUN_PILLAR)
         )
-    return {"volumes": vols, "wipe": doc.get("wipe", False)}
+    if _pillar_get("salt_volumes:volume") is not None:
+        raise SaltInvocationError(
+            "pillar {} and salt_volumes:volume are both set: a run passes only the first, so one of them "
+            "comes from a pillar file; remove {} from the pillar files (it is reserved for a run's "
+            "own volumes) and run again; nothing was done".format(RUN_PILLAR, RUN_PILLAR)
+        )
+    return dict(lists, volumes=vols, wipe=doc.get("wipe", False))
+
+
+def _snapshot_map(value):
+    """A map of volume name to a list of snapshot names (strings)."""
+    return isinstance(value, dict) and all(
+        isinstance(names, list) and all(isinstance(n, str) and n for n in names)
+        for names in value.values()
+    )
+
+
+def snapshot_lists():
+    """
+    The snapshots ``salt_volumes.snapshotted`` keeps and deletes: those of
+    the run (pillar ``salt_volumes:run``, from the orchestrate file) when
+    given, else pillar ``salt_volumes:snapshots`` and
+    ``salt_volumes:snapshots_absent``. Each maps a volume to a list of
+    snapshot names; a single name given as a string is a list of one.
+    """
+    run = _run_doc()
+    out = {}
+    for key in ("snapshots", "snapshots_absent"):
+        value = run[key] if run is not None else _pillar_get("salt_volumes:" + key, {})
+        if value is None:
+            value = {}
+        if isinstance(value, dict):
+            value = {vol: [names] if isinstance(names, str) else names for vol, names in value.items()}
+        if not _snapshot_map(value):
+            raise SaltInvocationError(
+                "pillar salt_volumes:{}: map each volume to a list of snapshot names, "
+                "e.g. {{data-1: [before-upgrade]}}".format(key)
+            )
+        out[key] = value
+    return out
 
 
 def wipe_requested():
@@ -486,6 +542,13 @@ def apply_volume(action, volumes, wipe=False):
     ):
         raise SaltInvocationError(
             "volumes: give a list of volume specs, each with its name"
+        )
+    names = [v["name"] for v in volumes]
+    if len(set(names)) != len(names):
+        raise SaltInvocationError(
+            "volumes: {} named twice: give each volume once".format(
+                ", ".join(sorted({n for n in names if names.count(n) > 1}))
+            )
         )
     if not isinstance(wipe, bool):
         raise SaltInvocationError("wipe: {!r} is not true or false".format(wipe))

@@ -544,6 +544,39 @@ def test_a_run_is_only_its_own_volumes_and_wipe(mod):
         mod.pillar["salt_volumes"]["run"] = bad
         with pytest.raises(SaltInvocationError, match="pillar salt_volumes:run"):
             mod.volumes()
+    for bad in (json.dumps({"volumes": [SPEC, SPEC]}), json.dumps({"volumes": [SPEC], "snapshots": {"v1": "x"}})):
+        mod.pillar["salt_volumes"]["run"] = bad
+        with pytest.raises(SaltInvocationError, match="pillar salt_volumes:run"):
+            mod.volumes()
+    # A run left in a pillar file would beat a volume given on the command
+    # line: refused, naming the key to remove.
+    mod.pillar["salt_volumes"]["run"] = json.dumps({"volumes": [SPEC], "wipe": True})
+    mod.pillar["salt_volumes"]["volume"] = dict(SPEC, name="d2")
+    with pytest.raises(SaltInvocationError, match="remove salt_volumes:run from the pillar files"):
+        mod.volumes()
+
+
+def test_snapshot_lists_come_from_the_run_when_there_is_one(mod):
+    mod.pillar["salt_volumes"] = {"snapshots_absent": {"v1": "nightly"}, "snapshots": {"v1": ["a"]}}
+    assert mod.snapshot_lists() == {"snapshots": {"v1": ["a"]}, "snapshots_absent": {"v1": ["nightly"]}}, \
+        "a single name is a list of one, not its letters"
+    mod.pillar["salt_volumes"]["run"] = json.dumps({"volumes": [SPEC], "snapshots": {"v1": ["pre"]}})
+    assert mod.snapshot_lists() == {"snapshots": {"v1": ["pre"]}, "snapshots_absent": {}}
+    del mod.pillar["salt_volumes"]["run"]
+    mod.pillar["salt_volumes"]["snapshots"] = {"v1": [1]}
+    with pytest.raises(SaltInvocationError, match="salt_volumes:snapshots: map each volume"):
+        mod.snapshot_lists()
+
+
+def test_by_name_functions_find_a_pillar_volume_without_uuid(mod):
+    mod.pillar["salt_volumes"] = {"volumes": {"data-1": {"node": "node-1", "sparseLoopDevice": {"size": "1Gi"}}}}
+    assert mod._spec("data-1")["uuid"] == DERIVED
+
+
+def test_apply_volume_refuses_a_name_twice(mod):
+    mod.__salt__["state.apply"] = lambda *a, **kw: pytest.fail("ran")
+    with pytest.raises(SaltInvocationError, match="v1 named twice"):
+        mod.apply_volume("unprepared", [SPEC, dict(SPEC)])
 
 
 @pytest.mark.parametrize("args,kwargs,field", [

@@ -86,34 +86,66 @@ func TestPackages(t *testing.T) {
 
 	m := &machine{t: t, g: g}
 	m.saltMaster()
+	quick := quickstart(t, repo, map[string]string{
+		// The names and sizes of this guest: its minion id, a disk of a
+		// few GiB (a 10Gi sparse volume is past the overcommit ratio).
+		"node-1":    minionID,
+		"10Gi":      "64Mi",
+		"./salt-volumes_<version>_amd64.deb": "./" + filepath.Base(newDebs[1]),
+	})
 
-	t.Run("install, use, purge", func(t *testing.T) {
+	t.Run("the README's quick start, then purge", func(t *testing.T) {
 		m.t = t
 		at := time.Now()
-		m.install(newDebs)
-		m.assertInstalled()
+		// An existing master, as the quick start assumes; the packages
+		// where the reader has them, in the working directory.
 		m.startMaster()
-		t.Logf("packages installed, salt-master (with the packaged snippet) and minion up: %s", time.Since(at).Round(time.Second))
-		// The node: the package put the binary and the restore unit in
-		// place; salt_volumes.installed adds the tools and the beacon and
-		// leaves the package's files alone.
-		synced := time.Now()
-		m.salt("saltutil.sync_all")
-		m.salt("state.apply", "salt_volumes.installed")
-		t.Logf("installed, modules synced, salt_volumes.installed applied: %s", time.Since(synced).Round(time.Second))
-		_, err := g.Run("test", "-e", "/usr/local/bin/salt-volume-exec")
-		assert.Error(t, err, "salt_volumes.installed copied a second binary beside the package's")
-		_, err = g.Run("test", "-e", "/etc/systemd/system/salt-volumes-restore.service")
-		assert.Error(t, err, "salt_volumes.installed wrote a unit over the package's")
-		assert.Equal(t, "enabled", m.run("systemctl", "is-enabled", "salt-volumes-restore.service"))
-		m.startServe(current)
-		t.Logf("serve ready: %s", time.Since(at).Round(time.Second))
+		m.put(newDebs)
+		t.Logf("salt-master and minion up: %s", time.Since(at).Round(time.Second))
 
-		m.cli("create", "fresh", "--node", minionID, "--size", "64Mi", "--wait", "--timeout", "5m")
-		v := m.volume("fresh")
+		// On the master, line by line: the package's promises are checked
+		// before the snippet is enabled.
+		require.Len(t, quick["master"], 3, "README's quick start on the master: %q", quick["master"])
+		m.sh(quick["master"][0])
+		m.assertInstalled()
+		for _, line := range quick["master"][1:] {
+			m.sh(line)
+		}
+		m.waitReady()
+		assert.Equal(t, "active", m.run("systemctl", "is-active", "salt-api.service"), "the quick start restarted salt-api")
+		// A reader types the next block once the restarted master's
+		// minions are back; so does the test.
+		m.waitMinion()
+		t.Logf("the master's block: %s", time.Since(at).Round(time.Second))
+
+		synced := time.Now()
+		for _, line := range quick["nodes"] {
+			m.sh(line)
+		}
+		t.Logf("the nodes' block (modules synced, salt_volumes.installed): %s", time.Since(synced).Round(time.Second))
+		m.run("test", "-x", "/usr/local/bin/salt-volume-exec")
+		assert.Equal(t, "enabled", m.run("systemctl", "is-enabled", "salt-volumes-restore.service"))
+
+		// The CLI's block as one script: its export holds for the rest.
+		out := m.sh(strings.Join(quick["cli"], "\n"))
+		assert.Contains(t, out, "data-1", "salt-volumes ls lists the volume")
+		v := m.volume("data-1")
 		assert.Equal(t, "Available", v.Status.Phase)
 		m.run("test", "-b", v.Status.DevicePath)
-		m.cli("rm", "fresh", "--wait", "--timeout", "5m")
+		// The snapshot the quick start asked for, taken on the node.
+		testenv.Eventually(t, 5*time.Minute, "the quick start's snapshot is Ready", func() (bool, string) {
+			var snap struct{ Name, Volume, Phase, Message string }
+			out, err := m.g.Run("env", "SALT_VOLUMES_URL=http://127.0.0.1:8080", "SALT_VOLUMES_TOKEN_FILE=/etc/salt-volumes/token",
+				"salt-volumes", "snapshot", "get", "before-upgrade", "-o", "json")
+			if err != nil || json.Unmarshal([]byte(out), &snap) != nil {
+				return false, out + fmt.Sprint(err)
+			}
+			require.NotEqual(t, "Failed", snap.Phase, snap.Message)
+			return snap.Volume == "data-1" && snap.Phase == "Ready", out
+		})
+
+		m.cli("snapshot", "rm", "before-upgrade", "--wait", "--timeout", "5m")
+		m.cli("rm", "data-1", "--wait", "--timeout", "5m")
 		var left struct{ Items []any }
 		require.NoError(t, json.Unmarshal([]byte(m.cli("ls", "-o", "json")), &left))
 		assert.Empty(t, left.Items, "volumes left after rm")
@@ -121,7 +153,13 @@ func TestPackages(t *testing.T) {
 
 		m.purge()
 		m.assertPurged()
-		t.Logf("install, create, delete and purge of %s: %s", current, time.Since(at).Round(time.Second))
+		// What the state put on the node goes the way an operator moving
+		// to the node package removes it, so the upgrade below starts
+		// from packages alone.
+		m.run("systemctl", "disable", "salt-volumes-restore.service")
+		m.run("rm", "-f", "/usr/local/bin/salt-volume-exec", "/etc/systemd/system/salt-volumes-restore.service")
+		m.run("systemctl", "daemon-reload")
+		t.Logf("the README's quick start on %s, delete and purge: %s", current, time.Since(at).Round(time.Second))
 	})
 	if t.Failed() {
 		return
@@ -178,6 +216,16 @@ func TestPackages(t *testing.T) {
 			m.readMarker(v)
 		}
 		assert.Equal(t, records, m.records("salt-volume-exec"), "the node's records, read by the new salt-volume-exec")
+
+		// The node: the package put the binary and the restore unit in
+		// place; salt_volumes.installed adds the tools and the beacon and
+		// leaves the package's files alone.
+		m.salt("state.apply", "salt_volumes.installed")
+		_, err := g.Run("test", "-e", "/usr/local/bin/salt-volume-exec")
+		assert.Error(t, err, "salt_volumes.installed copied a second binary beside the package's")
+		_, err = g.Run("test", "-e", "/etc/systemd/system/salt-volumes-restore.service")
+		assert.Error(t, err, "salt_volumes.installed wrote a unit over the package's")
+		assert.Equal(t, "enabled", m.run("systemctl", "is-enabled", "salt-volumes-restore.service"))
 
 		// The new release works on the old volumes and makes new ones.
 		m.cli("rm", "old-block", "--wait", "--timeout", "5m")
@@ -240,6 +288,75 @@ func (m *machine) cli(args ...string) string {
 	return out
 }
 
+// quickstart reads README.md's quick start as a reader copies it: the
+// lines of the shell block after each "<!-- quickstart: NAME" marker,
+// with this guest's names put for the README's (each must be there, so
+// that a README that drops one fails here rather than runs something
+// else).
+func quickstart(t *testing.T, repo string, subst map[string]string) map[string][]string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repo, "README.md"))
+	require.NoError(t, err)
+	text := string(raw)
+	used := map[string]bool{}
+	blocks := map[string][]string{}
+	for _, part := range strings.Split(text, "<!-- quickstart: ")[1:] {
+		name, _, _ := strings.Cut(part, " ")
+		_, body, ok := strings.Cut(part, "```sh\n")
+		require.True(t, ok, "README.md: quick start block %s has no sh block after its marker", name)
+		body, _, ok = strings.Cut(body, "```")
+		require.True(t, ok, "README.md: quick start block %s is not closed", name)
+		for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
+			for from, to := range subst {
+				if strings.Contains(line, from) {
+					used[from] = true
+					line = strings.ReplaceAll(line, from, to)
+				}
+			}
+			blocks[name] = append(blocks[name], line)
+		}
+	}
+	for _, name := range []string{"master", "nodes", "cli"} {
+		require.NotEmpty(t, blocks[name], "README.md has no quick start block %q", name)
+	}
+	for from := range subst {
+		assert.True(t, used[from], "README.md's quick start no longer says %q; the test puts this guest's value for it", from)
+	}
+	return blocks
+}
+
+// put copies files into root's home on the guest, under their own names.
+func (m *machine) put(files []string) {
+	m.t.Helper()
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(m.t, err)
+		require.NoError(m.t, m.g.Write("/root/"+filepath.Base(f), data, 0o644))
+	}
+}
+
+// sh runs README text as a reader's root shell would, in root's home,
+// with Salt's commands on the PATH; it fails the test on a non-zero exit.
+func (m *machine) sh(script string) string {
+	m.t.Helper()
+	out, err := m.g.Run("env", "PATH=/opt/salt/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"bash", "-e", "-o", "pipefail", "-c", "cd /root && "+script)
+	if err != nil {
+		journal, _ := m.g.Run("journalctl", "-u", "salt-volumes", "-u", "salt-master", "-u", "salt-api", "--no-pager", "-n", "60")
+		m.t.Fatalf("the README's %q: %v\n%s\n--- journal\n%s", script, err, out, journal)
+	}
+	return out
+}
+
+// waitMinion waits until the minion answers its master.
+func (m *machine) waitMinion() {
+	m.t.Helper()
+	testenv.Eventually(m.t, 5*time.Minute, "the minion answers the master", func() (bool, string) {
+		out, err := m.g.Run("/opt/salt/bin/salt", "--timeout=30", minionID, "test.ping")
+		return err == nil && strings.Contains(out, "True"), out
+	})
+}
+
 // saltMaster prepares the guest to be a Salt master of itself as Salt's
 // packages set one up: a salt user that the master runs as, its
 // directories, a unit; startMaster starts it.
@@ -255,10 +372,17 @@ func (m *machine) saltMaster() {
 	m.run("install", "-o", "salt", "-g", "salt", "-m", "0640", "/dev/null", "/var/log/salt/key")
 	require.NoError(m.t, m.g.Write("/etc/systemd/system/salt-master.service", []byte(
 		"[Unit]\nDescription=Salt master\nAfter=network.target\n\n[Service]\nExecStart=/opt/salt/bin/salt-master\nLimitNOFILE=100000\nKillMode=process\nRestart=on-failure\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n"), 0o644))
+	// salt-api as Salt's packages run it (enabled by no one: the quick
+	// start restarts it once the snippet turned rest_cherrypy on).
+	require.NoError(m.t, m.g.Write("/etc/systemd/system/salt-api.service", []byte(
+		"[Unit]\nDescription=Salt API\nAfter=network.target salt-master.service\n\n[Service]\nExecStart=/opt/salt/bin/salt-api\nKillMode=process\nRestart=on-failure\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n"), 0o644))
 	// Few workers: the guest is emulated and small.
 	m.run("mkdir", "-p", "/etc/salt/master.d")
 	// The master accepts its own minion's key: it listens on loopback only.
-	require.NoError(m.t, m.g.Write("/etc/salt/master.d/10-guest.conf", []byte("user: salt\nworker_threads: 2\ninterface: 127.0.0.1\nauto_accept: True\n"), 0o644))
+	// The salt command waits longer than Salt's 5 s (and 10 s for a job's
+	// progress) before giving up on a minion: the README's commands run
+	// here as typed, on an emulated guest.
+	require.NoError(m.t, m.g.Write("/etc/salt/master.d/10-guest.conf", []byte("user: salt\nworker_threads: 2\ninterface: 127.0.0.1\nauto_accept: True\ntimeout: 120\ngather_job_timeout: 60\n"), 0o644))
 	require.NoError(m.t, m.g.Write("/etc/salt/minion.d/master.conf", []byte("id: "+minionID+"\nmaster: 127.0.0.1\nacceptance_wait_time: 2\n"), 0o644))
 }
 

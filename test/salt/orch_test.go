@@ -34,10 +34,12 @@ func orchestrate(t *testing.T, s *saltstack.Stack, uuids *[]string) {
 		return err == nil
 	}
 
-	// The node's own pillar: a volume without a uuid, and wipe: true.
+	// The node's own pillar: a volume without a uuid, wipe: true, and a
+	// snapshot of another volume to delete.
 	pillarDir := filepath.Join(s.Root, "pillar")
 	require.NoError(t, os.WriteFile(filepath.Join(pillarDir, "top.sls"), []byte("base:\n  '"+me+"':\n    - volumes\n"), 0o600))
-	own, err := json.Marshal(map[string]any{"salt_volumes": map[string]any{"wipe": true, "volumes": map[string]any{
+	own, err := json.Marshal(map[string]any{"salt_volumes": map[string]any{"wipe": true,
+		"snapshots_absent": map[string]any{"orch-fs": []string{"keep"}}, "volumes": map[string]any{
 		"own-vol": map[string]any{"node": me, "sparseLoopDevice": map[string]any{"size": "32Mi"}}}}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(pillarDir, "volumes.sls"), own, 0o600))
@@ -84,29 +86,50 @@ func orchestrate(t *testing.T, s *saltstack.Stack, uuids *[]string) {
 	assert.NotEqual(t, 0, code)
 	assert.Contains(t, out, "salt_volumes:orch:batch")
 
-	// Snapshots of the named volumes, then deleted.
-	out, code = orch("snapshot", map[string]any{"snapshots": map[string]any{"orch-fs": []string{"pre"}}})
-	require.Equal(t, 0, code, out)
+	// A snapshot of the named volumes, then deleted. The node's own
+	// pillar asks to delete one more: only the names typed count.
+	for _, name := range []string{"keep", "pre"} {
+		out, code = orch("snapshot", map[string]any{"orch": map[string]any{"volumes": "orch-fs", "snapshot": name}})
+		require.Equal(t, 0, code, out)
+	}
 	_, err = os.Stat(filepath.Join(s.StateDir, "snapshots", fsU))
 	require.NoError(t, err, "the snapshot was taken")
-	out, code = orch("snapshot", map[string]any{"snapshots": map[string]any{"nope": []string{"pre"}}})
-	assert.NotEqual(t, 0, code)
-	assert.Contains(t, out, "nope: no such volume")
-	out, code = orch("snapshot", map[string]any{"snapshots_absent": map[string]any{"orch-fs": []string{"pre"}}})
+	out, code = s.Salt(me, "salt_volumes.snapshots", "--out=json", "--static")
 	require.Equal(t, 0, code, out)
+	assert.Contains(t, out, `"pre"`)
+	assert.Contains(t, out, `"keep"`, "the node's own snapshots_absent is not part of the run")
+	for _, bad := range []struct {
+		orch map[string]any
+		says string
+	}{
+		{map[string]any{"volumes": "nope", "snapshot": "pre"}, "nope: no such volume"},
+		{map[string]any{"volumes": []string{"orch-fs"}, "snapshot": "pre"}, "in one string, separated by commas"},
+		{map[string]any{"volumes": "orch-fs", "snapshot": "pre", "snapshot_absent": "pre"}, "not both"},
+	} {
+		out, code = orch("snapshot", map[string]any{"orch": bad.orch})
+		assert.NotEqual(t, 0, code, "%v", bad.orch)
+		assert.Contains(t, out, bad.says)
+	}
+	for _, name := range []string{"keep", "pre"} {
+		out, code = orch("snapshot", map[string]any{"orch": map[string]any{"volumes": "orch-fs", "snapshot_absent": name}})
+		require.Equal(t, 0, code, out)
+	}
+	out, code = s.Salt(me, "salt_volumes.snapshots", "--out=json", "--static")
+	require.Equal(t, 0, code, out)
+	assert.NotContains(t, out, `"pre"`)
 
-	// Remove: only what is named; nothing named or an unknown name
-	// removes nothing.
+	// Remove: only what is named; nothing named, a list (Salt would join
+	// it with a pillar file's) or an unknown name removes nothing.
 	for _, bad := range []struct {
 		remove any
 		says   string
-	}{{nil, "list the names"}, {[]string{"orch-fs", "nope"}, "nope: no such volume"}} {
+	}{{nil, "name the volumes"}, {[]string{"orch-fs"}, "in one string"}, {"orch-fs, nope", "nope: no such volume"}} {
 		out, code = orch("remove", map[string]any{"orch": map[string]any{"remove": bad.remove}})
 		assert.NotEqual(t, 0, code)
 		assert.Contains(t, out, bad.says)
 		assert.True(t, recorded(fsU), "nothing removed")
 	}
-	out, code = orch("remove", map[string]any{"orch": map[string]any{"remove": []string{"orch-fs", "orch-blk"}}})
+	out, code = orch("remove", map[string]any{"orch": map[string]any{"remove": "orch-fs, orch-blk"}})
 	require.Equal(t, 0, code, out)
 	assert.False(t, recorded(fsU))
 	assert.False(t, recorded(u3))

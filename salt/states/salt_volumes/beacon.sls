@@ -6,9 +6,9 @@
         beacon_heartbeat: 300   # seconds between events when nothing changes #}
 {%- set conf = opts.get('salt_volumes') or {} %}
 
-# The beacon runs the salt_volumes module: both must be on the minion, and
-# nothing else (sync_all would sync every custom module of every
-# environment on each run).
+# The beacon runs the salt_volumes module: both must be on the minion.
+# Only those two kinds are synced (sync_all would also sync states,
+# grains, renderers, returners, ... of every environment).
 salt_volumes beacon module:
   saltutil.sync_modules:
     - refresh: True

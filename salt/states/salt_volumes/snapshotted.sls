@@ -1,10 +1,12 @@
 {#- Snapshots a pillar-driven fleet keeps: salt_volumes:snapshots maps a
     volume of this minion (salt_volumes:volumes) to the names of its
     snapshots; each is taken once. A name under salt_volumes:snapshots_absent
-    (same shape) is deleted. #}
+    (same shape) is deleted. A run of salt_volumes.orch.snapshot passes its
+    own volumes and names instead (salt_volumes:run), and only those count. #}
 {%- set volumes = salt['salt_volumes.volumes']() %}
-{%- set wanted = salt['pillar.get']('salt_volumes:snapshots', {}) %}
-{%- set unwanted = salt['pillar.get']('salt_volumes:snapshots_absent', {}) %}
+{%- set lists = salt['salt_volumes.snapshot_lists']() %}
+{%- set wanted = lists['snapshots'] %}
+{%- set unwanted = lists['snapshots_absent'] %}
 salt_volumes snapshots:
   test.succeed_without_changes:
     - name: Snapshots of the volumes of {{ grains['id'] }} in pillar salt_volumes:snapshots

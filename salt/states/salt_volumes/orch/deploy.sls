@@ -4,11 +4,11 @@
     fails naming the node (and the volume, in its state comment) when one
     fails. A failed batch does not stop the next: each node's run is
     independent and idempotent, so run it again once the node is fixed. #}
-{%- from 'salt_volumes/orch/map.jinja' import by_node, batch_size, batch_error with context %}
-{%- if batch_error %}
+{%- from 'salt_volumes/orch/map.jinja' import by_node, batch_size, batch_error, volumes_error with context %}
+{%- if batch_error or volumes_error %}
 salt_volumes orchestrate settings:
   test.fail_without_changes:
-    - name: {{ batch_error | json }}
+    - name: {{ (batch_error or volumes_error) | json }}
 {%- elif not by_node %}
 salt_volumes no volumes:
   test.succeed_without_changes:

@@ -1,37 +1,49 @@
 {#- salt-run state.orchestrate salt_volumes.orch.snapshot \
-      pillar='{"salt_volumes": {"snapshots": {"data-1": ["before-upgrade"]}}}'
-    Runs salt_volumes.snapshotted on every node holding a volume named in
-    salt_volumes:snapshots or salt_volumes:snapshots_absent (volumes of
-    pillar salt_volumes:volumes), in batches like deploy: each snapshot is
-    taken once, each one listed as absent deleted. A name pillar does not
-    define fails the run before any node is touched. #}
-{%- from 'salt_volumes/orch/map.jinja' import by_node, batch_size, batch_error with context %}
-{%- set wanted = salt['pillar.get']('salt_volumes:snapshots', {}) %}
-{%- set unwanted = salt['pillar.get']('salt_volumes:snapshots_absent', {}) %}
-{%- set wanted = wanted if wanted is mapping else {} %}
-{%- set unwanted = unwanted if unwanted is mapping else {} %}
+      pillar='{"salt_volumes": {"orch": {"volumes": "data-1,db-1", "snapshot": "before-upgrade"}}}'
+    Takes the snapshot salt_volumes:orch:snapshot (taken once: a snapshot is
+    a point in time) of each volume salt_volumes:orch:volumes names (a string
+    of names separated by commas: volumes of pillar salt_volumes:volumes),
+    or deletes the snapshot salt_volumes:orch:snapshot_absent names, on
+    those volumes' nodes, in batches like deploy. Only the names typed count:
+    the snapshots the nodes' own pillar lists are not part of the run. A
+    volume pillar does not define fails the run before any node is touched. #}
+{%- from 'salt_volumes/orch/map.jinja' import by_node, batch_size, batch_error, volumes_error with context %}
+{%- set raw = salt['pillar.get']('salt_volumes:orch:volumes') %}
+{%- set names = (raw.split(',') | map('trim') | reject('equalto', '') | list) if raw is string else [] %}
+{%- set take = salt['pillar.get']('salt_volumes:orch:snapshot') %}
+{%- set take = take if take is string else '' %}
+{%- set drop = salt['pillar.get']('salt_volumes:orch:snapshot_absent') %}
+{%- set drop = drop if drop is string else '' %}
 {%- set chosen = {} %}
 {%- set unknown = [] %}
-{%- for name in (wanted.keys() | list) + (unwanted.keys() | list) %}
+{%- for name in names %}
 {%-   set found = [] %}
 {%-   for node, vols in by_node | dictsort %}
 {%-     if name in vols %}{% do chosen.setdefault(node, {}).update({name: vols[name]}) %}{% do found.append(node) %}{% endif %}
 {%-   endfor %}
-{%-   if not found and name not in unknown %}{% do unknown.append(name | string) %}{% endif %}
+{%-   if not found %}{% do unknown.append(name) %}{% endif %}
 {%- endfor %}
-{%- if batch_error %}
+{%- if batch_error or volumes_error %}
 salt_volumes orchestrate settings:
   test.fail_without_changes:
-    - name: {{ batch_error | json }}
+    - name: {{ (batch_error or volumes_error) | json }}
+{%- elif raw is not string or not names %}
+salt_volumes nothing named:
+  test.fail_without_changes:
+    - name: "pillar salt_volumes:orch:volumes: name the volumes (of salt_volumes:volumes) in one string, separated by commas, e.g. \"data-1,db-1\"; no snapshot was taken"
+{%- elif (take and drop) or not (take or drop) %}
+salt_volumes snapshot named:
+  test.fail_without_changes:
+    - name: "pillar salt_volumes:orch: give one snapshot name, as snapshot (to take) or snapshot_absent (to delete), not both; nothing was done"
 {%- elif unknown %}
 salt_volumes unknown volumes:
   test.fail_without_changes:
-    - name: {{ ("pillar salt_volumes:snapshots: " ~ unknown | join(", ") ~ ": no such volume with a node in pillar salt_volumes:volumes; no snapshot was taken") | json }}
-{%- elif not chosen %}
-salt_volumes no snapshots:
-  test.succeed_without_changes:
-    - name: No volume named in pillar salt_volumes:snapshots or salt_volumes:snapshots_absent
+    - name: {{ ("pillar salt_volumes:orch:volumes: " ~ unknown | join(", ") ~ ": no such volume with a node in pillar salt_volumes:volumes; nothing was done") | json }}
 {%- else %}
+{%- set lists = {'snapshots': {}, 'snapshots_absent': {}} %}
+{%- for name in names %}
+{%-   if take %}{% do lists['snapshots'].update({name: [take]}) %}{% else %}{% do lists['snapshots_absent'].update({name: [drop]}) %}{% endif %}
+{%- endfor %}
 {%- for nodes in chosen | sort | batch(batch_size | int) %}
 {%-   set vols = {} %}
 {%-   for node in nodes %}{% do vols.update(chosen[node]) %}{% endfor %}
@@ -43,9 +55,7 @@ salt_volumes no snapshots:
       - salt_volumes.snapshotted
     - pillar:
         salt_volumes:
-          run: {{ {'volumes': vols, 'wipe': false} | json | json }}
-          snapshots: {{ wanted | json }}
-          snapshots_absent: {{ unwanted | json }}
+          run: {{ {'volumes': vols, 'wipe': false, 'snapshots': lists['snapshots'], 'snapshots_absent': lists['snapshots_absent']} | json | json }}
     - expect_minions: True
 {%- endfor %}
 {%- endif %}
