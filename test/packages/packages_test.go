@@ -89,8 +89,8 @@ func TestPackages(t *testing.T) {
 	quick := quickstart(t, repo, map[string]string{
 		// The names and sizes of this guest: its minion id, a disk of a
 		// few GiB (a 10Gi sparse volume is past the overcommit ratio).
-		"node-1":    minionID,
-		"10Gi":      "64Mi",
+		"node-1":                             minionID,
+		"10Gi":                               "64Mi",
 		"./salt-volumes_<version>_amd64.deb": "./" + filepath.Base(newDebs[1]),
 	})
 
@@ -169,6 +169,7 @@ func TestPackages(t *testing.T) {
 		m.t = t
 		at := time.Now()
 		m.install(oldDebs)
+		assert.Equal(t, "700 root root", m.run("stat", "-c", "%a %U %G", "/var/lib/salt-volumes"), "the node package's state dir")
 		m.salt("saltutil.sync_all")
 		m.startServe(previousVersion)
 
@@ -449,7 +450,6 @@ func (m *machine) assertInstalled() {
 		"/etc/salt-volumes/salt-api-password": "640 root salt-volumes",
 		"/etc/salt-volumes/config.yaml":       "640 root salt-volumes",
 		"/etc/salt/api-users":                 "600 salt salt",
-		"/var/lib/salt-volumes":               "700 root root",
 	} {
 		assert.Equal(t, want, m.run("stat", "-c", "%a %U %G", f), f)
 	}
