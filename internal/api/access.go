@@ -355,6 +355,11 @@ func kubeAttributes(role access.Role, r *http.Request) kubeauth.Attributes {
 // when audit says so.
 func (s *Server) kubeAllowed(w http.ResponseWriter, r *http.Request, p *access.Principal, n *note, a kubeauth.Attributes, audit bool) bool {
 	ok, reason, err := s.Kube.Allowed(r.Context(), p, a)
+	if errors.Is(err, kubeauth.ErrReviewsThrottled) {
+		w.Header().Set("Retry-After", "1")
+		writeErr(w, http.StatusTooManyRequests, saltvolumes.Error{Code: saltvolumes.CodeLimit, Message: err.Error() + "; nothing was changed"})
+		return false
+	}
 	if err != nil {
 		writeErr(w, http.StatusBadGateway, saltvolumes.Error{Code: saltvolumes.CodeUnavailable, Message: "asking the Kubernetes API server: " + err.Error() + "; nothing was changed"})
 		return false

@@ -59,6 +59,12 @@ type Limit struct {
 var (
 	DefaultPerSource = Limit{PerSecond: 5, Burst: 20}
 	DefaultGlobal    = Limit{PerSecond: 20, Burst: 50}
+	// DefaultPerPrincipal bounds SubjectAccessReviews not in the cache,
+	// per Kubernetes identity: a decision is cached per object name, so
+	// one identity asking for many names (real or made up) would
+	// otherwise make one review per request. A UI page or a CLI command
+	// asks a handful.
+	DefaultPerPrincipal = Limit{PerSecond: 10, Burst: 50}
 )
 
 // maxSources bounds the per-source buckets kept; past it (after dropping
@@ -69,6 +75,11 @@ const maxSources = 10000
 // sources together) past its bound on TokenReviews; no TokenReview was
 // made. It is an access.ErrUnauthenticated, to be answered 429.
 var ErrThrottled = fmt.Errorf("%w: too many new Kubernetes tokens: retry in a second", access.ErrUnauthenticated)
+
+// ErrReviewsThrottled: an identity asked for more decisions not in the
+// cache than its bound (PerPrincipal); no SubjectAccessReview was made.
+// To be answered 429.
+var ErrReviewsThrottled = errors.New("too many distinct requests needing a Kubernetes SubjectAccessReview from this identity: retry in a second")
 
 // RefusedError: the API server did not accept the token for serve's
 // audience. It is an access.ErrUnauthenticated; Msg says what to do.
@@ -111,7 +122,10 @@ type Reviewer struct {
 	// PerSource and Global bound TokenReviews of tokens not cached
 	// (zero: DefaultPerSource, DefaultGlobal).
 	PerSource, Global Limit
-	Now               func() time.Time
+	// PerPrincipal bounds SubjectAccessReviews of decisions not cached,
+	// per identity (zero: DefaultPerPrincipal).
+	PerPrincipal Limit
+	Now          func() time.Time
 
 	mu       sync.Mutex
 	known    map[[32]byte]cached[*access.Principal]
@@ -120,6 +134,7 @@ type Reviewer struct {
 	sources  map[string]*rate.Limiter
 	global   *rate.Limiter
 	reviews  map[string]cached[decision]
+	askers   map[string]*rate.Limiter
 }
 
 type cached[T any] struct {
@@ -284,6 +299,35 @@ func (r *Reviewer) allowReview(source string, now time.Time) bool {
 	return l.AllowN(now, 1) && r.global.AllowN(now, 1)
 }
 
+// allowAsk takes a SubjectAccessReview from who's bucket. r.mu is held.
+func (r *Reviewer) allowAsk(who string, now time.Time) bool {
+	per := r.PerPrincipal
+	if per.PerSecond <= 0 {
+		per = DefaultPerPrincipal
+	}
+	if r.askers == nil {
+		r.askers = map[string]*rate.Limiter{}
+	}
+	l, ok := r.askers[who]
+	if !ok {
+		if len(r.askers) >= maxSources {
+			// Drop the buckets that are full again: those identities
+			// asked nothing new lately.
+			for k, b := range r.askers {
+				if b.TokensAt(now) >= float64(per.Burst) {
+					delete(r.askers, k)
+				}
+			}
+			if len(r.askers) >= maxSources {
+				return false
+			}
+		}
+		l = rate.NewLimiter(rate.Limit(per.PerSecond), per.Burst)
+		r.askers[who] = l
+	}
+	return l.AllowN(now, 1)
+}
+
 // sourceKey: an address, IPv6 ones by their /64 (one host can hold all
 // of it).
 // SourceKey is what one client is counted as when requests are bounded
@@ -356,6 +400,10 @@ func (r *Reviewer) Allowed(ctx context.Context, p *access.Principal, a Attribute
 	if c, ok := r.reviews[key]; ok && r.now().Sub(c.at) < cacheTTL {
 		r.mu.Unlock()
 		return c.v.allowed, c.v.reason, nil
+	}
+	if !r.allowAsk(user+"\x00"+p.UID, r.now()) {
+		r.mu.Unlock()
+		return false, "", ErrReviewsThrottled
 	}
 	r.mu.Unlock()
 	sar, err := r.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{

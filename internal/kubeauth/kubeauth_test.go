@@ -320,3 +320,39 @@ func TestKnownTokensAreNotThrottled(t *testing.T) {
 	_, err = r.Authenticate(ctx, "known", "")
 	require.ErrorIs(t, err, ErrThrottled)
 }
+
+// #48: one identity asking for many object names (a decision is cached
+// per name) makes at most its bucket of SubjectAccessReviews; past it,
+// ErrReviewsThrottled and no review, while another identity and the
+// decisions already cached still answer.
+func TestReviewsAreBoundedPerIdentity(t *testing.T) {
+	ctx := context.Background()
+	a := newAPIServer()
+	a.good["mallory"] = authnv1.UserInfo{Username: "mallory", UID: "m-1"}
+	a.good["alice"] = authnv1.UserInfo{Username: "alice", UID: "a-1"}
+	now := time.Unix(1_800_000_000, 0)
+	r := &Reviewer{Client: a.cs, PerPrincipal: Limit{PerSecond: 1, Burst: 5}, Now: func() time.Time { return now }}
+	m, err := r.Authenticate(ctx, "mallory", "192.0.2.7")
+	require.NoError(t, err)
+	al, err := r.Authenticate(ctx, "alice", "192.0.2.8")
+	require.NoError(t, err)
+	first := Attributes{Verb: "get", Resource: Resource, Name: "v-0"}
+	throttled := 0
+	for i := range 100 {
+		_, _, err := r.Allowed(ctx, m, Attributes{Verb: "get", Resource: Resource, Name: fmt.Sprintf("v-%d", i)})
+		if errors.Is(err, ErrReviewsThrottled) {
+			throttled++
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	assert.Equal(t, int64(5), a.accessRevs.Load(), "the burst, then nothing")
+	assert.Equal(t, 95, throttled)
+	_, _, err = r.Allowed(ctx, m, first)
+	assert.NoError(t, err, "a decision already made is answered from the cache")
+	_, _, err = r.Allowed(ctx, al, first)
+	assert.NoError(t, err, "another identity has its own bucket")
+	now = now.Add(2 * time.Second)
+	_, _, err = r.Allowed(ctx, m, Attributes{Verb: "get", Resource: Resource, Name: "later"})
+	assert.NoError(t, err, "the bucket refills")
+}
