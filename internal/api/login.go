@@ -149,20 +149,33 @@ func (f *loginFailures) source(src string, now time.Time) *loginSource {
 		return ls
 	}
 	if len(f.byIP) >= loginSources {
-		victim, fewest := "", -1
-		for k, ls := range f.byIP {
-			if ls.busy > 0 {
-				continue
-			}
-			if n := ls.recent(now); fewest < 0 || n < fewest {
-				victim, fewest = k, n
-			}
-		}
-		delete(f.byIP, victim)
+		f.makeRoom(now)
 	}
 	ls := &loginSource{}
 	f.byIP[src] = ls
 	return ls
+}
+
+// makeRoom frees a quarter of the full table at once, the sources with
+// the fewest failures first (none under way): one scan and sort for every
+// loginSources/4 new sources, where making room for each by a scan of
+// the whole table let a flood from new addresses cost 10,000 steps per
+// attempt under the lock.
+func (f *loginFailures) makeRoom(now time.Time) {
+	type entry struct {
+		src string
+		n   int
+	}
+	idle := make([]entry, 0, len(f.byIP))
+	for k, ls := range f.byIP {
+		if ls.busy == 0 {
+			idle = append(idle, entry{k, ls.recent(now)})
+		}
+	}
+	slices.SortFunc(idle, func(a, b entry) int { return a.n - b.n })
+	for _, e := range idle[:min(len(idle), loginSources/4)] {
+		delete(f.byIP, e.src)
+	}
 }
 
 // claimed is how a login's user name is logged and audited before the
