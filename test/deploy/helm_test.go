@@ -136,6 +136,14 @@ func TestHelmChart(t *testing.T) {
 		assert.Contains(t, c["env"], map[string]any{"name": "GOMEMLIMIT", "value": "400MiB"})
 		assert.Equal(t, true, cfg["insecure"], "plain HTTP inside the cluster says so")
 
+		// serve's class for operators' volumes set in config: the
+		// policy keeping tenants' claims off them names that class.
+		pol := objects(t, render(t, "--set", "config.kubernetes.storageClass=ops-static"))["ValidatingAdmissionPolicy//salt-volumes-static-class"]
+		require.NotNil(t, pol)
+		expr := str(pol["spec"].(map[string]any)["validations"].([]any)[0].(map[string]any)["expression"])
+		assert.Contains(t, expr, "object.spec.storageClassName != 'ops-static'")
+		assert.NotContains(t, expr, "salt-volumes-static")
+
 		tls := objects(t, render(t, "--set", "tls.secretName=serve-tls"))
 		cfg = tls["ConfigMap/salt-volumes/salt-volumes"]["data"].(map[string]any)["config.yaml"].(map[string]any)
 		assert.Equal(t, map[string]any{"certFile": "/etc/salt-volumes/tls/tls.crt", "keyFile": "/etc/salt-volumes/tls/tls.key"}, cfg["tls"])
