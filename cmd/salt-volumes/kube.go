@@ -10,7 +10,10 @@ import (
 // kubectl apply -f -.
 func (c *cli) pv(ctx context.Context, in []string) error {
 	fs := c.flags("pv")
-	class := fs.String("storage-class", kube.DefaultStorageClass, "storageClassName of the PV")
+	// The class of operators' volumes, not the provisioning one: a PV
+	// without a claimRef in a class tenants' claims use could be bound
+	// by any of them.
+	class := fs.String("storage-class", kube.DefaultStaticClass, "storageClassName of the PV")
 	hostname := fs.String("hostname", "", "the node's kubernetes.io/hostname label (default: the Salt minion id)")
 	reclaim := fs.String("reclaim-policy", "Retain", "Retain or Delete")
 	var mountOpts multi
@@ -36,7 +39,7 @@ func (c *cli) pv(ctx context.Context, in []string) error {
 func (c *cli) storageClass(_ context.Context, in []string) error {
 	fs := c.flags("storageclass")
 	var o kube.ClassOptions
-	fs.StringVar(&o.Name, "name", kube.DefaultStorageClass, "StorageClass name")
+	fs.StringVar(&o.Name, "name", "", "StorageClass name (default "+kube.DefaultStorageClass+", or "+kube.DefaultStaticClass+" with --static)")
 	fs.BoolVar(&o.Static, "static", false, "no provisioner: PVs made with salt-volumes pv (without Kubernetes mode)")
 	fs.StringVar(&o.Provisioner, "provisioner", kube.DefaultProvisioner, "provisioner name (serve's kubernetes.provisioner)")
 	fs.StringVar(&o.ReclaimPolicy, "reclaim-policy", "Delete", "Delete (the claim's deletion deletes the volume) or Retain")
@@ -48,6 +51,12 @@ func (c *cli) storageClass(_ context.Context, in []string) error {
 		return err
 	}
 	o.MountOptions = mountOpts
+	if o.Name == "" {
+		o.Name = kube.DefaultStorageClass
+		if o.Static {
+			o.Name = kube.DefaultStaticClass
+		}
+	}
 	sc, err := kube.NewStorageClass(o)
 	if err != nil {
 		return failf(exitUsage, "%v", err)
