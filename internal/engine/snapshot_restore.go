@@ -335,6 +335,19 @@ func (e *Engine) finishRestore(ctx context.Context, o *op, rr *restoreRecord, ou
 	if err := e.finishDevice(ctx, o, dev.Name, res); err != nil {
 		return nil, err
 	}
+	// A volume grown since the snapshot keeps its size, and its
+	// filesystem, the snapshot's, is grown to it as a growth does (offline:
+	// nothing uses the volume during a restore). Before the record goes,
+	// so that a run killed meanwhile grows it again; growing one already
+	// grown changes nothing.
+	if s.Mode == spec.ModeFilesystem {
+		snap, err := readSnapshot(filepath.Join(e.snapshotDir(s.UUID), rr.Snapshot+".json"))
+		if err != nil || snap.Size < s.SizeBytes {
+			if err := e.growFS(ctx, o, dev.Name); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if err := os.Remove(recPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, failed("state", err, "removing %s", recPath)
 	}
@@ -342,11 +355,6 @@ func (e *Engine) finishRestore(ctx context.Context, o *op, rr *restoreRecord, ou
 	o.step("restored", "snapshot", rr.Snapshot)
 	if st, err := os.Stat(file); err == nil {
 		res.Allocated = allocated(st)
-	}
-	if s.Mode == spec.ModeFilesystem {
-		if snap, err := readSnapshot(filepath.Join(e.snapshotDir(s.UUID), rr.Snapshot+".json")); err == nil && snap.Size < s.SizeBytes {
-			out.Warnings = append(out.Warnings, fmt.Sprintf("the volume is %s and keeps that size, but its filesystem is the snapshot's, %s: grow it by hand once it is mounted (resize2fs DEVICE, xfs_growfs MOUNTPOINT)", spec.FormatSize(s.SizeBytes), spec.FormatSize(snap.Size)))
-		}
 	}
 	res.State, res.Changed = StatePrepared, true
 	out.Volume, out.Method = res, rr.Method

@@ -236,24 +236,42 @@ func TestSnapshotRestoreMountedElsewhere(t *testing.T) {
 	assert.Equal(t, "after\n", debugfsCat(t, dev, "/hello"), "nothing changed")
 }
 
-// A Filesystem volume grown since its snapshot keeps its size; its
-// filesystem is the snapshot's, which the answer says.
+// A Filesystem volume grown since its snapshot keeps its size, and its
+// filesystem (the snapshot's) is grown to it, ext4 and xfs, with the
+// snapshot's data.
 func TestSnapshotRestoreGrownFilesystem(t *testing.T) {
 	n := newNode(t)
-	u := n.newUUID()
-	spec := func(size string) map[string]any { return sparseSpec("restore-fs", u, size, nil) }
-	n.ok("prepare", spec("32Mi"))
-	n.ok("snapshot", spec("32Mi"), "--name", "s1")
-	n.ok("prepare", spec("48Mi"))
-	r := n.ok("snapshot-restore", spec("48Mi"), "--name", "s1")
-	vol := r.Out["volume"].(map[string]any)
-	assert.Equal(t, float64(48<<20), vol["size"], "the volume keeps its grown size")
-	w, _ := r.Out["warnings"].([]any)
-	require.Len(t, w, 1, "%s", r.Stdout)
-	assert.Contains(t, w[0], "its filesystem is the snapshot's, 32Mi")
-	mp := mount(t, vol["persistentPath"].(string))
-	assert.Less(t, fsSize(t, mp), int64(33<<20), "the filesystem is not grown")
-	umount(t, mp)
-	n.ok("snapshot-delete", spec("48Mi"), "--name", "s1")
-	n.ok("unprepare", spec("48Mi"))
+	for _, c := range []struct {
+		fs         string
+		small, big string
+		bigB       int64
+	}{{"ext4", "32Mi", "48Mi", 48 << 20}, {"xfs", "320Mi", "400Mi", 400 << 20}} {
+		t.Run(c.fs, func(t *testing.T) {
+			u := n.newUUID()
+			spec := func(size string) map[string]any {
+				return sparseSpec("restore-"+c.fs, u, size, map[string]any{"fsType": c.fs})
+			}
+			r := n.ok("prepare", spec(c.small))
+			mp := mount(t, r.Out["persistentPath"].(string))
+			require.NoError(t, os.WriteFile(filepath.Join(mp, "hello"), []byte("before\n"), 0o644))
+			umount(t, mp)
+			n.ok("snapshot", spec(c.small), "--name", "s1")
+			r = n.ok("prepare", spec(c.big))
+			mp = mount(t, r.Out["persistentPath"].(string))
+			grown := fsSize(t, mp)
+			umount(t, mp)
+			r = n.ok("snapshot-restore", spec(c.big), "--name", "s1")
+			vol := r.Out["volume"].(map[string]any)
+			assert.Equal(t, float64(c.bigB), vol["size"], "the volume keeps its grown size")
+			assert.Empty(t, r.Out["warnings"], "%s", r.Stdout)
+			mp = mount(t, vol["persistentPath"].(string))
+			assert.InEpsilon(t, grown, fsSize(t, mp), 0.02, "the filesystem is grown as a growth grows it")
+			b, err := os.ReadFile(filepath.Join(mp, "hello"))
+			require.NoError(t, err)
+			assert.Equal(t, "before\n", string(b), "the snapshot's data")
+			umount(t, mp)
+			n.ok("snapshot-delete", spec(c.big), "--name", "s1")
+			n.ok("unprepare", spec(c.big))
+		})
+	}
 }
