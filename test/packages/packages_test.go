@@ -151,14 +151,14 @@ func TestPackages(t *testing.T) {
 		assert.Empty(t, left.Items, "volumes left after rm")
 		m.noFailedUnits()
 
-		m.purge()
-		m.assertPurged()
 		// What the state put on the node goes the way an operator moving
 		// to the node package removes it, so the upgrade below starts
 		// from packages alone.
 		m.run("systemctl", "disable", "salt-volumes-restore.service")
 		m.run("rm", "-f", "/usr/local/bin/salt-volume-exec", "/etc/systemd/system/salt-volumes-restore.service")
 		m.run("systemctl", "daemon-reload")
+		m.purge("salt-volumes")
+		m.assertPurged()
 		t.Logf("the README's quick start on %s, delete and purge: %s", current, time.Since(at).Round(time.Second))
 	})
 	if t.Failed() {
@@ -238,7 +238,7 @@ func TestPackages(t *testing.T) {
 
 		// Purge takes the packages, never the volumes: the two left are
 		// still there, attached, with their data and their records.
-		m.purge()
+		m.purge("salt-volumes", "salt-volume-exec")
 		m.assertPurged()
 		listed := m.records("/root/salt-volume-exec-kept")
 		for _, n := range []string{"old-fs", "old-raw"} {
@@ -485,12 +485,14 @@ func (m *machine) noFailedUnits() {
 	assert.Empty(m.t, m.run("systemctl", "list-units", "--failed", "--no-legend", "--plain"), "failed units")
 }
 
-// purge removes both packages with their configuration.
-func (m *machine) purge() {
+// purge removes packages with their configuration.
+func (m *machine) purge(pkgs ...string) {
 	m.t.Helper()
 	// The node binary, kept outside the package, to read the records after.
-	m.run("cp", "/usr/bin/salt-volume-exec", "/root/salt-volume-exec-kept")
-	out, err := m.g.Run("dpkg", "--purge", "salt-volumes", "salt-volume-exec")
+	if _, err := m.g.Run("test", "-e", "/usr/bin/salt-volume-exec"); err == nil {
+		m.run("cp", "/usr/bin/salt-volume-exec", "/root/salt-volume-exec-kept")
+	}
+	out, err := m.g.Run(append([]string{"dpkg", "--purge"}, pkgs...)...)
 	require.NoError(m.t, err, "%s", out)
 }
 
