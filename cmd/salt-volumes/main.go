@@ -34,7 +34,7 @@ const (
 const usage = `salt-volumes: local persistent volumes on Salt-managed nodes
 
 Server:
-  salt-volumes serve --config FILE
+  salt-volumes serve --config FILE [--listen HOST:PORT] [--min-schedule-every D]
 
 Client (finds the server through SALT_VOLUMES_URL and SALT_VOLUMES_TOKEN or
 SALT_VOLUMES_TOKEN_FILE, or --url/--token/--token-file; for https with a
@@ -75,7 +75,7 @@ salt-volumes login keeps):
   salt-volumes pv NAME [--storage-class S] [--hostname H] [--reclaim-policy Retain|Delete]
                   [--mount-option O]...      a local PersistentVolume (YAML) for kubectl
   salt-volumes storageclass [--name S] [--reclaim-policy Delete|Retain] [--fs-type T] [--mkfs-options O]
-                            [--static] [--mount-option O]...   a StorageClass (YAML)
+                            [--static] [--provisioner P] [--mount-option O]...   a StorageClass (YAML)
   salt-volumes store migrate --from SRC --to DST [--etcd-prefix P] [--etcd-ca-file F --etcd-cert-file F --etcd-key-file F]
                   moves every volume between stores (bbolt:FILE, etcd:URL[,URL...],
                   kubernetes:KUBECONFIG for Volume objects [--namespace NS]); serve stopped

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -43,5 +44,38 @@ func TestManPageNamesEveryCommandAndExitCode(t *testing.T) {
 		if !strings.Contains(usage, fmt.Sprintf("%d ", code)) {
 			t.Errorf("salt-volumes --help does not give exit code %d", code)
 		}
+	}
+}
+
+// TestHelpNamesEveryFlag: every flag a command defines (fs.String("name",
+// ...) and the like, read from this package's source) is shown by
+// salt-volumes --help; a flag added without it fails here. (The man page
+// lists commands and exit codes; its flags come with #51's generated
+// pages.)
+func TestHelpNamesEveryFlag(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := regexp.MustCompile(`fs\.(?:String|Bool|Duration|Int|Int64|Float64|Uint|Var)(?:Var)?\((?:[^,"]+, )?"([a-z][a-z0-9-]*)"`)
+	seen := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range def.FindAllStringSubmatch(string(src), -1) {
+			seen++
+			name := m[1]
+			if !regexp.MustCompile(`(^|[\s\[(|/])--?` + regexp.QuoteMeta(name) + `\b`).MatchString(usage) {
+				t.Errorf("%s defines the flag --%s, which salt-volumes --help does not show", f, name)
+			}
+		}
+	}
+	if seen < 40 {
+		t.Fatalf("found %d flag definitions; the pattern no longer reads this package", seen)
 	}
 }
