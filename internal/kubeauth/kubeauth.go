@@ -275,25 +275,8 @@ func (r *Reviewer) allowReview(source string, now time.Time) bool {
 	if r.sources == nil {
 		r.sources = map[string]*rate.Limiter{}
 	}
-	src := sourceKey(source)
-	l, ok := r.sources[src]
-	if !ok {
-		if len(r.sources) >= maxSources {
-			// Drop the buckets that are full again: their sources
-			// asked nothing lately.
-			for k, b := range r.sources {
-				if b.TokensAt(now) >= float64(per.Burst) {
-					delete(r.sources, k)
-				}
-			}
-			if len(r.sources) >= maxSources {
-				return false
-			}
-		}
-		l = rate.NewLimiter(rate.Limit(per.PerSecond), per.Burst)
-		r.sources[src] = l
-	}
-	if l.TokensAt(now) < 1 || r.global.TokensAt(now) < 1 {
+	l := bucket(r.sources, sourceKey(source), per, now)
+	if l == nil || l.TokensAt(now) < 1 || r.global.TokensAt(now) < 1 {
 		return false
 	}
 	return l.AllowN(now, 1) && r.global.AllowN(now, 1)
@@ -308,24 +291,30 @@ func (r *Reviewer) allowAsk(who string, now time.Time) bool {
 	if r.askers == nil {
 		r.askers = map[string]*rate.Limiter{}
 	}
-	l, ok := r.askers[who]
-	if !ok {
-		if len(r.askers) >= maxSources {
-			// Drop the buckets that are full again: those identities
-			// asked nothing new lately.
-			for k, b := range r.askers {
-				if b.TokensAt(now) >= float64(per.Burst) {
-					delete(r.askers, k)
-				}
-			}
-			if len(r.askers) >= maxSources {
-				return false
+	l := bucket(r.askers, who, per, now)
+	return l != nil && l.AllowN(now, 1)
+}
+
+// bucket returns key's bucket in m, made with per when new; nil when m
+// holds maxSources buckets even after dropping those full again (their
+// keys asked nothing lately).
+func bucket(m map[string]*rate.Limiter, key string, per Limit, now time.Time) *rate.Limiter {
+	if l, ok := m[key]; ok {
+		return l
+	}
+	if len(m) >= maxSources {
+		for k, b := range m {
+			if b.TokensAt(now) >= float64(per.Burst) {
+				delete(m, k)
 			}
 		}
-		l = rate.NewLimiter(rate.Limit(per.PerSecond), per.Burst)
-		r.askers[who] = l
+		if len(m) >= maxSources {
+			return nil
+		}
 	}
-	return l.AllowN(now, 1)
+	l := rate.NewLimiter(rate.Limit(per.PerSecond), per.Burst)
+	m[key] = l
+	return l
 }
 
 // sourceKey: an address, IPv6 ones by their /64 (one host can hold all
