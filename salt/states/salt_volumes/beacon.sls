@@ -7,17 +7,9 @@
 {%- set conf = opts.get('salt_volumes') or {} %}
 
 # The beacon runs the salt_volumes module: both must be on the minion.
-# Only those two kinds are synced (sync_all would also sync states,
-# grains, renderers, returners, ... of every environment).
 salt_volumes beacon module:
-  saltutil.sync_modules:
+  saltutil.sync_all:
     - refresh: True
-
-salt_volumes beacon code:
-  saltutil.sync_beacons:
-    - refresh: True
-    - require:
-      - saltutil: salt_volumes beacon module
 
 salt_volumes beacon:
   beacon.present:
@@ -26,4 +18,4 @@ salt_volumes beacon:
     - interval: {{ conf.get('beacon_interval', 10) }}
     - heartbeat: {{ conf.get('beacon_heartbeat', 300) }}
     - require:
-      - saltutil: salt_volumes beacon code
+      - saltutil: salt_volumes beacon module
