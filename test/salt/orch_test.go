@@ -40,7 +40,7 @@ func orchestrate(t *testing.T, s *saltstack.Stack, uuids *[]string) {
 	require.NoError(t, os.WriteFile(filepath.Join(pillarDir, "top.sls"), []byte("base:\n  '"+me+"':\n    - volumes\n"), 0o600))
 	own, err := json.Marshal(map[string]any{"salt_volumes": map[string]any{"wipe": true,
 		"snapshots_absent": map[string]any{"orch-fs": []string{"keep"}}, "volumes": map[string]any{
-		"own-vol": map[string]any{"node": me, "sparseLoopDevice": map[string]any{"size": "32Mi"}}}}})
+			"own-vol": map[string]any{"node": me, "sparseLoopDevice": map[string]any{"size": "32Mi"}}}}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(pillarDir, "volumes.sls"), own, 0o600))
 	t.Cleanup(func() {
