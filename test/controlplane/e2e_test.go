@@ -492,7 +492,14 @@ func TestEndToEnd(t *testing.T) {
 		w := p.Watch("restart-1")
 		_, err := c.Create(ctx, map[string]any{"name": "restart-1", "node": "node-1", "sparseLoopDevice": map[string]any{"size": "16Mi"}})
 		require.NoError(t, err)
-		evs := w.Until(t, time.Minute, func(ev saltvolumes.Event) bool { return ev.Volume.Status.JobID != "" })
+		// The master restarts once the node has the job (its first step
+		// reached serve): a restart between the publish and the minion's
+		// receipt loses the publish in Salt, which is another case (the
+		// job then runs nowhere until serve's job timeout relaunches it).
+		evs := w.Until(t, time.Minute, func(ev saltvolumes.Event) bool {
+			st := ev.Volume.Status
+			return st.JobID != "" && (st.Step != "" || st.Phase == volume.Available)
+		})
 		uuids = append(uuids, evs[0].Volume.Spec.UUID)
 		reconnects := p.Metric("salt_volumes_event_reconnects_total")
 		jid := evs[len(evs)-1].Volume.Status.JobID

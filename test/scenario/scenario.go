@@ -266,17 +266,44 @@ func (s *Scenario) nodes(ctx context.Context) (map[string]saltvolumes.Node, erro
 	return byName, nil
 }
 
+// checkNodesUp waits up to two minutes for every node to be up: right
+// after a state run on every minion (the cluster's provisioning, e2e.sh's
+// salt_volumes.installed) a slow master answers serve's manage.up late,
+// and every node shows down until it does.
 func (s *Scenario) checkNodesUp(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		down, err := s.nodesDown(ctx)
+		if err == nil && down == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("node %s not up in salt-volumes nodes after 2 min: is its minion running and accepted?", down)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// nodesDown names the first of the scenario's nodes that is not up, with
+// what serve says of it, or is "" when all are.
+func (s *Scenario) nodesDown(ctx context.Context) (string, error) {
 	nodes, err := s.nodes(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	for _, n := range s.Nodes {
 		if !nodes[n.Name].Up {
-			return fmt.Errorf("node %s is not up in salt-volumes nodes (%+v): is its minion running and accepted?", n.Name, nodes)
+			return fmt.Sprintf("%s (%+v)", n.Name, nodes[n.Name]), nil
 		}
 	}
-	return nil
+	return "", nil
 }
 
 func (s *Scenario) checkNodeCounts(ctx context.Context, cases []Case) error {

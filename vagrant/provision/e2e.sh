@@ -9,8 +9,9 @@ if ! cmp -s "$SRC/bin/salt-volumes" /usr/local/bin/salt-volumes; then
   install -m 0755 "$SRC/bin/salt-volumes" /usr/local/bin/salt-volumes
   systemctl restart salt-volumes
 fi
-salt --out=quiet '*' saltutil.sync_all
-salt --state-output=terse '*' state.apply salt_volumes.installed
+# Minions busy right after provisioning answer after Salt's default 5 s.
+salt --timeout=600 --out=txt '*' saltutil.sync_all >/dev/null
+salt --timeout=600 --state-output=terse '*' state.apply salt_volumes.installed
 
 export SALT_VOLUMES_URL=http://127.0.0.1:8080 SALT_VOLUMES_TOKEN_FILE=/etc/salt-volumes/token
 for _ in $(seq 30); do

@@ -8,19 +8,13 @@
     "all", and a name pillar does not define fails the run before any node
     is touched. A volume in use, or with snapshots, is refused by its node,
     named. #}
-{%- from 'salt_volumes/orch/map.jinja' import by_node, batch_size, batch_error, volumes_error with context %}
+{%- from 'salt_volumes/orch/map.jinja' import by_node, choose, batch_size, batch_error, volumes_error with context %}
 {%- set raw = salt['pillar.get']('salt_volumes:orch:remove') %}
 {%- set names = (raw.split(',') | map('trim') | reject('equalto', '') | list) if raw is string else [] %}
 {%- set wipe = salt['pillar.get']('salt_volumes:orch:wipe', False) %}
 {%- set chosen = {} %}
 {%- set unknown = [] %}
-{%- for name in names %}
-{%-   set found = [] %}
-{%-   for node, vols in by_node | dictsort %}
-{%-     if name in vols %}{% do chosen.setdefault(node, {}).update({name: vols[name]}) %}{% do found.append(node) %}{% endif %}
-{%-   endfor %}
-{%-   if not found %}{% do unknown.append(name) %}{% endif %}
-{%- endfor %}
+{{- choose(raw, chosen, unknown) }}
 {%- if batch_error or volumes_error %}
 salt_volumes orchestrate settings:
   test.fail_without_changes:

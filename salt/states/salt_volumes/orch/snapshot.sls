@@ -7,7 +7,7 @@
     those volumes' nodes, in batches like deploy. Only the names typed count:
     the snapshots the nodes' own pillar lists are not part of the run. A
     volume pillar does not define fails the run before any node is touched. #}
-{%- from 'salt_volumes/orch/map.jinja' import by_node, batch_size, batch_error, volumes_error with context %}
+{%- from 'salt_volumes/orch/map.jinja' import by_node, choose, batch_size, batch_error, volumes_error with context %}
 {%- set raw = salt['pillar.get']('salt_volumes:orch:volumes') %}
 {%- set names = (raw.split(',') | map('trim') | reject('equalto', '') | list) if raw is string else [] %}
 {%- set take = salt['pillar.get']('salt_volumes:orch:snapshot') %}
@@ -16,13 +16,7 @@
 {%- set drop = drop if drop is string else '' %}
 {%- set chosen = {} %}
 {%- set unknown = [] %}
-{%- for name in names %}
-{%-   set found = [] %}
-{%-   for node, vols in by_node | dictsort %}
-{%-     if name in vols %}{% do chosen.setdefault(node, {}).update({name: vols[name]}) %}{% do found.append(node) %}{% endif %}
-{%-   endfor %}
-{%-   if not found %}{% do unknown.append(name) %}{% endif %}
-{%- endfor %}
+{{- choose(raw, chosen, unknown) }}
 {%- if batch_error or volumes_error %}
 salt_volumes orchestrate settings:
   test.fail_without_changes:
