@@ -29,8 +29,26 @@ debversion=${version/-/\~}
     "$(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } | gzip -9 -n >"$stage/changelog.Debian.gz"
 
-gzip -9 -n <packaging/man/salt-volumes.1 >"$stage/salt-volumes.1.gz"
 gzip -9 -n <packaging/man/salt-volume-exec.8 >"$stage/salt-volume-exec.8.gz"
+# The CLI's man pages, one per command, and its completion scripts, as
+# its command tree makes them (go test ./cmd/salt-volumes -run
+# TestManPagesAndCompletionsAreGenerated -update). nfpm expands no glob
+# for rpm's type: doc: each page gets its entries, put where
+# salt-volumes.yaml says @man-pages@.
+mkdir -p "$stage/man" "$stage/completion"
+manpages=$stage/man-pages.yaml
+: >"$manpages"
+for page in packaging/man/salt-volumes*.1; do
+  gz=$(basename "$page").gz
+  gzip -9 -n <"$page" >"$stage/man/$gz"
+  printf '  - src: man/%s\n    dst: /usr/share/man/man1/%s\n    file_info: {mode: 0644}\n    packager: deb\n' "$gz" "$gz" >>"$manpages"
+  printf '  - src: man/%s\n    dst: /usr/share/man/man1/%s\n    type: doc\n    file_info: {mode: 0644}\n    packager: rpm\n' "$gz" "$gz" >>"$manpages"
+done
+if ! grep -q '^  - src: man/salt-volumes.1.gz$' "$manpages"; then
+  echo "packages: no packaging/man/salt-volumes.1" >&2
+  exit 1
+fi
+cp packaging/completion/salt-volumes.bash packaging/completion/_salt-volumes packaging/completion/salt-volumes.fish "$stage/completion/"
 
 # The restore unit of the formula, its template filled in with the
 # package's paths.
@@ -66,6 +84,7 @@ for arch in ${ARCHES:-amd64 arm64}; do
   install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/salt-volume-exec"
   install -m 0755 "$out/salt-volumes_${version}_linux_$arch" "$stage/salt-volumes"
   cp packaging/nfpm/* "$stage/"
+  sed -i -e "/^  # @man-pages@\$/{r $manpages" -e 'd}' "$stage/salt-volumes.yaml"
   find "$stage" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
   for pkg in salt-volume-exec salt-volumes; do
     for packager in deb rpm; do

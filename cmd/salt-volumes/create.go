@@ -2,55 +2,106 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 )
 
-// create asks for a new volume, and with --wait follows it to Available.
-func (c *cli) create(ctx context.Context, in []string) error {
-	fs := c.flags("create")
-	node := fs.String("node", "", "Salt minion id that holds the volume (required)")
-	size := fs.String("size", "", "size of a sparse file or, with --vg, of the logical volume: 10Gi, 500M, bytes")
-	device := fs.String("device", "", "raw block device or partition on the node, e.g. /dev/sdb")
-	vg := fs.String("vg", "", "LVM volume group to create the volume's logical volume in (with --size)")
-	wipeSigs := fs.Bool("wipe-signatures", false, "with --vg: erase what an earlier LV left on the new LV's extents (refused otherwise)")
-	thinPool := fs.String("thin-pool", "", "with --vg: make a thin LV in this thin pool of the VG (its snapshots are thin too)")
-	mode := fs.String("mode", "Filesystem", "Filesystem or Block")
-	fsType := fs.String("fs", "", "ext4 (default) or xfs; Filesystem mode only")
-	id := fs.String("uuid", "", "volume UUID (default: a new random one)")
-	var mkfs multi
-	fs.Var(&mkfs, "mkfs-option", "option passed to mkfs (repeat for each)")
-	var labels, annotations multi
-	fs.Var(&labels, "label", "KEY=VALUE: a label for the volume's PersistentVolume (repeat for each)")
-	fs.Var(&annotations, "annotation", "KEY=VALUE: an annotation for the volume's PersistentVolume (repeat for each)")
-	from := fs.String("from", "", "snapshot/NAME or volume/NAME: a clone of that snapshot, or of the volume as it is now, on its node, of its mode and filesystem (--size: the same or larger)")
-	wait := fs.Bool("wait", false, "wait until the volume is Available (or Failed)")
-	timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
-	pos, cl, err := c.open(fs, in, 1, "give exactly one volume NAME")
+// createOpts are create's flags.
+type createOpts struct {
+	node, size, device, vg, thinPool, mode, fsType, uuid, from string
+	wipeSignatures, wait                                       bool
+	mkfsOptions, labels, annotations                           []string
+	timeout                                                    time.Duration
+}
+
+// createCmd asks for a new volume, and with --wait follows it to
+// Available.
+func (c *cli) createCmd() *cobra.Command {
+	var o createOpts
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a volume: a sparse file, a raw device, an LVM volume, or a clone",
+		Long: `Create a volume on a node. One of --size (a sparse file on a loop device;
+with --vg, a new LVM logical volume in that volume group) or --device (a raw
+disk, partition or existing LV on the node); or --from, a clone of a
+snapshot (snapshot/NAME), or of a volume as it is now (volume/NAME), made
+on its node with its mode and filesystem.
+
+The command returns at once, the volume in phase Unknown; with --wait it
+follows the volume to Available, printing each step on stderr and the
+volume on stdout, or exits 1 with the reason when it ends Failed. Bad input
+is refused before anything happens (exit 2, naming the field), a name
+already taken is exit 3.`,
+		Example: `  salt-volumes create data-1 --node node-1 --size 10Gi --wait
+  salt-volumes create logs-1 --node node-1 --size 500Gi --fs xfs --mkfs-option=-m --mkfs-option=reflink=1
+  salt-volumes create raw-1 --node node-2 --device /dev/disk/by-id/nvme-SSD_1234 --mode Block
+  salt-volumes create db-1 --node node-2 --vg vg0 --size 20Gi --label tier=db
+  salt-volumes create data-2 --from snapshot/before-upgrade --wait -o json`,
+		Args: exactArgs(1, "give exactly one volume NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := argName(cmd, args[0], "volume")
+			if err != nil {
+				return err
+			}
+			if o.node, err = argName(cmd, o.node, "node"); err != nil {
+				return err
+			}
+			return c.create(cmd, &o, name)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.node, "node", "", "the Salt minion id of the `NODE` that holds the volume (required, but with --from)")
+	f.StringVar(&o.size, "size", "", "size of a sparse file or, with --vg, of the logical volume: 10Gi, 500M, bytes")
+	f.StringVar(&o.device, "device", "", "raw block device or partition on the node, e.g. /dev/sdb")
+	f.StringVar(&o.vg, "vg", "", "LVM volume group to create the volume's logical volume in (with --size)")
+	f.BoolVar(&o.wipeSignatures, "wipe-signatures", false, "with --vg: erase what an earlier LV left on the new LV's extents (refused otherwise)")
+	f.StringVar(&o.thinPool, "thin-pool", "", "with --vg: make a thin LV in this thin pool of the VG (its snapshots are thin too)")
+	f.StringVar(&o.mode, "mode", "Filesystem", "Filesystem or Block")
+	f.StringVar(&o.fsType, "fs", "", "ext4 (default) or xfs; Filesystem mode only")
+	f.StringVar(&o.uuid, "uuid", "", "volume UUID (default: a new random one)")
+	f.StringArrayVar(&o.mkfsOptions, "mkfs-option", nil, "an option passed to mkfs (repeat for each)")
+	f.StringArrayVar(&o.labels, "label", nil, "`KEY=VALUE`: a label for the volume's PersistentVolume (repeat for each; ls --selector filters on them)")
+	f.StringArrayVar(&o.annotations, "annotation", nil, "`KEY=VALUE`: an annotation for the volume's PersistentVolume (repeat for each)")
+	f.StringVar(&o.from, "from", "", "snapshot/NAME or volume/NAME: a clone of that snapshot, or of the volume as it is now, on its node, of its mode and filesystem (--size: the same or larger)")
+	f.BoolVar(&o.wait, "wait", false, "wait until the volume is Available (or Failed), printing its steps on stderr")
+	timeoutFlag(cmd, &o.timeout, "with --wait: how long to wait")
+	_ = cmd.RegisterFlagCompletionFunc("node", c.completeFlag(listNodes))
+	_ = cmd.RegisterFlagCompletionFunc("from", c.completeFlag(listSnapshots, listVolumes))
+	_ = cmd.RegisterFlagCompletionFunc("mode", fixed("Filesystem", "Block"))
+	_ = cmd.RegisterFlagCompletionFunc("fs", fixed("ext4", "xfs"))
+	for _, free := range []string{"size", "device", "vg", "thin-pool", "uuid", "mkfs-option", "label", "annotation"} {
+		_ = cmd.RegisterFlagCompletionFunc(free, cobra.NoFileCompletions)
+	}
+	return objects(cmd, objectFormats...)
+}
+
+func (c *cli) create(cmd *cobra.Command, o *createOpts, name string) error {
+	cl, err := c.client()
 	if err != nil {
 		return err
 	}
+	ctx := cmd.Context()
 	var source map[string]any
 	var helper string // the snapshot taken for this clone alone, if any
-	if *from != "" {
+	if o.from != "" {
 		// Resolved here: the volume spec names the snapshot by its
 		// volume's uuid and its name, on the clone's own node.
-		kind, name, _ := strings.Cut(*from, "/")
-		if (kind != "snapshot" && kind != "volume") || name == "" {
-			return failf(exitUsage, "create: --from %q: write snapshot/NAME (salt-volumes snapshot ls lists them) or volume/NAME", *from)
+		kind, from, _ := strings.Cut(o.from, "/")
+		if (kind != "snapshot" && kind != "volume") || from == "" {
+			return usagef(cmd, "--from %q: write snapshot/NAME (salt-volumes snapshot ls lists them) or volume/NAME", o.from)
 		}
-		if *device != "" || *thinPool != "" {
-			return failf(exitUsage, "create: --from makes a clone where its snapshot is (a sparse file, or an LV in the snapshot's VG and pool): leave out --device and --thin-pool")
+		if o.device != "" || o.thinPool != "" {
+			return usagef(cmd, "--from makes a clone where its snapshot is (a sparse file, or an LV in the snapshot's VG and pool): leave out --device and --thin-pool")
 		}
 		var snap saltvolumes.Snapshot
 		var err error
@@ -61,108 +112,58 @@ func (c *cli) create(ctx context.Context, in []string) error {
 			// A name taken already would leave the helper snapshot
 			// behind: its clone could never be made.
 			var ce *client.Error
-			if _, err := cl.Get(ctx, pos[0]); err == nil {
-				return failf(exitUsage, "create: volume %s exists: pick another name for the clone (nothing was taken)", pos[0])
+			if _, err := cl.Get(ctx, name); err == nil {
+				return failf(exitUsage, "create: volume %s exists: pick another name for the clone (nothing was taken)", name)
 			} else if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
 				return err
 			}
-			helper = cloneHelperName(pos[0])
-			if snap, err = cl.TakeSnapshotFor(ctx, name, helper, pos[0]); err == nil {
-				snap, err = c.waitSnapshot(ctx, cl, snap.Name, false, *timeout)
+			helper = cloneHelperName(name)
+			d, terr := c.waitTimeout(cmd, cl, o.timeout)
+			if terr != nil {
+				return terr
+			}
+			if snap, err = cl.TakeSnapshotFor(ctx, from, helper, name); err == nil {
+				snap, err = c.waitSnapshot(ctx, cl, snap.Name, false, d)
 			}
 		} else {
-			snap, err = cl.Snapshot(ctx, name)
+			snap, err = cl.Snapshot(ctx, from)
 		}
 		if err != nil {
 			return err
 		}
 		if snap.Phase != "Ready" {
-			return failf(exitUsage, "create: --from %s: the snapshot is %s, not Ready: %s", *from, snap.Phase, snap.Message)
+			return failf(exitUsage, "create: --from %s: the snapshot is %s, not Ready: %s", o.from, snap.Phase, snap.Message)
 		}
-		if *node != "" && *node != snap.Node {
-			return failf(exitUsage, "create: --node %s: snapshot %s is on %s, and a clone is made on its snapshot's node: leave --node out", *node, name, snap.Node)
+		if o.node != "" && o.node != snap.Node {
+			return failf(exitUsage, "create: --node %s: snapshot %s is on %s, and a clone is made on its snapshot's node: leave --node out", o.node, from, snap.Node)
 		}
-		*node = snap.Node
+		o.node = snap.Node
 		if snap.LV != "" {
 			// An LVM snapshot's clone is an LV in the same VG.
 			snapVG, _, _ := strings.Cut(snap.LV, "/")
-			if *vg != "" && *vg != snapVG {
-				return failf(exitUsage, "create: --vg %s: snapshot %s is in volume group %s, where its clone is made too: leave --vg out", *vg, snap.Name, snapVG)
+			if o.vg != "" && o.vg != snapVG {
+				return failf(exitUsage, "create: --vg %s: snapshot %s is in volume group %s, where its clone is made too: leave --vg out", o.vg, snap.Name, snapVG)
 			}
-			*vg = snapVG
-		} else if *vg != "" {
+			o.vg = snapVG
+		} else if o.vg != "" {
 			return failf(exitUsage, "create: --vg: snapshot %s is a sparse volume's: its clone is a sparse volume too; leave --vg out", snap.Name)
 		}
-		if *size == "" {
-			*size = fmt.Sprint(snap.Size)
+		if o.size == "" {
+			o.size = fmt.Sprint(snap.Size)
 		}
 		if src, err := cl.Get(ctx, snap.Volume); err == nil {
-			if !isSet(fs, "mode") {
-				*mode = cmp.Or(src.Spec.Mode, *mode)
+			if !cmd.Flags().Changed("mode") {
+				o.mode = cmp.Or(src.Spec.Mode, o.mode)
 			}
-			if *fsType == "" {
-				*fsType = src.Spec.FSType
+			if o.fsType == "" {
+				o.fsType = src.Spec.FSType
 			}
 		}
 		source = map[string]any{"volumeUUID": snap.VolumeUUID, "snapshot": snap.Name}
 	}
-	if *node == "" {
-		return failf(exitUsage, "create: --node: missing: the Salt minion id that will hold the volume")
-	}
-	if (*size == "") == (*device == "") {
-		return failf(exitUsage, "create: give exactly one of --size (sparse file, or an LV with --vg) and --device (raw device)")
-	}
-	if *vg != "" && *size == "" {
-		return failf(exitUsage, "create: --vg needs --size, the logical volume's size")
-	}
-	if *wipeSigs && *vg == "" {
-		return failf(exitUsage, "create: --wipe-signatures is for a logical volume: give --vg too")
-	}
-	if *thinPool != "" && *vg == "" {
-		return failf(exitUsage, "create: --thin-pool is for a logical volume: give --vg too")
-	}
-	sp := map[string]any{"name": pos[0], "node": *node, "mode": *mode}
-	if *id != "" {
-		sp["uuid"] = *id
-	}
-	if *fsType != "" {
-		sp["fsType"] = *fsType
-	}
-	if len(mkfs) > 0 {
-		sp["mkfsOptions"] = []string(mkfs)
-	}
-	if len(labels)+len(annotations) > 0 {
-		md := map[string]any{}
-		for flag, kvs := range map[string]multi{"label": labels, "annotation": annotations} {
-			if len(kvs) == 0 {
-				continue
-			}
-			m := map[string]string{}
-			for _, kv := range kvs {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok {
-					return failf(exitUsage, "create: --%s %q: write KEY=VALUE", flag, kv)
-				}
-				m[k] = v
-			}
-			md[flag+"s"] = m
-		}
-		sp["template"] = map[string]any{"metadata": md}
-	}
-	switch {
-	case *vg != "":
-		l := map[string]any{"vgName": *vg, "size": *size}
-		if *wipeSigs {
-			l["wipeSignatures"] = true
-		}
-		if *thinPool != "" {
-			l["thinPool"] = *thinPool
-		}
-		sp["lvmLogicalVolume"] = l
-	case *size != "":
-		sp["sparseLoopDevice"] = map[string]any{"size": *size}
-	default:
-		sp["rawBlockDevice"] = map[string]any{"devicePath": *device}
+	sp, err := o.spec(cmd, name)
+	if err != nil {
+		return err
 	}
 	if source != nil {
 		sp["source"] = source
@@ -176,16 +177,78 @@ func (c *cli) create(ctx context.Context, in []string) error {
 		}
 		return err
 	}
-	if !*wait {
-		return c.show(v)
+	if !o.wait {
+		return c.showVolume(v)
 	}
-	return c.waitFor(ctx, cl, v.Spec.Name, "Available", *timeout)
+	d, err := c.waitTimeout(cmd, cl, o.timeout)
+	if err != nil {
+		return err
+	}
+	_, err = c.follow(ctx, cl, v.Spec.Name, "Available", d)
+	return err
 }
 
-func isSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
+// spec is the volume spec the flags describe, as the API reads it.
+func (o *createOpts) spec(cmd *cobra.Command, name string) (map[string]any, error) {
+	switch {
+	case o.node == "":
+		return nil, usagef(cmd, "--node: missing: the Salt minion id that will hold the volume")
+	case (o.size == "") == (o.device == ""):
+		return nil, usagef(cmd, "give exactly one of --size (sparse file, or an LV with --vg) and --device (raw device)")
+	case o.vg != "" && o.size == "":
+		return nil, usagef(cmd, "--vg needs --size, the logical volume's size")
+	case o.wipeSignatures && o.vg == "":
+		return nil, usagef(cmd, "--wipe-signatures is for a logical volume: give --vg too")
+	case o.thinPool != "" && o.vg == "":
+		return nil, usagef(cmd, "--thin-pool is for a logical volume: give --vg too")
+	}
+	sp := map[string]any{"name": name, "node": o.node, "mode": o.mode}
+	if o.uuid != "" {
+		sp["uuid"] = o.uuid
+	}
+	if o.fsType != "" {
+		sp["fsType"] = o.fsType
+	}
+	if len(o.mkfsOptions) > 0 {
+		sp["mkfsOptions"] = o.mkfsOptions
+	}
+	if len(o.labels)+len(o.annotations) > 0 {
+		md := map[string]any{}
+		for _, f := range []struct {
+			flag string
+			kvs  []string
+		}{{"label", o.labels}, {"annotation", o.annotations}} {
+			if len(f.kvs) == 0 {
+				continue
+			}
+			m := map[string]string{}
+			for _, kv := range f.kvs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return nil, usagef(cmd, "--%s %q: write KEY=VALUE", f.flag, kv)
+				}
+				m[k] = v
+			}
+			md[f.flag+"s"] = m
+		}
+		sp["template"] = map[string]any{"metadata": md}
+	}
+	switch {
+	case o.vg != "":
+		l := map[string]any{"vgName": o.vg, "size": o.size}
+		if o.wipeSignatures {
+			l["wipeSignatures"] = true
+		}
+		if o.thinPool != "" {
+			l["thinPool"] = o.thinPool
+		}
+		sp["lvmLogicalVolume"] = l
+	case o.size != "":
+		sp["sparseLoopDevice"] = map[string]any{"size": o.size}
+	default:
+		sp["rawBlockDevice"] = map[string]any{"devicePath": o.device}
+	}
+	return sp, nil
 }
 
 // cloneHelperName names the snapshot a clone of a volume as it is now is

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/salt-volumes/salt-volumes/internal/client"
@@ -25,6 +26,11 @@ type savedSession struct {
 	Token  string    `json:"token"`
 	User   string    `json:"user"`
 	Expire time.Time `json:"expire"`
+	// The TLS files login was given: the session's server is reached
+	// the same way later, without them on every command line.
+	CAFile   string `json:"caFile,omitempty"`
+	CertFile string `json:"certFile,omitempty"`
+	KeyFile  string `json:"keyFile,omitempty"`
 }
 
 func sessionPath() (string, error) {
@@ -86,93 +92,171 @@ func saveSession(s savedSession) (string, error) {
 
 // readPassword prompts on a terminal without echo; from a pipe it reads
 // one line (scripts, tests).
-func (c *cli) readPassword(prompt string) (string, error) {
+func (c *cli) readPassword(ctx context.Context, prompt string) (string, error) {
 	if f, ok := c.in.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		fd := int(f.Fd())
 		fmt.Fprint(c.errw, prompt)
-		b, err := term.ReadPassword(int(f.Fd()))
+		state, err := term.GetState(fd)
+		if err != nil {
+			return "", err
+		}
+		// Ctrl-C reaches us, not the read: the terminal gets its echo
+		// back before the command ends.
+		b, err := interruptible(ctx, func() (string, error) { b, err := term.ReadPassword(fd); return string(b), err })
+		if ctx.Err() != nil {
+			_ = term.Restore(fd, state)
+		}
 		fmt.Fprintln(c.errw)
-		return string(b), err
+		return b, err
 	}
-	line, err := bufio.NewReader(c.in).ReadString('\n')
+	line, err := interruptible(ctx, func() (string, error) { return bufio.NewReader(c.in).ReadString('\n') })
+	if ctx.Err() != nil {
+		return "", ctx.Err()
+	}
 	if err != nil && !(errors.Is(err, io.EOF) && line != "") {
 		return "", failf(exitUsage, "login: no password on standard input")
 	}
 	return strings.TrimRight(line, "\r\n"), nil
 }
 
-// login logs in with a Salt identity and keeps the session.
-func (c *cli) login(ctx context.Context, in []string) error {
-	fs := c.flags("login")
-	user := fs.String("user", os.Getenv("USER"), "Salt user name (default $USER)")
-	eauth := fs.String("eauth", "pam", "the master's eauth backend: pam, ldap, file, ...")
-	if _, err := args(fs, in, 0, "takes no arguments"); err != nil {
-		return err
+// interruptible runs a read that knows no context until it returns or
+// ctx ends (Ctrl-C), whichever comes first; the read left behind ends
+// with the process.
+func interruptible(ctx context.Context, read func() (string, error)) (string, error) {
+	type result struct {
+		s   string
+		err error
 	}
-	if c.url == "" {
-		return failf(exitUsage, "no server: set SALT_VOLUMES_URL (e.g. https://salt-master:8080) or pass --url")
+	done := make(chan result, 1)
+	go func() {
+		s, err := read()
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+		return "", ctx.Err()
 	}
-	if *user == "" {
-		return failf(exitUsage, "login: --user: missing: give your Salt user name")
-	}
-	pw, err := c.readPassword(fmt.Sprintf("Password for %s (eauth %s): ", *user, *eauth))
-	if err != nil {
-		return err
-	}
-	c.token = "-" // client() needs one; the login request sends none
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	cl.Token = ""
-	s, err := cl.Login(ctx, *user, pw, *eauth)
-	if err != nil {
-		return err
-	}
-	path, err := saveSession(savedSession{URL: c.url, Token: s.Token, User: s.User, Expire: s.Expire})
-	if err != nil {
-		return fmt.Errorf("login: saving the session: %w", err)
-	}
-	if c.output == "json" {
-		s.Token = ""
-		return c.json(s)
-	}
-	scope := "no minion"
-	if len(s.Scopes) > 0 {
-		scope = strings.Join(s.Scopes, ", ")
-	}
-	fmt.Fprintf(c.out, "logged in as %s (role %s) until %s; your Salt ACL lets you change volumes on: %s\n", s.User, s.Role, s.Expire.Local().Format(time.DateTime), scope)
-	fmt.Fprintf(c.errw, "session kept in %s (yours alone); salt-volumes logout ends it\n", path)
-	return nil
 }
 
-// logout ends the saved session.
-func (c *cli) logout(ctx context.Context, in []string) error {
-	fs := c.flags("logout")
-	if _, err := args(fs, in, 0, "takes no arguments"); err != nil {
-		return err
+// loginCmd logs in with a Salt identity and keeps the session.
+func (c *cli) loginCmd() *cobra.Command {
+	var user, eauth string
+	cmd := &cobra.Command{
+		Use:   "login",
+		Short: "Log in with your Salt identity; the session is kept for you",
+		Long: `Log in with your Salt user name and password (asked on the terminal, or
+read as one line from standard input): the master checks them with the
+eauth backend you name, serve's access config gives the role, and your
+Salt ACL bounds the minions you may change volumes on. The session is kept
+in your config directory, readable by you alone, with the server it was
+made with (--url, SALT_VOLUMES_URL) and the TLS files given now; commands
+without a token use it, for that server only.`,
+		Example: `  salt-volumes login --url https://salt-master:8443 --ca-file ca.pem
+  salt-volumes login --user alice --eauth ldap`,
+		Args: noArgs("takes no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if c.conn.url == "" {
+				return failf(exitUsage, "no server: set SALT_VOLUMES_URL (e.g. https://salt-master:8080) or pass --url")
+			}
+			if user == "" {
+				return usagef(cmd, "--user: missing: give your Salt user name")
+			}
+			pw, err := c.readPassword(cmd.Context(), fmt.Sprintf("Password for %s (eauth %s): ", user, eauth))
+			if err != nil {
+				return err
+			}
+			k := c.conn
+			for _, f := range []*string{&k.caFile, &k.certFile, &k.keyFile} {
+				if *f != "" {
+					// Kept for later commands, run from anywhere.
+					if abs, err := filepath.Abs(*f); err == nil {
+						*f = abs
+					}
+				}
+			}
+			// The login request sends no token.
+			cl, err := c.httpClient(k.url, "", k)
+			if err != nil {
+				return err
+			}
+			s, err := cl.Login(cmd.Context(), user, pw, eauth)
+			if err != nil {
+				return err
+			}
+			path, err := saveSession(savedSession{URL: strings.TrimRight(k.url, "/"), Token: s.Token, User: s.User, Expire: s.Expire,
+				CAFile: k.caFile, CertFile: k.certFile, KeyFile: k.keyFile})
+			if err != nil {
+				return fmt.Errorf("login: saving the session: %w", err)
+			}
+			fmt.Fprintf(c.errw, "session kept in %s (yours alone); salt-volumes logout ends it\n", path)
+			s.Token = ""
+			return c.emit(s, nil, func(bool) error {
+				scope := "no minion"
+				if len(s.Scopes) > 0 {
+					scope = strings.Join(s.Scopes, ", ")
+				}
+				line(c.out, "logged in as %s (role %s) until %s; your Salt ACL lets you change volumes on: %s", s.User, s.Role, s.Expire.Local().Format(time.DateTime), scope)
+				return nil
+			})
+		},
 	}
-	s := loadSession()
-	p, _ := sessionPath()
-	if s == nil {
-		os.Remove(p)
-		fmt.Fprintln(c.out, "not logged in")
-		return nil
+	f := cmd.Flags()
+	f.StringVar(&user, "user", "", "your Salt user name (default $USER)")
+	f.StringVar(&eauth, "eauth", "pam", "the master's eauth backend: pam, ldap, file, ...")
+	_ = f.SetAnnotation("user", annEnv, []string{"USER"})
+	_ = cmd.RegisterFlagCompletionFunc("eauth", fixed("pam", "ldap", "file", "auto", "sharedsecret", "django", "rest", "yubico"))
+	_ = cmd.RegisterFlagCompletionFunc("user", cobra.NoFileCompletions)
+	return objects(cmd, recordFormats...)
+}
+
+// logoutCmd ends the saved session, on the server it was made with.
+func (c *cli) logoutCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "logout",
+		Short: "End the session salt-volumes login keeps",
+		Long: `End the session: on the server it was made with (never another, whatever
+--url or SALT_VOLUMES_URL say now: the session's token is for that server
+alone), then here. A session that server no longer knows (401) is gone
+already; one it cannot be asked about (no answer, exit 7) is kept, to be
+ended later.`,
+		Example: `  salt-volumes logout`,
+		Args:    noArgs("takes no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s := loadSession()
+			p, _ := sessionPath()
+			if s == nil {
+				if p != "" {
+					_ = os.Remove(p)
+				}
+				fmt.Fprintln(c.out, "not logged in")
+				return nil
+			}
+			if c.conn.url != "" && !sameURL(c.conn.url, s.URL) {
+				fmt.Fprintf(c.errw, "the session is with %s, not %s: ending it there\n", s.URL, c.conn.url)
+			}
+			// The TLS files login kept, unless others are given now for
+			// the session's server.
+			k := conn{caFile: s.CAFile, certFile: s.CertFile, keyFile: s.KeyFile}
+			if (c.conn.caFile != "" || c.conn.certFile != "") && (c.conn.url == "" || sameURL(c.conn.url, s.URL)) {
+				k = c.conn
+			}
+			cl, err := c.httpClient(s.URL, s.Token, k)
+			if err != nil {
+				return err
+			}
+			// 401 from the session's own server: it knows the token no
+			// more (expired, revoked, logged out elsewhere).
+			var ce *client.Error
+			if err := cl.Logout(cmd.Context()); err != nil && !(errors.As(err, &ce) && ce.Status == 401) {
+				return err
+			}
+			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+			fmt.Fprintf(c.out, "logged out %s\n", s.User)
+			return nil
+		},
 	}
-	if c.url == "" {
-		c.url = s.URL
-	}
-	c.token = s.Token
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	var ce *client.Error
-	if err := cl.Logout(ctx); err != nil && !(errors.As(err, &ce) && ce.Status == 401) {
-		return err
-	}
-	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	fmt.Fprintf(c.out, "logged out %s\n", s.User)
-	return nil
 }

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -14,10 +17,29 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/client"
 )
 
+// TestMain keeps the tests from the environment they run in: no server
+// or token of the developer's shell (make demo prints them), and no
+// session of theirs.
+func TestMain(m *testing.M) {
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "SALT_VOLUMES_") {
+			os.Unsetenv(k)
+		}
+	}
+	dir, err := os.MkdirTemp("", "salt-volumes-cli-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // One mapping from errors to exit codes and messages, for every command.
 func TestExitCodes(t *testing.T) {
-	apiErr := func(status int, msg string) error {
-		return &client.Error{Status: status, Body: saltvolumes.Error{Message: msg}}
+	apiErr := func(status int, code, msg string, retry time.Duration) error {
+		return &client.Error{Status: status, Body: saltvolumes.Error{Code: code, Message: msg}, RetryAfter: retry}
 	}
 	for _, tc := range []struct {
 		name string
@@ -26,14 +48,21 @@ func TestExitCodes(t *testing.T) {
 		msg  string
 	}{
 		{"ok", nil, exitOK, ""},
-		{"invalid input", apiErr(400, "name: not a DNS-1123 label"), exitUsage, "name: not a DNS-1123 label"},
-		{"not found", apiErr(404, `volume "x" not found`), exitNotFound, `volume "x" not found`},
-		{"conflict", apiErr(409, "cannot delete"), exitRefused, "cannot delete"},
-		{"limit", apiErr(429, "slow down"), exitRefused, "slow down"},
-		{"server error", apiErr(500, "boom"), exitFailed, "boom"},
+		{"invalid input", apiErr(400, "invalid", "name: not a DNS-1123 label", 0), exitUsage, "name: not a DNS-1123 label"},
+		{"not allowed", apiErr(403, "forbidden", "needs role operator", 0), exitDenied, "needs role operator"},
+		{"not found", apiErr(404, "not_found", `volume "x" not found`, 0), exitNotFound, `volume "x" not found`},
+		{"conflict", apiErr(409, "delete_forbidden", "cannot delete", 0), exitRefused, "cannot delete"},
+		{"busy", apiErr(409, "busy", "changed meanwhile", time.Second), exitRetry, "changed meanwhile (retry after 1s)"},
+		{"limits.volumes", apiErr(429, "limit", "the control plane holds 3 volumes", 0), exitRefused, "the control plane holds 3 volumes"},
+		{"a rate, with Retry-After", apiErr(429, "limit", "slow down", time.Second), exitRetry, "slow down (retry after 1s)"},
+		{"unavailable", apiErr(503, "unavailable", "no leader", 5*time.Second), exitRetry, "no leader (retry after 5s)"},
+		{"server error", apiErr(500, "internal", "boom", 0), exitFailed, "boom"},
+		{"no answer", &client.TransportError{URL: "http://x", Err: errors.New("connection refused")}, exitRetry, "salt-volumes API at http://x: connection refused"},
+		{"a watch the server ended", fmt.Errorf("following: %w", client.ErrStreamEnded), exitRetry, "following: watch stream closed by the server"},
 		{"timeout", fmt.Errorf("watching: %w", context.DeadlineExceeded), exitTimeout, "watching: context deadline exceeded"},
 		{"usage, already printed", errUsage, exitUsage, ""},
 		{"our own", failf(exitNotFound, "volume %q not found", "v"), exitNotFound, `volume "v" not found`},
+		{"control characters of the server's", apiErr(500, "internal", "bad\x1b[2J\rnews\u202e", 0), exitFailed, "bad[2Jnews"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var errw bytes.Buffer
@@ -42,23 +71,43 @@ func TestExitCodes(t *testing.T) {
 			if tc.msg == "" {
 				assert.Empty(t, errw.String())
 			} else {
-				assert.Contains(t, errw.String(), "salt-volumes: "+tc.msg)
+				assert.Equal(t, "salt-volumes: "+tc.msg+"\n", errw.String())
 			}
 		})
 	}
+	t.Run("interrupted", func(t *testing.T) {
+		c := &cli{errw: &bytes.Buffer{}}
+		c.signalled.Store(2)
+		assert.Equal(t, 130, c.exit(context.Canceled))
+	})
 }
 
 func TestRunRefusesBadUsage(t *testing.T) {
-	var out, errw bytes.Buffer
-	assert.Equal(t, exitUsage, run([]string{"frobnicate"}, &out, &errw))
-	assert.Contains(t, errw.String(), `unknown command "frobnicate"`)
-	errw.Reset()
-	assert.Equal(t, exitUsage, run([]string{"ls", "extra"}, &out, &errw))
-	assert.Contains(t, errw.String(), "ls: takes no arguments")
-	errw.Reset()
-	assert.Equal(t, exitUsage, run([]string{"get", "--url", "", "x"}, &out, &errw))
-	assert.Contains(t, errw.String(), "no server")
-	assert.Equal(t, exitOK, run([]string{"version"}, &out, &errw))
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{"a typo", []string{"lss"}, exitUsage, "did you mean ls?"},
+		{"extra argument", []string{"ls", "extra"}, exitUsage, "ls: takes no arguments"},
+		{"unknown flag", []string{"ls", "--frob"}, exitUsage, "ls: unknown flag: --frob"},
+		{"no server", []string{"get", "--url", "", "x"}, exitUsage, "no server"},
+		{"bare", nil, exitUsage, ""},
+		{"version", []string{"version"}, exitOK, ""},
+		{"an output it does not print", []string{"audit", "-o", "name"}, exitUsage, "audit: -o name: salt-volumes audit prints table, wide, json or yaml only"},
+		{"no objects at all", []string{"logout", "-o", "json"}, exitUsage, "salt-volumes logout prints no objects"},
+		{"no such output", []string{"ls", "-o", "xml"}, exitUsage, "-o xml: use table, wide, json, yaml or name"},
+		{"another kind's name", []string{"get", "--url", "http://127.0.0.1:1", "--token", "t", "snapshot/s1"}, exitUsage, `"snapshot/s1" is not a volume`},
+		{"token both ways", []string{"ls", "--token", "a", "--token-file", "/dev/null"}, exitUsage, "give --token or --token-file, not both"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errw bytes.Buffer
+			assert.Equal(t, tc.code, run(tc.args, &out, &errw), errw.String())
+			assert.Contains(t, errw.String(), tc.msg)
+		})
+	}
 }
 
 // A clone of a volume as it is now gets a snapshot of its own each time:

@@ -3,13 +3,71 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
-	saltvolumes "github.com/salt-volumes/salt-volumes"
-	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"sigs.k8s.io/yaml"
 )
+
+// format is -o, table when not given.
+func (c *cli) format() string {
+	if c.output == "" {
+		return fmtTable
+	}
+	return c.output
+}
+
+// list is how JSON and YAML print a list, whatever its length: one shape
+// for scripts, as the API's.
+type list[T any] struct {
+	Items []T `json:"items"`
+}
+
+func listOf[T any](items []T) list[T] {
+	if items == nil {
+		items = []T{}
+	}
+	return list[T]{Items: items}
+}
+
+// emit prints what a command answers in the -o format: v as JSON or YAML
+// (a list as listOf), its names (kind/name), or the table for people.
+func (c *cli) emit(v any, names []string, table func(wide bool) error) error {
+	switch c.format() {
+	case fmtJSON:
+		return c.json(v)
+	case fmtYAML:
+		return c.yaml(v)
+	case fmtName:
+		for _, n := range names {
+			if _, err := fmt.Fprintln(c.out, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	case fmtWide:
+		return table(true)
+	}
+	return table(false)
+}
+
+// human: the format is one for people (table or wide), where messages
+// that are not objects go to stdout as before; other formats keep stdout
+// for the objects.
+func (c *cli) human() bool { f := c.format(); return f == fmtTable || f == fmtWide }
+
+// say prints a message: on stdout for people, on stderr when stdout holds
+// objects for a program.
+func (c *cli) say(format string, a ...any) {
+	w := c.out
+	if !c.human() {
+		w = c.errw
+	}
+	fmt.Fprintf(w, format, a...)
+}
 
 func (c *cli) json(v any) error {
 	enc := json.NewEncoder(c.out)
@@ -17,104 +75,78 @@ func (c *cli) json(v any) error {
 	return enc.Encode(v)
 }
 
-func (c *cli) show(v saltvolumes.View) error {
-	if c.output == "json" {
-		return c.json(v)
+// yaml prints v as YAML through its JSON form: the same field names, the
+// same "Unknown" phase, as kubectl does.
+func (c *cli) yaml(v any) error {
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("rendering YAML: %w", err)
 	}
-	c.table([]saltvolumes.View{v})
-	if u := v.Usage; u != nil {
-		line := "on the node: " + u.State
-		if u.Allocated > 0 {
-			line += ", allocated " + spec.Approx(u.Allocated)
-		}
-		if len(u.Mountpoints) > 0 {
-			line += fmt.Sprintf(", filesystem used %s, free %s, mounted at %s", spec.Approx(u.FSUsed), spec.Approx(u.FSFree), strings.Join(u.Mountpoints, " "))
-		}
-		if u.Error != "" {
-			line += ": " + u.Error
-		}
-		fmt.Fprintf(c.out, "%s (reported %s ago)\n", line, time.Since(u.ReportedAt).Truncate(time.Second))
-	}
-	return nil
+	_, err = c.out.Write(b)
+	return err
 }
 
-// detail is the one thing worth reading about a volume in its phase.
-func detail(v saltvolumes.View) string {
-	st := v.Status
-	switch {
-	case v.Deleting && (st.Phase == saltvolumes.Pending || st.Phase == saltvolumes.Unknown):
-		return v.DeleteBlockedReason // the deletion waits for the creation
-	case st.Message != "":
-		return st.Message
-	case st.Step != "":
-		return "step " + st.Step
-	case st.PersistentPath != "":
-		return st.PersistentPath
-	}
-	return ""
+// table is a tabwriter whose cells are cleaned of control characters:
+// what the server says (a node's message, a label) may come from a
+// hostile minion, and must not move a terminal's cursor or fake lines.
+type table struct {
+	tw *tabwriter.Writer
 }
 
-func kind(v saltvolumes.View) string {
-	switch {
-	case v.Spec.SparseLoopDevice != nil:
-		return "sparse"
-	case v.Spec.LVMLogicalVolume != nil:
-		return "lvm:" + v.Spec.LVMLogicalVolume.VGName
+// newTable starts a table with its heading line, unless --no-headers.
+func (c *cli) newTable(head ...string) *table {
+	t := &table{tw: tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)}
+	if !c.noHeaders {
+		fmt.Fprintln(t.tw, strings.Join(head, "\t"))
 	}
-	return "raw:" + v.Spec.RawBlockDevice.DevicePath
+	return t
 }
 
-// pvColumn is the PV's phase and claim (Kubernetes mode).
-func pvColumn(v saltvolumes.View) string {
-	pv := v.Status.PersistentVolume
-	switch {
-	case pv == nil:
-		return "-"
-	case pv.Terminating:
-		return "Terminating"
-	case pv.Claim != "":
-		return pv.Phase + ":" + pv.Claim
+func (t *table) row(cells ...string) {
+	for i, s := range cells {
+		cells[i] = cleanCell(s)
 	}
-	return pv.Phase
+	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }
 
-func (c *cli) table(items []saltvolumes.View) {
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	// The PV column only where there are PVs (Kubernetes mode).
-	withPV := false
-	for _, v := range items {
-		withPV = withPV || v.Status.PersistentVolume != nil
+func (t *table) flush() error { return t.tw.Flush() }
+
+// clean drops control characters (but newlines) and the invisible ones
+// that reorder text, from text a terminal shows.
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n':
+			return r
+		case r == '\t':
+			return ' '
+		case unicode.IsControl(r), isBidi(r):
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// cleanCell is clean for one cell of a table: one line.
+func cleanCell(s string) string {
+	return strings.ReplaceAll(clean(s), "\n", " ")
+}
+
+// isBidi: the bidirectional formatting characters (Trojan Source).
+func isBidi(r rune) bool {
+	return (r >= 0x202A && r <= 0x202E) || (r >= 0x2066 && r <= 0x2069) || r == 0x200E || r == 0x200F || r == 0x061C
+}
+
+// line prints one line of server text, cleaned.
+func line(w io.Writer, format string, a ...any) {
+	fmt.Fprintln(w, cleanCell(fmt.Sprintf(format, a...)))
+}
+
+func or(s, dflt string) string {
+	if s == "" {
+		return dflt
 	}
-	pvHead := ""
-	if withPV {
-		pvHead = "\tPV"
-	}
-	fmt.Fprintln(tw, "NAME\tNODE\tKIND\tMODE\tFS\tSIZE\tPHASE"+pvHead+"\tDEVICE\tAGE\tDETAIL")
-	for _, v := range items {
-		phase := v.Status.Phase.String()
-		if withPV {
-			phase += "\t" + pvColumn(v)
-		}
-		size := "-"
-		if v.Status.Size > 0 {
-			size = spec.FormatSize(v.Status.Size)
-		} else if v.Spec.SparseLoopDevice != nil {
-			size = string(v.Spec.SparseLoopDevice.Size)
-		} else if v.Spec.LVMLogicalVolume != nil {
-			size = string(v.Spec.LVMLogicalVolume.Size)
-		}
-		fs := v.Spec.FSType
-		if fs == "" {
-			fs = "-"
-		}
-		dev := v.Status.DeviceName
-		if dev == "" {
-			dev = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Spec.Name, v.Spec.Node, kind(v), v.Spec.Mode, fs, size,
-			phase, dev, age(v.CreatedAt), detail(v))
-	}
-	tw.Flush()
+	return s
 }
 
 func age(t time.Time) string {
@@ -128,4 +160,20 @@ func age(t time.Time) string {
 		return fmt.Sprintf("%dh", int(d.Hours()))
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// ago is a duration in its largest whole unit: 3d, 5h, 12m, 40s.
+func ago(d time.Duration, prefix string) string {
+	if d < 0 {
+		return "expired"
+	}
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%s%dd", prefix, int(d.Hours()/24))
+	case d >= time.Hour:
+		return fmt.Sprintf("%s%dh", prefix, int(d.Hours()))
+	case d >= time.Minute:
+		return fmt.Sprintf("%s%dm", prefix, int(d.Minutes()))
+	}
+	return fmt.Sprintf("%s%ds", prefix, int(d.Seconds()))
 }

@@ -5,180 +5,341 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
-// snapshotCmd: snapshot create VOLUME NAME, ls [VOLUME], get NAME, rm NAME,
-// restore NAME; schedule, schedules and unschedule (schedule.go).
-func (c *cli) snapshotCmd(ctx context.Context, in []string) error {
-	if len(in) == 0 {
-		return failf(exitUsage, "snapshot: give a subcommand: snapshot create VOLUME NAME [--wait], snapshot ls [VOLUME], snapshot get NAME, snapshot rm NAME [--wait], snapshot restore NAME [--wait], snapshot schedule VOLUME --every D --keep N, snapshot schedules [VOLUME], snapshot unschedule VOLUME")
-	}
-	sub := in[0]
-	if handled, err := c.scheduleCmd(ctx, sub, in[1:]); handled {
-		return err
-	}
-	switch sub {
-	case "create", "take":
-		fs := c.flags("snapshot create")
-		wait := fs.Bool("wait", false, "wait until the snapshot is Ready (or Failed)")
-		size := fs.String("size", "", "a thick LVM snapshot's copy-on-write space (default: a quarter of the LV); sparse and thin volumes take none")
-		timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
-		pos, cl, err := c.open(fs, in[1:], 2, "give the VOLUME and the snapshot's NAME")
-		if err != nil {
-			return err
-		}
-		s, err := cl.TakeSnapshot(ctx, pos[0], pos[1], *size)
-		if err != nil {
-			return err
-		}
-		if *wait {
-			if s, err = c.waitSnapshot(ctx, cl, s.Name, false, *timeout); err != nil {
+// snapshotCmd: snapshot create, ls, get, rm, restore; schedule,
+// schedules and unschedule (schedule.go).
+func (c *cli) snapshotCmd() *cobra.Command {
+	return group(&cobra.Command{
+		Use:   "snapshot",
+		Short: "Snapshots of volumes, restores and schedules",
+		Long: `Snapshots of sparse and LVM volumes, kept on their nodes: take, list,
+show, delete, restore a sparse volume in place, and the control plane's
+schedules that take and prune them. A snapshot's clone is a new volume:
+salt-volumes create NAME --from snapshot/SNAP.`,
+		Example: `  salt-volumes snapshot create data-1 before-upgrade --wait
+  salt-volumes snapshot ls data-1
+  salt-volumes snapshot schedule data-1 --every 1h --keep 24`,
+	}, c.snapshotCreateCmd(), c.snapshotLsCmd(), c.snapshotGetCmd(), c.snapshotRmCmd(), c.snapshotRestoreCmd(),
+		c.scheduleCmd(), c.schedulesCmd(), c.unscheduleCmd())
+}
+
+func (c *cli) snapshotCreateCmd() *cobra.Command {
+	var wait bool
+	var size string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:     "create VOLUME NAME",
+		Aliases: []string{"take"},
+		Short:   "Take a snapshot of a volume",
+		Long: `Take a snapshot named NAME of VOLUME on its node: a sparse volume's is a
+reflink or sparse copy (its filesystem frozen for a bounded time while
+mounted), an LVM volume's an LVM snapshot (thick: --size set aside for
+copy-on-write; thin: none). Taking one that exists answers it. --wait
+waits until it is Ready, printing its phase on stderr. Role operator.`,
+		Example: `  salt-volumes snapshot create data-1 before-upgrade --wait
+  salt-volumes snapshot create db-lv nightly --size 2Gi`,
+		Args:              exactArgs(2, "give the VOLUME and the snapshot's NAME"),
+		ValidArgsFunction: c.completeArgs(listVolumes, nil),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			vol, err := argName(cmd, args[0], "volume")
+			if err != nil {
 				return err
 			}
-		}
-		return c.showSnapshots([]saltvolumes.Snapshot{s})
-	case "ls", "list":
-		fs := c.flags("snapshot ls")
-		pos, cl, err := c.open(fs, in[1:], -1, "give at most one VOLUME")
-		if err != nil {
-			return err
-		}
-		if len(pos) > 1 {
-			return failf(exitUsage, "snapshot ls: give at most one VOLUME")
-		}
-		vol := ""
-		if len(pos) == 1 {
-			vol = pos[0]
-		}
-		items, err := cl.Snapshots(ctx, vol)
-		if err != nil {
-			return err
-		}
-		return c.showSnapshots(items)
-	case "get":
-		fs := c.flags("snapshot get")
-		pos, cl, err := c.open(fs, in[1:], 1, "give one snapshot NAME")
-		if err != nil {
-			return err
-		}
-		s, err := cl.Snapshot(ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		return c.showSnapshots([]saltvolumes.Snapshot{s})
-	case "rm", "delete":
-		fs := c.flags("snapshot rm")
-		wait := fs.Bool("wait", false, "wait until the snapshot is gone from its node")
-		timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
-		pos, cl, err := c.open(fs, in[1:], 1, "give one snapshot NAME")
-		if err != nil {
-			return err
-		}
-		s, err := cl.DeleteSnapshot(ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if *wait {
-			if _, err = c.waitSnapshot(ctx, cl, s.Name, true, *timeout); err != nil {
+			name, err := argName(cmd, args[1], "snapshot")
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			s, err := cl.TakeSnapshot(cmd.Context(), vol, name, size)
+			if err != nil {
+				return err
+			}
+			if wait {
+				d, err := c.waitTimeout(cmd, cl, timeout)
+				if err != nil {
+					return err
+				}
+				if s, err = c.waitSnapshot(cmd.Context(), cl, s.Name, false, d); err != nil {
+					return err
+				}
+			}
+			return c.showSnapshot(s)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&wait, "wait", false, "wait until the snapshot is Ready (or Failed), printing its phase on stderr")
+	f.StringVar(&size, "size", "", "a thick LVM snapshot's copy-on-write space (default: a quarter of the LV); sparse and thin volumes take none")
+	timeoutFlag(cmd, &timeout, "with --wait: how long to wait")
+	_ = cmd.RegisterFlagCompletionFunc("size", cobra.NoFileCompletions)
+	return objects(cmd, objectFormats...)
+}
+
+func (c *cli) snapshotLsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ls [VOLUME]",
+		Aliases: []string{"list"},
+		Short:   "List snapshots: all, or one volume's",
+		Long: `List snapshots, all or one volume's, with their phase (Pending, Ready,
+Failed, Deleting), method, size and space used, age and the schedule that
+took them. -o wide adds the volume's UUID, the last job and who asked.`,
+		Example: `  salt-volumes snapshot ls
+  salt-volumes snapshot ls data-1 -o name`,
+		Args:              rangeArgs(0, 1, "give at most one VOLUME"),
+		ValidArgsFunction: c.completeArgs(listVolumes),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			vols, err := argNames(cmd, args, "volume")
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			vol := ""
+			if len(vols) == 1 {
+				vol = vols[0]
+			}
+			items, err := cl.Snapshots(cmd.Context(), vol)
+			if err != nil {
+				return err
+			}
+			return c.emit(listOf(items), snapshotNames(items), func(wide bool) error { return c.snapshotTable(items, wide) })
+		},
+	}
+	return objects(cmd, objectFormats...)
+}
+
+func (c *cli) snapshotGetCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show one snapshot, and its last restore",
+		Long:  "Show one snapshot: its row as snapshot ls prints it, and under it the last restore of its volume from it.",
+		Example: `  salt-volumes snapshot get before-upgrade
+  salt-volumes snapshot get snapshot/before-upgrade -o json`,
+		Args:              exactArgs(1, "give one snapshot NAME"),
+		ValidArgsFunction: c.completeArgs(listSnapshots),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := argName(cmd, args[0], "snapshot")
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			s, err := cl.Snapshot(cmd.Context(), name)
+			if err != nil {
+				return err
+			}
+			return c.showSnapshot(s)
+		},
+	}
+	return objects(cmd, objectFormats...)
+}
+
+func (c *cli) snapshotRmCmd() *cobra.Command {
+	var wait bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"delete"},
+		Short:   "Delete a snapshot from its node",
+		Long: `Ask for a snapshot's deletion on its node (phase Deleting); the record goes
+once the node has deleted it. --wait waits for that. Role operator.`,
+		Example:           `  salt-volumes snapshot rm before-upgrade --wait`,
+		Args:              exactArgs(1, "give one snapshot NAME"),
+		ValidArgsFunction: c.completeArgs(listSnapshots),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := argName(cmd, args[0], "snapshot")
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			s, err := cl.DeleteSnapshot(cmd.Context(), name)
+			if err != nil {
+				return err
+			}
+			if !wait {
+				return c.showSnapshot(s)
+			}
+			if !c.human() {
+				// The object as the deletion was recorded; then the wait.
+				if err := c.showSnapshot(s); err != nil {
+					return err
+				}
+			}
+			d, err := c.waitTimeout(cmd, cl, timeout)
+			if err != nil {
+				return err
+			}
+			if _, err = c.waitSnapshot(cmd.Context(), cl, s.Name, true, d); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.errw, "snapshot %s deleted from %s\n", s.Name, s.Node)
 			return nil
-		}
-		return c.showSnapshots([]saltvolumes.Snapshot{s})
-	case "restore":
-		fs := c.flags("snapshot restore")
-		wait := fs.Bool("wait", false, "wait until the volume is restored (or the restore failed)")
-		timeout := fs.Duration("timeout", 5*time.Minute, "with --wait: how long to wait")
-		pos, cl, err := c.open(fs, in[1:], 1, "give one snapshot NAME: its volume is put back to it (unmounted, nothing using it)")
-		if err != nil {
-			return err
-		}
-		s, err := cl.RestoreSnapshot(ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if *wait {
-			if s, err = c.waitRestore(ctx, cl, s.Name, *timeout); err != nil {
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the snapshot is gone from its node")
+	timeoutFlag(cmd, &timeout, "with --wait: how long to wait")
+	return objects(cmd, objectFormats...)
+}
+
+func (c *cli) snapshotRestoreCmd() *cobra.Command {
+	var wait bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "restore NAME",
+		Short: "Put a sparse volume back to a snapshot, in place",
+		Long: `Put the snapshot's volume back to it in place: what was written since is
+lost, as a deletion loses it. The volume must be Available, unmounted and
+unused; role operator (admin while a claim holds its PersistentVolume).
+--wait waits until it is Restored (or Failed: the volume was left as it
+was), printing its phase on stderr.`,
+		Example:           `  salt-volumes snapshot restore before-upgrade --wait`,
+		Args:              exactArgs(1, "give one snapshot NAME: its volume is put back to it (unmounted, nothing using it)"),
+		ValidArgsFunction: c.completeArgs(listSnapshots),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := argName(cmd, args[0], "snapshot")
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.errw, "volume %s restored from snapshot %s on %s\n", s.Volume, s.Name, s.Node)
-		}
-		return c.showSnapshots([]saltvolumes.Snapshot{s})
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			s, err := cl.RestoreSnapshot(cmd.Context(), name)
+			if err != nil {
+				return err
+			}
+			if wait {
+				d, err := c.waitTimeout(cmd, cl, timeout)
+				if err != nil {
+					return err
+				}
+				if s, err = c.waitRestore(cmd.Context(), cl, s.Name, d); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.errw, "volume %s restored from snapshot %s on %s\n", s.Volume, s.Name, s.Node)
+			}
+			return c.showSnapshot(s)
+		},
 	}
-	return failf(exitUsage, "snapshot %s: not a subcommand: create, ls, get, rm, restore, schedule, schedules or unschedule", sub)
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the volume is restored (or the restore failed)")
+	timeoutFlag(cmd, &timeout, "with --wait: how long to wait")
+	return objects(cmd, objectFormats...)
+}
+
+// poll asks for a snapshot every half second until done says it is
+// there, printing each phase it takes on stderr.
+func (c *cli) poll(ctx context.Context, cl *client.Client, name string, timeout time.Duration, done func(saltvolumes.Snapshot, error) (string, bool, error)) (saltvolumes.Snapshot, error) {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		s, err := cl.Snapshot(ctx, name)
+		phase, ok, err := done(s, err)
+		if phase != "" && phase != last {
+			line(c.errw, "snapshot %s: %s", name, phase)
+			last = phase
+		}
+		if ok || err != nil {
+			return s, err
+		}
+		if time.Now().After(deadline) {
+			return s, failf(exitTimeout, "snapshot %s: still %s after %s; salt-volumes snapshot get %s shows how it goes on", name, last, timeout, name)
+		}
+		select {
+		case <-ctx.Done():
+			return s, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // waitSnapshot polls until the snapshot is Ready (or gone, for a
 // deletion); Failed ends it with the node's message.
 func (c *cli) waitSnapshot(ctx context.Context, cl *client.Client, name string, gone bool, timeout time.Duration) (saltvolumes.Snapshot, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		s, err := cl.Snapshot(ctx, name)
+	return c.poll(ctx, cl, name, timeout, func(s saltvolumes.Snapshot, err error) (string, bool, error) {
 		var ce *client.Error
 		switch {
 		case gone && errors.As(err, &ce) && ce.Status == http.StatusNotFound:
-			return s, nil
+			return "gone", true, nil
 		case err != nil:
-			return s, err
+			return "", false, err
 		case s.Phase == "Failed":
-			return s, failf(exitFailed, "snapshot %s failed: %s", name, s.Message)
-		case !gone && s.Phase == "Ready":
-			return s, nil
+			return s.Phase, false, failf(exitFailed, "snapshot %s failed: %s", name, s.Message)
 		}
-		if time.Now().After(deadline) {
-			return s, failf(exitTimeout, "snapshot %s: still %s after %s", name, s.Phase, timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return s, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+		return s.Phase, !gone && s.Phase == "Ready", nil
+	})
 }
 
 // waitRestore polls until the snapshot's restore is Restored; Failed ends
 // it with the node's message (the volume was left as it was).
 func (c *cli) waitRestore(ctx context.Context, cl *client.Client, name string, timeout time.Duration) (saltvolumes.Snapshot, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		s, err := cl.Snapshot(ctx, name)
+	return c.poll(ctx, cl, name, timeout, func(s saltvolumes.Snapshot, err error) (string, bool, error) {
 		switch {
 		case err != nil:
-			return s, err
+			return "", false, err
 		case s.Restore == nil:
-			return s, failf(exitFailed, "snapshot %s: its restore is not recorded (restarted or forgotten?)", name)
+			return "", false, failf(exitFailed, "snapshot %s: its restore is not recorded (restarted or forgotten?)", name)
 		case s.Restore.Phase == "Failed":
-			return s, failf(exitFailed, "restoring volume %s from snapshot %s failed: %s", s.Volume, name, s.Restore.Message)
-		case s.Restore.Phase == "Restored":
-			return s, nil
+			return "restore Failed", false, failf(exitFailed, "restoring volume %s from snapshot %s failed: %s", s.Volume, name, s.Restore.Message)
 		}
-		if time.Now().After(deadline) {
-			return s, failf(exitTimeout, "snapshot %s: the restore of volume %s is still %s after %s", name, s.Volume, s.Restore.Phase, timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return s, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+		return "restore " + s.Restore.Phase, s.Restore.Phase == "Restored", nil
+	})
 }
 
-func (c *cli) showSnapshots(items []saltvolumes.Snapshot) error {
-	if c.output == "json" {
-		if len(items) == 1 {
-			return c.json(items[0])
-		}
-		return c.json(items)
+func snapshotNames(items []saltvolumes.Snapshot) []string {
+	names := make([]string, len(items))
+	for i, s := range items {
+		names[i] = s.Name
 	}
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tVOLUME\tNODE\tPHASE\tMETHOD\tSIZE\tUSED\tTAKEN\tSCHEDULE\tMESSAGE")
+	return named("snapshot", names...)
+}
+
+// showSnapshot prints one snapshot; in a table with its last restore
+// under its row (too long for a column).
+func (c *cli) showSnapshot(s saltvolumes.Snapshot) error {
+	return c.emit(s, snapshotNames([]saltvolumes.Snapshot{s}), func(wide bool) error {
+		if err := c.snapshotTable([]saltvolumes.Snapshot{s}, wide); err != nil {
+			return err
+		}
+		if rs := s.Restore; rs != nil {
+			text := fmt.Sprintf("last restore of %s: %s, asked by %s %s ago", s.Volume, rs.Phase, or(rs.RequestedBy, "-"), ago(time.Since(rs.RequestedAt), ""))
+			if rs.Phase == "Restored" {
+				text += fmt.Sprintf(" (%s in %s, same loop device: %t)", or(rs.Method, "-"), or(rs.Took, "-"), rs.SameDevice)
+			}
+			if rs.Message != "" {
+				text += ": " + rs.Message
+			}
+			line(c.out, "%s", text)
+			for _, w := range rs.Warnings {
+				line(c.out, "  warning: %s", w)
+			}
+		}
+		return nil
+	})
+}
+
+func (c *cli) snapshotTable(items []saltvolumes.Snapshot, wide bool) error {
+	head := []string{"NAME", "VOLUME", "NODE", "PHASE", "METHOD", "SIZE", "USED", "TAKEN", "SCHEDULE", "MESSAGE"}
+	if wide {
+		head = append(head, "VOLUME-UUID", "JOB", "REQUESTED-BY")
+	}
+	t := c.newTable(head...)
 	for _, s := range items {
 		size, used, taken := "-", "-", "-"
 		if s.Size > 0 {
@@ -191,27 +352,12 @@ func (c *cli) showSnapshots(items []saltvolumes.Snapshot) error {
 		if s.Frozen {
 			method += " (frozen)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Volume, s.Node, s.Phase, method, size, used, taken, or(s.Schedule, "-"), or(s.Message, ""))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, s := range items {
-		if rs := s.Restore; rs != nil && len(items) == 1 {
-			// One snapshot's last restore, under its row: too long for a
-			// column of the list.
-			line := fmt.Sprintf("last restore of %s: %s, asked by %s %s ago", s.Volume, rs.Phase, or(rs.RequestedBy, "-"), ago(time.Since(rs.RequestedAt), ""))
-			if rs.Phase == "Restored" {
-				line += fmt.Sprintf(" (%s in %s, same loop device: %t)", or(rs.Method, "-"), or(rs.Took, "-"), rs.SameDevice)
-			}
-			if rs.Message != "" {
-				line += ": " + rs.Message
-			}
-			fmt.Fprintln(c.out, line)
-			for _, w := range rs.Warnings {
-				fmt.Fprintln(c.out, "  warning: "+w)
-			}
+		row := []string{s.Name, s.Volume, s.Node, s.Phase, method, size, used, taken, or(s.Schedule, "-"), s.Message}
+		if wide {
+			row[len(row)-1] = or(s.Message, "-")
+			row = append(row, s.VolumeUUID, or(s.JobID, "-"), or(s.RequestedBy, "-"))
 		}
+		t.row(row...)
 	}
-	return nil
+	return t.flush()
 }

@@ -1,24 +1,36 @@
 package main
 
 import (
-	"context"
 	"fmt"
+
+	"github.com/spf13/cobra"
 )
 
-// status prints whether the server serves and its role among replicas.
-func (c *cli) status(ctx context.Context, in []string) error {
-	fs := c.flags("status")
-	_, cl, err := c.open(fs, in, 0, "takes no arguments")
-	if err != nil {
-		return err
+// statusCmd prints whether the server serves and its role among replicas.
+func (c *cli) statusCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Whether serve is ready, and which replica leads",
+		Long: `Ask serve's /readyz: whether it is ready (its event source connected), and
+its role among replicas: leader, follower of another, or the only one. Not
+ready is exit 7 (503: ask again).`,
+		Example: `  salt-volumes status
+  salt-volumes status -o json`,
+		Args: noArgs("takes no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			role, err := cl.Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return c.emit(map[string]any{"url": cl.URL, "status": role}, nil, func(bool) error {
+				_, err := fmt.Fprintf(c.out, "%s\t%s\n", cleanCell(cl.URL), cleanCell(role))
+				return err
+			})
+		},
 	}
-	role, err := cl.Status(ctx)
-	if c.output == "json" && err == nil {
-		return c.json(map[string]any{"url": cl.URL, "status": role})
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(c.out, "%s\t%s\n", cl.URL, role)
-	return nil
+	return objects(cmd, recordFormats...)
 }

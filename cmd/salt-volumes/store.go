@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,33 +18,65 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/store"
 )
 
-// storeCmd runs the store's maintenance commands (serve stopped).
-func (c *cli) storeCmd(ctx context.Context, in []string) error {
-	if len(in) == 0 || in[0] != "migrate" {
-		return failf(exitUsage, "store: the command is: store migrate --from SRC --to DST (SRC, DST: bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG)")
-	}
-	fs := flag.NewFlagSet("store migrate", flag.ContinueOnError)
-	fs.SetOutput(c.errw)
-	from := fs.String("from", "", "source: bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG")
-	to := fs.String("to", "", "target (empty): bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG")
+// storeCmd holds the store's maintenance commands (serve stopped).
+func (c *cli) storeCmd() *cobra.Command {
+	return group(&cobra.Command{
+		Use:     "store",
+		Short:   "The store's maintenance, serve stopped: migrate",
+		Long:    "Maintenance of the control plane's store, with every serve replica stopped. migrate moves every volume, token and audit record between stores.",
+		Example: `  salt-volumes store migrate --from bbolt:/var/lib/salt-volumes-control/volumes.db --to etcd:https://10.0.0.1:2379`,
+	}, c.storeMigrateCmd())
+}
+
+// storeMigrateCmd copies every volume, token and audit record from one
+// store to another, empty one, and verifies the copy.
+func (c *cli) storeMigrateCmd() *cobra.Command {
+	var from, to, ns string
 	var ec store.EtcdConfig
-	fs.StringVar(&ec.Prefix, "etcd-prefix", "/salt-volumes", "etcd key prefix (serve's etcd.prefix)")
-	fs.StringVar(&ec.CAFile, "etcd-ca-file", "", "CA of the etcd members' certificates")
-	fs.StringVar(&ec.CertFile, "etcd-cert-file", "", "client certificate for etcd")
-	fs.StringVar(&ec.KeyFile, "etcd-key-file", "", "its key")
-	ns := fs.String("namespace", "salt-volumes", "namespace of the election's Lease (serve's kubernetes.namespace), for kubernetes:")
-	if _, err := args(fs, in[1:], 0, "takes no arguments (--from SRC --to DST)"); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:   "migrate --from SRC --to DST",
+		Short: "Move every volume, token and audit record between stores",
+		Long: `Copy every volume, then every token and audit record, from the store SRC
+to the empty store DST, and verify the copy record by record. SRC and DST
+are bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG (Volume objects;
+an empty KUBECONFIG: the pod's service account). An etcd store or cluster
+where a serve replica still runs (an election under the prefix, a Lease
+held) is refused: stop every replica first. A target that holds volumes is
+refused (exit 1) and left alone.`,
+		Example: `  salt-volumes store migrate --from bbolt:/var/lib/salt-volumes-control/volumes.db --to etcd:https://10.0.0.1:2379 \
+      --etcd-ca-file ca.pem --etcd-cert-file client.pem --etcd-key-file client-key.pem
+  salt-volumes store migrate --from etcd:https://10.0.0.1:2379 --to bbolt:/var/lib/salt-volumes-control/volumes.db`,
+		Args: noArgs("takes no arguments (--from SRC --to DST)"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if from == "" || to == "" {
+				return usagef(cmd, "--from and --to are both needed, e.g. --from bbolt:/var/lib/salt-volumes-control/volumes.db --to etcd:https://10.0.0.1:2379")
+			}
+			return c.migrate(cmd.Context(), from, to, ec, ns)
+		},
 	}
-	if *from == "" || *to == "" {
-		return failf(exitUsage, "store migrate: --from and --to are both needed, e.g. --from bbolt:/var/lib/salt-volumes-control/volumes.db --to etcd:https://10.0.0.1:2379")
+	f := cmd.Flags()
+	f.StringVar(&from, "from", "", "source: bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG")
+	f.StringVar(&to, "to", "", "target (empty): bbolt:FILE, etcd:URL[,URL...] or kubernetes:KUBECONFIG")
+	f.StringVar(&ec.Prefix, "etcd-prefix", "/salt-volumes", "etcd key prefix (serve's etcd.prefix)")
+	f.StringVar(&ec.CAFile, "etcd-ca-file", "", "CA of the etcd members' certificates")
+	f.StringVar(&ec.CertFile, "etcd-cert-file", "", "client certificate for etcd")
+	f.StringVar(&ec.KeyFile, "etcd-key-file", "", "its key")
+	f.StringVar(&ns, "namespace", "salt-volumes", "namespace of the election's Lease (serve's kubernetes.namespace), for kubernetes:")
+	_ = cmd.RegisterFlagCompletionFunc("from", fixed("bbolt:", "etcd:", "kubernetes:"))
+	_ = cmd.RegisterFlagCompletionFunc("to", fixed("bbolt:", "etcd:", "kubernetes:"))
+	for _, file := range []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file"} {
+		_ = cmd.MarkFlagFilename(file)
 	}
-	src, srcRecords, closeSrc, err := openForMigration(ctx, "--from", *from, ec, *ns)
+	return cmd
+}
+
+func (c *cli) migrate(ctx context.Context, from, to string, ec store.EtcdConfig, ns string) error {
+	src, srcRecords, closeSrc, err := openForMigration(ctx, "--from", from, ec, ns)
 	if err != nil {
 		return err
 	}
 	defer closeSrc()
-	dst, dstRecords, closeDst, err := openForMigration(ctx, "--to", *to, ec, *ns)
+	dst, dstRecords, closeDst, err := openForMigration(ctx, "--to", to, ec, ns)
 	if err != nil {
 		return err
 	}
@@ -53,7 +85,7 @@ func (c *cli) storeCmd(ctx context.Context, in []string) error {
 	if err != nil {
 		return failf(exitFailed, "store migrate: %v", err)
 	}
-	fmt.Fprintf(c.out, "migrated %d volumes from %s to %s; verified: %d records in each, every record the same\n", n, *from, *to, n)
+	fmt.Fprintf(c.out, "migrated %d volumes from %s to %s; verified: %d records in each, every record the same\n", n, from, to, n)
 	// Tokens and the audit trail go with them: the same service tokens
 	// and sessions keep working, and the history stays.
 	m, err := store.MigrateRecords(ctx, srcRecords, dstRecords, store.RecordKinds)

@@ -6,38 +6,126 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
 )
 
-// wait follows a volume until it is Available or Deleted.
-func (c *cli) wait(ctx context.Context, in []string) error {
-	fs := c.flags("wait")
-	target := fs.String("for", "Available", "Available or Deleted")
-	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait")
-	pos, cl, err := c.open(fs, in, 1, "give one volume NAME")
-	if err != nil {
-		return err
+// waitCmd follows a volume until it is Available or Deleted.
+func (c *cli) waitCmd() *cobra.Command {
+	var target string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "wait NAME",
+		Short: "Wait until a volume is Available, or Deleted",
+		Long: `Follow a volume on the server's watch stream (no polling) until it is
+Available, or with --for Deleted until it is gone, printing each step it
+goes through on stderr; then print it (on stdout, in the -o format).
+
+A volume that ends Failed is exit 1. A timeout is exit 5: the work goes on,
+and running wait again follows it further. A stream the server ended (a
+restart, a failover) is exit 7, safe to run again. The default --timeout is
+the server's jobTimeout (GET /api/v1/info) and a minute more, so that a job
+the server gives up on is seen Failed rather than timed out here.`,
+		Example: `  salt-volumes wait data-1
+  salt-volumes wait data-1 --for Deleted --timeout 2m
+  salt-volumes wait volume/data-1 -o json 2>/dev/null`,
+		Args:              exactArgs(1, "give one volume NAME"),
+		ValidArgsFunction: c.completeArgs(listVolumes),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := argName(cmd, args[0], "volume")
+			if err != nil {
+				return err
+			}
+			if target != "Available" && target != "Deleted" {
+				return usagef(cmd, "--for %s: use Available or Deleted", target)
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.waitTimeout(cmd, cl, timeout)
+			if err != nil {
+				return err
+			}
+			last, err := c.follow(cmd.Context(), cl, name, target, d)
+			if err != nil || target == "Available" {
+				return err
+			}
+			return c.showDeleted(name, last)
+		},
 	}
-	if *target != "Available" && *target != "Deleted" {
-		return failf(exitUsage, "wait: --for %s: use Available or Deleted", *target)
-	}
-	return c.waitFor(ctx, cl, pos[0], *target, *timeout)
+	cmd.Flags().StringVar(&target, "for", "Available", "what to wait for: Available or Deleted")
+	timeoutFlag(cmd, &timeout, "how long to wait")
+	_ = cmd.RegisterFlagCompletionFunc("for", fixed("Available", "Deleted"))
+	return objects(cmd, objectFormats...)
 }
 
-// waitFor follows the watch stream (no polling) until the volume reaches
-// target, fails, or the timeout passes.
-func (c *cli) waitFor(ctx context.Context, cl *client.Client, name, target string, timeout time.Duration) error {
+// timeoutFlag is the --timeout of every command that waits.
+func timeoutFlag(cmd *cobra.Command, d *time.Duration, what string) {
+	cmd.Flags().DurationVar(d, "timeout", 0, what+" (default: the server's jobTimeout and a minute)")
+}
+
+// defaultJobTimeout is serve's jobTimeout when its config sets none.
+const defaultJobTimeout = 10 * time.Minute
+
+// waitTimeout is --timeout, or the server's jobTimeout and a minute: a
+// job that takes all its time ends (Failed, JobTimeout) before the wait
+// does, so the wait says what happened rather than that it stopped
+// looking.
+func (c *cli) waitTimeout(cmd *cobra.Command, cl *client.Client, given time.Duration) (time.Duration, error) {
+	if cmd.Flags().Changed("timeout") {
+		if given <= 0 {
+			return 0, usagef(cmd, "--timeout %s: give a duration above 0, e.g. 5m", given)
+		}
+		return given, nil
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+	defer cancel()
+	if info, err := cl.Info(ctx); err == nil && info.JobTimeoutSeconds > 0 {
+		return time.Duration(info.JobTimeoutSeconds)*time.Second + time.Minute, nil
+	}
+	// A server without GET /api/v1/info (older): its default.
+	return defaultJobTimeout + time.Minute, nil
+}
+
+// step is a volume's progress in one line: its phase, its step, why it
+// failed.
+func step(v saltvolumes.View) string {
+	s := v.Status.Phase.String()
+	if v.Status.Step != "" {
+		s += ", step " + v.Status.Step
+	}
+	if v.Status.Reason != "" {
+		s += ", " + v.Status.Reason
+	}
+	if v.Deleting && (v.Status.Phase == saltvolumes.Pending || v.Status.Phase == saltvolumes.Unknown) {
+		s += ", deletion waiting for the creation"
+	}
+	if v.Status.Phase == saltvolumes.Failed && v.Status.Message != "" {
+		s += ": " + v.Status.Message
+	}
+	return s
+}
+
+// follow watches a volume on the watch stream (no polling) until it is
+// target (Available or Deleted), ends Failed, or timeout passes; each
+// step it takes goes to stderr, stdout keeps what the command prints. A
+// volume reaching Available, or ending Failed, is printed here; for
+// Deleted, follow returns the volume as last seen (nil: it was gone
+// already).
+func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string, timeout time.Duration) (*saltvolumes.View, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last *saltvolumes.View
 	var result error
-	done, seen := false, false
+	done, lastStep := false, ""
 	terminating := false // a Failed volume being deleted is not a failure until its deletion fails
 	finish := func(err error) { result, done = err, true }
 	err := cl.Watch(ctx, "", name, func(ev saltvolumes.Event) bool {
 		if ev.Type == client.Synced {
-			if !seen {
+			if last == nil {
 				if target == "Deleted" {
 					finish(nil)
 				} else {
@@ -47,39 +135,62 @@ func (c *cli) waitFor(ctx context.Context, cl *client.Client, name, target strin
 			}
 			return true
 		}
-		seen = true
 		v := ev.Volume
 		last = &v
+		if ev.Type == saltvolumes.Deleted {
+			if target == "Deleted" {
+				finish(nil)
+			} else {
+				finish(failf(exitFailed, "volume %s was deleted", name))
+			}
+			return false
+		}
+		if s := step(v); s != lastStep {
+			line(c.errw, "volume %s: %s", name, s)
+			lastStep = s
+		}
 		switch {
-		case ev.Type == saltvolumes.Deleted && target == "Deleted":
-			finish(nil)
-		case ev.Type == saltvolumes.Deleted:
-			finish(failf(exitFailed, "volume %s was deleted", name))
 		case target == "Available" && v.Status.Phase == saltvolumes.Available:
-			finish(c.show(v))
+			finish(c.showVolume(v))
 		case v.Status.Phase == saltvolumes.Terminating:
 			terminating = true
 		case v.Status.Phase == saltvolumes.Failed && (target == "Available" || terminating):
-			_ = c.show(v)
+			_ = c.showVolume(v)
 			finish(failf(exitFailed, "volume %s failed: %s", name, v.Status.Message))
 		}
 		return !done
 	})
 	if done {
-		if result == nil && target == "Deleted" {
-			fmt.Fprintf(c.out, "volume %s deleted\n", name)
-		}
-		return result
+		return last, result
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		state := "unknown"
+	again := fmt.Sprintf("keep following with: salt-volumes wait %s --for %s", name, target)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		state := "nothing yet (the watch did not list it)"
 		if last != nil {
-			state = last.Status.Phase.String()
-			if last.Status.Step != "" {
-				state += " (step " + last.Status.Step + ")"
-			}
+			state = step(*last)
 		}
-		return failf(exitTimeout, "volume %s: not %s after %s; last seen %s", name, target, timeout, state)
+		return last, failf(exitTimeout, "volume %s: not %s after %s; last seen %s; %s", name, target, timeout, state, again)
+	case errors.Is(err, client.ErrStreamEnded):
+		return last, failf(exitRetry, "volume %s: %v before it was %s; %s", name, err, target, again)
 	}
-	return err
+	return last, err
+}
+
+// showDeleted prints a volume that is gone: a line for people, its name,
+// or (JSON, YAML) the volume as last seen.
+func (c *cli) showDeleted(name string, last *saltvolumes.View) error {
+	switch c.format() {
+	case fmtJSON, fmtYAML:
+		if last == nil {
+			fmt.Fprintf(c.errw, "volume %s: not found (deleted already)\n", name)
+			return nil
+		}
+		return c.showVolume(*last)
+	case fmtName:
+		fmt.Fprintln(c.out, "volume/"+name)
+		return nil
+	}
+	fmt.Fprintf(c.out, "volume %s deleted\n", name)
+	return nil
 }

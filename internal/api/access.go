@@ -329,6 +329,9 @@ var kubeRoutes = map[string]struct {
 	"GET /api/v1/snapshot-schedules":                  {"list", kubeauth.SnapshotResource, "", false},
 	"GET /api/v1/watch":                               {"watch", kubeauth.Resource, "", false},
 	"POST /api/v1/watch/ticket":                       {"watch", kubeauth.Resource, "", false},
+	// The server's version and job timeout, nothing of any volume: for
+	// whoever may list them (the CLI asks it before a --wait).
+	"GET /api/v1/info": {"list", kubeauth.Resource, "", false},
 }
 
 // kubeAttributes is what a route asks of RBAC: kubeRoutes' entry; for

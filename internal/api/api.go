@@ -57,6 +57,11 @@ type Server struct {
 	Kube KubeAuth
 	// Snapshots of volumes (nil: none kept).
 	Snapshots *snapshots.Service
+	// Version is serve's, and JobTimeout how long it waits for a Salt
+	// job (config's jobTimeout; 0: the reconciler's default), both told
+	// by GET /api/v1/info.
+	Version    string
+	JobTimeout time.Duration
 	// Nodes lists the minions Salt knows are up.
 	Nodes func(ctx context.Context) ([]string, error)
 	// Ready says why the server is not ready (nil when it is).
@@ -175,6 +180,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /api/v1/nodes", view(query(s.fromLeader(s.nodes))))
 	mux.Handle("POST /api/v1/nodes/{node}/forget", admin(query(s.forgetNode)))
 	mux.Handle("GET /api/v1/whoami", view(query(s.whoami)))
+	mux.Handle("GET /api/v1/info", view(query(s.info)))
 	mux.Handle("POST /api/v1/login", query(s.login))
 	mux.Handle("POST /api/v1/logout", view(query(s.logout)))
 	mux.Handle("GET /api/v1/tokens", admin(query(s.listTokens)))

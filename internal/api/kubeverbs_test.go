@@ -104,6 +104,7 @@ func TestKubernetesAttributesOfEveryRoute(t *testing.T) {
 		{"POST /api/v1/nodes/{node}/forget", "POST", "/api/v1/nodes/node-1/forget", "", attrs{Verb: "admin", Resource: vols}},
 		{"GET /metrics", "GET", "/metrics", "", attrs{Verb: "list", Resource: vols}},
 		{"GET /api/v1/whoami", "GET", "/api/v1/whoami", "", attrs{Verb: "list", Resource: vols}},
+		{"GET /api/v1/info", "GET", "/api/v1/info", "", attrs{Verb: "list", Resource: vols}},
 		{"POST /api/v1/logout", "POST", "/api/v1/logout", "", attrs{Verb: "list", Resource: vols}},
 		{"GET /api/v1/tokens", "GET", "/api/v1/tokens", "", attrs{Verb: "admin", Resource: vols}},
 		{"POST /api/v1/tokens", "POST", "/api/v1/tokens", `{"name":"t","role":"viewer"}`, attrs{Verb: "admin", Resource: vols}},

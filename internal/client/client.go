@@ -14,7 +14,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
@@ -30,9 +32,71 @@ type Client struct {
 type Error struct {
 	Status int
 	Body   saltvolumes.Error
+	// RetryAfter is the answer's Retry-After (0: none): the server says
+	// the same request may succeed that much later (a 503, a rate limit,
+	// a conflict with a concurrent change), where a 429 without it is a
+	// limit that waiting does not lift (limits.volumes).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string { return e.Body.Message }
+
+// TransportError is a request that got no answer: refused, reset, a TLS
+// or DNS failure, a stream cut. Whether the server acted on it is
+// unknown; asking again is safe (a create asked twice is refused as
+// taken, a deletion asked twice answers the one recorded).
+type TransportError struct {
+	URL string
+	Err error
+}
+
+func (e *TransportError) Error() string { return "salt-volumes API at " + e.URL + ": " + e.Err.Error() }
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// Retryable: asking again may get an answer. A certificate one side
+// refused (an unknown CA, a wrong name, a client certificate missing) is
+// refused again: no answer, but nothing a retry mends.
+func (e *TransportError) Retryable() bool {
+	var verify *tls.CertificateVerificationError
+	var alert tls.AlertError
+	var unknownCA x509.UnknownAuthorityError
+	var name x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return !errors.As(e.Err, &verify) && !errors.As(e.Err, &alert) && !errors.As(e.Err, &unknownCA) &&
+		!errors.As(e.Err, &name) && !errors.As(e.Err, &invalid)
+}
+
+// ErrStreamEnded: the server closed a watch stream (a restart, a
+// failover, its write timeout); watching again picks up from the
+// current state.
+var ErrStreamEnded = errors.New("watch stream closed by the server")
+
+// retryAfter reads a Retry-After header: seconds, or an HTTP date.
+func retryAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+		// 0 still says "retry": a second, not "no header".
+		return max(time.Duration(n)*time.Second, time.Second)
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), time.Second)
+	}
+	return 0
+}
+
+// answerError is the error of a non-2xx answer whose body was raw.
+func answerError(resp *http.Response, raw []byte) *Error {
+	var e struct {
+		Error saltvolumes.Error `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) != nil || e.Error.Message == "" {
+		e.Error = saltvolumes.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))}
+	}
+	return &Error{Status: resp.StatusCode, Body: e.Error, RetryAfter: retryAfter(resp.Header)}
+}
 
 func (c *Client) do(ctx context.Context, method, path string, body any, out any) error {
 	var rd io.Reader
@@ -60,18 +124,15 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("salt-volumes API at %s: %w", c.URL, err)
+		return &TransportError{URL: c.URL, Err: err}
 	}
 	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return &TransportError{URL: c.URL, Err: err}
+	}
 	if resp.StatusCode >= 300 {
-		var e struct {
-			Error saltvolumes.Error `json:"error"`
-		}
-		if json.Unmarshal(raw, &e) != nil || e.Error.Message == "" {
-			e.Error = saltvolumes.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))}
-		}
-		return &Error{Status: resp.StatusCode, Body: e.Error}
+		return answerError(resp, raw)
 	}
 	if out != nil {
 		if err := json.Unmarshal(raw, out); err != nil {
@@ -187,19 +248,12 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolum
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("salt-volumes API at %s: %w", c.URL, err)
+		return &TransportError{URL: c.URL, Err: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var e struct {
-			Error saltvolumes.Error `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &e)
-		if e.Error.Message == "" {
-			e.Error.Message = fmt.Sprintf("HTTP %d", resp.StatusCode)
-		}
-		return &Error{Status: resp.StatusCode, Body: e.Error}
+		return answerError(resp, raw)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
@@ -229,13 +283,13 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolum
 			typ, data = "", ""
 		}
 	}
-	if err := sc.Err(); err != nil && ctx.Err() == nil {
-		return err
-	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return errors.New("watch stream closed by the server")
+	if err := sc.Err(); err != nil {
+		return &TransportError{URL: c.URL, Err: err}
+	}
+	return ErrStreamEnded
 }
 
 // Status reads the server's /readyz: its readiness and role ("ok: leader",
@@ -251,13 +305,13 @@ func (c *Client) Status(ctx context.Context) (string, error) {
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("salt-volumes API at %s: %w", c.URL, err)
+		return "", &TransportError{URL: c.URL, Err: err}
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	body := strings.TrimSpace(string(raw))
 	if resp.StatusCode != http.StatusOK {
-		return body, &Error{Status: resp.StatusCode, Body: saltvolumes.Error{Code: "unavailable", Message: body}}
+		return body, &Error{Status: resp.StatusCode, Body: saltvolumes.Error{Code: "unavailable", Message: body}, RetryAfter: retryAfter(resp.Header)}
 	}
 	return body, nil
 }
@@ -291,4 +345,20 @@ func HTTPS(caFile, certFile, keyFile string) (*http.Client, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.TLSClientConfig = tc
 	return &http.Client{Transport: t}, nil
+}
+
+// Info is what GET /api/v1/info says of the server: its version and how
+// long it waits for a Salt job (what a client waiting for a volume
+// should wait a little longer than).
+type Info struct {
+	Version           string `json:"version"`
+	JobTimeout        string `json:"jobTimeout"`
+	JobTimeoutSeconds int64  `json:"jobTimeoutSeconds"`
+}
+
+// Info reads the server's GET /api/v1/info (any valid token).
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	var i Info
+	err := c.do(ctx, http.MethodGet, "/api/v1/info", nil, &i)
+	return i, err
 }

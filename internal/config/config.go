@@ -50,6 +50,9 @@ type Config struct {
 	Access Access `yaml:"access"`
 	// Snapshots tunes the snapshots the control plane takes.
 	Snapshots Snapshots `yaml:"snapshots"`
+	// Version is the binary's, set by the command that runs serve (never
+	// read from the file): GET /api/v1/info tells it.
+	Version string `yaml:"-"`
 	// Kubernetes turns on Kubernetes mode: PVs for volumes, provisioning
 	// from claims. Absent: no Kubernetes at all.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`

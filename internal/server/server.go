@@ -239,6 +239,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, ui http.Hand
 		Requests: rec.Requests, Jobs: rec.Jobs, Health: rec.Nodes, Watch: hub, Store: st, Token: cfg.Token, Nodes: salt.Minions, UI: ui, Log: log.With("component", "api"),
 		Tokens: tokens, Audit: audit, Logins: logins(cfg, salt), Kube: kubeAuth, Snapshots: snaps,
 		MaxWatchers: cfg.Limits.Watchers, CreatesPerSecond: cfg.Limits.CreatesPerSecond, LeaderTransport: leaderTransport,
+		Version: cfg.Version, JobTimeout: time.Duration(cfg.JobTimeout),
 		Ready: func() error {
 			// Followers read no events: only the leader needs the bus.
 			leads := elector == nil || elector.Leading()

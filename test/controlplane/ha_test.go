@@ -191,8 +191,9 @@ func TestHighAvailability(t *testing.T) {
 		}
 		out, errs, code = r1.CLI("audit", "--user", "token:ha-viewer", "-o", "json")
 		require.Equal(t, 0, code, errs)
-		var entries []map[string]any
-		require.NoError(t, json.Unmarshal([]byte(out), &entries))
+		var trail struct{ Items []map[string]any }
+		require.NoError(t, json.Unmarshal([]byte(out), &trail))
+		entries := trail.Items
 		require.Len(t, entries, 1, "the refused delete, written by the other replica: %s", out)
 		assert.Equal(t, "refused", entries[0]["decision"])
 		assert.Equal(t, "ha-1", entries[0]["volume"])

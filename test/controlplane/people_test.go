@@ -268,8 +268,9 @@ func TestPeopleLogInWithSalt(t *testing.T) {
 	t.Run("the audit shows who did what and what was refused", func(t *testing.T) {
 		out, errs, code := p.CLI("audit", "-o", "json")
 		require.Equal(t, 0, code, errs)
-		var entries []map[string]any
-		require.NoError(t, json.Unmarshal([]byte(out), &entries))
+		var trail struct{ Items []map[string]any }
+		require.NoError(t, json.Unmarshal([]byte(out), &trail))
+		entries := trail.Items
 		var got []string
 		for _, e := range entries {
 			vol, _ := e["volume"].(string)

@@ -86,7 +86,12 @@ func TestSnapshotSchedulesFromServe(t *testing.T) {
 	assert.Equal(t, 0.0, p.Metric(`salt_volumes_snapshot_schedule_overdue{volume="sched",schedule="sched",source="api",node="node-1"}`))
 	out, errs, code = p.CLI("snapshot", "schedules", "sched", "-o", "json")
 	require.Equal(t, 0, code, errs)
-	require.NoError(t, json.Unmarshal([]byte(out), &sc), out)
+	var listed struct {
+		Items []saltvolumes.SnapshotSchedule
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &listed), out)
+	require.Len(t, listed.Items, 1, out)
+	sc = listed.Items[0]
 	assert.Zero(t, sc.Failures)
 	assert.Contains(t, own, sc.LastSnapshot)
 
