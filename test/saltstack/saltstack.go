@@ -511,6 +511,23 @@ func (s *Stack) kill(name string) {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
+	// The daemon's own children (the minion's process manager, the
+	// master's workers) can outlive it by seconds on a busy machine; a
+	// daemon started again meanwhile under the same pidfile finds "an
+	// instance already running" and exits.
+	// Bounded: a zombie nobody reaps still answers signal 0.
+	groupGone := func(limit time.Duration) bool {
+		for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if syscall.Kill(-cmd.Process.Pid, 0) != nil {
+				return true
+			}
+		}
+		return false
+	}
+	if !groupGone(10 * time.Second) {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		groupGone(5 * time.Second)
+	}
 	delete(s.procs, name)
 }
 
