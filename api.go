@@ -290,4 +290,8 @@ type SnapshotRestore struct {
 	SameDevice bool     `json:"sameDevice,omitempty"`
 	Took       string   `json:"took,omitempty"`
 	Warnings   []string `json:"warnings,omitempty"`
+	// SnapshotConsumed: the restore used the snapshot up (a thick LVM
+	// snapshot merges into its volume and is gone); its record goes a
+	// moment later.
+	SnapshotConsumed bool `json:"snapshotConsumed,omitempty"`
 }

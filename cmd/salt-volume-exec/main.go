@@ -42,9 +42,10 @@ const usage = `usage:
                    volume left, which no run thaws on its own once its limit is long
                    past: only if nobody else froze that filesystem since)
   salt-volume-exec [--state-dir DIR] snapshot-restore --spec FILE|- --name NAME
-                   (a sparse volume put back to its snapshot NAME in place, only while
-                   nothing uses it; same UUID, loop device and persistent path; the
-                   snapshot stays)
+                   (a volume put back to its snapshot NAME in place, only while nothing
+                   uses it; same UUID and persistent path. Sparse: the same loop device,
+                   the snapshot stays. LVM: merged by LVM (lvconvert --merge) into the
+                   same LV; a thin snapshot stays, a thick one is used up)
   salt-volume-exec [--state-dir DIR] snapshots [--spec FILE|-]
 
 Global flags: --state-dir DIR, --log-level LEVEL, --overcommit-ratio R

@@ -140,6 +140,11 @@ func (c *cli) ask(cmd *cobra.Command, toComplete string, kinds ...*lister) []cob
 		}
 		prefixed := len(kinds) > 1 || strings.HasPrefix(toComplete, k.kind+"/")
 		for _, n := range names {
+			if !validName(k.kind, n) {
+				// Not a name the API makes: a newline in it would offer
+				// two, an escape sequence a terminal's command.
+				continue
+			}
 			if prefixed {
 				n = k.kind + "/" + n
 			}

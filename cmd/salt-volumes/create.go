@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
@@ -41,7 +43,15 @@ The command returns at once, the volume in phase Unknown; with --wait it
 follows the volume to Available, printing each step on stderr and the
 volume on stdout, or exits 1 with the reason when it ends Failed. Bad input
 is refused before anything happens (exit 2, naming the field), a name
-already taken is exit 3.`,
+already taken is exit 3.
+
+The volume's uuid is made here when --uuid is not given. A request that
+gets no answer is sent again (twice, with the same uuid), and a name taken
+by a volume with the uuid asked (and the node) is this create's own, made
+by a request whose answer was lost: exit 0, and --wait follows it. When
+no answer comes at all (exit 7), the message gives the uuid: run the
+command again with --uuid UUID and it takes the volume for its own if it
+was made.`,
 		Example: `  salt-volumes create data-1 --node node-1 --size 10Gi --wait
   salt-volumes create logs-1 --node node-1 --size 500Gi --fs xfs --mkfs-option=-m --mkfs-option=reflink=1
   salt-volumes create raw-1 --node node-2 --device /dev/disk/by-id/nvme-SSD_1234 --mode Block
@@ -68,7 +78,7 @@ already taken is exit 3.`,
 	f.StringVar(&o.thinPool, "thin-pool", "", "with --vg: make a thin LV in this thin pool of the VG (its snapshots are thin too)")
 	f.StringVar(&o.mode, "mode", "Filesystem", "Filesystem or Block")
 	f.StringVar(&o.fsType, "fs", "", "ext4 (default) or xfs; Filesystem mode only")
-	f.StringVar(&o.uuid, "uuid", "", "volume UUID (default: a new random one)")
+	f.StringVar(&o.uuid, "uuid", "", "volume UUID (default: a new random one); a volume of this name and UUID on --node found already is this create's own (exit 0)")
 	f.StringArrayVar(&o.mkfsOptions, "mkfs-option", nil, "an option passed to mkfs (repeat for each)")
 	f.StringArrayVar(&o.labels, "label", nil, "`KEY=VALUE`: a label for the volume's PersistentVolume (repeat for each; ls --selector filters on them)")
 	f.StringArrayVar(&o.annotations, "annotation", nil, "`KEY=VALUE`: an annotation for the volume's PersistentVolume (repeat for each)")
@@ -91,6 +101,12 @@ func (c *cli) create(cmd *cobra.Command, o *createOpts, name string) error {
 		return err
 	}
 	ctx := cmd.Context()
+	// The uuid is made here when not given, as the server would make it:
+	// a create asked again after no answer knows its own volume by it.
+	given := o.uuid != ""
+	if !given {
+		o.uuid = uuid.NewString()
+	}
 	var source map[string]any
 	var helper string // the snapshot taken for this clone alone, if any
 	if o.from != "" {
@@ -112,8 +128,13 @@ func (c *cli) create(cmd *cobra.Command, o *createOpts, name string) error {
 			// A name taken already would leave the helper snapshot
 			// behind: its clone could never be made.
 			var ce *client.Error
-			if _, err := cl.Get(ctx, name); err == nil {
-				return failf(exitUsage, "create: volume %s exists: pick another name for the clone (nothing was taken)", name)
+			if v, err := cl.Get(ctx, name); err == nil {
+				if given && strings.EqualFold(v.Spec.UUID, o.uuid) {
+					// An earlier try of this command (the same --uuid)
+					// made it, its answer lost: ours.
+					return c.created(cmd, cl, o, v, true)
+				}
+				return failf(exitRefused, "create: volume %s exists: pick another name for the clone (nothing was taken)", name)
 			} else if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
 				return err
 			}
@@ -132,7 +153,7 @@ func (c *cli) create(cmd *cobra.Command, o *createOpts, name string) error {
 			return err
 		}
 		if snap.Phase != "Ready" {
-			return failf(exitUsage, "create: --from %s: the snapshot is %s, not Ready: %s", o.from, snap.Phase, snap.Message)
+			return failf(exitUsage, "create: --from %s: the snapshot is %s, not Ready: %s", o.from, cleanCell(snap.Phase), cleanCell(snap.Message))
 		}
 		if o.node != "" && o.node != snap.Node {
 			return failf(exitUsage, "create: --node %s: snapshot %s is on %s, and a clone is made on its snapshot's node: leave --node out", o.node, from, snap.Node)
@@ -168,14 +189,31 @@ func (c *cli) create(cmd *cobra.Command, o *createOpts, name string) error {
 	if source != nil {
 		sp["source"] = source
 	}
-	v, err := cl.Create(ctx, sp)
+	v, mine, answered, err := c.createOnce(ctx, cl, sp, name, o)
 	if err != nil {
-		if helper != "" {
-			// Its clone was refused: the snapshot taken for it alone
-			// goes too (the control plane would keep it an hour).
-			_, _ = cl.DeleteSnapshot(ctx, helper)
+		if helper == "" {
+			return err
 		}
-		return err
+		var ce *client.Error
+		if answered && errors.As(err, &ce) {
+			// Its clone was refused, every try answered: the snapshot
+			// taken for it alone goes too (the control plane would keep
+			// it an hour).
+			_, _ = cl.DeleteSnapshot(ctx, helper)
+			return err
+		}
+		// Whether the clone was recorded is not known: its snapshot
+		// stays, or a clone recorded would be made from one Deleting.
+		return hint(err, "the snapshot %s taken for the clone is kept: if salt-volumes get %s finds no volume, salt-volumes snapshot rm %s removes it (the control plane does within an hour)", helper, name, helper)
+	}
+	return c.created(cmd, cl, o, v, mine)
+}
+
+// created prints the volume a create made, or follows it with --wait;
+// earlier says an earlier try made it (its answer lost).
+func (c *cli) created(cmd *cobra.Command, cl *client.Client, o *createOpts, v saltvolumes.View, earlier bool) error {
+	if earlier {
+		line(c.errw, "volume %s exists with uuid %s, as asked: an earlier try made it", v.Spec.Name, v.Spec.UUID)
 	}
 	if !o.wait {
 		return c.showVolume(v)
@@ -184,8 +222,59 @@ func (c *cli) create(cmd *cobra.Command, o *createOpts, name string) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.follow(ctx, cl, v.Spec.Name, "Available", d)
+	_, err = c.follow(cmd.Context(), cl, v.Spec.Name, "Available", d)
 	return err
+}
+
+// resendAfter are the pauses before a request that got no answer is sent
+// again, within one command (a variable for the tests).
+var resendAfter = []time.Duration{time.Second, 2 * time.Second}
+
+// createOnce creates the volume of sp (whose uuid is o.uuid) once,
+// however many requests it takes: one that gets no answer is sent again,
+// and a name taken by a volume of this uuid (the node asked, too) is
+// this create's own, made by a request whose answer was lost, or by an
+// earlier run of the command with the same --uuid: mine. answered: every
+// request got an answer, so an error is the server's refusal, and
+// nothing was made.
+func (c *cli) createOnce(ctx context.Context, cl *client.Client, sp map[string]any, name string, o *createOpts) (v saltvolumes.View, mine, answered bool, err error) {
+	answered = true
+	for try := 0; ; try++ {
+		v, err = cl.Create(ctx, sp)
+		if err == nil {
+			return v, false, answered, nil
+		}
+		var te *client.TransportError
+		if errors.As(err, &te) {
+			answered = false
+			if te.Retryable() && try < len(resendAfter) && sleep(ctx, resendAfter[try]) {
+				continue
+			}
+			if te.Retryable() {
+				err = hint(err, "no answer creating volume %s (uuid %s): it may have been made; salt-volumes get %s says, and running this command again with --uuid %s takes that volume for its own", name, o.uuid, name, o.uuid)
+			}
+			return v, false, false, err
+		}
+		var ce *client.Error
+		if errors.As(err, &ce) && ce.Status == http.StatusConflict && ce.Body.Code == saltvolumes.CodeExists {
+			if got, gerr := cl.Get(ctx, name); gerr == nil && strings.EqualFold(got.Spec.UUID, o.uuid) && got.Spec.Node == o.node {
+				return got, true, answered, nil
+			}
+		}
+		return v, false, answered, err
+	}
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // spec is the volume spec the flags describe, as the API reads it.
@@ -203,9 +292,7 @@ func (o *createOpts) spec(cmd *cobra.Command, name string) (map[string]any, erro
 		return nil, usagef(cmd, "--thin-pool is for a logical volume: give --vg too")
 	}
 	sp := map[string]any{"name": name, "node": o.node, "mode": o.mode}
-	if o.uuid != "" {
-		sp["uuid"] = o.uuid
-	}
+	sp["uuid"] = o.uuid
 	if o.fsType != "" {
 		sp["fsType"] = o.fsType
 	}

@@ -35,10 +35,32 @@ func newFakeAPI(t *testing.T, routes map[string]http.HandlerFunc) *fakeAPI {
 			h(w, r)
 			return
 		}
+		// "METHOD /path/*": every path under it.
+		for k, h := range routes {
+			if p, ok := strings.CutSuffix(k, "*"); ok && strings.HasPrefix(r.Method+" "+r.URL.Path, p) {
+				h(w, r)
+				return
+			}
+		}
 		replyErr(http.StatusNotFound, "not_found", r.Method+" "+r.URL.Path+" is not an API endpoint", "")(w, r)
 	}))
 	t.Cleanup(a.Close)
 	return a
+}
+
+// lose runs h, then closes the connection without its answer: a request
+// the server acted on whose answer was lost.
+func lose(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h != nil {
+			h(httptest.NewRecorder(), r)
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		_ = conn.Close()
+	}
 }
 
 func (a *fakeAPI) requests() []string {

@@ -185,6 +185,9 @@ without a token use it, for that server only.`,
 			if err != nil {
 				return err
 			}
+			if err := client.CheckToken(s.Token); err != nil || s.Token == "" {
+				return failf(exitFailed, "login: the server answered a session token no request can carry (%v): not kept", err)
+			}
 			path, err := saveSession(savedSession{URL: strings.TrimRight(k.url, "/"), Token: s.Token, User: s.User, Expire: s.Expire,
 				CAFile: k.caFile, CertFile: k.certFile, KeyFile: k.keyFile})
 			if err != nil {
@@ -213,16 +216,20 @@ without a token use it, for that server only.`,
 
 // logoutCmd ends the saved session, on the server it was made with.
 func (c *cli) logoutCmd() *cobra.Command {
-	return &cobra.Command{
+	var local bool
+	cmd := &cobra.Command{
 		Use:   "logout",
 		Short: "End the session salt-volumes login keeps",
 		Long: `End the session: on the server it was made with (never another, whatever
 --url or SALT_VOLUMES_URL say now: the session's token is for that server
 alone), then here. A session that server no longer knows (401) is gone
 already; one it cannot be asked about (no answer, exit 7) is kept, to be
-ended later.`,
-		Example: `  salt-volumes logout`,
-		Args:    noArgs("takes no arguments"),
+ended later. --local drops the session here without asking the server (a
+server gone for good): the token stays valid there until it expires or an
+admin revokes it (salt-volumes token list shows it).`,
+		Example: `  salt-volumes logout
+  salt-volumes logout --local`,
+		Args: noArgs("takes no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s := loadSession()
 			p, _ := sessionPath()
@@ -233,8 +240,19 @@ ended later.`,
 				fmt.Fprintln(c.out, "not logged in")
 				return nil
 			}
+			if local {
+				if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+					return err
+				}
+				until := "it expires"
+				if !s.Expire.IsZero() {
+					until = "it expires (" + s.Expire.Local().Format(time.DateTime) + ")"
+				}
+				line(c.out, "session of %s dropped here; %s was not asked: the session stays valid there until %s or an admin revokes it", s.User, client.Redact(s.URL), until)
+				return nil
+			}
 			if c.conn.url != "" && !sameURL(c.conn.url, s.URL) {
-				fmt.Fprintf(c.errw, "the session is with %s, not %s: ending it there\n", s.URL, c.conn.url)
+				line(c.errw, "the session is with %s, not %s: ending it there", client.Redact(s.URL), client.Redact(c.conn.url))
 			}
 			// The TLS files login kept, unless others are given now for
 			// the session's server.
@@ -250,13 +268,15 @@ ended later.`,
 			// more (expired, revoked, logged out elsewhere).
 			var ce *client.Error
 			if err := cl.Logout(cmd.Context()); err != nil && !(errors.As(err, &ce) && ce.Status == 401) {
-				return err
+				return hint(err, "the session is kept, to end it later; salt-volumes logout --local drops it here without asking the server (where it stays valid until it expires)")
 			}
 			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
 				return err
 			}
-			fmt.Fprintf(c.out, "logged out %s\n", s.User)
+			line(c.out, "logged out %s", s.User)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&local, "local", false, "drop the session here without asking its server (one gone for good); it stays valid there until it expires")
+	return cmd
 }

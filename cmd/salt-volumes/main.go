@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -31,7 +32,7 @@ const (
 	exitNotFound = 4
 	exitTimeout  = 5
 	exitDenied   = 6 // 401 or 403: the token is not valid, or its role or Salt ACL does not allow it
-	exitRetry    = 7 // safe to retry: 503, 429 with Retry-After, 409 busy, no answer, a watch the server ended
+	exitRetry    = 7 // safe to retry: 503, 502 unavailable, 429 with Retry-After, 409 busy, no answer, a watch the server ended
 	// An interrupted command exits 128 + the signal's number, as a shell
 	// reports it: 130 for Ctrl-C.
 	exitSignal = 128
@@ -44,12 +45,12 @@ var exitCodes = []struct {
 }{
 	{exitOK, "ok"},
 	{exitFailed, "failed: a server error, or what --wait (or wait) followed ended Failed"},
-	{exitUsage, "invalid input: bad flags or arguments, or a spec the server refused (the message names the field)"},
+	{exitUsage, "invalid input: bad flags or arguments (an --url that is not http(s)://HOST, or that redirects; a token with a control character), or a spec the server refused (the message names the field)"},
 	{exitRefused, "refused: a conflict (name taken, deletion not allowed now, with the reason), or a limit that waiting does not lift (limits.volumes)"},
 	{exitNotFound, "not found"},
 	{exitTimeout, "timed out waiting; the work goes on (salt-volumes wait NAME follows it again)"},
 	{exitDenied, "not allowed: no valid token or session, or its role or Salt ACL does not allow it (401, 403)"},
-	{exitRetry, "safe to retry: the server is unavailable (503), asks to come back later (429 with Retry-After), a concurrent change got in the way (409 busy), gave no answer (but for a TLS certificate refused: 1), or ended the watch stream"},
+	{exitRetry, "safe to retry: the server is unavailable (503; 502 when the leader or the Kubernetes API server it asks is out of reach), asks to come back later (429 with Retry-After), a concurrent change got in the way (409 busy), gave no answer (a connection refused, reset or cut, a timeout; but a TLS certificate refused, https to an http port and the like, which no retry mends, are 1), or ended the watch stream"},
 	{exitSignal + int(syscall.SIGINT), "interrupted by Ctrl-C (SIGINT); 143 for SIGTERM"},
 }
 
@@ -114,6 +115,20 @@ func failf(code int, format string, a ...any) error {
 	return &exitError{code: code, msg: fmt.Sprintf(format, a...)}
 }
 
+// hinted is an error and what to do about it, said after its message;
+// its exit code is the error's.
+type hinted struct {
+	err  error
+	hint string
+}
+
+func (h *hinted) Error() string { return h.err.Error() + "; " + h.hint }
+func (h *hinted) Unwrap() error { return h.err }
+
+func hint(err error, format string, a ...any) error {
+	return &hinted{err: err, hint: fmt.Sprintf(format, a...)}
+}
+
 // errUsage: a usage error already explained.
 var errUsage = &exitError{code: exitUsage}
 
@@ -126,10 +141,20 @@ func (c *cli) exit(err error) int {
 		// Whatever the interrupted command made of its cancelled context.
 		return exitSignal + int(n)
 	}
+	// What to do, said after the message: the innermost hint first.
+	var hints []string
+	for {
+		h, ok := err.(*hinted)
+		if !ok {
+			break
+		}
+		err, hints = h.err, append([]string{h.hint}, hints...)
+	}
 	code, msg := exitFailed, err.Error()
 	var ee *exitError
 	var ce *client.Error
 	var te *client.TransportError
+	var re *client.RedirectError
 	switch {
 	case errors.As(err, &ee):
 		code, msg = ee.code, ee.msg
@@ -138,6 +163,9 @@ func (c *cli) exit(err error) int {
 		if ce.RetryAfter > 0 && code == exitRetry {
 			msg += fmt.Sprintf(" (retry after %s)", ce.RetryAfter)
 		}
+	case errors.As(err, &re):
+		// --url is not the API's address, but where it redirects to.
+		code = exitUsage
 	case errors.Is(err, context.DeadlineExceeded):
 		code = exitTimeout
 	case errors.As(err, &te):
@@ -147,8 +175,13 @@ func (c *cli) exit(err error) int {
 	case errors.Is(err, client.ErrStreamEnded):
 		code = exitRetry
 	}
-	if msg != "" {
-		fmt.Fprintf(c.errw, "salt-volumes: %s\n", clean(msg))
+	if msg != "" && len(hints) > 0 {
+		msg += "; " + strings.Join(hints, "; ")
+	}
+	if msg = strings.TrimRight(clean(msg), "\n"); msg != "" {
+		// A line of the server's text cannot pass for a message of
+		// ours: every line but the first is indented.
+		fmt.Fprintf(c.errw, "salt-volumes: %s\n", strings.ReplaceAll(msg, "\n", "\n  "))
 	}
 	return code
 }
@@ -176,6 +209,13 @@ func apiExit(ce *client.Error) int {
 			return exitRetry
 		}
 		return exitRefused
+	case 502:
+		// unavailable: a follower could not reach the leader, or the
+		// Kubernetes API server (or the salt-master) could not be asked
+		// whether the caller may: the request was not carried out.
+		if ce.Body.Code == saltvolumes.CodeUnavailable {
+			return exitRetry
+		}
 	case 503:
 		return exitRetry
 	}

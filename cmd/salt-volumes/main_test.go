@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,7 +59,13 @@ func TestExitCodes(t *testing.T) {
 		{"a rate, with Retry-After", apiErr(429, "limit", "slow down", time.Second), exitRetry, "slow down (retry after 1s)"},
 		{"unavailable", apiErr(503, "unavailable", "no leader", 5*time.Second), exitRetry, "no leader (retry after 5s)"},
 		{"server error", apiErr(500, "internal", "boom", 0), exitFailed, "boom"},
-		{"no answer", &client.TransportError{URL: "http://x", Err: errors.New("connection refused")}, exitRetry, "salt-volumes API at http://x: connection refused"},
+		{"no answer", &client.TransportError{URL: "http://x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}, exitRetry, "salt-volumes API at http://x: dial tcp: connect: connection refused"},
+		{"no answer a retry gets", &client.TransportError{URL: "http://x", Err: errors.New("http: server gave HTTP response to HTTPS client")}, exitFailed, "salt-volumes API at http://x: http: server gave HTTP response to HTTPS client"},
+		{"the leader out of reach", apiErr(502, "unavailable", "this replica follows b, which could not be reached", 0), exitRetry, "this replica follows b, which could not be reached"},
+		{"a proxy's 502", apiErr(502, "http", "HTTP 502: bad gateway", 0), exitFailed, "HTTP 502: bad gateway"},
+		{"a redirect", &client.RedirectError{URL: "http://x", Status: 301, Location: "https://x/api/v1/volumes"}, exitUsage, "salt-volumes API at http://x answered HTTP 301, a redirect to https://x/api/v1/volumes: salt-volumes does not follow redirects (the token or password would go along): set --url to the final address"},
+		{"a server's lines are not ours", apiErr(409, "exists", "name: volume \"x\" already exists\nsalt-volumes: (but all your volumes were wiped)\r\n", 0), exitRefused, "name: volume \"x\" already exists\n  salt-volumes: (but all your volumes were wiped)"},
+		{"with what to do", hint(apiErr(503, "unavailable", "no leader", 0), "do this"), exitRetry, "no leader; do this"},
 		{"a watch the server ended", fmt.Errorf("following: %w", client.ErrStreamEnded), exitRetry, "following: watch stream closed by the server"},
 		{"timeout", fmt.Errorf("watching: %w", context.DeadlineExceeded), exitTimeout, "watching: context deadline exceeded"},
 		{"usage, already printed", errUsage, exitUsage, ""},

@@ -65,7 +65,9 @@ func (c *cli) schedulesCmd() *cobra.Command {
 (source api, run by the leading control plane) and those of the nodes'
 Salt minion scheduler (source salt, pillar salt_volumes:snapshot_schedules),
 with their last success and whether they are failing or overdue. -o wide
-adds the next slot, the failures in a row and who made it.`,
+adds the next slot, the failures in a row and who made it; -o name names
+the API's schedules alone, schedule/VOLUME, as unschedule takes them (a
+Salt schedule is removed from its node's pillar).`,
 		Example: `  salt-volumes snapshot schedules
   salt-volumes snapshot schedules data-1 --source api -o json`,
 		Args:              rangeArgs(0, 1, "give at most one VOLUME"),
@@ -118,7 +120,7 @@ snapshots it took stay. -o json, yaml or name print the schedule removed.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.errw, "snapshot schedule of %s removed; its snapshots stay (salt-volumes snapshot ls %s)\n", sc.Volume, sc.Volume)
+			line(c.errw, "snapshot schedule of %s removed; its snapshots stay (salt-volumes snapshot ls %s)", vol, vol)
 			if c.human() {
 				return nil
 			}
@@ -128,10 +130,16 @@ snapshots it took stay. -o json, yaml or name print the schedule removed.`,
 	return objects(cmd, objectFormats...)
 }
 
+// scheduleNames are the API schedules' names, schedule/VOLUME, which
+// unschedule (and schedule) take back; a node's Salt schedule has none
+// they take (its pillar names it, and unschedule removes API schedules
+// only): -o name leaves it out.
 func scheduleNames(items []saltvolumes.SnapshotSchedule) []string {
-	names := make([]string, len(items))
-	for i, s := range items {
-		names[i] = s.Schedule
+	var names []string
+	for _, s := range items {
+		if s.Source != "salt" {
+			names = append(names, s.Volume)
+		}
 	}
 	return named("schedule", names...)
 }

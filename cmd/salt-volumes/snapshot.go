@@ -21,7 +21,7 @@ func (c *cli) snapshotCmd() *cobra.Command {
 		Use:   "snapshot",
 		Short: "Snapshots of volumes, restores and schedules",
 		Long: `Snapshots of sparse and LVM volumes, kept on their nodes: take, list,
-show, delete, restore a sparse volume in place, and the control plane's
+show, delete, restore a volume in place, and the control plane's
 schedules that take and prune them. A snapshot's clone is a new volume:
 salt-volumes create NAME --from snapshot/SNAP.`,
 		Example: `  salt-volumes snapshot create data-1 before-upgrade --wait
@@ -189,7 +189,7 @@ once the node has deleted it. --wait waits for that. Role operator.`,
 			if _, err = c.waitSnapshot(cmd.Context(), cl, s.Name, true, d); err != nil {
 				return err
 			}
-			fmt.Fprintf(c.errw, "snapshot %s deleted from %s\n", s.Name, s.Node)
+			line(c.errw, "snapshot %s deleted from %s", name, s.Node)
 			return nil
 		},
 	}
@@ -203,12 +203,17 @@ func (c *cli) snapshotRestoreCmd() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "restore NAME",
-		Short: "Put a sparse volume back to a snapshot, in place",
+		Short: "Put a sparse or LVM volume back to a snapshot, in place",
 		Long: `Put the snapshot's volume back to it in place: what was written since is
 lost, as a deletion loses it. The volume must be Available, unmounted and
 unused; role operator (admin while a claim holds its PersistentVolume).
+A thick LVM snapshot is used up by the restore (LVM merges it into the
+volume): take a clone first (create --from snapshot/NAME) to keep a copy;
+a thin one is kept.
 --wait waits until it is Restored (or Failed: the volume was left as it
-was), printing its phase on stderr.`,
+was, unless the message says the restore did not finish: an LVM restore
+that failed after its merge, whose volume already holds the snapshot's
+data; ask the restore again to finish it), printing its phase on stderr.`,
 		Example:           `  salt-volumes snapshot restore before-upgrade --wait`,
 		Args:              exactArgs(1, "give one snapshot NAME: its volume is put back to it (unmounted, nothing using it)"),
 		ValidArgsFunction: c.completeArgs(listSnapshots),
@@ -233,7 +238,7 @@ was), printing its phase on stderr.`,
 				if s, err = c.waitRestore(cmd.Context(), cl, s.Name, d); err != nil {
 					return err
 				}
-				fmt.Fprintf(c.errw, "volume %s restored from snapshot %s on %s\n", s.Volume, s.Name, s.Node)
+				line(c.errw, "volume %s restored from snapshot %s on %s", s.Volume, name, s.Node)
 			}
 			return c.showSnapshot(s)
 		},
@@ -244,12 +249,21 @@ was), printing its phase on stderr.`,
 }
 
 // poll asks for a snapshot every half second until done says it is
-// there, printing each phase it takes on stderr.
-func (c *cli) poll(ctx context.Context, cl *client.Client, name string, timeout time.Duration, done func(saltvolumes.Snapshot, error) (string, bool, error)) (saltvolumes.Snapshot, error) {
-	deadline := time.Now().Add(timeout)
+// there, printing each phase it takes on stderr. The timeout bounds
+// every request too: a server that stops answering mid-poll ends it
+// then, as a timeout.
+func (c *cli) poll(parent context.Context, cl *client.Client, name string, timeout time.Duration, done func(saltvolumes.Snapshot, error) (string, bool, error)) (saltvolumes.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(parent, timeout)
+	defer cancel()
 	last := ""
+	timedOut := func(s saltvolumes.Snapshot) (saltvolumes.Snapshot, error) {
+		return s, failf(exitTimeout, "snapshot %s: still %s after %s; salt-volumes snapshot get %s shows how it goes on", name, or(last, "not seen"), timeout, name)
+	}
 	for {
 		s, err := cl.Snapshot(ctx, name)
+		if err != nil && ctx.Err() != nil && parent.Err() == nil {
+			return timedOut(s)
+		}
 		phase, ok, err := done(s, err)
 		if phase != "" && phase != last {
 			line(c.errw, "snapshot %s: %s", name, phase)
@@ -258,11 +272,11 @@ func (c *cli) poll(ctx context.Context, cl *client.Client, name string, timeout 
 		if ok || err != nil {
 			return s, err
 		}
-		if time.Now().After(deadline) {
-			return s, failf(exitTimeout, "snapshot %s: still %s after %s; salt-volumes snapshot get %s shows how it goes on", name, last, timeout, name)
-		}
 		select {
 		case <-ctx.Done():
+			if parent.Err() == nil {
+				return timedOut(s)
+			}
 			return s, ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
@@ -280,7 +294,7 @@ func (c *cli) waitSnapshot(ctx context.Context, cl *client.Client, name string, 
 		case err != nil:
 			return "", false, err
 		case s.Phase == "Failed":
-			return s.Phase, false, failf(exitFailed, "snapshot %s failed: %s", name, s.Message)
+			return s.Phase, false, failf(exitFailed, "snapshot %s failed: %s", name, cleanCell(s.Message))
 		}
 		return s.Phase, !gone && s.Phase == "Ready", nil
 	})
@@ -296,7 +310,7 @@ func (c *cli) waitRestore(ctx context.Context, cl *client.Client, name string, t
 		case s.Restore == nil:
 			return "", false, failf(exitFailed, "snapshot %s: its restore is not recorded (restarted or forgotten?)", name)
 		case s.Restore.Phase == "Failed":
-			return "restore Failed", false, failf(exitFailed, "restoring volume %s from snapshot %s failed: %s", s.Volume, name, s.Restore.Message)
+			return "restore Failed", false, failf(exitFailed, "restoring volume %s from snapshot %s failed: %s", cleanCell(s.Volume), name, cleanCell(s.Restore.Message))
 		}
 		return "restore " + s.Restore.Phase, s.Restore.Phase == "Restored", nil
 	})

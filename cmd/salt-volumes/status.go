@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+
+	"github.com/salt-volumes/salt-volumes/internal/client"
 )
 
 // statusCmd prints whether the server serves and its role among replicas.
@@ -13,7 +15,8 @@ func (c *cli) statusCmd() *cobra.Command {
 		Short: "Whether serve is ready, and which replica leads",
 		Long: `Ask serve's /readyz: whether it is ready (its event source connected), and
 its role among replicas: leader, follower of another, or the only one. Not
-ready is exit 7 (503: ask again).`,
+ready is exit 7 (503: ask again), said as the server says it, or "not
+ready (HTTP 503)".`,
 		Example: `  salt-volumes status
   salt-volumes status -o json`,
 		Args: noArgs("takes no arguments"),
@@ -26,8 +29,9 @@ ready is exit 7 (503: ask again).`,
 			if err != nil {
 				return err
 			}
-			return c.emit(map[string]any{"url": cl.URL, "status": role}, nil, func(bool) error {
-				_, err := fmt.Fprintf(c.out, "%s\t%s\n", cleanCell(cl.URL), cleanCell(role))
+			u := client.Redact(cl.URL)
+			return c.emit(map[string]any{"url": u, "status": role}, nil, func(bool) error {
+				_, err := fmt.Fprintf(c.out, "%s\t%s\n", cleanCell(u), cleanCell(role))
 				return err
 			})
 		},

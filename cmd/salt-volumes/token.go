@@ -54,13 +54,19 @@ with it on stderr; -o json or yaml print the token with its secret.`,
 				return c.emit(v, nil, nil)
 			}
 			// The secret alone on stdout (scripts: TOKEN=$(salt-volumes
-			// token create ...)); what to do with it on stderr.
+			// token create ...)); what to do with it on stderr. One a
+			// request cannot carry is not printed: it is of no use, and
+			// could be a terminal's command (the server's are
+			// base64url).
+			if v.Token == "" || strings.ContainsFunc(v.Token, func(r rune) bool { return r <= ' ' || r > '~' }) {
+				return failf(exitFailed, "token create: the server answered a secret no request can carry: not printed; revoke the token: salt-volumes token revoke %s", name)
+			}
 			fmt.Fprintln(c.out, v.Token)
 			exp := "never expires"
 			if v.Expires != nil {
 				exp = "expires " + v.Expires.Local().Format(time.RFC3339)
 			}
-			fmt.Fprintf(c.errw, "token %s (role %s, %s): shown this once, stored only as a hash; revoke with: salt-volumes token revoke %s\n", v.Name, v.Role, exp, v.Name)
+			line(c.errw, "token %s (role %s, %s): shown this once, stored only as a hash; revoke with: salt-volumes token revoke %s", name, v.Role, exp, name)
 			return nil
 		},
 	}
@@ -147,7 +153,7 @@ func (c *cli) tokenRevokeCmd() *cobra.Command {
 			if !c.human() {
 				return c.emit(v, named("token", v.Name), nil)
 			}
-			fmt.Fprintf(c.out, "token %s revoked: refused from now on\n", v.Name)
+			line(c.out, "token %s revoked: refused from now on", name)
 			return nil
 		},
 	}

@@ -67,8 +67,12 @@ func timeoutFlag(cmd *cobra.Command, d *time.Duration, what string) {
 	cmd.Flags().DurationVar(d, "timeout", 0, what+" (default: the server's jobTimeout and a minute)")
 }
 
-// defaultJobTimeout is serve's jobTimeout when its config sets none.
-const defaultJobTimeout = 10 * time.Minute
+// defaultJobTimeout is serve's jobTimeout when its config sets none;
+// maxJobTimeoutSeconds the largest one a wait takes from a server (24 h).
+const (
+	defaultJobTimeout    = 10 * time.Minute
+	maxJobTimeoutSeconds = 24 * 60 * 60
+)
 
 // waitTimeout is --timeout, or the server's jobTimeout and a minute: a
 // job that takes all its time ends (Failed, JobTimeout) before the wait
@@ -83,10 +87,14 @@ func (c *cli) waitTimeout(cmd *cobra.Command, cl *client.Client, given time.Dura
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 	defer cancel()
-	if info, err := cl.Info(ctx); err == nil && info.JobTimeoutSeconds > 0 {
+	// Checked before it is multiplied: a number near int64's largest
+	// would wrap into a negative duration.
+	if info, err := cl.Info(ctx); err == nil && info.JobTimeoutSeconds >= 1 && info.JobTimeoutSeconds <= maxJobTimeoutSeconds {
 		return time.Duration(info.JobTimeoutSeconds)*time.Second + time.Minute, nil
 	}
-	// A server without GET /api/v1/info (older): its default.
+	// A server without GET /api/v1/info (older), one a Kubernetes
+	// identity may not ask (403 without list on volumes), or one whose
+	// jobTimeoutSeconds is out of 1 s .. 24 h: serve's default.
 	return defaultJobTimeout + time.Minute, nil
 }
 
@@ -156,7 +164,7 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 			terminating = true
 		case v.Status.Phase == saltvolumes.Failed && (target == "Available" || terminating):
 			_ = c.showVolume(v)
-			finish(failf(exitFailed, "volume %s failed: %s", name, v.Status.Message))
+			finish(failf(exitFailed, "volume %s failed: %s", name, cleanCell(v.Status.Message)))
 		}
 		return !done
 	})
@@ -170,7 +178,7 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 		if last != nil {
 			state = step(*last)
 		}
-		return last, failf(exitTimeout, "volume %s: not %s after %s; last seen %s; %s", name, target, timeout, state, again)
+		return last, failf(exitTimeout, "volume %s: not %s after %s; last seen %s; %s", name, target, timeout, cleanCell(state), again)
 	case errors.Is(err, client.ErrStreamEnded):
 		return last, failf(exitRetry, "volume %s: %v before it was %s; %s", name, err, target, again)
 	}

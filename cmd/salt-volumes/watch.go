@@ -1,12 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
@@ -36,7 +35,6 @@ as one YAML document, -o name the volume's name.`,
 			if err != nil {
 				return err
 			}
-			enc := json.NewEncoder(c.out)
 			return cl.Watch(cmd.Context(), n, "", func(ev saltvolumes.Event) bool {
 				if ev.Type == client.Synced {
 					return true
@@ -44,13 +42,19 @@ as one YAML document, -o name the volume's name.`,
 				v := ev.Volume
 				switch c.format() {
 				case fmtJSON:
-					_ = enc.Encode(ev)
+					if b, err := jsonBytes(ev, ""); err == nil {
+						_, _ = c.out.Write(b)
+					}
 				case fmtYAML:
-					if b, err := yaml.Marshal(ev); err == nil {
+					if b, err := yamlBytes(ev); err == nil {
 						fmt.Fprintf(c.out, "---\n%s", b)
 					}
 				case fmtName:
-					fmt.Fprintln(c.out, "volume/"+v.Spec.Name)
+					if n := "volume/" + v.Spec.Name; validKindName(n) {
+						fmt.Fprintln(c.out, n)
+					} else {
+						fmt.Fprintf(c.errw, "salt-volumes: watch: left out a volume name the server sent that is not a volume name: %s\n", strconv.QuoteToASCII(v.Spec.Name))
+					}
 				default:
 					line(c.out, "%s %-8s %-20s %-12s %-12s %s", time.Now().Format("15:04:05"), ev.Type, v.Spec.Name, v.Spec.Node, v.Status.Phase, detail(v))
 				}

@@ -239,3 +239,51 @@ func TestKubernetesRestoreOfAHeldVolumeAsksAdminOnTheVolume(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, string(got), snapshots.Restoring, "nothing was asked of the node")
 }
+
+// A thick LVM snapshot's restore uses it up (it merges into its volume):
+// a Kubernetes identity is asked delete on the snapshot too, as its
+// deletion asks; a thin one's restore keeps it and asks no more.
+func TestKubernetesRestoreOfAThickLVMSnapshotAsksDeleteOnIt(t *testing.T) {
+	for _, tc := range []struct {
+		name, method string
+		want         []attrs
+	}{
+		{"thick: delete on the snapshot too", "lvm-thick", []attrs{
+			{Verb: "get", Resource: snaps, Name: "nightly"},
+			{Verb: "delete", Resource: vols, Name: "data"},
+			{Verb: "delete", Resource: snaps, Name: "nightly"},
+		}},
+		{"thin: kept, not asked", "lvm-thin", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Everything but deleting snapshots.
+			kube := &fakeKube{allow: func(a kubeauth.Attributes) bool { return !(a.Verb == "delete" && a.Resource == snaps) }}
+			var st *store.Bolt
+			ts, _ := newServerWith(t, func(s *Server) {
+				s.Kube = kube
+				st = s.Store.(*store.Bolt)
+				s.Snapshots = &snapshots.Service{Records: st}
+			})
+			v := available(t, st, `{"name":"data","node":"node-1","lvmLogicalVolume":{"vgName":"vg0","size":"1Gi"}}`)
+			rec, err := json.Marshal(map[string]any{"name": "nightly", "volume": "data", "volumeUUID": v.Spec.UUID, "node": "node-1",
+				"phase": snapshots.Ready, "createdAt": time.Now(), "spec": v.Spec, "method": tc.method, "lv": "vg0/svsnap-x-nightly"})
+			require.NoError(t, err)
+			require.NoError(t, st.PutRecord(context.Background(), snapshots.Kind, "nightly", rec))
+			kube.take()
+			code, m := do(t, ts, "POST", "/api/v1/snapshots/nightly/restore", "viewer", "")
+			if tc.want == nil {
+				assert.NotEqual(t, http.StatusForbidden, code, m)
+				for _, a := range kube.take() {
+					assert.False(t, a.Verb == "delete" && a.Resource == snaps, "asked %v", a)
+				}
+				return
+			}
+			assert.Equal(t, http.StatusForbidden, code, m)
+			assert.Contains(t, errField(m, "message"), "may not delete volumesnapshots.salt-volumes.io nightly")
+			assert.Equal(t, tc.want, kube.take())
+			got, err := st.GetRecord(context.Background(), snapshots.Kind, "nightly")
+			require.NoError(t, err)
+			assert.NotContains(t, string(got), snapshots.Restoring, "nothing was asked of the node")
+		})
+	}
+}

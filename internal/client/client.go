@@ -11,12 +11,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
@@ -25,8 +30,25 @@ import (
 type Client struct {
 	URL   string
 	Token string
-	HTTP  *http.Client
+	// HTTP is the client requests go through (nil: http.DefaultClient's
+	// transport); whatever its CheckRedirect, no redirect is followed.
+	HTTP *http.Client
+	// HeaderTimeout is how long a request but a watch waits for the
+	// answer's headers (0: DefaultHeaderTimeout; negative: forever).
+	HeaderTimeout time.Duration
 }
+
+// DefaultHeaderTimeout is how long a request (but a watch, which waits
+// for events) waits for its answer to begin: a server that stopped
+// answering is then a TransportError, Retryable, not a hang.
+const DefaultHeaderTimeout = 60 * time.Second
+
+// MaxAnswer is the largest answer read (a list of every volume fits many
+// times over).
+const MaxAnswer = 256 << 20
+
+// maxAnswer is MaxAnswer, smaller in the tests.
+var maxAnswer = MaxAnswer
 
 // Error is an error answer from the server.
 type Error struct {
@@ -50,20 +72,151 @@ type TransportError struct {
 	Err error
 }
 
-func (e *TransportError) Error() string { return "salt-volumes API at " + e.URL + ": " + e.Err.Error() }
+func (e *TransportError) Error() string {
+	return "salt-volumes API at " + Redact(e.URL) + ": " + e.Err.Error()
+}
 func (e *TransportError) Unwrap() error { return e.Err }
 
-// Retryable: asking again may get an answer. A certificate one side
-// refused (an unknown CA, a wrong name, a client certificate missing) is
-// refused again: no answer, but nothing a retry mends.
+// Retryable: asking again may get an answer. Only the network's
+// failures are: a connection refused, reset or cut (EOF), a host or
+// network unreachable, a timeout (of the network, of a TLS handshake, of
+// the answer's headers), a DNS failure its resolver calls temporary.
+// What a retry meets again is not: a certificate one side refused (an
+// unknown CA, a wrong name, a client certificate missing), https to a
+// port that speaks http, a scheme that is not http or https, a header
+// the request cannot carry, a name DNS does not know.
 func (e *TransportError) Retryable() bool {
-	var verify *tls.CertificateVerificationError
-	var alert tls.AlertError
-	var unknownCA x509.UnknownAuthorityError
-	var name x509.HostnameError
-	var invalid x509.CertificateInvalidError
-	return !errors.As(e.Err, &verify) && !errors.As(e.Err, &alert) && !errors.As(e.Err, &unknownCA) &&
-		!errors.As(e.Err, &name) && !errors.As(e.Err, &invalid)
+	err := e.Err
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return dns.IsTimeout || dns.IsTemporary
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE,
+		syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.EHOSTDOWN, syscall.ENETDOWN, syscall.ENETRESET, syscall.ETIMEDOUT} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// errHeaderTimeout: no answer began within the client's HeaderTimeout.
+type errHeaderTimeout time.Duration
+
+func (e errHeaderTimeout) Error() string {
+	return fmt.Sprintf("no answer within %s (the server stopped answering?)", time.Duration(e))
+}
+func (errHeaderTimeout) Timeout() bool   { return true }
+func (errHeaderTimeout) Temporary() bool { return true }
+
+// Redact is a URL as messages show it: without a password it holds.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
+}
+
+// CheckToken refuses a token no request can carry: a control character
+// (a newline from a file of two lines) would be refused by the HTTP
+// library, no answer a retry mends.
+func CheckToken(tok string) error {
+	for i, r := range tok {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("it holds a control character (%q) at byte %d", r, i)
+		}
+	}
+	return nil
+}
+
+// RedirectError is a 3xx answer: the client follows no redirect, which
+// would take the token (or a login's password) along to wherever the
+// answer points.
+type RedirectError struct {
+	URL      string // where the request went
+	Status   int
+	Location string // where the answer points, "" if nowhere
+}
+
+func (e *RedirectError) Error() string {
+	to := "nowhere"
+	if e.Location != "" {
+		to = Redact(e.Location)
+	}
+	return fmt.Sprintf("salt-volumes API at %s answered HTTP %d, a redirect to %s: salt-volumes does not follow redirects (the token or password would go along): set --url to the final address",
+		Redact(e.URL), e.Status, to)
+}
+
+func redirectError(base string, resp *http.Response) *RedirectError {
+	loc := ""
+	if u, err := resp.Location(); err == nil {
+		loc = u.String()
+	}
+	return &RedirectError{URL: base, Status: resp.StatusCode, Location: loc}
+}
+
+// noRedirect is every client's CheckRedirect: the API never redirects on
+// purpose, and a redirect followed would carry the Authorization header
+// (to another port of the same host, or from https down to http) and, on
+// a 307 or 308, a login's password to any host.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// send sends req through the client's HTTP client, following no
+// redirect. With headers, the answer must begin within HeaderTimeout
+// (the body is read without it).
+func (c *Client) send(req *http.Request, headers bool) (*http.Response, error) {
+	if c.Token != "" {
+		if err := CheckToken(c.Token); err != nil {
+			return nil, fmt.Errorf("the API token: %w: not sent", err)
+		}
+	}
+	hc := http.Client{}
+	if c.HTTP != nil {
+		hc = *c.HTTP
+	}
+	hc.CheckRedirect = noRedirect
+	d := c.HeaderTimeout
+	if d == 0 {
+		d = DefaultHeaderTimeout
+	}
+	if !headers || d < 0 {
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, &TransportError{URL: c.URL, Err: err}
+		}
+		return resp, nil
+	}
+	ctx, cancel := context.WithCancelCause(req.Context())
+	t := time.AfterFunc(d, func() { cancel(errHeaderTimeout(d)) })
+	resp, err := hc.Do(req.WithContext(ctx))
+	t.Stop()
+	if err != nil {
+		cancel(nil)
+		var ht errHeaderTimeout
+		if cause := context.Cause(ctx); errors.As(cause, &ht) && req.Context().Err() == nil {
+			err = ht
+		}
+		return nil, &TransportError{URL: c.URL, Err: err}
+	}
+	// The context ends with the body: the caller closes it.
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // ErrStreamEnded: the server closed a watch stream (a restart, a
@@ -87,13 +240,36 @@ func retryAfter(h http.Header) time.Duration {
 	return 0
 }
 
+func mib(n int) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// maxErrorText is how much of an error answer that is not the API's (an
+// HTML page of a proxy) its message keeps.
+const maxErrorText = 300
+
+// cut is text cut to n bytes (on a character boundary), saying so.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + fmt.Sprintf("... (%d bytes in all)", len(s))
+}
+
 // answerError is the error of a non-2xx answer whose body was raw.
 func answerError(resp *http.Response, raw []byte) *Error {
 	var e struct {
 		Error saltvolumes.Error `json:"error"`
 	}
 	if json.Unmarshal(raw, &e) != nil || e.Error.Message == "" {
-		e.Error = saltvolumes.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))}
+		e.Error = saltvolumes.Error{Code: "http", Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, cut(strings.TrimSpace(string(raw)), maxErrorText))}
 	}
 	return &Error{Status: resp.StatusCode, Body: e.Error, RetryAfter: retryAfter(resp.Header)}
 }
@@ -118,18 +294,20 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := c.send(req, true)
 	if err != nil {
-		return &TransportError{URL: c.URL, Err: err}
+		return err
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return redirectError(c.URL, resp)
+	}
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, int64(maxAnswer)+1))
 	if err != nil {
 		return &TransportError{URL: c.URL, Err: err}
+	}
+	if len(raw) > maxAnswer {
+		return fmt.Errorf("salt-volumes API at %s: %s %s: the answer is larger than %s, the most salt-volumes reads", Redact(c.URL), method, path, mib(maxAnswer))
 	}
 	if resp.StatusCode >= 300 {
 		return answerError(resp, raw)
@@ -242,18 +420,21 @@ func (c *Client) Watch(ctx context.Context, node, name string, fn func(saltvolum
 	}
 	req.Header.Set("Authorization", "Bearer "+c.Token)
 	req.Header.Set("Accept", "text/event-stream")
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := c.send(req, false)
 	if err != nil {
-		return &TransportError{URL: c.URL, Err: err}
+		return err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return redirectError(c.URL, resp)
+	}
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return answerError(resp, raw)
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+		return fmt.Errorf("salt-volumes API at %s: GET /api/v1/watch answered %q, not an event stream: is that the salt-volumes API?",
+			Redact(c.URL), cut(resp.Header.Get("Content-Type"), 100))
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
@@ -299,26 +480,31 @@ func (c *Client) Status(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := c.send(req, true)
 	if err != nil {
-		return "", &TransportError{URL: c.URL, Err: err}
+		return "", err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return "", redirectError(c.URL, resp)
+	}
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	body := strings.TrimSpace(string(raw))
+	body := cut(strings.TrimSpace(string(raw)), maxErrorText)
 	if resp.StatusCode != http.StatusOK {
-		return body, &Error{Status: resp.StatusCode, Body: saltvolumes.Error{Code: "unavailable", Message: body}, RetryAfter: retryAfter(resp.Header)}
+		msg := body
+		if msg == "" {
+			msg = fmt.Sprintf("not ready (HTTP %d)", resp.StatusCode)
+		}
+		return body, &Error{Status: resp.StatusCode, Body: saltvolumes.Error{Code: "unavailable", Message: msg}, RetryAfter: retryAfter(resp.Header)}
 	}
 	return body, nil
 }
 
 // HTTPS is an HTTP client for an https URL: trusting caFile's CAs besides
 // the system's when given, presenting the certificate in certFile and
-// keyFile when given. No timeout: watch streams are long-lived.
+// keyFile when given. No timeout: watch streams are long-lived (a
+// Client sets its own for the answers' headers, and follows no
+// redirect whatever this client's CheckRedirect).
 func HTTPS(caFile, certFile, keyFile string) (*http.Client, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {

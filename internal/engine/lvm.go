@@ -155,6 +155,10 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 func (e *Engine) growLV(ctx context.Context, o *op, rec *nodestate.Record, name string) error {
 	s := o.s
 	l := s.LVMLogicalVolume
+	// A restore under way sizes the LV itself once its snapshot merged.
+	if err := e.refuseRestorePending(rec.Spec, "", "growing it to "+spec.FormatSize(s.SizeBytes)); err != nil {
+		return err
+	}
 	lv, err := lvm.GetLV(ctx, l.VGName, s.Name)
 	switch {
 	case err != nil:

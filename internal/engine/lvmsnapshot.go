@@ -265,6 +265,24 @@ func (e *Engine) lvmFill(snaps []*Snapshot) {
 	}
 	if lvs, ok := e.listLVs("the LVM snapshots' fill levels"); ok {
 		fillFrom(snaps, lvs)
+		e.restoringNotLost(snaps)
+	}
+}
+
+// restoringNotLost: a snapshot its volume's unfinished LVM restore merges
+// is hidden (lvs without -a) or gone into the volume: being restored, not
+// lost.
+func (e *Engine) restoringNotLost(snaps []*Snapshot) {
+	for _, sn := range snaps {
+		if !sn.Lost || sn.LV == "" {
+			continue
+		}
+		rr, err := readRestore(e.lvmRestorePath(sn.VolumeUUID))
+		if err != nil || rr.Snapshot != sn.Name {
+			continue
+		}
+		sn.Lost = false
+		sn.Warning = "being restored into its volume (the restore's phase " + rr.Phase + "): LVM merges its logical volume " + sn.LV + " into the volume's; run the restore again to finish it"
 	}
 }
 

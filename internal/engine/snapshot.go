@@ -189,6 +189,11 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 	}
 	defer l.Unlock()
 	if rec.Spec.SparseLoopDevice == nil {
+		// LVM takes no snapshot of an origin a snapshot merges into, and
+		// one of the LV between the restore's steps would be of neither.
+		if err := e.refuseLVMRestorePending(rec.Spec, "", "taking snapshot "+name); err != nil {
+			return nil, err
+		}
 		return e.takeLVMSnapshot(ctx, rec, name, opts)
 	}
 	o := opFor(e, rec.Spec)

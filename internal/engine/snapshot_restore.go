@@ -51,6 +51,25 @@ type restoreRecord struct {
 	// version, without them, is not trusted either).
 	SnapshotTakenAt time.Time `json:"snapshotTakenAt,omitempty"`
 	SnapshotImage   uint64    `json:"snapshotImage,omitempty"`
+
+	// An LVM volume's restore (restores/<uuid>.json, lvmrestore.go): its
+	// phases are lvmRestore*, Method lvm-thick or lvm-thin, Device the
+	// volume's device-mapper device when it began. The snapshot's LV by
+	// name and LVM UUID, and its size (the origin's when it was taken);
+	// the volume's LV by LVM UUID; the thin device ids of both (a thin
+	// merge gives the volume's LV the snapshot's); KeepLV, a thin
+	// snapshot of the snapshot that takes its name once it merged, by
+	// LVM UUID once made.
+	SnapshotLV     string `json:"snapshotLV,omitempty"`
+	SnapshotLVUUID string `json:"snapshotLVUUID,omitempty"`
+	SnapshotSize   int64  `json:"snapshotSize,omitempty"`
+	OriginLVUUID   string `json:"originLVUUID,omitempty"`
+	OriginThinID   string `json:"originThinID,omitempty"`
+	SnapshotThinID string `json:"snapshotThinID,omitempty"`
+	KeepLV         string `json:"keepLV,omitempty"`
+	KeepLVUUID     string `json:"keepLVUUID,omitempty"`
+	// Warnings the checks found, for the answer of the run that finishes.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // imageIno is the inode of a snapshot's image (0 if it cannot be read).
@@ -66,6 +85,9 @@ func imageIno(img string) uint64 {
 // volume s while a restore of s has not finished (its record is there);
 // snapshot, when set, limits that to a restore from that snapshot.
 func (e *Engine) refuseRestorePending(s *spec.Spec, snapshot, what string) error {
+	if err := e.refuseLVMRestorePending(s, snapshot, what); err != nil {
+		return err
+	}
 	recPath, temp := e.restorePaths(s.UUID)
 	rr, err := readRestore(recPath)
 	if errors.Is(err, os.ErrNotExist) {
@@ -93,6 +115,9 @@ type SnapshotRestore struct {
 	// half done, which this run rolled back or finished first.
 	Finished string   `json:"finished,omitempty"`
 	Warnings []string `json:"warnings,omitempty"`
+	// SnapshotConsumed: the restore used the snapshot up (a thick LVM
+	// snapshot merges into its volume and is gone, its record with it).
+	SnapshotConsumed bool `json:"snapshotConsumed"`
 }
 
 // Names outside the UUID-named files that list and capacity count.
@@ -108,11 +133,6 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	if !validSnapshotName(name) {
 		return nil, invalid("invalid_snapshot_name", "snapshot name %q: lower-case letters, digits, '-' and '.'", name)
 	}
-	if s.LVMLogicalVolume != nil {
-		// Said from the spec alone: an LVM volume needs no record read to
-		// know that its snapshots are LVM's, which this does not merge.
-		return nil, refusedLVM(s)
-	}
 	start := time.Now()
 	l, rec, err := e.lockPrepared(s, "restore")
 	if err != nil {
@@ -123,9 +143,12 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 		return nil, refused("conflict", "volume %s on this node has a different spec (%s): pass the spec it was prepared with", s.UUID, why)
 	}
 	s = rec.Spec
+	if s.LVMLogicalVolume != nil {
+		return e.restoreFromLVMSnapshot(ctx, rec, name, start)
+	}
 	if s.SparseLoopDevice == nil {
-		if s.LVMLogicalVolume != nil || rec.DMUUID != "" {
-			return nil, refusedLVM(s)
+		if rec.DMUUID != "" {
+			return nil, refused("restore_unsupported", "volume %s is a raw volume on an operator's LV: salt-volumes does not restore it in place (that would deactivate the operator's LV and merge into it); an operator can merge the snapshot by hand while the LV is unmounted and unused (lvconvert --merge VG/SNAPSHOT-LV, the LV salt-volume-exec snapshots shows; a thick snapshot is gone afterwards), or clone it (a new LVM volume with source.snapshot): nothing was changed", s.Name)
 		}
 		return nil, refused("restore_unsupported", "volume %s is a raw volume: it has no snapshots of its own to restore: nothing was changed", s.Name)
 	}
@@ -176,7 +199,7 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	case snap.VolumeUUID != s.UUID:
 		return nil, refused("snapshot_mismatch", "snapshot %s is of volume %s, not of %s (%s): nothing was changed", name, snap.VolumeUUID, s.Name, s.UUID)
 	case snap.LV != "":
-		return nil, refused("restore_unsupported", "snapshot %s is an LVM snapshot (%s): salt-volumes does not restore one yet (lvconvert --merge by hand): nothing was changed", name, snap.LV)
+		return nil, refused("snapshot_mismatch", "snapshot %s is an LVM snapshot (%s), and volume %s is a sparse volume: nothing was changed", name, snap.LV, s.Name)
 	case snap.Mode != s.Mode || snap.FSType != s.FSType:
 		return nil, refused("snapshot_mismatch", "snapshot %s holds a %s %s volume, and %s is %s %s: nothing was changed", name, snap.Mode, snap.FSType, s.Name, s.Mode, s.FSType)
 	case snap.Size > s.SizeBytes:
@@ -227,10 +250,6 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	}
 	o.step("restore-ready", "snapshot", name)
 	return e.finishRestore(ctx, o, rr, out, start)
-}
-
-func refusedLVM(s *spec.Spec) error {
-	return refused("restore_unsupported", "volume %s is on LVM: salt-volumes does not restore an LVM snapshot yet; an operator can merge one by hand while the volume is unmounted and unused (lvconvert --merge VG/SNAPSHOT-LV, the LV salt-volume-exec snapshots shows), after which that snapshot is gone: nothing was changed", s.Name)
 }
 
 // readyRestore sizes the copy as the volume is now: a volume grown since
@@ -387,23 +406,36 @@ func refuseRestoreInUse(s *spec.Spec, file string) ([]loopdev.Device, error) {
 		return nil, failed("loop", err, "looking for the loop device of %s", file)
 	}
 	for _, d := range devs {
-		why, err := whoUses(d, file)
-		if err != nil {
-			return nil, failed("usage", err, "checking whether %s is in use", d.Path)
-		}
-		if len(why) > 10 {
-			why = append(why[:10], fmt.Sprintf("and %d more", len(why)-10))
-		}
-		if len(why) > 0 {
-			return nil, refused("in_use", "volume %s: %s is in use: %s: unmount it and stop what holds it, then restore again; nothing was changed", s.Name, d.Path, strings.Join(why, "; "))
+		if err := refuseDeviceInUse(s, d, file); err != nil {
+			return nil, err
 		}
 	}
 	return devs, nil
 }
 
-// whoUses names what uses the loop device d, its partitions or the file
-// behind it (usersOf, with the mounts of every mount namespace), each
-// mount with the namespace's lowest process.
+// refuseDeviceInUse refuses a restore of volume s while anything uses
+// block device d (a loop device, or an LV's device-mapper device), its
+// partitions or file, the file behind it ("": none): a mount in any mount
+// namespace, a stacked device, a process holding it open, swap, an
+// exclusive open that fails.
+func refuseDeviceInUse(s *spec.Spec, d loopdev.Device, file string) error {
+	why, err := whoUses(d, file)
+	if err != nil {
+		return failed("usage", err, "checking whether %s is in use", d.Path)
+	}
+	if len(why) > 10 {
+		why = append(why[:10], fmt.Sprintf("and %d more", len(why)-10))
+	}
+	if len(why) > 0 {
+		return refused("in_use", "volume %s: %s is in use: %s: unmount it and stop what holds it, then restore again; nothing was changed", s.Name, d.Path, strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// whoUses names what uses the device d (a loop device, or a device-mapper
+// device), its partitions or the file behind it ("": none) (usersOf, with
+// the mounts of every mount namespace), each mount with the namespace's
+// lowest process.
 func whoUses(d loopdev.Device, file string) ([]string, error) {
 	dev, err := blockdev.Stat(d.Path)
 	if err != nil {

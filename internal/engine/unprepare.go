@@ -63,6 +63,11 @@ func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOpti
 	case s.SparseLoopDevice != nil:
 		err = e.unprepareSparse(ctx, o, res)
 	case s.LVMLogicalVolume != nil:
+		// An unfinished merge may have left the LV inactive, or merging:
+		// finished first, then the volume goes.
+		if err := e.refuseLVMRestorePending(s, "", "deleting the volume"); err != nil {
+			return nil, err
+		}
 		err = e.unprepareLVM(ctx, o, rec, opts, res)
 	default:
 		err = e.unprepareRaw(ctx, o, rec, opts, res)

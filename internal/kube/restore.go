@@ -482,6 +482,13 @@ func (c *Controller) followRestore(ctx context.Context, pvc *corev1.PersistentVo
 		return c.restoreEnds(ctx, pvc, st, RestoreFailed, fmt.Sprintf("the snapshot's last restore is another's (%s, at %s): whether this one ran is not known; look at the volume's data before asking again (%s)",
 			cut(r.RequestedBy, maxQuoted), r.RequestedAt.Format(time.RFC3339), askAgain(pvc)))
 	}
+	if snap.TakenAt != nil && snap.TakenAt.After(st.RequestedAt) {
+		// The snapshot of that name was taken after this request: not
+		// the one asked for (taken again under the object's name), and
+		// whether this request ran is not known: never asked again.
+		return c.restoreEnds(ctx, pvc, st, RestoreFailed, fmt.Sprintf("snapshot %s was taken at %s, after this request (%s): it is not the snapshot asked for, and whether the restore ran is not known; look at the volume's data before asking again (%s)",
+			st.Snapshot, snap.TakenAt.Format(time.RFC3339), st.RequestedAt.Format(time.RFC3339), askAgain(pvc)))
+	}
 	// Never reached the snapshot's record (serve stopped between the
 	// claim's status and the request, or the request failed or waited):
 	// asked now, after the same checks as a new one, unless the claim's
@@ -509,6 +516,9 @@ func (c *Controller) followRestore(ctx context.Context, pvc *corev1.PersistentVo
 	}
 	return c.askRestore(ctx, pvc, src.v, st)
 }
+
+// methodLVMThick is a thick LVM snapshot's method (the node's answer).
+const methodLVMThick = "lvm-thick"
 
 // failedMessage is a failed restore's message with the fix: a volume in
 // use (the node names the mount and the process) is restored once the
@@ -662,6 +672,12 @@ func (c *Controller) restoreSource(ctx context.Context, pvc *corev1.PersistentVo
 	}
 	switch snap.Phase {
 	case snapshots.Ready:
+		if snap.Method == methodLVMThick {
+			// Its restore uses it up (LVM merges it into the volume), and
+			// the object would then take a new snapshot under its name,
+			// which a claim's restore could be asked from again.
+			return none, fmt.Sprintf("VolumeSnapshot %s's snapshot %s is a thick LVM snapshot, which a restore in place uses up (LVM merges it into the volume): a claim is not restored from one; a new claim starts from it with dataSourceRef: {apiGroup: %s, kind: %s, name: %s}, or an operator restores it through the API (salt-volumes snapshot restore %s); nothing was changed", from, snap.Name, ourGroup, kindSnapshot, from, snap.Name), nil
+		}
 		return restoreSrc{v: v, obj: obj, snap: snap}, "", nil
 	case snapshots.Pending:
 		return none, "", errRestoreWaiting

@@ -34,6 +34,8 @@ type restoringSalt struct {
 	restores []string // the snapshot of each restore job launched
 	// holdTakes: a snapshot's job has no return yet (it stays Pending).
 	holdTakes bool
+	// method is the snapshots' ("" : reflink).
+	method string
 }
 
 func (f *restoringSalt) LocalAsync(_ context.Context, _, _ string, arg []any, _ map[string]any) (saltapi.Job, error) {
@@ -62,7 +64,11 @@ func (f *restoringSalt) ListJob(_ context.Context, jid string) (saltapi.JobInfo,
 	case f.holdTakes:
 		return saltapi.JobInfo{Known: true}, nil
 	default:
-		ret.Return, _ = json.Marshal(map[string]any{"name": arg[2], "volumeUUID": sp.UUID, "method": "reflink", "size": sp.Bytes()})
+		method := f.method
+		if method == "" {
+			method = "reflink"
+		}
+		ret.Return, _ = json.Marshal(map[string]any{"name": arg[2], "volumeUUID": sp.UUID, "method": method, "size": sp.Bytes(), "takenAt": time.Now().UTC().Add(-time.Minute)})
 	}
 	return saltapi.JobInfo{Known: true, Returns: map[string]saltapi.MinionReturn{sp.Node: ret}}, nil
 }
@@ -316,6 +322,12 @@ func TestRestoreRefusals(t *testing.T) {
 			e.take(t, "apps", "nightly", otherUID, dataVolume())
 			e.objs["apps/nightly"] = snapshotObject{UID: nightly, Phase: snapshots.Failed, Message: "snapshot x exists and belongs to VolumeSnapshot apps/nightly (uid " + otherUID + ")"}
 		}, nil, "VolumeSnapshot nightly failed: snapshot x exists and belongs to"},
+		{"a thick LVM snapshot, which the restore would use up", "nightly", func(e *restoreEnv) {
+			e.salt.mu.Lock()
+			e.salt.method = "lvm-thick"
+			e.salt.mu.Unlock()
+			e.take(t, "apps", "nightly", nightly, dataVolume())
+		}, nil, "is a thick LVM snapshot, which a restore in place uses up"},
 		{"a claim not bound", "nightly", func(e *restoreEnv) {
 			e.take(t, "apps", "nightly", nightly, dataVolume())
 		}, dataClaim("nightly", func(p *corev1.PersistentVolumeClaim) { p.Status.Phase = corev1.ClaimPending }),
@@ -389,6 +401,17 @@ func TestRestoreReplaysByRequestID(t *testing.T) {
 		st := e.status(t, RestoreRefused)
 		assert.Contains(t, st.Message, "this request was withdrawn before it reached the node")
 		assert.Empty(t, e.salt.restored())
+	})
+	t.Run("intent older than the snapshot of that name: never asked", func(t *testing.T) {
+		// The object's snapshot was taken again (a thick one used up, its
+		// record gone) after the request: not the one asked for.
+		e := newRestoreEnv(t, func(e *restoreEnv) { e.take(t, "apps", "nightly", nightly, dataVolume()) },
+			dataClaim("nightly", intent(r1, time.Now().UTC().Add(-time.Hour))))
+		st := e.status(t, RestoreFailed)
+		assert.Contains(t, st.Message, "after this request")
+		assert.Contains(t, st.Message, "look at the volume's data before asking again")
+		time.Sleep(200 * time.Millisecond)
+		assert.Empty(t, e.salt.restored(), "not asked")
 	})
 	t.Run("asked before the restart: followed, not asked again", func(t *testing.T) {
 		e := newRestoreEnv(t, func(e *restoreEnv) {

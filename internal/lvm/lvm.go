@@ -1,5 +1,5 @@
-// Package lvm runs the LVM tools (vgs, lvs, lvcreate, lvextend, lvchange, lvremove)
-// with argument lists and reads their JSON reports. It never picks what to
+// Package lvm runs the LVM tools (vgs, lvs, lvcreate, lvextend, lvchange,
+// lvconvert, lvrename, lvremove) with argument lists and reads their JSON reports. It never picks what to
 // act on by name alone where a UUID can say it: removal selects the LV by
 // its LVM UUID.
 package lvm
@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -51,6 +52,20 @@ type LV struct {
 	Invalid bool
 	// Created is when LVM made the LV (lv_time; zero if unreadable).
 	Created time.Time
+
+	// Read by ListAll only (lvs -a):
+	//
+	// Hidden: an LV lvs lists only with -a (its name in brackets there):
+	// an internal one, or a snapshot LVM is merging into its origin.
+	Hidden bool
+	// Merging (lv_merging): an origin a snapshot merges into, at once or
+	// at its next activation, or that snapshot.
+	Merging bool
+	// MergeFailed (lv_merge_failed): LVM says the merge failed.
+	MergeFailed bool
+	// ThinID is a thin LV's device id in its pool (thin_id; "" for any
+	// other LV). A thin merge gives the origin its snapshot's.
+	ThinID string
 }
 
 // DMUUID is the device-mapper UUID of an LV, the name udev gives its
@@ -69,6 +84,10 @@ func (l *LV) HasTag(t string) bool {
 	return false
 }
 
+// WaitDelay is how long an LVM tool asked to stop (its context done) may
+// take to end before it is killed.
+var WaitDelay = 30 * time.Second
+
 // run runs an LVM tool; its stderr goes into the error, which LVM keeps
 // free of secrets.
 func run(ctx context.Context, prog string, args ...string) ([]byte, error) {
@@ -77,6 +96,12 @@ func run(ctx context.Context, prog string, args ...string) ([]byte, error) {
 		return nil, fmt.Errorf("%s not found: install lvm2: %w", prog, err)
 	}
 	cmd := exec.CommandContext(ctx, path, args...)
+	// Cancelled (the exec's timeout), an LVM tool is asked to stop
+	// (SIGTERM), never killed at once: LVM blocks signals in its
+	// critical sections (metadata commits, device-mapper table changes)
+	// and stops after them; killed only if it has not within WaitDelay.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = WaitDelay
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	// LVM warns about descriptors it inherits; none of ours are meant for it.
@@ -143,6 +168,12 @@ func ParseLVs(b []byte) ([]LV, error) {
 		if a := r["lv_attr"]; len(a) > 4 && a[4] == 'I' {
 			l.Invalid = true
 		}
+		if n := l.Name; len(n) > 2 && n[0] == '[' && n[len(n)-1] == ']' {
+			l.Name, l.Hidden = n[1:len(n)-1], true
+		}
+		l.Merging = binary(r["lv_merging"], "merging")
+		l.MergeFailed = binary(r["lv_merge_failed"], "merge failed")
+		l.ThinID = strings.TrimSpace(r["thin_id"])
 		if t := r["lv_tags"]; t != "" {
 			l.Tags = strings.Split(t, ",")
 		}
@@ -153,6 +184,14 @@ func ParseLVs(b []byte) ([]LV, error) {
 		out = append(out, l)
 	}
 	return out, nil
+}
+
+// binary reads one of lvs's binary fields: its word when set ("" when
+// not, "unknown" when it does not apply), or 1 and 0 where LVM is set to
+// report them as numbers.
+func binary(v, word string) bool {
+	v = strings.TrimSpace(v)
+	return v == word || v == "1"
 }
 
 var units = []string{"--reportformat", "json", "--units", "b", "--nosuffix"}
@@ -213,6 +252,51 @@ func List(ctx context.Context) ([]LV, error) {
 	return ParseLVs(b)
 }
 
+// allFields adds what a restore follows to lvFields. thin_id is a
+// segment's field: lvs reports one row per segment then, which ListAll
+// folds into one LV.
+const allFields = lvFields + ",lv_merging,lv_merge_failed,thin_id"
+
+// ListAll reads every LV of vg, the hidden ones too (lvs -a: a thin
+// pool's parts, a snapshot being merged), with Merging, MergeFailed and
+// ThinID; ErrNoVG if there is no such VG.
+func ListAll(ctx context.Context, vg string) ([]LV, error) {
+	b, err := run(ctx, "lvs", append(append([]string{"-a"}, units...), "-o", allFields, vg)...)
+	if err != nil && strings.Contains(err.Error(), "not found") {
+		return nil, fmt.Errorf("%q: %w", vg, ErrNoVG)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ParseAll(b)
+}
+
+// ParseAll reads `lvs -a` output with segment fields: the rows of one LV
+// (one per segment) are one LV, with the first thin id reported.
+func ParseAll(b []byte) ([]LV, error) {
+	rows, err := ParseLVs(b)
+	if err != nil {
+		return nil, err
+	}
+	var out []LV
+	at := map[string]int{}
+	for _, l := range rows {
+		key := l.VG + "/" + l.UUID
+		if l.UUID == "" {
+			key = l.VG + "/" + l.Name
+		}
+		if i, ok := at[key]; ok {
+			if out[i].ThinID == "" {
+				out[i].ThinID = l.ThinID
+			}
+			continue
+		}
+		at[key] = len(out)
+		out = append(out, l)
+	}
+	return out, nil
+}
+
 // CreateThin makes a thin LV of virtual size bytes in the thin pool
 // vg/pool, carrying tag. Its blocks read as zeros until written.
 func CreateThin(ctx context.Context, vg, pool, name string, size int64, tag string) error {
@@ -261,6 +345,54 @@ func Extend(ctx context.Context, vg, name string, size int64) error {
 // Activate activates the LV whose LVM UUID is uuid, in vg.
 func Activate(ctx context.Context, vg, uuid string) error {
 	_, err := run(ctx, "lvchange", "--activate", "y", "--select", "lv_uuid="+uuid, vg)
+	return err
+}
+
+// pollEverySecond has the poller an lvchange starts look at a merge every
+// second instead of LVM's default 15 (activation/polling_interval): a
+// small thick snapshot merges in well under a second.
+const pollEverySecond = "activation/polling_interval=1"
+
+// ActivatePolling activates the LV whose LVM UUID is uuid, in vg, and has
+// LVM poll a merge into it to its end (lvchange --poll y, whatever the
+// node's background_polling says: the merged snapshot is removed then),
+// looking every second.
+func ActivatePolling(ctx context.Context, vg, uuid string) error {
+	_, err := run(ctx, "lvchange", "--config", pollEverySecond, "--activate", "y", "--poll", "y", "--select", "lv_uuid="+uuid, vg)
+	return err
+}
+
+// Poll has LVM poll a merge into the active LV whose LVM UUID is uuid
+// (again): the background process that finishes it and removes the
+// snapshot.
+func Poll(ctx context.Context, vg, uuid string) error {
+	_, err := run(ctx, "lvchange", "--config", pollEverySecond, "--poll", "y", "--select", "lv_uuid="+uuid, vg)
+	return err
+}
+
+// Deactivate deactivates the LV whose LVM UUID is uuid, in vg (a thick
+// origin's snapshots with it). LVM refuses while it is open (mounted, held
+// by a process or a device stacked on it), and then nothing changes.
+func Deactivate(ctx context.Context, vg, uuid string) error {
+	_, err := run(ctx, "lvchange", "--activate", "n", "--select", "lv_uuid="+uuid, vg)
+	return err
+}
+
+// Merge merges the snapshot vg/name into its origin (lvconvert --merge):
+// a thin one at once when both are inactive, a thick one when the origin
+// is next activated if it is inactive now (else at once, closed). LVM
+// removes the snapshot once merged. --background: lvconvert never waits
+// for a thick merge itself; LVM's poller finishes it. lvconvert takes no
+// --select: the caller checks the snapshot's UUID just before.
+func Merge(ctx context.Context, vg, name string) error {
+	_, err := run(ctx, "lvconvert", "--yes", "--merge", "--background", vg+"/"+name)
+	return err
+}
+
+// Rename renames vg/from to vg/to. lvrename takes no --select: the caller
+// checks the LV's UUID just before.
+func Rename(ctx context.Context, vg, from, to string) error {
+	_, err := run(ctx, "lvrename", vg, from, to)
 	return err
 }
 

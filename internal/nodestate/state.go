@@ -78,6 +78,7 @@ func (d Dir) locks() string              { return filepath.Join(d.Root, "locks")
 func (d Dir) Sparse() string             { return filepath.Join(d.Root, "sparse") }
 func (d Dir) Snapshots() string          { return filepath.Join(d.Root, "snapshots") }
 func (d Dir) RestoreReport() string      { return filepath.Join(d.Root, "restore-report.json") }
+func (d Dir) Restores() string           { return filepath.Join(d.Root, "restores") }
 func (d Dir) SparseFile(u string) string { return filepath.Join(d.Sparse(), u) }
 func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+".json") }
 
@@ -117,6 +118,32 @@ func (d Dir) SnapshotDir(u string) (string, error) {
 		return "", err
 	}
 	p := filepath.Join(d.Snapshots(), u)
+	if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating %s: %w", p, err)
+	}
+	st, err := os.Lstat(p)
+	if err != nil {
+		return "", fmt.Errorf("checking %s: %w", p, err)
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("%s is not a directory (a symlink?): move it away and run again", p)
+	}
+	if st.Mode().Perm() != 0o700 {
+		if err := os.Chmod(p, 0o700); err != nil {
+			return "", fmt.Errorf("tightening %s: %w", p, err)
+		}
+	}
+	return p, nil
+}
+
+// RestoresDir is the directory of the LVM volumes' restore records
+// (restores/<uuid>.json), made if need be: a real directory, root-only,
+// like SnapshotDir.
+func (d Dir) RestoresDir() (string, error) {
+	if err := d.Init(); err != nil {
+		return "", err
+	}
+	p := d.Restores()
 	if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", fmt.Errorf("creating %s: %w", p, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
@@ -28,9 +29,11 @@ const (
 // Restore asks for volume v to be put back to snapshot name in place
 // (salt-volume-exec snapshot-restore on its node). Asking while a restore
 // from that snapshot runs answers it (started false). Refused (409) unless
-// the snapshot is Ready, of v as it is now, and v is a sparse volume that
-// is Available, not being deleted, with no other job of its snapshots
-// running. The restore is kept on the snapshot's record, last one only.
+// the snapshot is Ready, of v as it is now, and v is a sparse or LVM volume
+// that is Available, not being deleted, with no other job of its snapshots
+// running. The restore is kept on the snapshot's record, last one only; a
+// snapshot the restore used up (a thick LVM snapshot merges into its
+// volume) goes afterwards (consumed).
 func (s *Service) Restore(ctx context.Context, v *volume.Volume, name, by string) (snap Snapshot, started bool, err error) {
 	s.init()
 	s.mu.Lock()
@@ -52,10 +55,10 @@ func (s *Service) Restore(ctx context.Context, v *volume.Volume, name, by string
 		return r.Snapshot, false, &Error{409, "name", fmt.Sprintf("snapshot %s was taken for the clone %s alone and is deleted once that is Available: restore from a snapshot of your own", name, r.For)}
 	case v.Spec.UUID != r.VolumeUUID:
 		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("snapshot %s is of volume %s (%s), which is gone: volume %s is another one", name, r.Volume, r.VolumeUUID, vol)}
-	case v.Spec.SparseLoopDevice == nil:
-		// LVM snapshots would need a merge (which removes the snapshot),
-		// a raw device has none of its own: the node refuses both.
-		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s is not a sparse volume: only sparse volumes are restored in place (an LVM volume: lvconvert --merge by hand, see docs/operations.md)", vol)}
+	case v.Spec.SparseLoopDevice == nil && v.Spec.LVMLogicalVolume == nil:
+		// A raw volume on a disk has no snapshots; one on an operator's
+		// LV has LVM's, which salt-volumes does not merge into that LV.
+		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s is a raw volume: only sparse and LVM volumes are restored in place (a raw volume on an operator's LV: lvconvert --merge by hand, or clone the snapshot: salt-volumes create NEW --from snapshot/%s)", vol, name)}
 	case v.DeleteRequested:
 		return r.Snapshot, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to restore", vol)}
 	case v.Status.Phase != volume.Available:
@@ -90,6 +93,11 @@ func (s *Service) busyWith(ctx context.Context, uuid, except string) (string, er
 	}
 	for _, o := range rs {
 		if o.VolumeUUID != uuid {
+			continue
+		}
+		if o.Phase == Deleting && o.Restore != nil && o.Restore.Phase == Restored && o.Restore.SnapshotConsumed {
+			// Gone on the node already: its deletion changes nothing
+			// there, and holds nothing up.
 			continue
 		}
 		switch {
@@ -219,7 +227,10 @@ type restoreAnswer struct {
 	SameDevice bool     `json:"sameDevice"`
 	Took       string   `json:"took"`
 	Warnings   []string `json:"warnings"`
-	Volume     *struct {
+	// SnapshotConsumed: the restore used the snapshot up (a thick LVM
+	// snapshot merged into its volume): on the node it is gone.
+	SnapshotConsumed bool `json:"snapshotConsumed"`
+	Volume           *struct {
 		UUID string `json:"uuid"`
 	} `json:"volume"`
 }
@@ -255,10 +266,16 @@ func (s *Service) settleRestore(ctx context.Context, r *record, info saltapi.Job
 		msg := failure(ret.Return)
 		s.Failures.Add(1)
 		s.Log.Warn("restore job failed", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "job", r.Restore.JobID, "message", msg)
-		s.endRestore(ctx, r, Failed, fmt.Sprintf("restoring volume %s on %s failed (job %s): %s", r.Volume, r.Node, r.Restore.JobID, msg), nil)
+		text := fmt.Sprintf("restoring volume %s on %s failed (job %s): %s", r.Volume, r.Node, r.Restore.JobID, msg)
+		if _, unfinished, ok := strings.Cut(msg, RestoreUnfinished+": "); ok {
+			// Past an LVM merge: not "left as it was". Still never run
+			// again by itself: whoever asked runs it again.
+			text = fmt.Sprintf("restoring volume %s on %s did not finish (job %s): the volume already holds the data of snapshot %s (LVM merged it, or is merging it), so it was NOT left as it was; ask the restore again to finish it (salt-volumes snapshot restore %s): %s", r.Volume, r.Node, r.Restore.JobID, r.Name, r.Name, unfinished)
+		}
+		s.endRestore(ctx, r, Failed, text, nil)
 		return true
 	}
-	s.Log.Info("volume restored from its snapshot", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "job", r.Restore.JobID, "method", ans.Method, "sameDevice", ans.SameDevice)
+	s.Log.Info("volume restored from its snapshot", "snapshot", r.Name, "volume", r.Volume, "node", r.Node, "job", r.Restore.JobID, "method", ans.Method, "sameDevice", ans.SameDevice, "snapshotConsumed", ans.SnapshotConsumed)
 	s.endRestore(ctx, r, Restored, "", &ans)
 	return true
 }
@@ -277,8 +294,42 @@ func (s *Service) endRestore(ctx context.Context, r *record, phase, msg string, 
 	cur.RestoreJobStartedAt = nil
 	if ans != nil {
 		cur.Restore.Method, cur.Restore.SameDevice, cur.Restore.Took, cur.Restore.Warnings = ans.Method, ans.SameDevice, ans.Took, ans.Warnings
+		cur.Restore.SnapshotConsumed = ans.SnapshotConsumed
+	}
+	if ans != nil && ans.SnapshotConsumed {
+		// Gone on the node: the record goes too, through a deletion its
+		// node confirms (nothing left to remove there), after a moment
+		// in which the restore's outcome is still read here (a CLI's
+		// --wait, a claim's restore): see pass.
+		cur.Phase, cur.JobID, cur.JobStartedAt = Deleting, "", nil
+		if cur.Restore.RequestedBy != "" {
+			// The deletion's job says who caused it: the restorer.
+			cur.RequestedBy = cur.Restore.RequestedBy
+		}
+		cur.Message = fmt.Sprintf("used up by the restore of volume %s (a thick LVM snapshot merges into its volume and is gone): its record goes", cur.Volume)
 	}
 	if err := s.write(ctx, cur); err != nil {
 		s.Log.Warn("saving a restore", "snapshot", cur.Name, "error", err)
 	}
+	if ans != nil && ans.SnapshotConsumed {
+		s.Kick()
+	}
+}
+
+// RestoreUnfinished starts the node's message of an LVM restore that
+// failed after its merge was asked for (code restore_unfinished): the
+// volume holds the snapshot's data, and the restore must be asked again
+// to finish.
+const RestoreUnfinished = "restore_unfinished"
+
+// consumedGrace is how long a snapshot a restore used up keeps its record,
+// showing the restore's outcome, before its deletion starts.
+const consumedGrace = 10 * time.Second
+
+// consumedLately: r is a snapshot a restore used up less than
+// consumedGrace ago, whose deletion waits.
+func consumedLately(r *record) bool {
+	rs := r.Restore
+	return r.Phase == Deleting && r.JobID == "" && rs != nil && rs.Phase == Restored && rs.SnapshotConsumed &&
+		rs.FinishedAt != nil && time.Since(*rs.FinishedAt) < consumedGrace
 }

@@ -111,8 +111,8 @@ func TestRestoreRefusals(t *testing.T) {
 	deleting.DeleteRequested = true
 	other := v.Clone()
 	other.Spec.UUID = "9b2f0c1e-1111-4222-8333-444455556666"
-	lvm := v.Clone()
-	lvm.Spec.SparseLoopDevice, lvm.Spec.LVMLogicalVolume = nil, &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"}
+	raw := v.Clone()
+	raw.Spec.SparseLoopDevice, raw.Spec.RawBlockDevice = nil, &spec.RawBlockDevice{DevicePath: "/dev/vg0/db"}
 	for _, c := range []struct {
 		v       *volume.Volume
 		message string
@@ -120,7 +120,7 @@ func TestRestoreRefusals(t *testing.T) {
 		{pending, "is Pending: restore it once it is Available"},
 		{deleting, "is being deleted"},
 		{other, "which is gone"},
-		{lvm, "not a sparse volume"},
+		{raw, "is a raw volume: only sparse and LVM volumes are restored in place"},
 	} {
 		_, _, err := s.Restore(ctx, c.v, "before", "")
 		checkRefusal(t, err, c.message, "volume", 409, c.message)
@@ -186,4 +186,124 @@ func TestRestoreNeverRunsTwiceByItself(t *testing.T) {
 	s.pass(ctx)
 	_, _, err = s.Restore(ctx, v, "clone-copy-0a1b2c3d", "bob")
 	checkRefusal(t, err, "a clone's snapshot", "name", 409, "taken for the clone copy alone")
+}
+
+// An LVM volume is restored like a sparse one. A thick snapshot merges into
+// its volume and is gone on the node (snapshotConsumed): its record keeps
+// the restore's outcome for a moment (a CLI's --wait, a claim's restore
+// read it), then goes through a deletion its node confirms; meanwhile it
+// holds up no other snapshot of the volume. A thin one stays Ready.
+func TestRestoreLVMConsumesAThickSnapshot(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	v.Spec.SparseLoopDevice, v.Spec.LVMLogicalVolume = nil, &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"}
+	for _, name := range []string{"thick", "thin"} {
+		_, _, err := s.Take(ctx, v, name, "alice")
+		require.NoError(t, err)
+		s.pass(ctx)
+		f.answer(f.lastJID(), 0, map[string]any{"name": name, "volumeUUID": v.Spec.UUID, "method": "lvm-" + name, "lv": "vg0/svsnap-3f2504e0-" + name})
+		s.pass(ctx)
+	}
+
+	_, started, err := s.Restore(ctx, v, "thin", "bob")
+	require.NoError(t, err)
+	require.True(t, started, "an LVM volume is restored in place")
+	s.pass(ctx)
+	require.Equal(t, FunApply+" restored thin", f.launched[len(f.launched)-1])
+	f.answer(f.lastJID(), 0, map[string]any{"snapshot": "thin", "method": "lvm-thin", "took": "2s", "snapshotConsumed": false,
+		"volume": map[string]any{"uuid": v.Spec.UUID}})
+	s.pass(ctx)
+	got, err := s.Get(ctx, "thin")
+	require.NoError(t, err)
+	assert.Equal(t, Ready, got.Phase, "a thin snapshot is kept")
+	assert.Equal(t, Restored, got.Restore.Phase)
+	assert.False(t, got.Restore.SnapshotConsumed)
+
+	_, started, err = s.Restore(ctx, v, "thick", "bob")
+	require.NoError(t, err)
+	require.True(t, started)
+	s.pass(ctx)
+	launched := len(f.launched)
+	f.answer(f.lastJID(), 0, map[string]any{"snapshot": "thick", "method": "lvm-thick", "took": "3s", "snapshotConsumed": true,
+		"warnings": []string{"snapshot thick was a thick LVM snapshot: it merged into the volume and is gone"},
+		"volume":   map[string]any{"uuid": v.Spec.UUID}})
+	s.pass(ctx)
+	assert.True(t, s.pass(ctx), "its deletion waits a moment: not finished")
+	got, err = s.Get(ctx, "thick")
+	require.NoError(t, err)
+	assert.Equal(t, Deleting, got.Phase, "gone on the node: its record goes")
+	assert.Contains(t, got.Message, "used up by the restore of volume data-1")
+	assert.Equal(t, Restored, got.Restore.Phase, "the restore's outcome is still read")
+	assert.True(t, got.Restore.SnapshotConsumed)
+	assert.Contains(t, got.Restore.Warnings[0], "merged into the volume")
+	assert.Equal(t, "bob", got.RequestedBy, "its deletion is the restorer's (#11)")
+	s.pass(ctx)
+	assert.Len(t, f.launched, launched, "no deletion job within the grace")
+
+	// Meanwhile the volume's other snapshots are not held up.
+	_, _, err = s.Take(ctx, v, "after", "alice")
+	require.NoError(t, err, "a consumed snapshot's deletion holds nothing up")
+	s.pass(ctx)
+	f.answer(f.lastJID(), 0, map[string]any{"name": "after", "volumeUUID": v.Spec.UUID, "method": "lvm-thick", "lv": "vg0/svsnap-3f2504e0-after"})
+	s.pass(ctx)
+	launched = len(f.launched)
+
+	// Past the grace: deleted through its node, then the record goes.
+	r, err := s.read(ctx, "thick")
+	require.NoError(t, err)
+	old := time.Now().Add(-time.Minute)
+	r.Restore.FinishedAt = &old
+	require.NoError(t, s.write(ctx, r))
+	s.pass(ctx)
+	require.Len(t, f.launched, launched+1)
+	assert.Equal(t, FunApply+" deleted thick", f.launched[launched])
+	f.answer(f.lastJID(), 0, map[string]any{"deleted": "thick"})
+	s.pass(ctx)
+	_, err = s.Get(ctx, "thick")
+	assert.ErrorIs(t, err, ErrNotFound, "the consumed snapshot's record is gone")
+}
+
+// An LVM restore that failed after its merge was asked for (the node's
+// code restore_unfinished) is Failed, but not "left as it was": the
+// message says the volume holds the snapshot's data and the restore must
+// be asked again, which is never done by itself (#4).
+func TestRestoreUnfinishedIsNotLeftAsItWas(t *testing.T) {
+	for _, tc := range []struct {
+		name, ret string
+		want      []string
+		not       string
+	}{
+		{"failed after the merge", "ERROR: restore_unfinished: volume data-1 already holds (or is taking) the data of snapshot lvm1: waiting for LVM: context deadline exceeded",
+			[]string{"did not finish", "already holds the data of snapshot lvm1", "NOT left as it was", "salt-volumes snapshot restore lvm1", "context deadline exceeded"}, "failed (job"},
+		{"failed before", "ERROR: volume data-1: /dev/dm-3 is in use: nothing was changed",
+			[]string{"failed (job", "is in use"}, "did not finish"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, f, v := setup(t)
+			ctx := context.Background()
+			v.Spec.SparseLoopDevice, v.Spec.LVMLogicalVolume = nil, &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"}
+			_, _, err := s.Take(ctx, v, "lvm1", "alice")
+			require.NoError(t, err)
+			s.pass(ctx)
+			f.answer(f.lastJID(), 0, map[string]any{"name": "lvm1", "volumeUUID": v.Spec.UUID, "method": "lvm-thick", "lv": "vg0/svsnap-3f2504e0-lvm1"})
+			s.pass(ctx)
+			_, started, err := s.Restore(ctx, v, "lvm1", "bob")
+			require.NoError(t, err)
+			require.True(t, started)
+			s.pass(ctx)
+			launched := len(f.launched)
+			f.answer(f.lastJID(), 1, tc.ret)
+			s.pass(ctx)
+			got, err := s.Get(ctx, "lvm1")
+			require.NoError(t, err)
+			assert.Equal(t, Failed, got.Restore.Phase)
+			for _, w := range tc.want {
+				assert.Contains(t, got.Restore.Message, w)
+			}
+			assert.NotContains(t, got.Restore.Message, tc.not)
+			assert.Equal(t, Ready, got.Phase, "the snapshot's record stays")
+			s.pass(ctx)
+			assert.Len(t, f.launched, launched, "never run again by itself")
+		})
+	}
 }

@@ -613,6 +613,10 @@ func (s *Service) pass(ctx context.Context) bool {
 		if r.Phase != Pending && r.Phase != Deleting {
 			continue
 		}
+		if consumedLately(r) {
+			busy = true // its deletion starts in a moment
+			continue
+		}
 		if r.JobID == "" {
 			s.launch(ctx, r)
 			busy = true

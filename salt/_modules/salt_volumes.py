@@ -570,8 +570,9 @@ def apply_snapshot(action, volume, snapshot, size=None, owner=None):
 
     action
         ``taken``, ``deleted`` or ``restored`` (the volume put back to the
-        snapshot in place: a sparse volume nothing uses; refused otherwise,
-        with nothing changed)
+        snapshot in place: a sparse or LVM volume nothing uses; refused
+        otherwise, with nothing changed; a thick LVM snapshot is used up,
+        ``snapshotConsumed`` in the answer)
     volume
         the volume's spec (its name, uuid and kind: the snapshot is of the
         volume this minion prepared under that uuid)
@@ -722,13 +723,17 @@ def snapshot_delete(name=None, snapshot_name=None, spec=None):
 
 def snapshot_restore(name=None, spec=None, snapshot_name=None):
     """
-    Put a sparse volume on this minion back to one of its snapshots in
-    place: same UUID, same persistent path (and loop device where it is
-    free). Only while nothing uses the volume: a mount in any namespace, a
-    holder or a process with it open is refused (``in_use``), naming it,
-    with nothing changed; LVM volumes are refused (``restore_unsupported``).
-    The snapshot stays. A run stopped at any point is rolled back or
-    finished by the next one.
+    Put a volume on this minion back to one of its snapshots in place:
+    same UUID, same persistent path. Only while nothing uses the volume: a
+    mount in any namespace, a holder or a process with it open is refused
+    (``in_use``), naming it, with nothing changed. A sparse volume keeps
+    its loop device where it is free, and the snapshot stays. An LVM
+    volume's snapshot is merged into its LV by LVM (``lvconvert --merge``):
+    a thin snapshot stays (under its name), a thick one is used up, and the
+    answer says so (``snapshotConsumed: true``; clone it first to keep a
+    copy); an overflowed thick snapshot is refused (``snapshot_invalid``).
+    Raw volumes are refused (``restore_unsupported``). A run stopped at any
+    point is rolled back or finished by the next one.
 
     This is an action, not a state: there is no formula that restores,
     since a state run again would restore again, throwing away whatever

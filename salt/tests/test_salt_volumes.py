@@ -708,6 +708,20 @@ def test_apply_snapshot_restored_runs_snapshot_restore_and_passes_a_refusal_on(m
     assert calls == [("snapshot-restore", SPEC, ["--name", "s1"])] * 2
 
 
+def test_restore_answers_pass_through_as_the_binary_gave_them(mod, monkeypatch):
+    # An LVM volume's restore: a thick snapshot used up (snapshotConsumed),
+    # its warning; a thin one kept. The control plane reads these fields.
+    thick = {"snapshot": "s1", "method": "lvm-thick", "sameDevice": True, "took": "2.1s",
+             "snapshotConsumed": True, "warnings": ["snapshot s1 was a thick LVM snapshot: it merged into the volume and is gone"],
+             "volume": {"uuid": SPEC["uuid"], "persistentPath": "/dev/disk/by-uuid/" + SPEC["uuid"]}}
+    thin = dict(thick, method="lvm-thin", snapshotConsumed=False, warnings=None)
+    answers = [thick, thin, thick]
+    monkeypatch.setattr(mod, "_run", lambda *a: answers.pop(0))
+    assert mod.apply_snapshot("restored", SPEC, "s1") == thick
+    assert mod.apply_snapshot("restored", SPEC, "s1") == thin
+    assert mod.snapshot_restore(spec=SPEC, snapshot_name="s1") == thick
+
+
 def test_snapshot_restore_names_the_snapshot(mod, monkeypatch):
     calls = []
     monkeypatch.setattr(mod, "_run", lambda *a: calls.append(a) or {})

@@ -291,3 +291,265 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	assert.Regexp(t, `^\s*lv0\s*$`, lvs(), "vg0 as before: the operator's LV only")
 	assert.Equal(t, "[]", fmt.Sprint(snapshots(origin)))
 }
+
+// lvmRestores: restores in place of LVM volumes with the node's binary on
+// the booted guest (LVM's merge, device-mapper, udev). A thick snapshot
+// merges into its volume and is used up; a thin one is kept under its
+// name; a run killed after every step converges when run again; a volume
+// mounted in another mount namespace and an overflowed thick snapshot are
+// refused with nothing changed. Small LVs and one filesystem: every
+// minute here is CI's. All of it is removed again: vg0 is as before.
+func lvmRestores(t *testing.T, g *guest.Guest, run func(...string) string) {
+	started := time.Now()
+	defer func() {
+		t.Logf("LVM restores in place with the node's binary: %s", time.Since(started).Round(time.Second))
+	}()
+	type volume struct{ name, uuid, spec string }
+	newVol := func(name, lvm string) volume {
+		u := uuid.NewString()
+		return volume{name, u, fmt.Sprintf(`{"name":%q,"uuid":%q,"lvmLogicalVolume":%s}`, name, u, lvm)}
+	}
+	exe := func(v volume, env []string, args ...string) (string, error) {
+		cmd := append(append([]string{"env"}, env...), append([]string{"salt-volume-exec"}, args...)...)
+		return g.RunInput([]byte(v.spec), append(cmd, "--spec", "-")...)
+	}
+	ok := func(t *testing.T, v volume, args ...string) map[string]any {
+		t.Helper()
+		out, err := exe(v, nil, args...)
+		require.NoError(t, err, "%s %v: %s", v.name, args, out)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &m), out)
+		return m
+	}
+	// refused runs a command that must be refused (exit 3) with code.
+	refused := func(t *testing.T, v volume, code string, args ...string) string {
+		t.Helper()
+		out, err := exe(v, nil, args...)
+		require.Error(t, err, "%s %v: %s", v.name, args, out)
+		assert.Contains(t, err.Error(), "exit status 3", "refused: %s", out)
+		var res struct {
+			Error struct{ Code, Message string }
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+		assert.Equal(t, code, res.Error.Code, res.Error.Message)
+		return res.Error.Message
+	}
+	// crashEach kills the binary after each step in turn, then runs it to
+	// the end: every step must leave something the next run finishes.
+	crashEach := func(t *testing.T, v volume, steps []string, args ...string) map[string]any {
+		t.Helper()
+		for _, st := range steps {
+			out, err := exe(v, []string{"SALT_VOLUMES_CRASH_AFTER=" + st}, args...)
+			require.Error(t, err, "%s: killed after %s: %s", v.name, st, out)
+			assert.Regexp(t, `exit status (137|255)`, err.Error(), "%s: killed after %s, not failed: %s", v.name, st, out)
+		}
+		return ok(t, v, args...)
+	}
+	lvsOf := func(args ...string) string { return run(append([]string{"lvs", "--noheadings"}, args...)...) }
+	snapshots := func(t *testing.T, v volume) map[string]map[string]any {
+		t.Helper()
+		var res struct{ Snapshots []map[string]any }
+		out, err := exe(v, nil, "snapshots")
+		require.NoError(t, err, out)
+		require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+		by := map[string]map[string]any{}
+		for _, s := range res.Snapshots {
+			by[s["name"].(string)] = s
+		}
+		return by
+	}
+	byUUID := func(u string) string {
+		run("udevadm", "settle")
+		return run("readlink", "-f", "/dev/disk/by-uuid/"+u)
+	}
+	write := func(dir, text string) {
+		require.NoError(t, g.Write(dir+"/data", []byte(text), 0o644))
+		run("sync")
+	}
+	read := func(v volume) string {
+		run("mount", "/dev/disk/by-uuid/"+v.uuid, "/mnt/rs")
+		defer run("umount", "/mnt/rs")
+		return run("cat", "/mnt/rs/data")
+	}
+	// unchanged: the volume's LV as before a refused restore: active, the
+	// same LVM UUID, no restore record, no copy of a snapshot.
+	unchanged := func(t *testing.T, v volume, lvUUID string) {
+		t.Helper()
+		assert.Equal(t, "active", lvsOf("-o", "lv_active", "vg0/"+v.name))
+		assert.Equal(t, lvUUID, lvsOf("-o", "lv_uuid", "vg0/"+v.name))
+		assert.Empty(t, run("ls", "-A", "/var/lib/salt-volumes/restores"), "no restore record")
+		assert.NotContains(t, lvsOf("-a", "-o", "lv_name", "vg0"), "svkeep-", "no copy of a snapshot left")
+	}
+	run("mkdir", "-p", "/mnt/rs", "/mnt/rsns", "/var/lib/salt-volumes/restores")
+
+	// Thick: a 16Mi ext4 LV, written, snapshotted with 8Mi of
+	// copy-on-write space, written again.
+	thick := newVol("rs-thick", `{"vgName":"vg0","size":"16Mi","wipeSignatures":true}`)
+	ok(t, thick, "prepare")
+	thickLV := lvsOf("-o", "lv_uuid", "vg0/rs-thick")
+	run("mount", "/dev/vg0/rs-thick", "/mnt/rs")
+	write("/mnt/rs", "before")
+	ok(t, thick, "snapshot", "--name", "s1", "--size", "8Mi")
+	write("/mnt/rs", "after")
+	run("umount", "/mnt/rs")
+
+	t.Run("refused while mounted in another mount namespace", func(t *testing.T) {
+		// A mount only a private mount namespace has (a container's, a
+		// pod's): the node's own mount table does not show it.
+		// setsid: out of the ssh session's way; the same pid throughout
+		// (unshare and sh exec, sleep holds the namespace).
+		pid := run("sh", "-c", `setsid unshare -m --propagation private sh -c 'mount /dev/vg0/rs-thick /mnt/rsns && touch /run/rs-ns && exec sleep 300' </dev/null >/dev/null 2>&1 & echo $!`)
+		defer func() {
+			_, _ = g.Run("kill", pid)
+			_, _ = g.Run("sh", "-c", `while kill -0 `+pid+` 2>/dev/null; do sleep 0.1; done; rm -f /run/rs-ns
+				for i in $(seq 100); do [ -z "$(lvs --noheadings -o lv_device_open vg0/rs-thick | tr -d ' ')" ] && exit 0; sleep 0.2; done`)
+		}()
+		run("sh", "-c", `for i in $(seq 100); do [ -e /run/rs-ns ] && exit 0; sleep 0.1; done; exit 1`)
+		assert.Empty(t, run("sh", "-c", "findmnt -rno TARGET /mnt/rsns || true"), "not mounted in the node's own namespace")
+		msg := refused(t, thick, "in_use", "snapshot-restore", "--name", "s1")
+		assert.Contains(t, msg, "mounted on /mnt/rsns (in the mount namespace of pid", "names the mount and its namespace")
+		assert.Contains(t, msg, "nothing was changed")
+		unchanged(t, thick, thickLV)
+		assert.Contains(t, snapshots(t, thick), "s1", "the snapshot stays")
+	})
+
+	t.Run("thick: killed after every step, merged and used up", func(t *testing.T) {
+		res := crashEach(t, thick, []string{"restore-recorded", "restore-merging", "restore-deactivated", "restore-merge-started",
+			"restore-activated", "restore-merged", "restore-snapshot-consumed"}, "snapshot-restore", "--name", "s1")
+		t.Logf("thick restore: took %v (last run), sameDevice %v, warnings %v", res["took"], res["sameDevice"], res["warnings"])
+		assert.Equal(t, "lvm-thick", res["method"])
+		assert.Equal(t, true, res["snapshotConsumed"], "a thick snapshot merges and is gone: said so")
+		assert.Equal(t, "s1", res["finished"], "the last run finished what the killed ones began")
+		vol, _ := res["volume"].(map[string]any)
+		assert.Equal(t, "/dev/disk/by-uuid/"+thick.uuid, vol["persistentPath"])
+		assert.Equal(t, thickLV, lvsOf("-o", "lv_uuid", "vg0/rs-thick"), "the same LV (LVM UUID)")
+		assert.Equal(t, thick.uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/rs-thick"), "the volume's filesystem UUID")
+		assert.Equal(t, run("readlink", "-f", "/dev/vg0/rs-thick"), byUUID(thick.uuid), "its persistent path names it")
+		assert.NotContains(t, lvsOf("-a", "-o", "lv_name", "vg0"), "svsnap-"+thick.uuid[:8], "the snapshot's LV merged away")
+		assert.Empty(t, snapshots(t, thick), "its record gone")
+		assert.Empty(t, run("ls", "-A", "/var/lib/salt-volumes/restores"), "no restore record left")
+		assert.Equal(t, "before", read(thick), "the snapshot's data; what was written after it is gone")
+	})
+
+	t.Run("an overflowed thick snapshot is refused", func(t *testing.T) {
+		ok(t, thick, "snapshot", "--name", "s2", "--size", "4Mi")
+		// 6Mi written through the origin overflows 4Mi of copy-on-write
+		// space (the filesystem is not needed again).
+		run("dd", "if=/dev/urandom", "of=/dev/vg0/rs-thick", "bs=64K", "count=96", "seek=128", "oflag=direct", "status=none")
+		sum := run("sha256sum", "/dev/vg0/rs-thick")
+		msg := refused(t, thick, "snapshot_invalid", "snapshot-restore", "--name", "s2")
+		assert.Contains(t, msg, "overflowed")
+		assert.Contains(t, msg, "delete the snapshot")
+		unchanged(t, thick, thickLV)
+		assert.Equal(t, sum, run("sha256sum", "/dev/vg0/rs-thick"), "the volume's bytes unchanged")
+		ok(t, thick, "snapshot-delete", "--name", "s2")
+	})
+	t.Run("thick: a sibling snapshot too small for the merge is refused, then kept", func(t *testing.T) {
+		// s3 holds 5Mi of changed blocks; s4, taken after the first 3Mi,
+		// 2Mi of its 4Mi: merging s3 would copy 5Mi into s4 first.
+		ok(t, thick, "snapshot", "--name", "s3", "--size", "8Mi")
+		run("dd", "if=/dev/urandom", "of=/dev/vg0/rs-thick", "bs=64K", "count=48", "oflag=direct", "status=none")
+		ok(t, thick, "snapshot", "--name", "s4", "--size", "4Mi")
+		run("dd", "if=/dev/urandom", "of=/dev/vg0/rs-thick", "bs=64K", "count=32", "seek=64", "oflag=direct", "status=none")
+		s4LV := "vg0/svsnap-" + thick.uuid[:8] + "-s4"
+		sum := run("sha256sum", "/dev/vg0/rs-thick")
+		msg := refused(t, thick, "cow_too_small", "snapshot-restore", "--name", "s3")
+		assert.Contains(t, msg, s4LV)
+		assert.Contains(t, msg, "lvextend -L +")
+		assert.Contains(t, msg, "nothing was changed")
+		unchanged(t, thick, thickLV)
+		assert.Equal(t, sum, run("sha256sum", "/dev/vg0/rs-thick"), "the volume's bytes unchanged")
+		run("lvextend", "-q", "-L", "+4M", s4LV)
+		res := ok(t, thick, "snapshot-restore", "--name", "s3")
+		assert.Equal(t, true, res["snapshotConsumed"])
+		assert.NotEqual(t, byte('I'), lvsOf("-o", "lv_attr", s4LV)[4], "s4 survived the merge (not invalid)")
+		s4 := snapshots(t, thick)["s4"]
+		require.NotNil(t, s4)
+		assert.Nil(t, s4["lost"], "s4 is not lost")
+		ok(t, thick, "snapshot-delete", "--name", "s4")
+	})
+
+	t.Run("thick: the snapshot removed by hand before its merge: rolled back, not restored", func(t *testing.T) {
+		ok(t, thick, "snapshot", "--name", "s5", "--size", "4Mi")
+		out, err := exe(thick, []string{"SALT_VOLUMES_CRASH_AFTER=restore-deactivated"}, "snapshot-restore", "--name", "s5")
+		require.Error(t, err, out)
+		run("lvremove", "-q", "-y", "vg0/svsnap-"+thick.uuid[:8]+"-s5")
+		out, err = exe(thick, nil, "snapshot-restore", "--name", "s5")
+		require.Error(t, err, out)
+		assert.Contains(t, err.Error(), "exit status 1", out)
+		assert.Contains(t, out, `"code":"snapshot_missing"`)
+		assert.Contains(t, out, "nothing was merged")
+		assert.Contains(t, out, "rolled back")
+		assert.NotContains(t, out, `"snapshotConsumed"`, "never reported restored")
+		unchanged(t, thick, thickLV)
+		ok(t, thick, "snapshot-delete", "--name", "s5")
+	})
+	_, _ = g.Run("umount", "/mnt/rs")
+	ok(t, thick, "snapshot-delete", "--name", "s1") // gone already, if restored: done is done
+	ok(t, thick, "unprepare", "--wipe")
+
+	// Thin: a 16Mi ext4 thin LV in a pool of the operator's, two
+	// snapshots.
+	run("lvcreate", "-q", "-y", "--type", "thin-pool", "-L", "24M", "-n", "rspool", "vg0")
+	thin := newVol("rs-thin", `{"vgName":"vg0","size":"16Mi","thinPool":"rspool"}`)
+	ok(t, thin, "prepare")
+	t.Run("thin: killed after every step, the snapshot kept", func(t *testing.T) {
+		thinLV := lvsOf("-o", "lv_uuid", "vg0/rs-thin")
+		run("mount", "/dev/vg0/rs-thin", "/mnt/rs")
+		write("/mnt/rs", "thin before")
+		ok(t, thin, "snapshot", "--name", "t1")
+		ok(t, thin, "snapshot", "--name", "t2")
+		write("/mnt/rs", "thin after")
+		run("umount", "/mnt/rs")
+		t1 := snapshots(t, thin)["t1"]
+		require.NotNil(t, t1)
+		t1LV := "vg0/svsnap-" + thin.uuid[:8] + "-t1"
+		res := crashEach(t, thin, []string{"restore-recorded", "restore-keep-created", "restore-kept", "restore-merging",
+			"restore-deactivated", "restore-merge-started", "restore-merged", "restore-activated", "restore-renamed"},
+			"snapshot-restore", "--name", "t1")
+		t.Logf("thin restore: took %v (last run), sameDevice %v", res["took"], res["sameDevice"])
+		assert.Equal(t, "lvm-thin", res["method"])
+		assert.Equal(t, false, res["snapshotConsumed"], "a thin snapshot is kept")
+		assert.Contains(t, fmt.Sprint(res["warnings"]), "snapshots t2 of rs-thin", "the volume's other thin snapshots: unlinked, said so")
+		assert.Equal(t, thinLV, lvsOf("-o", "lv_uuid", "vg0/rs-thin"), "the same LV (LVM UUID)")
+		assert.Equal(t, run("readlink", "-f", "/dev/vg0/rs-thin"), byUUID(thin.uuid), "its persistent path names it")
+		assert.Equal(t, "thin before", read(thin), "the snapshot's data")
+		after := snapshots(t, thin)["t1"]
+		require.NotNil(t, after, "the snapshot stays")
+		assert.Equal(t, t1["takenAt"], after["takenAt"], "the same snapshot: taken when it was")
+		assert.Equal(t, t1LV, after["lv"], "under its LV name")
+		assert.NotEqual(t, t1["lvUUID"], after["lvUUID"], "its LV is the copy kept of it")
+		assert.Equal(t, after["lvUUID"], lvsOf("-o", "lv_uuid", t1LV), "the record names the LV that has the name")
+		assert.Nil(t, after["lost"])
+		assert.NotContains(t, lvsOf("-a", "-o", "lv_name", "vg0"), "svkeep-", "the copy took the snapshot's name")
+		assert.Empty(t, run("ls", "-A", "/var/lib/salt-volumes/restores"), "no restore record left")
+		assert.Empty(t, lvsOf("-o", "origin", "vg0/svsnap-"+thin.uuid[:8]+"-t2"), "LVM unlinked t2 from the volume")
+		msg := refused(t, thin, "snapshot_unlinked", "snapshot-restore", "--name", "t2")
+		assert.Contains(t, msg, "clone it instead")
+
+		// Written since: the kept snapshot still holds the snapshot's
+		// data, and is restored again (no crash this time). Its own LV
+		// mounted: refused; only active: deactivated before the merge.
+		run("mount", "/dev/vg0/rs-thin", "/mnt/rs")
+		write("/mnt/rs", "thin later")
+		run("umount", "/mnt/rs")
+		run("lvchange", "-q", "-ay", "-K", t1LV)
+		run("mount", "-o", "ro", "/dev/"+t1LV, "/mnt/rsns")
+		msg = refused(t, thin, "in_use", "snapshot-restore", "--name", "t1")
+		assert.Contains(t, msg, "mounted on /mnt/rsns", "the snapshot's own LV counts")
+		unchanged(t, thin, thinLV)
+		run("umount", "/mnt/rsns")
+		again := ok(t, thin, "snapshot-restore", "--name", "t1")
+		assert.Equal(t, false, again["snapshotConsumed"])
+		assert.Equal(t, "thin before", read(thin), "restored again from the kept snapshot")
+		assert.Contains(t, snapshots(t, thin), "t1")
+	})
+	_, _ = g.Run("umount", "/mnt/rs")
+	for _, n := range []string{"t1", "t2"} {
+		ok(t, thin, "snapshot-delete", "--name", n)
+	}
+	ok(t, thin, "unprepare", "--wipe")
+	run("lvremove", "-q", "-y", "vg0/rspool")
+	run("rmdir", "/mnt/rs", "/mnt/rsns")
+	assert.Regexp(t, `^\s*lv0\s*$`, lvsOf("-o", "lv_name", "vg0"), "vg0 as before: the operator's LV only")
+}

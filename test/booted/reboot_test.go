@@ -171,6 +171,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Equal(t, "vg0", run("pvs", "--noheadings", "-o", "vg_name", "/dev/vdb"), "the physical volume untouched")
 	lvmRefusals(t, g, run)
 	lvmSnapshots(t, g, run)
+	lvmRestores(t, g, run)
 
 	// The control plane, on this machine beside the master: serve reads the
 	// master's bus and job cache and publishes through salt-api.

@@ -437,7 +437,7 @@ function heldFor(v) {
 function restoreBlocked(v, x) {
   const busy = restoringOf(v);
   if (x.volumeUUID !== v.spec.uuid) return `${x.name} is a snapshot of an earlier volume named ${v.spec.name}, not of this one.`;
-  if (!v.spec.sparseLoopDevice) return "Only sparse volumes are restored in place (an LVM volume: lvconvert --merge by hand, see docs/operations.md).";
+  if (!v.spec.sparseLoopDevice && !v.spec.lvmLogicalVolume) return "Only sparse and LVM volumes are restored in place (a raw volume: clone the snapshot instead).";
   if (x.for) return `${x.name} was taken for the clone ${x.for} alone: restore from a snapshot of your own.`;
   if (busy) return `${v.spec.name} is being restored from snapshot ${busy.name}.`;
   if (v.deleting) return `${v.spec.name} is being deleted.`;
@@ -486,7 +486,9 @@ function renderSnapshots(v) {
   const when = last && last.restore.finishedAt ? new Date(last.restore.finishedAt).toLocaleString() : "";
   const text = last ? (restoringNow(last) ? `Being restored from snapshot ${last.name}: everything written since it was taken is being replaced.`
     : last.restore.phase === "Restored" ? `Last restored from snapshot ${last.name} at ${when}.`
-      : `Restoring from snapshot ${last.name} failed at ${when}; the volume is as it was: ${last.restore.message || "the node gave no reason"}`) : "";
+      : /restore_unfinished/.test(last.restore.message || "")
+        ? `Restoring from snapshot ${last.name} did not finish (${when}): the volume already holds the snapshot's data, it was NOT left as it was; ask the restore again to finish it: ${last.restore.message}`
+        : `Restoring from snapshot ${last.name} failed at ${when}; the volume is as it was: ${last.restore.message || "the node gave no reason"}`) : "";
   // Set only when it changes: it is a live region, and the page is drawn
   // again every second while a restore runs.
   if (vr.textContent !== text) vr.textContent = text;
@@ -533,9 +535,14 @@ function confirmRestore(v, x) {
   const taken = x.takenAt || x.createdAt;
   $("#restore-volume").textContent = v.spec.name;
   $("#restore-snapshot").textContent = x.name;
+  // A thick LVM snapshot merges into its volume and is gone; a thin one
+  // and a sparse volume's stay.
+  const stays = x.method === "lvm-thick"
+    ? `The snapshot is used up: LVM merges it into the volume and it is gone afterwards (to keep a copy, clone it first: Clone, or salt-volumes create NEW --from snapshot/${x.name}).`
+    : "The snapshot stays.";
   $("#restore-text").textContent = `Everything written to ${v.spec.name} since snapshot ${x.name} was taken at ${new Date(taken).toLocaleString()} ` +
     `(${age(taken)} ago) is lost: node ${v.spec.node} puts the volume back to the snapshot in place, same path and device. ` +
-    "The snapshot stays. Nothing may use the volume meanwhile (unmount it, stop its pods): the node refuses a volume in use and changes nothing.";
+    stays + " Nothing may use the volume meanwhile (unmount it, stop its pods): the node refuses a volume in use and changes nothing.";
   $("#restore-want").textContent = v.spec.name;
   $("#restore-confirm").value = "";
   $("#restore-ok").disabled = true;
