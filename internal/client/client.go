@@ -65,8 +65,9 @@ func (e *Error) Error() string { return e.Body.Message }
 
 // TransportError is a request that got no answer: refused, reset, a TLS
 // or DNS failure, a stream cut. Whether the server acted on it is
-// unknown; asking again is safe (a create asked twice is refused as
-// taken, a deletion asked twice answers the one recorded).
+// unknown; Retryable says whether asking again can get an answer (the
+// CLI's create sends its own uuid so that a retry recognises its volume,
+// and rm takes a volume already being deleted as done).
 type TransportError struct {
 	URL string
 	Err error
