@@ -15,10 +15,18 @@ const (
 	stepsPerJob   = 32
 )
 
+// lateStepGrace is how long after a job's return a step of it may still
+// arrive: Salt 3006's minion forwards events concurrently, so the return
+// can overtake the last steps.
+const lateStepGrace = 10 * time.Second
+
 // jobLog keeps the last jobs of each volume with their step timings.
 type jobLog struct {
 	mu sync.Mutex
 	m  map[string][]*saltvolumes.Job
+	// seqs holds, beside each job's steps, their numbers from the minion
+	// (0: none), which put steps that arrived out of order back in place.
+	seqs map[*saltvolumes.Job][]int
 	// changed since the last snapshot (keep saves it).
 	changed bool
 }
@@ -40,19 +48,69 @@ func (l *jobLog) started(name, jid, sls string, at time.Time) {
 	}
 	jobs := append(l.m[name], &saltvolumes.Job{JID: jid, SLS: sls, Started: at, Result: "running", Steps: []saltvolumes.JobStep{}})
 	if len(jobs) > jobsPerVolume {
+		for _, j := range jobs[:len(jobs)-jobsPerVolume] {
+			delete(l.seqs, j)
+		}
 		jobs = jobs[len(jobs)-jobsPerVolume:]
 	}
 	l.m[name] = jobs
 	l.changed = true
 }
 
-func (l *jobLog) step(name, jid, step string, at time.Time) {
+// step records a step of the volume's running job jid.
+func (l *jobLog) step(name, jid, step string, seq int, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if j := l.find(name, jid); j != nil && len(j.Steps) < stepsPerJob {
-		j.Steps = append(j.Steps, saltvolumes.JobStep{Name: step, At: at})
-		l.changed = true
+	if j := l.find(name, jid); j != nil {
+		l.insert(j, step, seq, at)
 	}
+}
+
+// late records a step that arrived after its job returned: it goes to the
+// volume's newest job if that ended at most lateStepGrace before at.
+// Progress events carry no job id, so only a numbered step is taken, and
+// only once.
+func (l *jobLog) late(name, step string, seq int, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	jobs := l.m[name]
+	if seq <= 0 || len(jobs) == 0 {
+		return
+	}
+	j := jobs[len(jobs)-1]
+	if j.Finished.IsZero() || at.Sub(j.Finished) > lateStepGrace {
+		return
+	}
+	l.insert(j, step, seq, at)
+}
+
+// insert puts the step in its place by number (a step seen already is not
+// added twice); its time stays the time it arrived.
+func (l *jobLog) insert(j *saltvolumes.Job, step string, seq int, at time.Time) {
+	if len(j.Steps) >= stepsPerJob {
+		return
+	}
+	if l.seqs == nil {
+		l.seqs = map[*saltvolumes.Job][]int{}
+	}
+	seqs := l.seqs[j]
+	for len(seqs) < len(j.Steps) { // steps restored from disk carry none
+		seqs = append(seqs, 0)
+	}
+	i := len(j.Steps)
+	if seq > 0 {
+		for _, n := range seqs {
+			if n == seq {
+				return
+			}
+		}
+		for i > 0 && seqs[i-1] > seq {
+			i--
+		}
+	}
+	j.Steps = append(j.Steps[:i], append([]saltvolumes.JobStep{{Name: step, At: at}}, j.Steps[i:]...)...)
+	l.seqs[j] = append(seqs[:i], append([]int{seq}, seqs[i:]...)...)
+	l.changed = true
 }
 
 func (l *jobLog) ended(name, jid, result, msg string, at time.Time) {
@@ -66,6 +124,9 @@ func (l *jobLog) ended(name, jid, result, msg string, at time.Time) {
 
 func (l *jobLog) forget(name string) {
 	l.mu.Lock()
+	for _, j := range l.m[name] {
+		delete(l.seqs, j)
+	}
 	delete(l.m, name)
 	l.changed = true
 	l.mu.Unlock()

@@ -290,7 +290,8 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "attached", "uuid": s.UUID, "seq": int64(5)}}})
 	assert.Equal(t, "attached", g.next("data-1").Volume.Status.Step)
 	// Out of order (Salt 3006's minion forwards events concurrently): an
-	// earlier step arriving late is not shown; the next one is.
+	// earlier step arriving late is not shown, but logged in its place;
+	// the next one is shown.
 	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
 		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "recorded", "uuid": s.UUID, "seq": int64(2)}}})
 	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
@@ -315,10 +316,48 @@ func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	assert.Equal(t, v.Status.JobID, jobs[0].JID)
 	assert.Equal(t, SLSPrepared, jobs[0].SLS)
 	assert.Equal(t, "succeeded", jobs[0].Result)
-	require.Len(t, jobs[0].Steps, 2, "the late step is not logged either")
-	assert.Equal(t, "attached", jobs[0].Steps[0].Name)
-	assert.Equal(t, "linked", jobs[0].Steps[1].Name)
-	assert.False(t, jobs[0].Finished.Before(jobs[0].Steps[1].At))
+	require.Len(t, jobs[0].Steps, 3, "the late step is logged in its place")
+	assert.Equal(t, "recorded", jobs[0].Steps[0].Name)
+	assert.Equal(t, "attached", jobs[0].Steps[1].Name)
+	assert.Equal(t, "linked", jobs[0].Steps[2].Name)
+	assert.False(t, jobs[0].Finished.Before(jobs[0].Steps[2].At))
+
+	// A step the return overtook joins the job's log, in its place, once;
+	// one of another uuid does not.
+	for range 2 {
+		g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
+			"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "formatted", "uuid": s.UUID, "seq": int64(3)}}})
+	}
+	g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
+		"cmd": "_minion_event", "id": "node-1", "data": map[string]any{"step": "stale", "uuid": "0d5d2ff4-87b3-4ab5-8e8b-6c9c2f0c0b11", "seq": int64(9)}}})
+	require.Eventually(t, func() bool { return len(g.r.Jobs("data-1")[0].Steps) > 3 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	var names []string
+	for _, st := range g.r.Jobs("data-1")[0].Steps {
+		names = append(names, st.Name)
+	}
+	assert.Equal(t, []string{"recorded", "formatted", "attached", "linked"}, names)
+	got, err = g.store.Get("data-1")
+	require.NoError(t, err)
+	assert.Equal(t, volume.Available, got.Status.Phase)
+}
+
+// A step arriving long after its job returned is not taken for it (progress
+// events carry no job id: it may be another run's).
+func TestStepsLongAfterTheReturnAreNotLogged(t *testing.T) {
+	var l jobLog
+	t0 := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
+	l.started("v", "j1", "prepared", t0)
+	l.step("v", "j1", "attached", 4, t0.Add(time.Second))
+	l.ended("v", "j1", "succeeded", "", t0.Add(2*time.Second))
+	l.late("v", "formatted", 3, t0.Add(2*time.Second+lateStepGrace+time.Millisecond))
+	l.late("v", "unnumbered", 0, t0.Add(3*time.Second))
+	l.late("v", "recorded", 2, t0.Add(3*time.Second))
+	jobs := l.m["v"]
+	require.Len(t, jobs, 1)
+	require.Len(t, jobs[0].Steps, 2)
+	assert.Equal(t, "recorded", jobs[0].Steps[0].Name)
+	assert.Equal(t, "attached", jobs[0].Steps[1].Name)
 }
 
 func TestFailedReturnCarriesSaltsMessage(t *testing.T) {

@@ -25,11 +25,24 @@ func (r *Reconciler) apply(v *volume.Volume, o observation, res *Result) effect 
 			r.warn.Warn("progress event from another minion ignored", "volume", v.Spec.Name, "node", v.Spec.Node, "from", o.node)
 			return unchanged
 		}
-		if o.uuid != v.Spec.UUID || !waiting(v) || o.step == "" || o.step == st.Step || r.stepBehind(v, o.seq) {
+		if o.uuid != v.Spec.UUID || o.step == "" {
+			return unchanged
+		}
+		now := time.Now().UTC()
+		switch {
+		case !waiting(v):
+			// The return overtook it (Salt 3006): the job's log keeps it.
+			r.jobLog.late(v.Spec.Name, o.step, o.seq, now)
+			return unchanged
+		case o.step == st.Step:
+			return unchanged
+		case r.stepBehind(v, o.seq):
+			// A later step is shown already; the log puts this one before it.
+			r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
 			return unchanged
 		}
 		st.Step = o.step
-		r.jobLog.step(v.Spec.Name, st.JobID, o.step, time.Now().UTC())
+		r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
 		return changed
 	case obsForget:
 		if st.Phase != volume.Failed && !v.NodeForgotten {

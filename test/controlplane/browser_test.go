@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,7 +43,11 @@ func newBrowser(t *testing.T, p *plane) *browser {
 				b.errors = append(b.errors, "console.error")
 			}
 		case *runtime.EventExceptionThrown:
-			b.errors = append(b.errors, e.ExceptionDetails.Text)
+			msg := e.ExceptionDetails.Text
+			if e.ExceptionDetails.Exception != nil {
+				msg += " " + e.ExceptionDetails.Exception.Description
+			}
+			b.errors = append(b.errors, msg)
 		}
 	}))
 	return b
@@ -74,6 +79,31 @@ func (b *browser) attr(sel, name string) string {
 	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.querySelector(`+jsString(sel)+`).getAttribute(`+jsString(name)+`) || ""`))
 	require.NoError(b.t, err, sel)
 	return v
+}
+
+// eventually reads sel's text (or attribute, with attr non-empty) until ok
+// accepts it or 40 s pass (the page reloads reports every 30 s), and returns the last value read: the page
+// follows the nodes' reports, which a busy machine delays by a few
+// seconds, so a check of what the user sees waits as the user would.
+func (b *browser) eventually(sel, attr string, ok func(string) bool) string {
+	b.t.Helper()
+	end := time.Now().Add(40 * time.Second)
+	for {
+		var v string
+		if attr == "" {
+			v = b.text(sel)
+		} else {
+			v = b.attr(sel, attr)
+		}
+		if ok(v) || time.Now().After(end) {
+			return v
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func contains(sub string) func(string) bool {
+	return func(s string) bool { return strings.Contains(s, sub) }
 }
 
 func (b *browser) shot(name string) {

@@ -250,27 +250,50 @@ func TestNodeHealth(t *testing.T) {
 	})
 
 	t.Run("web UI: capacity bar, detail page with usage chart and job steps", func(t *testing.T) {
+		// The page shows the node's last report: wait until the report
+		// after the restore above is in (a busy machine delays it).
+		waitFor(t, deadline, "node-1's report after the restore", func() bool {
+			items, _, err := p.Client().Nodes(ctx)
+			require.NoError(t, err)
+			for _, n := range items {
+				if n.Name == "node-1" && n.Health != nil && !n.Health.Silent && n.Health.Error == "" {
+					return true
+				}
+			}
+			return false
+		})
+		var usage struct{ Current *saltvolumes.Usage }
+		waitFor(t, deadline, "hv1 reported prepared", func() bool {
+			req, _ := http.NewRequest(http.MethodGet, p.URL+"/api/v1/volumes/hv1/usage", nil)
+			req.Header.Set("Authorization", "Bearer "+p.Token)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&usage))
+			return usage.Current != nil && usage.Current.State == "prepared"
+		})
 		b := newBrowser(t, p)
 		b.login()
 		b.do(chromedp.WaitVisible(`#nodes tr[data-node="node-1"] svg.capbar`))
-		bar := b.attr(`#nodes tr[data-node="node-1"] svg.capbar`, "aria-label")
+		bar := b.eventually(`#nodes tr[data-node="node-1"] svg.capbar`, "aria-label", contains("committed 64Mi of "))
 		assert.Contains(t, bar, "committed 64Mi of ")
-		assert.Contains(t, b.text(`#nodes tr[data-node="node-1"] td.beacon`), "reported")
+		beacon := b.eventually(`#nodes tr[data-node="node-1"] td.beacon`, "", contains("reported"))
+		assert.Contains(t, beacon, "reported")
 		b.shot("nodes-capacity")
 
 		b.do(chromedp.Navigate(p.URL+"/#/volume/hv1"),
 			chromedp.WaitVisible(`#volume-view`),
 			chromedp.WaitVisible(`#vol-chart svg.usage-chart path.line-allocated`),
 			chromedp.WaitVisible(`#vol-jobs tbody tr`))
-		assert.Equal(t, "Available", b.text("#vol-phase"))
+		assert.Equal(t, "Available", b.eventually("#vol-phase", "", func(s string) bool { return s == "Available" }))
 		assert.Contains(t, b.text("#vol-spec"), vol.Spec.UUID)
-		assert.Contains(t, b.text("#vol-usage"), "prepared")
+		assert.Contains(t, b.eventually("#vol-usage", "", contains("prepared")), "prepared")
 		d := b.attr(`#vol-chart path.line-allocated`, "d")
 		assert.Regexp(t, `^M[\d.]+,[\d.]+`, d, "the chart draws the reported samples")
 		assert.Contains(t, b.attr(`#vol-chart svg`, "aria-label"), "reports")
 		// The create job, with the steps the node reported and their times.
-		assert.Contains(t, b.text(`#vol-jobs tbody tr:last-child .job-result`), "succeeded")
-		steps := b.text(`#vol-jobs tbody tr:last-child .job-steps`)
+		assert.Contains(t, b.eventually(`#vol-jobs tbody tr:last-child .job-result`, "", contains("succeeded")), "succeeded")
+		steps := b.eventually(`#vol-jobs tbody tr:last-child .job-steps`, "", contains("attached"))
 		assert.Regexp(t, `formatted \+\d+\.\d\d`, steps)
 		assert.Regexp(t, `attached \+\d+\.\d\d`, steps)
 		disabled, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](`document.querySelector('#vol-delete').disabled`))

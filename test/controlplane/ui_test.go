@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
@@ -303,6 +304,61 @@ true;`))
 	assert.Equal(t, "before", string(b), "the snapshot's content")
 	require.NoError(t, exec.Command("umount", mp).Run(), "the volume is deleted below")
 
+	// A snapshot schedule from the page (#49 item 10): bad values refused
+	// in the form or by the control plane, naming the field and changing
+	// nothing; then set, changed and shown with its owner; a viewer sees
+	// it (below) and cannot change it; removed at the end. Every 30 days:
+	// a new schedule starts with its next slot, which a run of this test
+	// does not reach.
+	schedules := func() []saltvolumes.SnapshotSchedule {
+		t.Helper()
+		items, err := p.Client().SnapshotSchedules(context.Background(), "ui-1", "api")
+		require.NoError(t, err)
+		return items
+	}
+	setValue := func(sel, v string) {
+		t.Helper()
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector(`+jsString(sel)+`).value = `+jsString(v)+`; true`))
+		require.NoError(t, err)
+	}
+	do(chromedp.WaitVisible("#schedule-form"), chromedp.WaitVisible("#vol-schedules-empty"))
+	setValue("#schedule-every", "30d")
+	do(chromedp.Click("#set-schedule"))
+	assert.Contains(t, text("#m-schedule"), "how many of its snapshots")
+	setValue("#schedule-keep", "3")
+	setValue("#schedule-max-age", "1d")
+	do(chromedp.Click("#set-schedule"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#m-schedule').textContent.includes('maxAge')`, chromedp.WithPollingTimeout(10*time.Second)))
+	assert.Contains(t, text("#m-schedule"), "shorter than every")
+	assert.Empty(t, schedules(), "a refused schedule changes nothing")
+	setValue("#schedule-max-age", "")
+	schedRow := `#vol-schedules li[data-source="api"]`
+	do(chromedp.Click("#set-schedule"),
+		chromedp.WaitVisible(schedRow))
+	assert.Contains(t, text(schedRow), "every 30d, keeps 3")
+	assert.Contains(t, text(schedRow), "Set through the API by")
+	assert.Contains(t, text(schedRow), "No snapshot taken yet. Next at")
+	assert.Equal(t, "Change schedule", text("#set-schedule"))
+	assert.Empty(t, text("#m-schedule"))
+	got := schedules()
+	require.Len(t, got, 1)
+	assert.Equal(t, "30d", got[0].Every)
+	assert.Equal(t, 3, got[0].Keep)
+	keep, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#schedule-keep').value`))
+	require.NoError(t, err)
+	assert.Equal(t, "3", keep, "the form shows the schedule")
+	setValue("#schedule-keep", "5")
+	setValue("#schedule-max-age", "60d")
+	do(chromedp.Click("#set-schedule"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('`+schedRow+`').textContent.includes('keeps 5, prunes past 60d')`, chromedp.WithPollingTimeout(10*time.Second)))
+	got = schedules()
+	require.Len(t, got, 1)
+	assert.Equal(t, 5, got[0].Keep)
+	assert.Equal(t, "60d", got[0].MaxAge)
+	shot("3g-schedule")
+	assert.Contains(t, text("#vol-history"), "snapshot schedule by ", "the history names what was done")
+	assert.Contains(t, text("#vol-history"), "snapshot schedule failed for ")
+
 	// A viewer sees the snapshots, no button that changes them.
 	out, errs, code := p.CLI("token", "create", "ui-viewer", "--role", "viewer", "--expires", "1d")
 	require.Equal(t, 0, code, errs)
@@ -315,8 +371,9 @@ true;`))
 	shown, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#volume-view button, #volume-view form')].filter((e) => e.offsetParent !== null).map((e) => e.id || e.textContent)`))
 	require.NoError(t, err)
 	assert.Empty(t, shown, "a viewer's volume page has no action")
-	shot("3g-viewer")
+	shot("3h-viewer")
 	assert.Contains(t, text(snapRow+" .restore-status"), "Restored", "a viewer sees the last restore")
+	assert.Contains(t, text(schedRow), "every 30d, keeps 5", "a viewer sees the schedule")
 	do(chromedp.Navigate(p.URL+"/#/node/node-1"),
 		chromedp.WaitVisible(row("ui-1", "Available")))
 	shown, err = chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#node-view button:not(th button)')].filter((e) => e.offsetParent !== null).map((e) => e.id || e.textContent)`))
@@ -329,6 +386,12 @@ true;`))
 		chromedp.SetValue("#token", p.Token),
 		chromedp.Click(`#login-form button[type="submit"]`),
 		chromedp.WaitVisible(snapRow+" button.danger"))
+	do(chromedp.WaitVisible("#remove-schedule"),
+		chromedp.Click("#remove-schedule"),
+		chromedp.WaitNotPresent(schedRow),
+		chromedp.WaitVisible("#vol-schedules-empty"))
+	assert.Empty(t, schedules(), "the schedule is removed")
+	assert.Equal(t, "Set schedule", text("#set-schedule"))
 	do(chromedp.Click(snapRow+" button.danger"),
 		chromedp.Poll[chromedp.Void](`document.querySelector('`+snapRow+`') === null && !document.querySelector('#vol-snapshots-empty').hidden`, chromedp.WithPollingTimeout(time.Minute)))
 	_, err = p.Client().Snapshot(context.Background(), "ui-snap")

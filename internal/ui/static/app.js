@@ -177,12 +177,13 @@ function refreshDetail() {
     const name = state.volume;
     if (!name) return;
     const enc = encodeURIComponent(name);
-    const [u, j, h, sn] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs"),
-      api("GET", "/api/v1/volumes/" + enc + "/history"), api("GET", "/api/v1/volumes/" + enc + "/snapshots")]);
+    const [u, j, h, sn, sc] = await Promise.all([api("GET", "/api/v1/volumes/" + enc + "/usage"), api("GET", "/api/v1/volumes/" + enc + "/jobs"),
+      api("GET", "/api/v1/volumes/" + enc + "/history"), api("GET", "/api/v1/volumes/" + enc + "/snapshots"),
+      api("GET", "/api/v1/snapshot-schedules?volume=" + enc)]);
     if (u.status === 401) return logout("The token was refused.");
     if (name !== state.volume) return;
     state.detail = { usage: u.ok ? u.data.current : null, samples: u.ok ? u.data.samples : [], jobs: j.ok ? j.data.items : [],
-      history: h.ok ? h.data.items : [], snapshots: sn.ok ? sn.data.items : [] };
+      history: h.ok ? h.data.items : [], snapshots: sn.ok ? sn.data.items : [], schedules: sc.ok ? sc.data.items : [] };
     render();
     // A snapshot's job changes no volume, nor does a restore (the volume
     // stays Available throughout), so no watch event says when one ends:
@@ -411,6 +412,7 @@ function renderDetail() {
   renderJobs();
   renderHistory();
   renderSnapshots(v);
+  renderSchedules(v);
 }
 
 // restoringNow: a restore from snapshot x runs.
@@ -457,6 +459,78 @@ function restoreText(x) {
     return `Restored${when}${by}` + (r.took ? ` in ${r.took}` : "") + "." + (r.warnings && r.warnings.length ? " " + r.warnings.join(" ") : "");
   }
   return `Restore failed${when}${by}: ${r.message || "the node gave no reason"}`;
+}
+
+// scheduleText is one schedule of the volume as a sentence: what it does,
+// how its last run went, when the next comes.
+function scheduleText(x) {
+  const who = x.source === "api" ? "Set through the API" + (x.createdBy ? " by " + x.createdBy : "") : `Salt schedule ${x.schedule} in ${x.node}'s pillar`;
+  const what = [x.every ? "every " + x.every : "", x.keep ? "keeps " + x.keep : "", x.maxAge ? "prunes past " + x.maxAge : ""].filter(Boolean).join(", ");
+  let s = `${who}${what ? ": " + what : ""}.`;
+  s += x.lastSuccess ? ` Last snapshot ${x.lastSnapshot || ""} ${age(x.lastSuccess)} ago.` : " No snapshot taken yet.";
+  if (x.taking) s += ` Taking ${x.taking} now.`;
+  else if (x.nextAt) s += ` Next at ${new Date(x.nextAt).toLocaleString()}.`;
+  if (x.failing) s += ` Failing${x.failures ? " (" + x.failures + " in a row)" : ""}: ${x.lastError || "the node gave no reason"}`;
+  if (x.overdue) s += " Overdue: no snapshot within twice its interval.";
+  return s;
+}
+
+// renderSchedules lists the schedules that take snapshots of the volume
+// (the API's and the nodes' Salt ones); an operator sets or removes the
+// API's one here, a Salt one only in pillar.
+function renderSchedules(v) {
+  const items = state.detail.schedules || [];
+  const ul = $("#vol-schedules");
+  ul.replaceChildren(...items.map((x) => el("li", { class: "schedule" + (x.failing || x.overdue ? " silent" : ""), "data-source": x.source, text: scheduleText(x) })));
+  $("#vol-schedules-empty").hidden = items.length > 0;
+  const mine = items.find((x) => x.source === "api");
+  $("#schedule-form").hidden = !may("operator") || !!v.deleting;
+  $("#remove-schedule").hidden = !mine;
+  $("#set-schedule").textContent = mine ? "Change schedule" : "Set schedule";
+  // The form starts from the schedule there is, but never overwrites what
+  // someone is typing.
+  const form = $("#schedule-form");
+  if (mine && state.scheduleShown !== mine.createdAt + mine.every + mine.keep + mine.maxAge && !form.contains(document.activeElement)) {
+    state.scheduleShown = mine.createdAt + mine.every + mine.keep + mine.maxAge;
+    $("#schedule-every").value = mine.every || "";
+    $("#schedule-keep").value = mine.keep ? String(mine.keep) : "";
+    $("#schedule-max-age").value = mine.maxAge || "";
+  }
+}
+
+async function submitSchedule(e) {
+  e.preventDefault();
+  const v = state.volumes.get(state.volume);
+  if (!v) return;
+  const every = $("#schedule-every").value.trim();
+  const keepText = $("#schedule-keep").value.trim();
+  const maxAge = $("#schedule-max-age").value.trim();
+  if (!every) {
+    $("#m-schedule").textContent = "Say how often, e.g. 1h or 1d.";
+    return;
+  }
+  if (!/^[0-9]+$/.test(keepText)) {
+    $("#m-schedule").textContent = "Say how many of its snapshots the schedule keeps: a whole number, e.g. 24.";
+    return;
+  }
+  const body = { every, keep: Number(keepText) };
+  if (maxAge) body.maxAge = maxAge;
+  const r = await api("PUT", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/snapshot-schedule", body);
+  $("#m-schedule").textContent = r.ok ? "" : refusal(r);
+  if (r.ok) state.scheduleShown = null;
+  refreshDetail();
+}
+
+async function removeSchedule() {
+  const v = state.volumes.get(state.volume);
+  if (!v) return;
+  const r = await api("DELETE", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + "/snapshot-schedule");
+  $("#m-schedule").textContent = r.ok ? "" : refusal(r);
+  if (r.ok) {
+    state.scheduleShown = null;
+    for (const id of ["#schedule-every", "#schedule-keep", "#schedule-max-age"]) $(id).value = "";
+  }
+  refreshDetail();
 }
 
 function renderSnapshots(v) {
@@ -664,7 +738,9 @@ function renderHistory() {
   $("#vol-history-empty").hidden = items.length > 0;
   for (const e of items) {
     const snap = e.route.match(/\/snapshots(?:\/([^/?]+))?/);
+    const sched = /\/snapshot-schedule(\?|$)/.test(e.route);
     let act = /\/resize$/.test(e.route) ? "growth"
+      : sched ? (e.method === "DELETE" ? "snapshot schedule removal" : "snapshot schedule")
       : snap && /\/restore$/.test(e.route) ? "restore from snapshot " + decodeURIComponent(snap[1] || "")
       : snap ? (e.method === "POST" ? "snapshot" : "snapshot " + decodeURIComponent(snap[1] || "") + " deletion")
         : (ACTS[e.method] || e.method);
@@ -964,6 +1040,8 @@ function init() {
   });
   $("#snapshot-form").addEventListener("submit", submitSnapshot);
   $("#clone-form").addEventListener("submit", submitClone);
+  $("#schedule-form").addEventListener("submit", submitSchedule);
+  $("#remove-schedule").addEventListener("click", removeSchedule);
   window.addEventListener("hashchange", route);
   // Ages move on even when nothing else does; node reports and usage
   // arrive from the beacons, not on the watch stream.
