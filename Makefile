@@ -95,7 +95,7 @@ smoke-bench:
 	@mkdir -p test-results; rm -f test-results/bench-metrics-smoke.txt
 	SALT_VOLUMES_BENCH_SMOKE=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/bench/
 smoke-load:
-	SALT_VOLUMES_LOAD=1 LOAD_VOLUMES=200 LOAD_WATCHERS=20 LOAD_RATE=10 LOAD_SECONDS=3 $(GO) test -count=1 -run TestLoad -v -timeout 5m ./test/load/
+	SALT_VOLUMES_LOAD=1 LOAD_VOLUMES=170 LOAD_NODES=10 LOAD_WATCHERS=20 LOAD_RATE=10 LOAD_SECONDS=3 $(GO) test -count=1 -run TestLoad -v -timeout 5m ./test/load/
 
 # The alert rules shipped in deploy/monitoring, checked by Prometheus's own
 # promtool (setup extracts it from Debian's package; skipped without it).

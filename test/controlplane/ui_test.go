@@ -407,7 +407,7 @@ true;`))
 		chromedp.Click(`#create-form button[type="submit"]`),
 		chromedp.WaitVisible(row("ui-bad", "Failed")))
 	shot("4-failed")
-	reason := text(`#volumes tr[data-volume="ui-bad"] td:nth-child(6) .reason`)
+	reason := text(`#volumes tr[data-volume="ui-bad"] td.phase-cell .reason`)
 	assert.Contains(t, reason, "/dev/salt-volumes-ui-missing")
 	assert.Contains(t, reason, "PrepareFailed")
 
@@ -421,7 +421,7 @@ true;`))
 		chromedp.SendKeys("#f-size", "64Mi"),
 		chromedp.Click(`#create-form button[type="submit"]`),
 		chromedp.WaitVisible(row("ui-lvm", "Failed")))
-	reason = text(`#volumes tr[data-volume="ui-lvm"] td:nth-child(6) .reason`)
+	reason = text(`#volumes tr[data-volume="ui-lvm"] td.phase-cell .reason`)
 	assert.Contains(t, reason, "lvmLogicalVolume.vgName")
 	assert.Contains(t, reason, `"vg-missing" does not exist`)
 	assert.Contains(t, text(`#volumes tr[data-volume="ui-lvm"]`), "lvm vg-missing", "the kind column")

@@ -43,20 +43,22 @@ func env(name string, def int) int {
 	return def
 }
 
-// TestLoad: 5,000 volumes in the store, 500 idle watchers, 50 creates a
-// second for 60 s. serve's peak RSS must stay under 300 MB and every
-// create must end Available; p50 and p99 create latency are printed.
+// TestLoad: 5,000 volumes in the store on 100 nodes, 500 idle watchers,
+// 50 creates a second for 60 s. serve's peak RSS must stay under 300 MB
+// and every create must end Available; p50 and p99 create latency are
+// printed. Then the web UI's all-volumes view in Chromium, over them all.
 func TestLoad(t *testing.T) {
 	if os.Getenv("SALT_VOLUMES_LOAD") == "" {
 		t.Skip("a 60 s load test: run it with make load (or make bench)")
 	}
 	seed, watchers := env("LOAD_VOLUMES", 5000), env("LOAD_WATCHERS", 500)
 	rate, seconds := env("LOAD_RATE", 50), env("LOAD_SECONDS", 60)
+	nodes := env("LOAD_NODES", 100)
 	dir := t.TempDir()
 	require.NoError(t, testenv.Build(dir, "salt-volumes"))
 
 	storePath := filepath.Join(dir, "volumes.db")
-	seedStore(t, storePath, seed)
+	seedStore(t, storePath, seed, nodes)
 	bus := newFakeBus(t, filepath.Join(dir, "bus.ipc"))
 	salt := newFakeSalt(bus)
 	api := httptest.NewServer(salt)
@@ -107,7 +109,7 @@ func TestLoad(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body := fmt.Sprintf(`{"name":%q,"node":"node-%d","sparseLoopDevice":{"size":"1Gi"}}`, name, i%100)
+			body := fmt.Sprintf(`{"name":%q,"node":"node-%d","sparseLoopDevice":{"size":"1Gi"}}`, name, i%nodes)
 			start := time.Now()
 			code := post(base+"/api/v1/volumes", token, body)
 			d := time.Since(start)
@@ -140,9 +142,13 @@ func TestLoad(t *testing.T) {
 		float64(p(0.5).Microseconds())/1000, float64(p(0.99).Microseconds())/1000, rssPeak/1024)
 	assert.LessOrEqual(t, rssPeak/1024, int64(300), "peak RSS at most 300 MB")
 	assert.Zero(t, dropped.Load(), "no idle watcher falls behind")
+
+	t.Run("the all-volumes view", func(t *testing.T) {
+		allVolumesView(t, base, token, seed, len(names), nodes)
+	})
 }
 
-func seedStore(t *testing.T, path string, n int) {
+func seedStore(t *testing.T, path string, n, nodes int) {
 	st, err := store.Open(path)
 	require.NoError(t, err)
 	defer st.Close()
@@ -155,7 +161,7 @@ func seedStore(t *testing.T, path string, n int) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			u := uuid.NewString()
-			v := &volume.Volume{Spec: spec.Spec{Name: fmt.Sprintf("seed-%05d", i), UUID: u, Node: fmt.Sprintf("node-%d", i%100),
+			v := &volume.Volume{Spec: spec.Spec{Name: fmt.Sprintf("seed-%05d", i), UUID: u, Node: fmt.Sprintf("node-%d", i%nodes),
 				Mode: spec.ModeFilesystem, FSType: spec.FSExt4, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"}},
 				CreatedAt: time.Now().UTC(), Origin: "salt"}
 			v.Status = volume.Status{Status: saltvolumes.Status{Phase: volume.Available, DeviceName: "loop1", DevicePath: "/dev/loop1", PersistentPath: "/dev/disk/by-uuid/" + u, Size: 1 << 30, UpdatedAt: time.Now().UTC()}}

@@ -9,6 +9,8 @@ const state = {
   nodes: [],
   sort: { key: "name", dir: 1 },
   filter: "",
+  nodeFilter: "", // the all-volumes view's node and phase filters
+  phaseFilter: "",
   es: null,
   cloneFrom: null, // the snapshot the clone form is for
   restoreOf: null, // the volume and snapshot the restore dialog is for
@@ -89,7 +91,16 @@ function el(tag, attrs, ...children) {
 
 function show(id) {
   for (const s of ["#login", "#nodes-view", "#node-view", "#volume-view"]) $(s).hidden = s !== id;
+  $("#nav").hidden = id === "#login";
+  const here = id === "#nodes-view" ? "#nav-nodes" : state.node === ALL ? "#nav-volumes" : "";
+  for (const a of ["#nav-nodes", "#nav-volumes"]) {
+    if (a === here) $(a).setAttribute("aria-current", "page");
+    else $(a).removeAttribute("aria-current");
+  }
 }
+
+// ALL is the all-volumes view's node: every node's volumes in one table.
+const ALL = "*";
 
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -155,6 +166,7 @@ async function connect() {
 function route() {
   if (!state.token) { show("#login"); $("#token").focus(); return; }
   const m = /^#\/node\/(.+)$/.exec(location.hash);
+  const all = location.hash === "#/volumes";
   const mv = /^#\/volume\/(.+)$/.exec(location.hash);
   state.volume = null;
   if (mv) {
@@ -163,7 +175,8 @@ function route() {
     state.detail = { usage: null, samples: [], jobs: [] };
     show("#volume-view");
     refreshDetail();
-  } else if (m) { state.node = decodeURIComponent(m[1]); show("#node-view"); }
+  } else if (all) { state.node = ALL; show("#node-view"); loadNodes(); }
+  else if (m) { state.node = decodeURIComponent(m[1]); show("#node-view"); }
   else { state.node = null; show("#nodes-view"); loadNodes(); }
   render();
 }
@@ -280,6 +293,7 @@ function row(v) {
   const s = v.status, sp = v.spec;
   return {
     name: sp.name,
+    node: sp.node,
     kind: kindText(sp),
     mode: sp.mode,
     fs: sp.fsType || "-",
@@ -296,24 +310,32 @@ function row(v) {
 }
 
 function renderVolumes() {
-  $("#node-name").textContent = state.node;
+  const all = state.node === ALL;
+  $("#node-title").replaceChildren(all ? "All volumes" : "Node ", all ? "" : el("span", { id: "node-name", text: state.node }));
+  $("#volumes").classList.toggle("one-node", !all);
+  $("#all-filters").hidden = !all;
   $("#create-node").textContent = state.node;
-  $("#show-create").hidden = !may("operator");
-  if (!may("operator")) $("#create-form").hidden = true;
-  $("#node-role").textContent = roleNote();
+  // A volume is created on a node: from that node's page.
+  $("#show-create").hidden = all || !may("operator");
+  if (all || !may("operator")) $("#create-form").hidden = true;
+  $("#node-role").textContent = all && may("operator") ? "Open a node to create a volume on it." : roleNote();
+  if (all) fillNodeFilter();
   const f = state.filter.toLowerCase();
-  const rows = [...state.volumes.values()]
-    .filter((v) => v.spec.node === state.node)
+  const mine = [...state.volumes.values()].filter((v) => all || v.spec.node === state.node);
+  const rows = mine
+    .filter((v) => !all || ((!state.nodeFilter || v.spec.node === state.nodeFilter) && (!state.phaseFilter || v.status.phase === state.phaseFilter)))
     .map(row)
-    .filter((r) => !f || [r.name, r.kind, r.mode, r.fs, r.phase, r.pv, r.step, r.device, r.path, r.v.status.message || ""]
+    .filter((r) => !f || [r.name, all ? r.node : "", r.kind, r.mode, r.fs, r.phase, r.pv, r.step, r.device, r.path, r.v.status.message || ""]
       .some((x) => String(x).toLowerCase().includes(f)));
+  $("#count").textContent = rows.length === mine.length ? `${mine.length} volume${mine.length === 1 ? "" : "s"}` : `${rows.length} of ${mine.length} volumes shown`;
+  $("#none-match").hidden = rows.length > 0 || mine.length === 0;
   const { key, dir } = state.sort;
   rows.sort((a, b) => (a[key] < b[key] ? -dir : a[key] > b[key] ? dir : 0));
   const tbody = $("#volumes tbody");
   tbody.replaceChildren();
   for (const r of rows) {
     const s = r.v.status;
-    const phase = el("td", {}, el("span", { class: "phase phase-" + r.phase, text: r.phase }));
+    const phase = el("td", { class: "phase-cell" }, el("span", { class: "phase phase-" + r.phase, text: r.phase }));
     if (s.message) phase.append(el("span", { class: "reason", text: (s.reason ? s.reason + ": " : "") + s.message }));
     const del = el("button", { type: "button", class: "delete", "data-volume": r.name,
       disabled: !r.v.deletable, title: r.v.deletable ? "Delete " + r.name : r.v.deleteBlockedReason,
@@ -323,16 +345,32 @@ function renderVolumes() {
     const actions = el("td", {}, del);
     if (!r.v.deletable && !del.hidden) actions.append(el("span", { class: "reason", id: "why-" + r.name, text: r.v.deleteBlockedReason }));
     tbody.append(el("tr", { "data-volume": r.name, "data-phase": r.phase },
-      el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
+      el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name })),
+      el("td", { class: "col-node" }, el("a", { href: "#/node/" + encodeURIComponent(r.node), text: r.node })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
       el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
       el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt) }),
       actions));
   }
-  $("#empty").hidden = rows.length > 0 || state.filter !== "";
+  $("#empty").hidden = mine.length > 0;
+  $("#empty").textContent = all ? "No volumes yet: open a node to create one." : "No volumes on this node yet.";
   for (const b of document.querySelectorAll("th button")) {
     const th = b.parentElement;
     th.setAttribute("aria-sort", b.dataset.sort === key ? (dir > 0 ? "ascending" : "descending") : "none");
   }
+}
+
+// fillNodeFilter offers every node that has a volume or reported, keeping
+// the choice made.
+function fillNodeFilter() {
+  const names = new Set(state.nodes.map((n) => n.name));
+  for (const v of state.volumes.values()) names.add(v.spec.node);
+  const want = [...names].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+  const sel = $("#node-filter");
+  const have = [...sel.options].slice(1).map((o) => o.value);
+  if (have.join("\n") !== want.join("\n")) {
+    sel.replaceChildren(el("option", { value: "", text: "all nodes" }), ...want.map((n) => el("option", { value: n, text: n })));
+  }
+  sel.value = state.nodeFilter;
 }
 
 // ---- volume detail ----------------------------------------------------------
@@ -1002,6 +1040,8 @@ function init() {
     route();
   });
   $("#filter").addEventListener("input", (e) => { state.filter = e.target.value; render(); });
+  $("#node-filter").addEventListener("change", (e) => { state.nodeFilter = e.target.value; render(); });
+  $("#phase-filter").addEventListener("change", (e) => { state.phaseFilter = e.target.value; render(); });
   for (const b of document.querySelectorAll("th button")) {
     b.addEventListener("click", () => {
       const k = b.dataset.sort;
