@@ -74,6 +74,11 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 		}
 		// What the route names; handlers add what the body names.
 		n := &note{volume: r.PathValue("name"), node: r.PathValue("node")}
+		if strings.HasPrefix(r.URL.Path, "/api/v1/tokens/") {
+			// A token's name, not a volume's: an audit filtered by volume
+			// would list a token named like one.
+			n.volume = ""
+		}
 		if n.volume != "" && s.Store != nil && strings.HasPrefix(r.URL.Path, "/api/v1/volumes/") {
 			if cur, err := s.Store.Get(n.volume); err == nil {
 				n.uuid, n.node = cur.Spec.UUID, cur.Spec.Node

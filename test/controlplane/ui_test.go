@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -356,6 +357,65 @@ true;`))
 	assert.Equal(t, 5, got[0].Keep)
 	assert.Equal(t, "60d", got[0].MaxAge)
 	shot("3g-schedule")
+
+	// The fleet's snapshots, the tokens and the audit trail (#51): pages
+	// of their own, linked from the header.
+	do(chromedp.Click("#nav-snapshots"),
+		chromedp.WaitVisible(`#snapshots tr[data-snapshot="ui-snap"]`))
+	fleetRow := text(`#snapshots tr[data-snapshot="ui-snap"]`)
+	for _, w := range []string{"ui-1", "node-1", "Ready"} {
+		assert.Contains(t, fleetRow, w)
+	}
+	setValue("#snap-filter", "no-such-snapshot")
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#snap-filter').dispatchEvent(new Event('input'))`))
+	require.NoError(t, err)
+	assert.Regexp(t, `^0 of \d+ snapshots shown$`, text("#snap-count"))
+	shot("3h-snapshots")
+
+	whoami := func(secret string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, p.URL+"/api/v1/whoami", nil)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	do(chromedp.Click("#nav-tokens"),
+		chromedp.WaitVisible("#token-form"),
+		chromedp.Click("#make-token"))
+	assert.Contains(t, text("#m-token"), "Name it")
+	do(chromedp.SendKeys("#token-name", "ui-bot"),
+		chromedp.SetValue("#token-role", "operator"),
+		chromedp.SendKeys("#token-expires", "1d"),
+		chromedp.Click("#make-token"),
+		chromedp.WaitVisible("#token-secret"),
+		chromedp.WaitVisible(`#tokens tr[data-token="ui-bot"]`))
+	secret := text("#token-secret-value")
+	require.NotEmpty(t, secret, "the new token's secret is shown once")
+	assert.Equal(t, http.StatusOK, whoami(secret), "the shown secret works")
+	assert.Contains(t, text(`#tokens tr[data-token="ui-bot"]`), "operator")
+	shot("3i-tokens")
+	do(chromedp.Click("#token-secret-done"), chromedp.WaitNotVisible("#token-secret"))
+	assert.Empty(t, text("#token-secret-value"), "the secret is gone from the page")
+	do(chromedp.Click(`#tokens tr[data-token="ui-bot"] button.revoke`),
+		chromedp.WaitVisible("#confirm"))
+	assert.Contains(t, text("#confirm-text"), "Revoke service token ui-bot")
+	do(chromedp.Click("#confirm-ok"),
+		chromedp.WaitNotPresent(`#tokens tr[data-token="ui-bot"]`))
+	assert.Equal(t, http.StatusUnauthorized, whoami(secret), "revoked")
+
+	do(chromedp.Click("#nav-audit"),
+		chromedp.WaitVisible("#audit-form"),
+		chromedp.SendKeys("#audit-volume", "ui-1"),
+		chromedp.Click("#audit-show"),
+		chromedp.Poll[chromedp.Void](`(() => { const s = document.querySelector('#audit tbody').textContent; return s.includes('PUT /api/v1/volumes/ui-1/snapshot-schedule') && !s.includes('/api/v1/tokens'); })()`, chromedp.WithPollingTimeout(10*time.Second)))
+	audit := text("#audit tbody")
+	assert.Contains(t, audit, "POST /api/v1/volumes/ui-1/snapshots")
+	assert.Contains(t, audit, "failed (400)", "the refused schedule is on record")
+	assert.NotContains(t, audit, "whoami", "filtered to the volume")
+	shot("3j-audit")
+	do(chromedp.Navigate(p.URL+"/#/volume/ui-1"), chromedp.WaitVisible(snapRow))
 	assert.Contains(t, text("#vol-history"), "snapshot schedule by ", "the history names what was done")
 	assert.Contains(t, text("#vol-history"), "snapshot schedule failed for ")
 
@@ -371,9 +431,16 @@ true;`))
 	shown, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#volume-view button, #volume-view form')].filter((e) => e.offsetParent !== null).map((e) => e.id || e.textContent)`))
 	require.NoError(t, err)
 	assert.Empty(t, shown, "a viewer's volume page has no action")
-	shot("3h-viewer")
+	shot("3k-viewer")
 	assert.Contains(t, text(snapRow+" .restore-status"), "Restored", "a viewer sees the last restore")
 	assert.Contains(t, text(schedRow), "every 30d, keeps 5", "a viewer sees the schedule")
+	hiddenNav, err := chromedp.Run(ctx, chromedp.Evaluate[[]bool](`['#nav-snapshots', '#nav-audit', '#nav-tokens'].map((s) => document.querySelector(s).offsetParent === null)`))
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, true, true}, hiddenNav, "a viewer has the snapshots page, not the audit's or the tokens'")
+	do(chromedp.Navigate(p.URL+"/#/audit"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#m-audit').textContent !== ''`, chromedp.WithPollingTimeout(10*time.Second)))
+	assert.Contains(t, text("#m-audit"), "admin", "the refusal says what it needs")
+	do(chromedp.Navigate(p.URL+"/#/volume/ui-1"), chromedp.WaitVisible(snapRow))
 	do(chromedp.Navigate(p.URL+"/#/node/node-1"),
 		chromedp.WaitVisible(row("ui-1", "Available")))
 	shown, err = chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#node-view button:not(th button)')].filter((e) => e.offsetParent !== null).map((e) => e.id || e.textContent)`))
@@ -393,6 +460,16 @@ true;`))
 	assert.Empty(t, schedules(), "the schedule is removed")
 	assert.Equal(t, "Set schedule", text("#set-schedule"))
 	do(chromedp.Click(snapRow+" button.danger"),
+		chromedp.WaitVisible("#confirm"))
+	for _, w := range []string{"Delete snapshot ui-snap of volume ui-1 on node node-1?", "is gone with it", "clones made from the snapshot stay"} {
+		assert.Contains(t, text("#confirm-text"), w)
+	}
+	do(chromedp.Click("#confirm-cancel"), chromedp.WaitNotVisible("#confirm"))
+	_, err = p.Client().Snapshot(context.Background(), "ui-snap")
+	require.NoError(t, err, "cancelled: the snapshot stays")
+	do(chromedp.Click(snapRow+" button.danger"),
+		chromedp.WaitVisible("#confirm"),
+		chromedp.Click("#confirm-ok"),
 		chromedp.Poll[chromedp.Void](`document.querySelector('`+snapRow+`') === null && !document.querySelector('#vol-snapshots-empty').hidden`, chromedp.WithPollingTimeout(time.Minute)))
 	_, err = p.Client().Snapshot(context.Background(), "ui-snap")
 	assert.Error(t, err, "deleted")

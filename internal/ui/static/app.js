@@ -35,6 +35,15 @@ function formatSize(n) {
   return String(n);
 }
 
+// when is the one way the UI writes a moment: the browser's local date and
+// time, to the second, and how long ago.
+function when(iso) {
+  if (!iso || iso.startsWith("0001")) return "";
+  const t = new Date(iso);
+  if (isNaN(t)) return "";
+  return `${t.toLocaleString()} (${age(iso)} ago)`;
+}
+
 function age(iso) {
   const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
   if (s < 60) return Math.floor(s) + "s";
@@ -90,10 +99,11 @@ function el(tag, attrs, ...children) {
 }
 
 function show(id) {
-  for (const s of ["#login", "#nodes-view", "#node-view", "#volume-view"]) $(s).hidden = s !== id;
+  for (const s of ["#login", "#nodes-view", "#node-view", "#volume-view", "#snapshots-view", "#audit-view", "#tokens-view"]) $(s).hidden = s !== id;
   $("#nav").hidden = id === "#login";
-  const here = id === "#nodes-view" ? "#nav-nodes" : state.node === ALL ? "#nav-volumes" : "";
-  for (const a of ["#nav-nodes", "#nav-volumes"]) {
+  const here = id === "#nodes-view" ? "#nav-nodes" : id === "#node-view" && state.node === ALL ? "#nav-volumes"
+    : id === "#snapshots-view" ? "#nav-snapshots" : id === "#audit-view" ? "#nav-audit" : id === "#tokens-view" ? "#nav-tokens" : "";
+  for (const a of ["#nav-nodes", "#nav-volumes", "#nav-snapshots", "#nav-audit", "#nav-tokens"]) {
     if (a === here) $(a).setAttribute("aria-current", "page");
     else $(a).removeAttribute("aria-current");
   }
@@ -167,6 +177,8 @@ function route() {
   if (!state.token) { show("#login"); $("#token").focus(); return; }
   const m = /^#\/node\/(.+)$/.exec(location.hash);
   const all = location.hash === "#/volumes";
+  const page = { "#/snapshots": "snapshots", "#/audit": "audit", "#/tokens": "tokens" }[location.hash] || null;
+  state.page = page;
   const mv = /^#\/volume\/(.+)$/.exec(location.hash);
   state.volume = null;
   if (mv) {
@@ -175,7 +187,8 @@ function route() {
     state.detail = { usage: null, samples: [], jobs: [] };
     show("#volume-view");
     refreshDetail();
-  } else if (all) { state.node = ALL; show("#node-view"); loadNodes(); }
+  } else if (page) { state.node = undefined; show("#" + page + "-view"); loadPage(); }
+  else if (all) { state.node = ALL; show("#node-view"); loadNodes(); }
   else if (m) { state.node = decodeURIComponent(m[1]); show("#node-view"); }
   else { state.node = null; show("#nodes-view"); loadNodes(); }
   render();
@@ -216,7 +229,10 @@ async function loadNodes() {
 }
 
 function render() {
-  if (state.volume) renderDetail();
+  // Audit and tokens are an admin's: the links show once whoami says so.
+  $("#nav-audit").hidden = $("#nav-tokens").hidden = !may("admin");
+  if (state.page) renderPage();
+  else if (state.volume) renderDetail();
   else if (state.node === null) renderNodes();
   else if (state.node !== undefined) renderVolumes();
 }
@@ -373,6 +389,125 @@ function fillNodeFilter() {
   sel.value = state.nodeFilter;
 }
 
+// ---- snapshots, audit and tokens pages ------------------------------------
+
+// loadPage reads what the current page shows; a refusal (a viewer on the
+// audit) shows on the page.
+async function loadPage() {
+  const page = state.page;
+  if (page === "snapshots") {
+    const r = await api("GET", "/api/v1/snapshots");
+    if (r.status === 401) return logout("The token was refused.");
+    if (state.page !== page) return;
+    state.snapshots = r.ok ? r.data.items : [];
+    $("#m-snapshots").textContent = r.ok ? "" : refusal(r);
+  } else if (page === "audit") {
+    const q = new URLSearchParams({ since: $("#audit-since").value, limit: "500" });
+    if ($("#audit-user").value.trim()) q.set("user", $("#audit-user").value.trim());
+    if ($("#audit-volume").value.trim()) q.set("volume", $("#audit-volume").value.trim());
+    const r = await api("GET", "/api/v1/audit?" + q);
+    if (r.status === 401) return logout("The token was refused.");
+    if (state.page !== page) return;
+    state.audit = r.ok ? r.data.items : [];
+    $("#m-audit").textContent = r.ok ? "" : refusal(r);
+  } else if (page === "tokens") {
+    const r = await api("GET", "/api/v1/tokens");
+    if (r.status === 401) return logout("The token was refused.");
+    if (state.page !== page) return;
+    state.tokens = r.ok ? r.data.items : [];
+    $("#m-tokens").textContent = r.ok ? "" : refusal(r);
+  }
+  render();
+}
+
+function renderPage() {
+  if (state.page === "snapshots") renderFleetSnapshots();
+  else if (state.page === "audit") renderAudit();
+  else if (state.page === "tokens") renderTokens();
+}
+
+function renderFleetSnapshots() {
+  const all = state.snapshots || [];
+  const f = $("#snap-filter").value.trim().toLowerCase();
+  const items = all.filter((x) => !f || [x.name, x.volume, x.node, x.phase, x.method, x.schedule || "", x.message || ""]
+    .some((t) => String(t).toLowerCase().includes(f)));
+  $("#snap-count").textContent = items.length === all.length ? `${all.length} snapshot${all.length === 1 ? "" : "s"}` : `${items.length} of ${all.length} snapshots shown`;
+  $("#snapshots-empty").hidden = all.length > 0;
+  $("#snapshots tbody").replaceChildren(...items.map((x) => el("tr", { "data-snapshot": x.name },
+    el("td", { text: x.name }),
+    el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(x.volume), text: x.volume })),
+    el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(x.node), text: x.node })),
+    el("td", { class: "phase", text: x.phase, title: x.message || "" }),
+    el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }),
+    el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
+    el("td", { text: x.takenAt ? when(x.takenAt) : "" }),
+    el("td", { text: x.schedule || "" }),
+    el("td", { text: x.restore ? restoreText(x) : "" }))));
+}
+
+function renderAudit() {
+  const items = [...(state.audit || [])].reverse();
+  $("#audit-count").textContent = `${items.length} entr${items.length === 1 ? "y" : "ies"}, newest first`;
+  $("#audit tbody").replaceChildren(...items.map((e) => el("tr", { class: "history-" + e.decision },
+    el("td", { text: when(e.time) }),
+    el("td", { text: e.user + (e.role ? " (" + e.role + ")" : "") }),
+    el("td", { text: e.source || "" }),
+    el("td", {}, el("code", { text: e.method + " " + e.route })),
+    el("td", {}, e.volume ? el("a", { href: "#/volume/" + encodeURIComponent(e.volume), text: e.volume }) : ""),
+    el("td", { text: e.node || "" }),
+    el("td", { class: "decision", text: e.decision + (e.status ? " (" + e.status + ")" : "") }),
+    el("td", { text: [e.reason, e.jobId ? `job ${e.jobId}: ${e.outcome || ""}` : ""].filter(Boolean).join("; ") }))));
+}
+
+function renderTokens() {
+  const items = state.tokens || [];
+  $("#token-form").hidden = !may("admin");
+  $("#tokens tbody").replaceChildren(...items.map((t) => {
+    const revoke = el("button", { type: "button", class: "danger revoke", text: "Revoke" });
+    revoke.hidden = !may("admin");
+    revoke.addEventListener("click", () => confirmThen(
+      `Revoke ${t.kind} token ${t.name}${t.user ? " of " + t.user : ""} (${t.role})? Whatever uses it is refused from now on, on every replica.`,
+      "Revoke", async () => {
+        const r = await api("DELETE", "/api/v1/tokens/" + encodeURIComponent(t.name));
+        $("#m-tokens").textContent = r.ok ? "" : refusal(r);
+        loadPage();
+      }));
+    return el("tr", { "data-token": t.name },
+      el("td", { text: t.name }), el("td", { text: t.kind }), el("td", { text: t.user || "" }), el("td", { text: t.role }),
+      el("td", { text: when(t.created) + (t.createdBy ? " by " + t.createdBy : "") }),
+      el("td", { text: t.expires ? new Date(t.expires).toLocaleString() : "never" }), el("td", {}, revoke));
+  }));
+}
+
+async function submitToken(e) {
+  e.preventDefault();
+  const name = $("#token-name").value.trim();
+  if (!name) {
+    $("#m-token").textContent = "Name it after what will use it, e.g. prometheus.";
+    return;
+  }
+  const body = { name, role: $("#token-role").value };
+  const expires = $("#token-expires").value.trim();
+  if (expires) body.expires = expires;
+  const r = await api("POST", "/api/v1/tokens", body);
+  $("#m-token").textContent = r.ok ? "" : refusal(r);
+  if (r.ok) {
+    $("#token-name").value = "";
+    $("#token-expires").value = "";
+    // The secret is shown here once, never stored by the page.
+    $("#token-secret-name").textContent = r.data.name;
+    $("#token-secret-value").textContent = r.data.token;
+    $("#token-secret").hidden = false;
+    $("#token-secret-done").focus();
+  }
+  loadPage();
+}
+
+function hideSecret() {
+  $("#token-secret-value").textContent = "";
+  $("#token-secret").hidden = true;
+}
+
 // ---- volume detail ----------------------------------------------------------
 
 function dl(target, rows) {
@@ -431,15 +566,15 @@ function renderDetail() {
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
     ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
-    ["mkfs options", (sp.mkfsOptions || []).join(" ")], ["Created", v.createdAt], ["Origin", v.origin],
+    ["mkfs options", (sp.mkfsOptions || []).join(" ")], ["Created", when(v.createdAt)], ["Origin", v.origin],
     ["Claim", v.claim ? v.claim.namespace + "/" + v.claim.name + " (" + v.claim.storageClass + ", " + v.claim.reclaimPolicy + ")" : ""]]);
   dl($("#vol-status"), [["Phase", s.phase], ["Reason", s.reason], ["Step", s.step], ["Device", s.devicePath],
     ["Persistent path", s.persistentPath], ["Device size", s.size ? formatSize(s.size) : ""], ["In use", s.inUse ? "yes" : ""],
-    ["Job", s.jobId], ["Updated", s.updatedAt]]);
+    ["Job", s.jobId], ["Updated", when(s.updatedAt)]]);
   const u = state.detail.usage;
   dl($("#vol-usage"), u ? [["State", u.state], ["Allocated", u.allocated ? formatSize(u.allocated) : ""],
     ["Filesystem used", u.fsUsed ? formatSize(u.fsUsed) : ""], ["Filesystem free", u.fsFree ? formatSize(u.fsFree) : ""],
-    ["Mounted at", (u.mountpoints || []).join(", ")], ["Node says", u.error], ["Reported", u.reportedAt]]
+    ["Mounted at", (u.mountpoints || []).join(", ")], ["Node says", u.error], ["Reported", when(u.reportedAt)]]
     : [["State", "not reported yet"]]);
   $("#vol-pv-card").hidden = !s.persistentVolume;
   if (s.persistentVolume) {
@@ -624,11 +759,15 @@ function renderSnapshots(v) {
     const del = el("button", { type: "button", class: "danger", text: "Delete",
       disabled: !!busy, title: busy ? `${v.spec.name} is being restored from snapshot ${busy.name}.` : null });
     del.hidden = x.phase === "Deleting" || !op;
-    del.addEventListener("click", async () => {
-      const r = await api("DELETE", "/api/v1/snapshots/" + encodeURIComponent(x.name));
-      $("#m-snapshot").textContent = r.ok ? "" : refusal(r);
-      refreshDetail();
-    });
+    del.addEventListener("click", () => confirmThen(
+      `Delete snapshot ${x.name} of volume ${v.spec.name} on node ${v.spec.node}?` +
+        (x.takenAt ? ` What ${v.spec.name} held at ${new Date(x.takenAt).toLocaleString()} is gone with it;` : "") +
+        " the volume and clones made from the snapshot stay.",
+      "Delete snapshot", async () => {
+        const r = await api("DELETE", "/api/v1/snapshots/" + encodeURIComponent(x.name));
+        $("#m-snapshot").textContent = r.ok ? "" : refusal(r);
+        refreshDetail();
+      }));
     const outcome = x.restore ? el("span", { class: "reason restore-status restore-" + x.restore.phase, "data-restore": x.restore.phase,
       text: restoreText(x) }) : null;
     tbody.append(el("tr", { "data-snapshot": x.name },
@@ -883,6 +1022,17 @@ function confirmAction(v, how) {
 
 function confirmDelete(v) { confirmAction(v, "delete"); }
 
+// confirmThen asks in the confirmation dialog and runs act on OK.
+function confirmThen(text, ok, act) {
+  const dlg = $("#confirm");
+  $("#confirm-text").textContent = text;
+  $("#confirm-ok").textContent = ok;
+  dlg.returnValue = "";
+  dlg.onclose = async () => { if (dlg.returnValue === "ok") await act(); };
+  dlg.showModal();
+  $("#confirm-cancel").focus();
+}
+
 function alertError(r) {
   const msg = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status;
   $(state.volume ? "#vol-error" : "#create-error").textContent = msg;
@@ -982,6 +1132,7 @@ function logout(msg) {
   if (state.es) state.es.close();
   state.es = null;
   $("#login-error").textContent = msg || "";
+  hideSecret();
   route();
 }
 
@@ -1081,12 +1232,18 @@ function init() {
   $("#snapshot-form").addEventListener("submit", submitSnapshot);
   $("#clone-form").addEventListener("submit", submitClone);
   $("#schedule-form").addEventListener("submit", submitSchedule);
+  $("#snap-filter").addEventListener("input", () => render());
+  $("#audit-form").addEventListener("submit", (e) => { e.preventDefault(); loadPage(); });
+  $("#token-form").addEventListener("submit", submitToken);
+  $("#token-secret-done").addEventListener("click", hideSecret);
+  window.addEventListener("hashchange", hideSecret);
   $("#remove-schedule").addEventListener("click", removeSchedule);
   window.addEventListener("hashchange", route);
   // Ages move on even when nothing else does; node reports and usage
   // arrive from the beacons, not on the watch stream.
   setInterval(() => {
     if (state.volume) refreshDetail();
+    else if (state.page === "snapshots") loadPage();
     else if (state.node === null) loadNodes();
     else render();
   }, 30000);
