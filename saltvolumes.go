@@ -85,6 +85,27 @@ type Capacity struct {
 	// ThinPools: the LVM thin pools holding volumes, snapshots or clones
 	// of ours, and how full their data and metadata are.
 	ThinPools []ThinPool `json:"thinPools,omitempty"`
+	// VGs: the node's LVM volume groups and their free space, where an
+	// LVM volume may go (empty without LVM's tools).
+	VGs []VGSpace `json:"vgs,omitempty"`
+	// Disks: block devices a raw volume could take: unused, and carrying
+	// nothing the node's probe recognises (the create still checks with
+	// libblkid and refuses what it finds).
+	Disks []Disk `json:"disks,omitempty"`
+}
+
+// VGSpace is one LVM volume group's size and free space, in bytes.
+type VGSpace struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+	Free int64  `json:"free"`
+}
+
+// Disk is a block device a raw volume could take.
+type Disk struct {
+	Path  string `json:"path"`
+	Size  int64  `json:"size"`
+	Model string `json:"model,omitempty"`
 }
 
 // ThinPool is how full one LVM thin pool (vg/pool) is, in percent. A pool

@@ -157,6 +157,11 @@ func (t *Tokens) CreateServiceBy(ctx context.Context, name string, role Role, tt
 	if !tokenName.MatchString(name) {
 		return "", nil, &FieldError{"name", fmt.Sprintf("name: %q is not a token name: lower-case letters, digits and '-', at most 63", name)}
 	}
+	if strings.HasPrefix(name, "session-") {
+		// Sessions are named so: a service token of such a name would
+		// make a revocation by name ambiguous.
+		return "", nil, &FieldError{"name", fmt.Sprintf("name: %q: names starting with session- are the sessions' (people's logins); choose another", name)}
+	}
 	if !role.Allows(Viewer) {
 		return "", nil, &FieldError{"role", fmt.Sprintf("role: %q is not a role: give viewer, operator or admin", role)}
 	}

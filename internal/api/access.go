@@ -73,11 +73,11 @@ func (s *Server) need(role access.Role, h http.HandlerFunc) http.Handler {
 			return
 		}
 		// What the route names; handlers add what the body names.
-		n := &note{volume: r.PathValue("name"), node: r.PathValue("node")}
-		if strings.HasPrefix(r.URL.Path, "/api/v1/tokens/") {
-			// A token's name, not a volume's: an audit filtered by volume
-			// would list a token named like one.
-			n.volume = ""
+		n := &note{node: r.PathValue("node")}
+		if strings.HasPrefix(r.URL.Path, "/api/v1/volumes/") {
+			// Elsewhere the route's name is a snapshot's or a token's: the
+			// handlers note the volume it belongs to, once they know it.
+			n.volume = r.PathValue("name")
 		}
 		if n.volume != "" && s.Store != nil && strings.HasPrefix(r.URL.Path, "/api/v1/volumes/") {
 			if cur, err := s.Store.Get(n.volume); err == nil {

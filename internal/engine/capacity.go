@@ -98,6 +98,8 @@ func (e *Engine) Capacity() (*saltvolumes.Capacity, error) {
 			c.ThinPools = thinPools(lvs)
 		}
 	}
+	c.VGs = e.volumeGroups()
+	c.Disks = candidateDisks(recs)
 	for _, s := range snaps {
 		c.Snapshots++
 		c.SnapshotBytes += s.Allocated

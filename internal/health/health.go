@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -170,6 +171,8 @@ func (g *Registry) Record(rep *Report) string {
 	}
 	if rep.Capacity != nil {
 		rep.Capacity.ThinPools = thinPools(rep.Capacity.ThinPools)
+		rep.Capacity.VGs = volumeGroups(rep.Capacity.VGs)
+		rep.Capacity.Disks = disks(rep.Capacity.Disks)
 	}
 	var known map[string]bool
 	if g.Known != nil {
@@ -387,6 +390,62 @@ func thinPools(in []saltvolumes.ThinPool) []saltvolumes.ThinPool {
 			seen[p.Name] = true
 			out = append(out, p)
 		}
+	}
+	return out
+}
+
+// MaxVGs and MaxDisks bound the volume groups and candidate disks kept of
+// one node's report (the node lists at most 32 of each).
+const (
+	MaxVGs   = 32
+	MaxDisks = 32
+)
+
+var (
+	vgName   = regexp.MustCompile(`^[A-Za-z0-9+_][A-Za-z0-9+_.-]{0,127}$`)
+	diskPath = regexp.MustCompile(`^/dev/[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,127}$`)
+)
+
+// volumeGroups keeps the reported volume groups that are an LVM name with
+// sizes that add up, each name once, at most MaxVGs: people pick from them.
+func volumeGroups(in []saltvolumes.VGSpace) []saltvolumes.VGSpace {
+	var out []saltvolumes.VGSpace
+	seen := map[string]bool{}
+	for _, v := range in {
+		if len(out) == MaxVGs {
+			break
+		}
+		if !seen[v.Name] && vgName.MatchString(v.Name) && v.Size > 0 && v.Free >= 0 && v.Free <= v.Size {
+			seen[v.Name] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// disks keeps the reported candidate disks that are a plain /dev path with
+// a size, each once, at most MaxDisks, their model printable and short.
+func disks(in []saltvolumes.Disk) []saltvolumes.Disk {
+	var out []saltvolumes.Disk
+	seen := map[string]bool{}
+	for _, d := range in {
+		if len(out) == MaxDisks {
+			break
+		}
+		if seen[d.Path] || !diskPath.MatchString(d.Path) || d.Size <= 0 {
+			continue
+		}
+		seen[d.Path] = true
+		d.Model = strings.Map(func(r rune) rune {
+			if r < 0x20 || r == 0x7f {
+				return -1
+			}
+			return r
+		}, d.Model)
+		if len(d.Model) > 64 {
+			d.Model = strings.ToValidUTF8(d.Model[:64], "")
+		}
+		out = append(out, d)
 	}
 	return out
 }

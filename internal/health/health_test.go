@@ -172,3 +172,40 @@ func TestThinPoolsBounded(t *testing.T) {
 		names[p.Name] = true
 	}
 }
+
+// A node's volume groups and candidate disks are offered to people
+// creating volumes: only LVM names, /dev paths and sizes that add up are
+// kept, each once, a model without control characters, at most
+// MaxVGs and MaxDisks of one report.
+func TestVGsAndDisksBounded(t *testing.T) {
+	g := New()
+	rep := report(time.Now(), 1)
+	rep.Capacity.VGs = []saltvolumes.VGSpace{
+		{Name: "vg0", Size: 10 << 30, Free: 4 << 30},
+		{Name: "vg0", Size: 1, Free: 1},
+		{Name: "../etc", Size: 1},
+		{Name: "vg1", Size: 1 << 30, Free: 2 << 30},
+		{Name: "<script>", Size: 1},
+	}
+	for i := range 2 * MaxVGs {
+		rep.Capacity.VGs = append(rep.Capacity.VGs, saltvolumes.VGSpace{Name: fmt.Sprintf("v%d", i), Size: 1})
+	}
+	rep.Capacity.Disks = []saltvolumes.Disk{
+		{Path: "/dev/sdb", Size: 1 << 40, Model: "ATA\x1b[31m Disk\n"},
+		{Path: "/dev/sdb", Size: 1},
+		{Path: "/dev/../etc/passwd", Size: 1},
+		{Path: "/tmp/x", Size: 1},
+		{Path: "/dev/sdc", Size: 0},
+	}
+	for i := range 2 * MaxDisks {
+		rep.Capacity.Disks = append(rep.Capacity.Disks, saltvolumes.Disk{Path: fmt.Sprintf("/dev/vd%d", i), Size: 1})
+	}
+	require.Empty(t, g.Record(rep))
+	c, _ := g.NodeView("n1")
+	require.Len(t, c.VGs, MaxVGs)
+	assert.Equal(t, saltvolumes.VGSpace{Name: "vg0", Size: 10 << 30, Free: 4 << 30}, c.VGs[0])
+	assert.Equal(t, "v0", c.VGs[1].Name, "the rest refused")
+	require.Len(t, c.Disks, MaxDisks)
+	assert.Equal(t, saltvolumes.Disk{Path: "/dev/sdb", Size: 1 << 40, Model: "ATA[31m Disk"}, c.Disks[0])
+	assert.Equal(t, "/dev/vd0", c.Disks[1].Path, "the rest refused")
+}

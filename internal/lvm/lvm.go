@@ -205,6 +205,15 @@ func reportOn(ctx context.Context, prog, vg, fields string) ([]byte, error) {
 	return b, err
 }
 
+// ListVGs reads every volume group.
+func ListVGs(ctx context.Context) ([]VG, error) {
+	b, err := run(ctx, "vgs", append(units, "-o", "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size")...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseVGs(b)
+}
+
 // GetVG reads one volume group; ErrNoVG if there is none by that name.
 func GetVG(ctx context.Context, name string) (*VG, error) {
 	b, err := reportOn(ctx, "vgs", name, "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size")

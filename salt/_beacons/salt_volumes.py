@@ -163,6 +163,17 @@ def changed(old, new):
     for k in ("path", "size", "committed", "overcommitRatio", "snapshots", "snapshotWarnings"):
         if oc.get(k) != nc.get(k):
             return True
+    # Disks offered for raw volumes, and the volume groups, by name: one
+    # that appears or goes is news; a group's free space when it moves.
+    if [d.get("path") for d in oc.get("disks") or []] != [d.get("path") for d in nc.get("disks") or []]:
+        return True
+    ovg = {v.get("name"): v for v in oc.get("vgs") or []}
+    nvg = {v.get("name"): v for v in nc.get("vgs") or []}
+    if ovg.keys() != nvg.keys():
+        return True
+    for name, v in nvg.items():
+        if _moved(ovg[name].get("free"), v.get("free"), v.get("size")):
+            return True
     return _moved(oc.get("free"), nc.get("free"), nc.get("size")) or _moved(
         oc.get("snapshotBytes"), nc.get("snapshotBytes"), nc.get("size")
     )

@@ -444,6 +444,30 @@ def test_beacon_fires_on_change_and_heartbeat_only(beacon):
     assert tags()[-1] == ("salt-volumes/node/node-1/health", "heartbeat")
 
 
+def test_beacon_tells_disks_and_volume_groups_that_change(beacon):
+    cfg = [{"interval": 10}, {"heartbeat": 300}]
+    beacon.doc["capacity"]["vgs"] = [{"name": "vg0", "size": 100 << 30, "free": 50 << 30}]
+    beacon.doc["capacity"]["disks"] = [{"path": "/dev/sdb", "size": 1 << 40}]
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 1
+    assert beacon.fired[0][1]["capacity"]["disks"] == [{"path": "/dev/sdb", "size": 1 << 40}]
+    # A volume group's free space moving under 1 %: nothing.
+    beacon.clock[0] += 10
+    beacon.doc["capacity"]["vgs"][0]["free"] -= 100 << 20
+    beacon.beacon(cfg)
+    assert len(beacon.fired) == 1
+    # Past 1 %, a disk taken, a volume group added: each is news.
+    for change in (lambda c: c["vgs"][0].update(free=10 << 30),
+                   lambda c: c.update(disks=[]),
+                   lambda c: c["vgs"].append({"name": "vg1", "size": 1 << 30, "free": 1 << 30})):
+        beacon.clock[0] += 10
+        change(beacon.doc["capacity"])
+        n = len(beacon.fired)
+        beacon.beacon(cfg)
+        assert len(beacon.fired) == n + 1
+        assert beacon.fired[-1][1]["kind"] == "change"
+
+
 def test_beacon_retries_a_failed_send_and_reports_errors(beacon):
     def broken(tag, data):
         raise RuntimeError("master unreachable")

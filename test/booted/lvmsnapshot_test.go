@@ -209,9 +209,21 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 				Name                         string
 				DataPercent, MetadataPercent float64
 			}
+			VGs []struct {
+				Name       string
+				Size, Free int64
+			}
 		}
 	}
 	require.NoError(t, json.Unmarshal([]byte(run("salt-volume-exec", "list")), &report))
+	// The volume groups and their free space, as vgs has them, for people
+	// choosing where an LVM volume goes (#51).
+	vgFree, err := strconv.ParseInt(strings.TrimSpace(run("vgs", "--noheadings", "--units", "b", "--nosuffix", "-o", "vg_free", "vg0")), 10, 64)
+	require.NoError(t, err)
+	require.NotEmpty(t, report.Capacity.VGs)
+	assert.Equal(t, "vg0", report.Capacity.VGs[0].Name)
+	assert.Equal(t, vgFree, report.Capacity.VGs[0].Free, "the report's free space is vgs's")
+	assert.Greater(t, report.Capacity.VGs[0].Size, vgFree)
 	data, meta := poolFill()
 	require.Len(t, report.Capacity.ThinPools, 1, "the pool holding our thin LV is reported")
 	assert.Equal(t, "vg0/pool", report.Capacity.ThinPools[0].Name)

@@ -19,7 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // Short beacon timings: the defaults (10 s, 5 min) scaled down so that the
@@ -272,14 +274,45 @@ func TestNodeHealth(t *testing.T) {
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&usage))
 			return usage.Current != nil && usage.Current.State == "prepared"
 		})
+		// A blank partition on a stand-in disk: the node offers it for raw
+		// volumes (#51), on the nodes page and in the create form.
+		disk := testenv.FakeDisk(t, 64<<20, "-n", "1:2048:+16M")
+		part, err := loopdev.EnsurePartition(disk.Name, 1, 2048*512, 16<<20)
+		require.NoError(t, err)
+		waitFor(t, deadline, "the blank partition among node-1's disks", func() bool {
+			items, _, err := p.Client().Nodes(ctx)
+			require.NoError(t, err)
+			for _, n := range items {
+				if n.Name == "node-1" && n.Capacity != nil {
+					for _, d := range n.Capacity.Disks {
+						if d.Path == "/dev/"+part && d.Size == 16<<20 {
+							return true
+						}
+					}
+				}
+			}
+			return false
+		})
 		b := newBrowser(t, p)
 		b.login()
 		b.do(chromedp.WaitVisible(`#nodes tr[data-node="node-1"] svg.capbar`))
+		assert.Contains(t, b.eventually(`#nodes tr[data-node="node-1"] td.disks`, "title", contains("/dev/"+part)), "/dev/"+part+": 16Mi (partition of "+disk.Name+")")
+		b.do(chromedp.Click(`#nodes th button[data-nsort="disks"]`))
+		assert.Equal(t, "ascending", b.attr(`#nodes th:has(button[data-nsort="disks"])`, "aria-sort"), "the nodes sort by any column")
 		bar := b.eventually(`#nodes tr[data-node="node-1"] svg.capbar`, "aria-label", contains("committed 64Mi of "))
 		assert.Contains(t, bar, "committed 64Mi of ")
 		beacon := b.eventually(`#nodes tr[data-node="node-1"] td.beacon`, "", contains("reported"))
 		assert.Contains(t, beacon, "reported")
 		b.shot("nodes-capacity")
+		b.do(chromedp.Click(`#nodes tr[data-node="node-1"] a`),
+			chromedp.WaitVisible("#show-create"),
+			chromedp.Click("#show-create"),
+			chromedp.Click(`input[name="kind"][value="raw"]`),
+			chromedp.WaitVisible("#disk-hint"))
+		assert.Contains(t, b.eventually("#disk-hint", "", contains("/dev/"+part)), "/dev/"+part+" (16Mi)", "the create form offers it")
+		offered := b.attr(`#disk-list option[value="/dev/`+part+`"]`, "label")
+		assert.Equal(t, "16Mi, partition of "+disk.Name, offered)
+		b.do(chromedp.Click("#cancel-create"), chromedp.Navigate(p.URL+"/#/"), chromedp.WaitVisible(`#nodes tr[data-node="node-1"]`))
 
 		b.do(chromedp.Navigate(p.URL+"/#/volume/hv1"),
 			chromedp.WaitVisible(`#volume-view`),

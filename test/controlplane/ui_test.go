@@ -253,7 +253,7 @@ true;`))
 			chromedp.WithPollingTimeout(90*time.Second)))
 		seen, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.__restores`))
 		require.NoError(t, err)
-		require.NoError(t, waited, "the row showed %v", seen)
+		require.NoError(t, waited, "the row showed %v; the page said %q", seen, text("#m-snapshot"))
 		return seen[len(seen)-1], text(snapRow + " .restore-status")
 	}
 	do(chromedp.Click(snapRow+" button.restore"),

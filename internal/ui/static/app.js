@@ -8,6 +8,7 @@ const state = {
   volumes: new Map(),
   nodes: [],
   sort: { key: "name", dir: 1 },
+  nodeSort: { key: "name", dir: 1 },
   filter: "",
   nodeFilter: "", // the all-volumes view's node and phase filters
   phaseFilter: "",
@@ -42,6 +43,15 @@ function when(iso) {
   const t = new Date(iso);
   if (isNaN(t)) return "";
   return `${t.toLocaleString()} (${age(iso)} ago)`;
+}
+
+// until is how long until a moment to come, as age writes one past.
+function until(iso) {
+  const s = Math.max(0, (Date.parse(iso) - Date.now()) / 1000);
+  if (s < 60) return Math.floor(s) + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m";
+  if (s < 172800) return Math.floor(s / 3600) + "h";
+  return Math.floor(s / 86400) + "d";
 }
 
 function age(iso) {
@@ -150,7 +160,9 @@ async function connect() {
     if (type === "DELETED") state.volumes.delete(v.spec.name);
     else state.volumes.set(v.spec.name, v);
     if (state.volume === v.spec.name) refreshDetail();
-    render();
+    // The snapshots, audit and tokens pages show no volume: redrawing
+    // them would move the keyboard's focus for nothing.
+    if (!state.page) render();
   };
   es.addEventListener("ADDED", apply("ADDED"));
   es.addEventListener("MODIFIED", apply("MODIFIED"));
@@ -173,6 +185,12 @@ async function connect() {
 
 // ---- views ----------------------------------------------------------------
 
+// decoded is a name from the address; a malformed escape stays as typed
+// (the page then says there is no such volume or node).
+function decoded(s) {
+  try { return decodeURIComponent(s); } catch (e) { return s; }
+}
+
 function route() {
   if (!state.token) { show("#login"); $("#token").focus(); return; }
   const m = /^#\/node\/(.+)$/.exec(location.hash);
@@ -183,13 +201,17 @@ function route() {
   state.volume = null;
   if (mv) {
     state.node = undefined;
-    state.volume = decodeURIComponent(mv[1]);
+    state.volume = decoded(mv[1]);
     state.detail = { usage: null, samples: [], jobs: [] };
+    // Nothing typed for another volume stays in this one's forms.
+    state.scheduleShown = null;
+    for (const id of ["#schedule-every", "#schedule-keep", "#schedule-max-age", "#snapshot-name", "#snapshot-size", "#clone-name", "#grow-size"]) $(id).value = "";
+    for (const id of ["#m-schedule", "#m-snapshot", "#m-clone", "#m-grow", "#vol-error"]) $(id).textContent = "";
     show("#volume-view");
     refreshDetail();
   } else if (page) { state.node = undefined; show("#" + page + "-view"); loadPage(); }
   else if (all) { state.node = ALL; show("#node-view"); loadNodes(); }
-  else if (m) { state.node = decodeURIComponent(m[1]); show("#node-view"); }
+  else if (m) { state.node = decoded(m[1]); show("#node-view"); loadNodes(); }
   else { state.node = null; show("#nodes-view"); loadNodes(); }
   render();
 }
@@ -271,19 +293,61 @@ function renderNodes() {
   }
   const tbody = $("#nodes tbody");
   tbody.replaceChildren();
-  for (const n of [...byNode.values()].sort((a, b) => a.name.localeCompare(b.name))) {
-    const count = Object.values(n.phases).reduce((a, b) => a + b, 0);
+  const rows = [...byNode.values()].map((n) => {
+    const c = n.capacity;
+    return Object.assign(n, {
+      count: Object.values(n.phases).reduce((a, b) => a + b, 0),
+      report: n.health && n.health.lastReport ? Date.parse(n.health.lastReport) : 0,
+      sparseFree: c ? c.overcommitRatio * c.size - c.committed : -1,
+      vgFree: c && c.vgs ? c.vgs.reduce((a, v) => a + v.free, 0) : -1,
+      disks: c && c.disks ? c.disks.length : 0,
+      orphans: n.health && n.health.orphans ? n.health.orphans.length : 0,
+    });
+  });
+  const { key, dir } = state.nodeSort;
+  const cmp = (a, b) => (typeof a === "string" ? a.localeCompare(b, undefined, { numeric: true }) : a - b);
+  rows.sort((a, b) => dir * cmp(a[key], b[key]) || a.name.localeCompare(b.name, undefined, { numeric: true }));
+  for (const b of document.querySelectorAll("#nodes th button")) {
+    b.parentElement.setAttribute("aria-sort", b.dataset.nsort === key ? (dir > 0 ? "ascending" : "descending") : "none");
+  }
+  for (const n of rows) {
+    const count = n.count;
     const phases = Object.entries(n.phases).map(([p, c]) => p + " " + c).join(", ");
     tbody.append(el("tr", { "data-node": n.name },
       el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(n.name), text: n.name })),
       el("td", { text: n.up ? "up" : "not responding" }),
       el("td", { class: "beacon" }, beaconText(n.health)),
       el("td", { class: "capacity" }, n.capacity ? capBar(n.capacity) : "-"),
+      el("td", { class: "vgs", title: vgText(n.capacity) }, n.vgFree >= 0 ? formatSize(n.vgFree) || "0" : "-"),
+      el("td", { class: "disks", title: diskText(n.capacity) }, String(n.disks)),
       el("td", { class: "orphans", title: n.health && n.health.orphans ? n.health.orphans.map((o) => o.backingFile || o.uuid).join("\n") : "" },
         String(n.health && n.health.orphans ? n.health.orphans.length : 0)),
       el("td", { text: String(count) }),
       el("td", { text: phases || "-" })));
   }
+}
+
+// vgText and diskText list a node's volume groups and candidate disks, one
+// a line.
+function vgText(c) {
+  return c && c.vgs ? c.vgs.map((v) => `${v.name}: ${formatSize(v.free) || "0"} free of ${formatSize(v.size)}`).join("\n") : "";
+}
+
+function diskText(c) {
+  return c && c.disks ? c.disks.map((d) => `${d.path}: ${formatSize(d.size)}${d.model ? " (" + d.model + ")" : ""}`).join("\n") : "";
+}
+
+// offerPlaces fills the create form's suggestions from the node's last
+// report: its volume groups with their free space, and the devices that
+// carry nothing.
+function offerPlaces() {
+  const n = state.nodes.find((x) => x.name === state.node);
+  const c = n && n.capacity;
+  const vgs = (c && c.vgs) || [], disks = (c && c.disks) || [];
+  $("#vg-list").replaceChildren(...vgs.map((v) => el("option", { value: v.name, label: `${formatSize(v.free) || "0"} free of ${formatSize(v.size)}` })));
+  $("#disk-list").replaceChildren(...disks.map((d) => el("option", { value: d.path, label: `${formatSize(d.size)}${d.model ? ", " + d.model : ""}` })));
+  $("#vg-hint").textContent = vgs.length ? "On " + state.node + ": " + vgs.map((v) => `${v.name} (${formatSize(v.free) || "0"} free)`).join(", ") : c ? `${state.node} reports no volume group.` : "";
+  $("#disk-hint").textContent = disks.length ? "Unused on " + state.node + ": " + disks.map((d) => `${d.path} (${formatSize(d.size)})`).join(", ") : c ? `${state.node} reports no unused device that carries nothing.` : "";
 }
 
 // pvText is the PV's phase and claim, "-" without one.
@@ -336,6 +400,7 @@ function renderVolumes() {
   if (all || !may("operator")) $("#create-form").hidden = true;
   $("#node-role").textContent = all && may("operator") ? "Open a node to create a volume on it." : roleNote();
   if (all) fillNodeFilter();
+  else if (!$("#create-form").hidden) offerPlaces();
   const f = state.filter.toLowerCase();
   const mine = [...state.volumes.values()].filter((v) => all || v.spec.node === state.node);
   const rows = mine
@@ -364,12 +429,12 @@ function renderVolumes() {
       el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name })),
       el("td", { class: "col-node" }, el("a", { href: "#/node/" + encodeURIComponent(r.node), text: r.node })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
       el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
-      el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt) }),
+      el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt), title: new Date(r.v.createdAt).toLocaleString() }),
       actions));
   }
   $("#empty").hidden = mine.length > 0;
   $("#empty").textContent = all ? "No volumes yet: open a node to create one." : "No volumes on this node yet.";
-  for (const b of document.querySelectorAll("th button")) {
+  for (const b of document.querySelectorAll("#volumes th button")) {
     const th = b.parentElement;
     th.setAttribute("aria-sort", b.dataset.sort === key ? (dir > 0 ? "ascending" : "descending") : "none");
   }
@@ -395,30 +460,37 @@ function fillNodeFilter() {
 // audit) shows on the page.
 async function loadPage() {
   const page = state.page;
+  const token = state.token;
+  const seq = state.pageSeq = (state.pageSeq || 0) + 1;
+  // An answer for an earlier request, another page or a session logged
+  // out since is not what this page shows.
+  const stale = () => state.page !== page || state.token !== token || state.pageSeq !== seq;
   if (page === "snapshots") {
     const r = await api("GET", "/api/v1/snapshots");
     if (r.status === 401) return logout("The token was refused.");
-    if (state.page !== page) return;
+    if (stale()) return;
     state.snapshots = r.ok ? r.data.items : [];
     $("#m-snapshots").textContent = r.ok ? "" : refusal(r);
   } else if (page === "audit") {
-    const q = new URLSearchParams({ since: $("#audit-since").value, limit: "500" });
+    const q = new URLSearchParams({ since: $("#audit-since").value, limit: String(AUDIT_LIMIT) });
     if ($("#audit-user").value.trim()) q.set("user", $("#audit-user").value.trim());
     if ($("#audit-volume").value.trim()) q.set("volume", $("#audit-volume").value.trim());
     const r = await api("GET", "/api/v1/audit?" + q);
     if (r.status === 401) return logout("The token was refused.");
-    if (state.page !== page) return;
+    if (stale()) return;
     state.audit = r.ok ? r.data.items : [];
     $("#m-audit").textContent = r.ok ? "" : refusal(r);
   } else if (page === "tokens") {
     const r = await api("GET", "/api/v1/tokens");
     if (r.status === 401) return logout("The token was refused.");
-    if (state.page !== page) return;
+    if (stale()) return;
     state.tokens = r.ok ? r.data.items : [];
     $("#m-tokens").textContent = r.ok ? "" : refusal(r);
   }
   render();
 }
+
+const AUDIT_LIMIT = 500;
 
 function renderPage() {
   if (state.page === "snapshots") renderFleetSnapshots();
@@ -431,7 +503,8 @@ function renderFleetSnapshots() {
   const f = $("#snap-filter").value.trim().toLowerCase();
   const items = all.filter((x) => !f || [x.name, x.volume, x.node, x.phase, x.method, x.schedule || "", x.message || ""]
     .some((t) => String(t).toLowerCase().includes(f)));
-  $("#snap-count").textContent = items.length === all.length ? `${all.length} snapshot${all.length === 1 ? "" : "s"}` : `${items.length} of ${all.length} snapshots shown`;
+  const count = items.length === all.length ? `${all.length} snapshot${all.length === 1 ? "" : "s"}` : `${items.length} of ${all.length} snapshots shown`;
+  if ($("#snap-count").textContent !== count) $("#snap-count").textContent = count;
   $("#snapshots-empty").hidden = all.length > 0;
   $("#snapshots tbody").replaceChildren(...items.map((x) => el("tr", { "data-snapshot": x.name },
     el("td", { text: x.name }),
@@ -447,7 +520,9 @@ function renderFleetSnapshots() {
 
 function renderAudit() {
   const items = [...(state.audit || [])].reverse();
-  $("#audit-count").textContent = `${items.length} entr${items.length === 1 ? "y" : "ies"}, newest first`;
+  const cut = items.length >= AUDIT_LIMIT ? ` (the newest ${AUDIT_LIMIT}: narrow the search for older ones)` : "";
+  const count = `${items.length} entr${items.length === 1 ? "y" : "ies"}, newest first${cut}`;
+  if ($("#audit-count").textContent !== count) $("#audit-count").textContent = count;
   $("#audit tbody").replaceChildren(...items.map((e) => el("tr", { class: "history-" + e.decision },
     el("td", { text: when(e.time) }),
     el("td", { text: e.user + (e.role ? " (" + e.role + ")" : "") }),
@@ -461,7 +536,8 @@ function renderAudit() {
 
 function renderTokens() {
   const items = state.tokens || [];
-  $("#token-form").hidden = !may("admin");
+  // A Kubernetes identity uses its own tokens: the API refuses it this.
+  $("#token-form").hidden = !may("admin") || !!(state.who && state.who.kind === "kubernetes");
   $("#tokens tbody").replaceChildren(...items.map((t) => {
     const revoke = el("button", { type: "button", class: "danger revoke", text: "Revoke" });
     revoke.hidden = !may("admin");
@@ -475,7 +551,7 @@ function renderTokens() {
     return el("tr", { "data-token": t.name },
       el("td", { text: t.name }), el("td", { text: t.kind }), el("td", { text: t.user || "" }), el("td", { text: t.role }),
       el("td", { text: when(t.created) + (t.createdBy ? " by " + t.createdBy : "") }),
-      el("td", { text: t.expires ? new Date(t.expires).toLocaleString() : "never" }), el("td", {}, revoke));
+      el("td", { text: t.expires ? new Date(t.expires).toLocaleString() + " (in " + until(t.expires) + ")" : "never" }), el("td", {}, revoke));
   }));
 }
 
@@ -489,7 +565,11 @@ async function submitToken(e) {
   const body = { name, role: $("#token-role").value };
   const expires = $("#token-expires").value.trim();
   if (expires) body.expires = expires;
+  const token = state.token;
   const r = await api("POST", "/api/v1/tokens", body);
+  // Logged out, or gone elsewhere, meanwhile: the secret is shown to
+  // nobody (the token is listed, and can be revoked).
+  if (state.token !== token || state.page !== "tokens") return;
   $("#m-token").textContent = r.ok ? "" : refusal(r);
   if (r.ok) {
     $("#token-name").value = "";
@@ -642,7 +722,7 @@ function scheduleText(x) {
   let s = `${who}${what ? ": " + what : ""}.`;
   s += x.lastSuccess ? ` Last snapshot ${x.lastSnapshot || ""} ${age(x.lastSuccess)} ago.` : " No snapshot taken yet.";
   if (x.taking) s += ` Taking ${x.taking} now.`;
-  else if (x.nextAt) s += ` Next at ${new Date(x.nextAt).toLocaleString()}.`;
+  else if (x.nextAt) s += ` Next at ${new Date(x.nextAt).toLocaleString()} (in ${until(x.nextAt)}).`;
   if (x.failing) s += ` Failing${x.failures ? " (" + x.failures + " in a row)" : ""}: ${x.lastError || "the node gave no reason"}`;
   if (x.overdue) s += " Overdue: no snapshot within twice its interval.";
   return s;
@@ -773,7 +853,7 @@ function renderSnapshots(v) {
     tbody.append(el("tr", { "data-snapshot": x.name },
       el("td", { text: x.name }), el("td", { class: "phase", text: x.phase, title: x.message || "" }),
       el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }), el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
-      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || "") }), el("td", {}, clone, " ", restore, " ", del, outcome)));
+      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || ""), title: x.takenAt ? new Date(x.takenAt).toLocaleString() : "" }), el("td", {}, clone, " ", restore, " ", del, outcome)));
   }
 }
 
@@ -1133,6 +1213,11 @@ function logout(msg) {
   state.es = null;
   $("#login-error").textContent = msg || "";
   hideSecret();
+  // Nothing the last session saw stays for the next one.
+  state.snapshots = state.audit = state.tokens = null;
+  for (const t of ["#snapshots tbody", "#audit tbody", "#tokens tbody"]) $(t).replaceChildren();
+  for (const id of ["#audit-user", "#audit-volume", "#snap-filter", "#token-name", "#token-expires"]) $(id).value = "";
+  for (const id of ["#m-audit", "#m-tokens", "#m-token", "#m-snapshots", "#audit-count", "#snap-count"]) $(id).textContent = "";
   route();
 }
 
@@ -1193,7 +1278,14 @@ function init() {
   $("#filter").addEventListener("input", (e) => { state.filter = e.target.value; render(); });
   $("#node-filter").addEventListener("change", (e) => { state.nodeFilter = e.target.value; render(); });
   $("#phase-filter").addEventListener("change", (e) => { state.phaseFilter = e.target.value; render(); });
-  for (const b of document.querySelectorAll("th button")) {
+  for (const b of document.querySelectorAll("#nodes th button")) {
+    b.addEventListener("click", () => {
+      const k = b.dataset.nsort;
+      state.nodeSort = { key: k, dir: state.nodeSort.key === k ? -state.nodeSort.dir : 1 };
+      render();
+    });
+  }
+  for (const b of document.querySelectorAll("#volumes th button")) {
     b.addEventListener("click", () => {
       const k = b.dataset.sort;
       state.sort = { key: k, dir: state.sort.key === k ? -state.sort.dir : 1 };
@@ -1201,6 +1293,7 @@ function init() {
     });
   }
   $("#show-create").addEventListener("click", () => {
+    offerPlaces();
     $("#create-form").hidden = false;
     syncForm();
     $("#f-name").focus();
