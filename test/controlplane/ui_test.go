@@ -448,6 +448,27 @@ true;`))
 	assert.Empty(t, shown, "a viewer's node page has no action but sorting")
 	assert.Contains(t, text("#node-role"), "needs role operator")
 	do(chromedp.Navigate(p.URL + "/#/volume/ui-1"))
+
+	// An operator changes volumes and snapshots; what only an admin may
+	// do is shown disabled with the reason, and the admin pages are not
+	// linked.
+	out, errs, code = p.CLI("token", "create", "ui-operator", "--role", "operator", "--expires", "1d")
+	require.Equal(t, 0, code, errs)
+	do(chromedp.Click("#logout"),
+		chromedp.WaitVisible("#token"),
+		chromedp.SetValue("#token", strings.TrimSpace(out)),
+		chromedp.Click(`#login-form button[type="submit"]`),
+		chromedp.WaitVisible(snapRow+" button.restore"),
+		chromedp.WaitVisible("#schedule-form"))
+	clickable, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#volume-view button, header a')].filter((e) => e.offsetParent !== null && !e.disabled).map((e) => e.id || e.className || e.textContent)`))
+	require.NoError(t, err)
+	for _, want := range []string{"vol-delete", "vol-grow", "take-snapshot", "clone", "restore", "danger", "set-schedule", "remove-schedule", "nav-snapshots"} {
+		assert.Contains(t, clickable, want, "an operator may")
+	}
+	for _, not := range []string{"nav-audit", "nav-tokens"} {
+		assert.NotContains(t, clickable, not, "an admin's")
+	}
+	shot("3l-operator")
 	do(chromedp.Click("#logout"),
 		chromedp.WaitVisible("#token"),
 		chromedp.SetValue("#token", p.Token),

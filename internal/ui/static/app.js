@@ -1091,7 +1091,7 @@ function confirmAction(v, how) {
   $("#confirm-ok").textContent = { delete: "Delete", wipe: "Delete and wipe", forget: "Forget" }[how];
   dlg.returnValue = "";
   dlg.onclose = async () => {
-    if (dlg.returnValue !== "ok") return;
+    if (dlg.open || dlg.returnValue !== "ok") return;
     const q = how === "wipe" ? "?wipe=true" : how === "forget" ? "?forget=true" : "";
     const r = await api("DELETE", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + q);
     if (!r.ok) alertError(r);
@@ -1108,7 +1108,7 @@ function confirmThen(text, ok, act) {
   $("#confirm-text").textContent = text;
   $("#confirm-ok").textContent = ok;
   dlg.returnValue = "";
-  dlg.onclose = async () => { if (dlg.returnValue === "ok") await act(); };
+  dlg.onclose = async () => { if (!dlg.open && dlg.returnValue === "ok") await act(); };
   dlg.showModal();
   $("#confirm-cancel").focus();
 }
@@ -1318,6 +1318,9 @@ function init() {
   });
   $("#restore-cancel").addEventListener("click", () => $("#restore-dialog").close());
   $("#restore-dialog").addEventListener("close", () => {
+    // The close event is queued: a cancel's can arrive after the dialog
+    // was opened again for the next restore, whose target it must keep.
+    if ($("#restore-dialog").open) return;
     const of = state.restoreOf;
     state.restoreOf = null;
     if ($("#restore-dialog").returnValue === "ok" && of) submitRestore(of);
