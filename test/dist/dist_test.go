@@ -6,6 +6,7 @@ package dist
 
 import (
 	"archive/tar"
+	"archive/zip"
 	"bufio"
 	"bytes"
 	"crypto/sha256"
@@ -207,6 +208,41 @@ func TestDist(t *testing.T) {
 		out, err := exec.Command("dpkg-deb", "--ctrl-tarfile", deb("salt-volumes")).Output()
 		require.NoError(t, err)
 		assert.Contains(t, tarFile(t, out, "./conffiles"), "/etc/salt-volumes/config.yaml", "the configuration is kept on upgrade")
+	})
+
+	t.Run("the wheel says what it needs, where it comes from and how it installs (#52 item 9)", func(t *testing.T) {
+		pyv := strings.Replace(v, "-dev", ".dev0", 1)
+		zr, err := zip.OpenReader(filepath.Join(a, "saltext_volumes-"+pyv+"-py3-none-any.whl"))
+		require.NoError(t, err)
+		defer zr.Close()
+		names := map[string]bool{}
+		var meta string
+		for _, f := range zr.File {
+			names[f.Name] = true
+			if f.Name == "saltext_volumes-"+pyv+".dist-info/METADATA" {
+				r, err := f.Open()
+				require.NoError(t, err)
+				b, err := io.ReadAll(r)
+				require.NoError(t, err)
+				meta = string(b)
+			}
+		}
+		for _, kind := range []string{"modules", "states", "beacons", "engines", "runners"} {
+			assert.True(t, names["saltext/volumes/"+kind+"/salt_volumes.py"], "the %s module", kind)
+		}
+		require.NotEmpty(t, meta)
+		for _, line := range []string{"Requires-Dist: salt>=3006", "Requires-Python: >=3.10", "Classifier: Programming Language :: Python :: 3.11",
+			"Classifier: License :: OSI Approved :: Apache Software License", "Project-URL: Source, https://github.com/salt-volumes/salt-volumes"} {
+			assert.Contains(t, meta, line+"\n")
+		}
+		// Its README (the long description) names the file make dist
+		// writes, and the runner.
+		assert.Contains(t, meta, "salt-pip install saltext_volumes-<version>-py3-none-any.whl")
+		assert.Contains(t, meta, "runner")
+		// The build backend is pinned: the same wheel any day.
+		pyproject, err := os.ReadFile(filepath.Join(repo, "packaging", "saltext", "pyproject.toml.in"))
+		require.NoError(t, err)
+		assert.Regexp(t, `(?m)^requires = \["setuptools==[0-9.]+"\]$`, string(pyproject))
 	})
 
 	t.Run("the binaries of both architectures start and say their version", func(t *testing.T) {
