@@ -59,9 +59,13 @@ func objects(t *testing.T, data []byte) map[string]map[string]any {
 
 func str(v any) string { s, _ := v.(string); return s }
 
+// exampleSaltURL is the salt-api of deploy/kubernetes' config; the chart
+// asks for one (salt.url is required).
+const exampleSaltURL = "https://salt-master.example.com:8000"
+
 func render(t *testing.T, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(helm(t), append([]string{"template", "salt-volumes", chart, "--namespace", "salt-volumes"}, args...)...)
+	cmd := exec.Command(helm(t), append([]string{"template", "salt-volumes", chart, "--namespace", "salt-volumes", "--set", "salt.url=" + exampleSaltURL}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -87,7 +91,15 @@ func TestHelmChart(t *testing.T) {
 	want := objects(t, raw)
 	// The release's namespace is helm's to create (--create-namespace).
 	delete(want, "Namespace//salt-volumes")
-	got := objects(t, render(t, "--include-crds"))
+	// deploy/kubernetes binds the ClusterRole to the user salt-volumes too
+	// (for a serve outside the cluster); the chart only when asked.
+	got := objects(t, render(t, "--include-crds", "--set", "outsideUser=salt-volumes"))
+	// The config's checksum on the pods is the chart's alone (helm
+	// upgrade rolls them when it changes; kubectl apply has no such need).
+	tmpl := got["Deployment/salt-volumes/salt-volumes"]["spec"].(map[string]any)["template"].(map[string]any)["metadata"].(map[string]any)
+	sum, _ := tmpl["annotations"].(map[string]any)["checksum/config"].(string)
+	assert.Regexp(t, `^[0-9a-f]{64}$`, sum, "the pods carry the config's checksum")
+	delete(tmpl, "annotations")
 	for k := range want {
 		assert.Contains(t, got, k, "the chart does not render %s", k)
 	}
@@ -106,6 +118,46 @@ func TestHelmChart(t *testing.T) {
 	rawCRD, err = os.ReadFile("../../deploy/kubernetes/volumesnapshot-crd.yaml")
 	require.NoError(t, err)
 	assert.Equal(t, string(rawCRD), string(crd), "the chart's CRD is a copy of deploy/kubernetes/volumesnapshot-crd.yaml")
+
+	t.Run("upgrades roll the pods, which carry what the restricted Pod Security level asks; bad values are refused (#52 item 5)", func(t *testing.T) {
+		chartYAML, err := os.ReadFile(filepath.Join(chart, "Chart.yaml"))
+		require.NoError(t, err)
+		var meta struct {
+			Version    string `yaml:"version"`
+			AppVersion string `yaml:"appVersion"`
+		}
+		require.NoError(t, yaml.Unmarshal(chartYAML, &meta))
+		pod := func(o map[string]map[string]any) map[string]any {
+			return o["Deployment/salt-volumes/salt-volumes"]["spec"].(map[string]any)["template"].(map[string]any)
+		}
+		def := objects(t, render(t))
+		c := pod(def)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+		assert.Equal(t, "salt-volumes.io/salt-volumes:"+meta.AppVersion, c["image"], "the image is the release's, not latest")
+		assert.Contains(t, mustYAML(t, want["Deployment/salt-volumes/salt-volumes"]), "image: salt-volumes.io/salt-volumes:"+meta.AppVersion, "deploy/kubernetes names the same release")
+		assert.Equal(t, map[string]any{"type": "RuntimeDefault"}, pod(def)["spec"].(map[string]any)["securityContext"].(map[string]any)["seccompProfile"])
+		checksum := func(o map[string]map[string]any) string {
+			return pod(o)["metadata"].(map[string]any)["annotations"].(map[string]any)["checksum/config"].(string)
+		}
+		assert.Equal(t, checksum(def), checksum(objects(t, render(t, "--set", "replicaCount=3"))), "a change elsewhere rolls nothing")
+		assert.NotEqual(t, checksum(def), checksum(objects(t, render(t, "--set", "config.limits.volumes=5000"))), "a config change rolls the pods")
+		pdb := def["PodDisruptionBudget/salt-volumes/salt-volumes"]
+		require.NotNil(t, pdb, "two replicas: a budget keeps one through drains")
+		assert.EqualValues(t, 1, pdb["spec"].(map[string]any)["minAvailable"])
+		assert.NotContains(t, objects(t, render(t, "--set", "replicaCount=1")), "PodDisruptionBudget/salt-volumes/salt-volumes", "one replica: no budget that blocks every drain")
+		crb := mustYAML(t, def["ClusterRoleBinding//salt-volumes"])
+		assert.NotContains(t, crb, "kind: User", "by default the ClusterRole goes to the service account alone")
+
+		refused := func(want string, args ...string) {
+			t.Helper()
+			out, err := exec.Command(helm(t), append([]string{"template", "salt-volumes", chart, "--namespace", "salt-volumes"}, args...)...).CombinedOutput()
+			require.Error(t, err, "%s", out)
+			assert.Contains(t, string(out), want)
+		}
+		refused("salt.url is required")
+		refused("replicaCount", "--set", "salt.url="+exampleSaltURL, "--set", "replicaCount=0")
+		refused("replicas", "--set", "salt.url="+exampleSaltURL, "--set", "replicas=2")
+		refused("pullPolicy", "--set", "salt.url="+exampleSaltURL, "--set", "image.pullPolicy=Sometimes")
+	})
 
 	t.Run("the optional objects and the values people change", func(t *testing.T) {
 		got := objects(t, render(t, "--set", "serviceMonitor.enabled=true", "--set", "storageClass.create=true",
