@@ -7,8 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-dist}")
 version=$(scripts/version.sh)
-# PEP 440: 0.4.0-dev+gSHA -> 0.4.0.dev0+gSHA
-pyversion=${version/-dev/.dev0}
+# PEP 440: 0.4.0-dev.20261206091234+gSHA -> 0.4.0.dev20261206091234+gSHA
+# (0.4.0-dev alone, from a source tarball: 0.4.0.dev0)
+pyversion=${version/-dev./.dev}
+pyversion=${pyversion/-dev/.dev0}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 pkg="$stage/src/saltext/volumes"
