@@ -127,6 +127,10 @@ func TestHelmChart(t *testing.T) {
 			AppVersion string `yaml:"appVersion"`
 		}
 		require.NoError(t, yaml.Unmarshal(chartYAML, &meta))
+		version, err := os.ReadFile("../../VERSION")
+		require.NoError(t, err)
+		assert.Equal(t, strings.TrimSpace(string(version)), meta.AppVersion, "the chart's appVersion is VERSION (make release sets both)")
+		assert.Equal(t, meta.AppVersion, meta.Version)
 		pod := func(o map[string]map[string]any) map[string]any {
 			return o["Deployment/salt-volumes/salt-volumes"]["spec"].(map[string]any)["template"].(map[string]any)
 		}

@@ -63,7 +63,7 @@ func TestDist(t *testing.T) {
 			want = append(want, n, n+".cdx.json")
 		}
 	}
-	want = append(want, "SHA256SUMS", "saltext_volumes-"+strings.Replace(v, "-dev", ".dev0", 1)+"-py3-none-any.whl")
+	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl")
 	want = append(want, packageFiles(v)...)
 	sort.Strings(want)
 
@@ -211,7 +211,7 @@ func TestDist(t *testing.T) {
 	})
 
 	t.Run("the wheel says what it needs, where it comes from and how it installs (#52 item 9)", func(t *testing.T) {
-		pyv := strings.Replace(v, "-dev", ".dev0", 1)
+		pyv := pep440(v)
 		zr, err := zip.OpenReader(filepath.Join(a, "saltext_volumes-"+pyv+"-py3-none-any.whl"))
 		require.NoError(t, err)
 		defer zr.Close()
@@ -264,6 +264,12 @@ func TestDist(t *testing.T) {
 			assert.Equal(t, v, exec.Version, arch)
 		}
 	})
+}
+
+// pep440 is v as the wheel carries it: 0.4.0-dev.20261206091234+g<commit>
+// is 0.4.0.dev20261206091234+g<commit>.
+func pep440(v string) string {
+	return strings.Replace(strings.Replace(v, "-dev.", ".dev", 1), "-dev", ".dev0", 1)
 }
 
 // debVersion is v as Debian orders it: a pre-release sorts before its release.
