@@ -19,7 +19,9 @@ for arch in amd64 arm64; do
     bin="$out/${cmd}_${version}_linux_${arch}"
     CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build -trimpath -buildvcs=false \
       -ldflags "-s -w -buildid= -X main.version=$version" -o "$bin" "./cmd/$cmd"
-    go run "$cyclonedx" bin -json -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
+    # -licenses: each module's licence, read from the module as the
+    # module cache holds it.
+    go run "$cyclonedx" bin -json -licenses -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
   done
 done
 # The Salt extension: the same modules for every architecture.

@@ -24,7 +24,9 @@ trap 'rm -rf "$stage"' EXIT
 debversion=${version/-/\~}
 {
   printf 'salt-volumes (%s) unstable; urgency=medium\n\n' "$debversion"
-  printf '  * Release %s, see CHANGELOG.md upstream.\n\n' "$version"
+  # Two lines: a version between releases is long, and Debian wants
+  # changelog lines under 80 columns.
+  printf '  * Release %s.\n  * What changed: CHANGELOG.md upstream.\n\n' "$version"
   printf ' -- salt-volumes developers <salt-volumes@users.noreply.github.com>  %s\n' \
     "$(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } | gzip -9 -n >"$stage/changelog.Debian.gz"
@@ -83,7 +85,14 @@ for arch in ${ARCHES:-amd64 arm64}; do
   install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/formulas/salt_volumes/files/salt-volume-exec"
   install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/salt-volume-exec"
   install -m 0755 "$out/salt-volumes_${version}_linux_$arch" "$stage/salt-volumes"
-  cp packaging/nfpm/* "$stage/"
+  # The licences of what each static binary embeds, collected from its
+  # build info and the module cache (tools/notices); gzipped for Debian
+  # (policy 12.3), plain for RPM's %license.
+  for bin in salt-volume-exec salt-volumes; do
+    go run ./tools/notices -o "$stage/$bin.NOTICES" "$stage/$bin"
+    gzip -9nc "$stage/$bin.NOTICES" >"$stage/$bin.NOTICES.gz"
+  done
+  cp packaging/nfpm/* LICENSE "$stage/"
   sed -i -e "/^  # @man-pages@\$/{r $manpages" -e 'd}' "$stage/salt-volumes.yaml"
   find "$stage" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
   for pkg in salt-volume-exec salt-volumes; do

@@ -23,6 +23,7 @@ for kind in modules states beacons engines runners; do
 done
 sed "s/@VERSION@/$pyversion/" packaging/saltext/pyproject.toml.in > "$stage/pyproject.toml"
 cp packaging/saltext/README.md "$stage/README.md"
+cp LICENSE "$stage/LICENSE"
 find "$stage" -exec touch -h -d "@$(git log -1 --format=%ct 2>/dev/null || echo 0)" {} +
 mkdir -p "$out"
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \

@@ -120,6 +120,11 @@ func TestDist(t *testing.T) {
 					} `json:"metadata"`
 					Components []struct {
 						Name, Version, Purl string
+						Licenses            []struct {
+							License struct {
+								ID string `json:"id"`
+							} `json:"license"`
+						} `json:"licenses"`
 					} `json:"components"`
 				}
 				require.NoError(t, json.Unmarshal(data, &bom))
@@ -130,12 +135,23 @@ func TestDist(t *testing.T) {
 				assert.Equal(t, "github.com/salt-volumes/salt-volumes", bom.Metadata.Component.Name)
 				assert.Equal(t, "v"+v, bom.Metadata.Component.Version)
 				names := map[string]bool{}
+				licences := map[string]string{}
 				for _, c := range bom.Components {
 					names[c.Name] = true
+					if len(c.Licenses) > 0 {
+						licences[c.Name] = c.Licenses[0].License.ID
+					}
 					assert.NotEmpty(t, c.Version, c.Name)
 					assert.True(t, strings.HasPrefix(c.Purl, "pkg:golang/"), c.Purl)
 				}
 				assert.True(t, names[tc.has], "%s's SBOM lacks %s", tc.cmd, tc.has)
+				// Each module's licence, as the SBOM's tool read it from
+				// the module (#52 item 4).
+				assert.Equal(t, "MIT", licences["github.com/diskfs/go-diskfs"], "%s: %v", tc.cmd, licences)
+				if tc.cmd == "salt-volumes" {
+					assert.Equal(t, "MPL-2.0", licences["github.com/hashicorp/go-retryablehttp"], "%v", licences)
+					assert.Equal(t, "MIT", licences["go.etcd.io/bbolt"], "%v", licences)
+				}
 				if tc.hasNot != "" {
 					assert.False(t, names[tc.hasNot], "%s's SBOM names %s", tc.cmd, tc.hasNot)
 				}
@@ -205,6 +221,36 @@ func TestDist(t *testing.T) {
 		snippet := file("salt-volumes", "usr/share/salt-volumes/master.d/salt-volumes.conf")
 		assert.Contains(t, snippet, "    - /usr/share/salt-formulas/states\n")
 		assert.NotContains(t, snippet, "/opt/")
+		// The licences of what the static binaries embed (#52 item 4):
+		// each module's own files, gzipped beside the copyright file.
+		notices := func(pkg, bin string) string {
+			dir := t.TempDir()
+			out, err := exec.Command("dpkg-deb", "-x", deb(pkg), dir).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			z, err := exec.Command("gzip", "-dc", filepath.Join(dir, "usr/share/doc", pkg, "NOTICES."+bin+".gz")).Output()
+			require.NoError(t, err)
+			return string(z)
+		}
+		for _, tc := range []struct{ pkg, bin, has string }{
+			{"salt-volume-exec", "salt-volume-exec", "==> github.com/diskfs/go-diskfs "},
+			{"salt-volumes", "salt-volume-exec", "==> github.com/diskfs/go-diskfs "},
+			{"salt-volumes", "salt-volumes", "==> github.com/hashicorp/go-retryablehttp "},
+		} {
+			n := notices(tc.pkg, tc.bin)
+			assert.Contains(t, n, tc.has, "%s: NOTICES.%s", tc.pkg, tc.bin)
+			assert.Contains(t, n, "==> the Go runtime and standard library ")
+		}
+		planeNotices := notices("salt-volumes", "salt-volumes")
+		for _, m := range []string{"go.etcd.io/bbolt ", "go.uber.org/zap ", "github.com/go-zeromq/zmq4 ", "k8s.io/client-go "} {
+			assert.Contains(t, planeNotices, "==> "+m)
+		}
+		assert.Contains(t, planeNotices, "Mozilla Public License", "the MPL's text, as go-retryablehttp ships it")
+		assert.Contains(t, file("salt-volumes", "usr/share/doc/salt-volumes/copyright"), "NOTICES.<binary>.gz")
+		rpmList, err := exec.Command("rpm", "-qlp", filepath.Join(a, "salt-volumes-"+debVersion(v)+"-1.x86_64.rpm")).Output()
+		require.NoError(t, err)
+		for _, f := range []string{"/usr/share/licenses/salt-volumes/LICENSE", "/usr/share/licenses/salt-volumes/NOTICES.salt-volumes", "/usr/share/licenses/salt-volumes/NOTICES.salt-volume-exec"} {
+			assert.Contains(t, string(rpmList), f+"\n")
+		}
 		out, err := exec.Command("dpkg-deb", "--ctrl-tarfile", deb("salt-volumes")).Output()
 		require.NoError(t, err)
 		assert.Contains(t, tarFile(t, out, "./conffiles"), "/etc/salt-volumes/config.yaml", "the configuration is kept on upgrade")
@@ -232,7 +278,7 @@ func TestDist(t *testing.T) {
 		}
 		require.NotEmpty(t, meta)
 		for _, line := range []string{"Requires-Dist: salt>=3006", "Requires-Python: >=3.10", "Classifier: Programming Language :: Python :: 3.11",
-			"Classifier: License :: OSI Approved :: Apache Software License", "Project-URL: Source, https://github.com/salt-volumes/salt-volumes"} {
+			"License-Expression: Apache-2.0", "License-File: LICENSE", "Project-URL: Source, https://github.com/salt-volumes/salt-volumes"} {
 			assert.Contains(t, meta, line+"\n")
 		}
 		// Its README (the long description) names the file make dist

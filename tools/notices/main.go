@@ -1,0 +1,145 @@
+// Command notices writes the licence notices of what a Go binary embeds:
+// the Go distribution's licence and, for each module its build info lists,
+// the licence and notice files of that module as the module cache holds
+// them. make dist ships the result beside each binary and in the packages
+// (scripts/packages.sh): the binaries are static, so every module's
+// licence travels with them.
+//
+//	notices [-o FILE] BINARY
+//
+// A module without a licence file fails the run: nothing is shipped
+// without its terms.
+package main
+
+import (
+	"bytes"
+	"debug/buildinfo"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	debug "runtime/debug"
+	"sort"
+	"strings"
+)
+
+// licenceFile matches the names modules give their terms, at the module's
+// root.
+var licenceFile = regexp.MustCompile(`(?i)^(licen[cs]e|copying|notice|patents)(\.(md|txt|rst))?$|^(licen[cs]e|copying)[-_.]`)
+
+func main() {
+	out := flag.String("o", "", "write the notices here (default: standard output)")
+	flag.Parse()
+	if flag.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: notices [-o FILE] BINARY")
+		os.Exit(2)
+	}
+	text, err := notices(flag.Arg(0))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "notices:", err)
+		os.Exit(1)
+	}
+	if *out == "" {
+		_, err = os.Stdout.Write(text)
+	} else {
+		err = os.WriteFile(*out, text, 0o644)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "notices:", err)
+		os.Exit(1)
+	}
+}
+
+func notices(bin string) ([]byte, error) {
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return nil, fmt.Errorf("reading the build info of %s: %w", bin, err)
+	}
+	env, err := goEnv("GOROOT", "GOMODCACHE")
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Licences of the code in %s\n\n", filepath.Base(bin))
+	fmt.Fprintf(&b, "%s is salt-volumes (module %s), under the Apache License 2.0 (its LICENSE).\n", filepath.Base(bin), info.Main.Path)
+	fmt.Fprintf(&b, "It is statically linked with the Go runtime and standard library (%s) and with the modules below, each under its own terms, which follow.\n", info.GoVersion)
+	goLicence, err := os.ReadFile(filepath.Join(env["GOROOT"], "LICENSE"))
+	if err != nil {
+		return nil, fmt.Errorf("the Go distribution's licence: %w", err)
+	}
+	section(&b, "the Go runtime and standard library "+info.GoVersion, "LICENSE", goLicence)
+	deps := append([]*debug.Module(nil), info.Deps...)
+	sort.Slice(deps, func(i, j int) bool { return deps[i].Path < deps[j].Path })
+	for _, d := range deps {
+		m := d
+		if d.Replace != nil {
+			m = d.Replace
+		}
+		dir := filepath.Join(env["GOMODCACHE"], escape(m.Path)+"@"+m.Version)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("module %s %s is not in the module cache (%s): run go mod download first: %w", m.Path, m.Version, dir, err)
+		}
+		var names []string
+		for _, e := range ents {
+			if e.Type().IsRegular() && licenceFile.MatchString(e.Name()) {
+				names = append(names, e.Name())
+			}
+		}
+		if len(names) == 0 {
+			return nil, fmt.Errorf("module %s %s has no licence file in %s: it cannot be shipped without its terms", m.Path, m.Version, dir)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			body, err := os.ReadFile(filepath.Join(dir, n))
+			if err != nil {
+				return nil, err
+			}
+			section(&b, m.Path+" "+m.Version, n, body)
+		}
+	}
+	return b.Bytes(), nil
+}
+
+func section(b *bytes.Buffer, what, file string, body []byte) {
+	fmt.Fprintf(b, "\n\n==> %s (%s) <==\n\n", what, file)
+	b.Write(bytes.TrimRight(body, "\n"))
+	b.WriteString("\n")
+}
+
+// escape is a module path as the module cache names its directory: each
+// upper-case letter is "!" and its lower case.
+func escape(path string) string {
+	var s strings.Builder
+	for _, r := range path {
+		if r >= 'A' && r <= 'Z' {
+			s.WriteByte('!')
+			r += 'a' - 'A'
+		}
+		s.WriteRune(r)
+	}
+	return s.String()
+}
+
+func goEnv(names ...string) (map[string]string, error) {
+	out, err := exec.Command("go", append([]string{"env"}, names...)...).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("go env: %s", ee.Stderr)
+		}
+		return nil, fmt.Errorf("go env: %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(names) {
+		return nil, fmt.Errorf("go env printed %d lines for %d names", len(lines), len(names))
+	}
+	env := map[string]string{}
+	for i, n := range names {
+		env[n] = lines[i]
+	}
+	return env, nil
+}
