@@ -102,4 +102,8 @@ for arch in ${ARCHES:-amd64 arm64}; do
     done
   done
 done
+# nfpm names the RPM payload's files by absolute paths: cpio -id, how
+# people look inside an RPM, would write them over the machine's /usr and
+# /etc. tools/rpmpaths makes them relative, as rpmbuild does.
+go run ./tools/rpmpaths "$out"/*.rpm
 ls "$out"/*.deb "$out"/*.rpm

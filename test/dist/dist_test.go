@@ -159,6 +159,28 @@ func TestDist(t *testing.T) {
 		}
 	})
 
+	t.Run("an RPM unpacked the usual way stays where it is unpacked (#52 item 1)", func(t *testing.T) {
+		for _, r := range packagesOf(a, v, "rpm") {
+			requireRelativePayload(t, r)
+			out, err := exec.Command("rpm", "-K", "-v", r).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			assert.Contains(t, string(out), "Header SHA256 digest: OK")
+			assert.Contains(t, string(out), "Payload SHA256 digest: OK")
+			// rpm2cpio | cpio -idm, as admins look inside a package.
+			dir := t.TempDir()
+			cmd := exec.Command("sh", "-c", `rpm2cpio "$1" | cpio -idm --quiet`, "sh", r)
+			cmd.Dir = dir
+			out, err = cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			list, err := exec.Command("rpm", "-qlp", r).Output()
+			require.NoError(t, err)
+			for _, f := range strings.Fields(string(list)) {
+				_, err := os.Lstat(filepath.Join(dir, f))
+				assert.NoError(t, err, "%s: %s unpacked inside the directory", filepath.Base(r), f)
+			}
+		}
+	})
+
 	t.Run("packages are lintian- and rpmlint-clean", func(t *testing.T) {
 		debs, rpms := packagesOf(a, v, "deb"), packagesOf(a, v, "rpm")
 		lintian, err := exec.LookPath("lintian")
@@ -171,13 +193,13 @@ func TestDist(t *testing.T) {
 		rpmlint, err := exec.LookPath("rpmlint")
 		require.NoError(t, err, "rpmlint judges the .rpms (make setup installs it)")
 		// rpmlint 2.4 unpacks with "rpm2cpio | cpio -id" in a temporary
-		// directory, and nfpm's payload names files by absolute paths: cpio
-		// would write them over this machine's /usr and /etc. A cpio that
-		// strips the leading slash comes first on rpmlint's PATH.
-		shim := t.TempDir()
-		require.NoError(t, os.WriteFile(filepath.Join(shim, "cpio"), []byte("#!/bin/sh\nexec /usr/bin/cpio --no-absolute-filenames \"$@\"\n"), 0o755))
+		// directory: it runs only on payloads whose names are relative
+		// (nfpm's were absolute, and cpio wrote them over this machine's
+		// /usr and /etc; #52 item 1).
+		for _, r := range rpms {
+			requireRelativePayload(t, r)
+		}
 		lint := exec.Command(rpmlint, append([]string{"-c", filepath.Join(repo, "packaging", "nfpm", "rpmlint.toml")}, rpms...)...)
-		lint.Env = append(os.Environ(), "PATH="+shim+":"+os.Getenv("PATH"))
 		out, err = lint.CombinedOutput()
 		assert.NoError(t, err, "%s", out)
 		for _, leak := range []string{"/usr/share/licenses/salt-volumes", "/usr/share/salt-volumes/master.d/salt-volumes.conf"} {
@@ -310,6 +332,20 @@ func TestDist(t *testing.T) {
 			assert.Equal(t, v, exec.Version, arch)
 		}
 	})
+}
+
+// requireRelativePayload stops the test unless every file name in the
+// RPM's payload is relative and stays inside ("./usr/bin/x"): only then
+// may anything unpack it with cpio.
+func requireRelativePayload(t *testing.T, rpm string) {
+	t.Helper()
+	out, err := exec.Command("sh", "-c", `rpm2cpio "$1" | cpio -t --quiet`, "sh", rpm).Output()
+	require.NoError(t, err)
+	names := strings.Fields(string(out))
+	require.NotEmpty(t, names)
+	for _, n := range names {
+		require.True(t, strings.HasPrefix(n, "./") && !strings.Contains(n, ".."), "%s: payload name %q is not relative: cpio -id would write it outside its directory", filepath.Base(rpm), n)
+	}
 }
 
 // pep440 is v as the wheel carries it: 0.4.0-dev.20261206091234+g<commit>
