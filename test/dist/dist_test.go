@@ -223,7 +223,8 @@ func TestDist(t *testing.T) {
 		plane := listing("salt-volumes")
 		for _, f := range []string{"./usr/bin/salt-volumes", "./lib/systemd/system/salt-volumes.service", "./etc/salt-volumes/config.yaml",
 			"./usr/share/salt-formulas/states/salt_volumes/installed.sls", "./usr/share/salt-formulas/states/_modules/salt_volumes.py",
-			"./usr/share/salt-formulas/states/salt_volumes/files/salt-volume-exec", "./usr/share/salt-volumes/master.d/salt-volumes.conf"} {
+			"./usr/share/salt-formulas/states/salt_volumes/files/salt-volume-exec", "./usr/share/salt-volumes/master.d/salt-volumes.conf",
+			"./usr/share/salt-formulas/states/salt_volumes/files/salt-volume-exec.amd64", "./usr/share/salt-formulas/states/salt_volumes/files/salt-volume-exec.arm64"} {
 			assert.Contains(t, plane, f)
 		}
 		file := func(pkg, path string) string {

@@ -57,6 +57,7 @@ type Stack struct {
 	procs                    map[string]*exec.Cmd
 	confs                    map[string]string // daemon name -> its -c directory
 	minionExtra, saltVolumes string
+	fileRootFirst            string
 	extension                string
 	people                   map[string]map[string]any
 }
@@ -168,6 +169,9 @@ func (s *Stack) commonFor(root, stateDir string) string {
 	if s.extension != "" {
 		roots = fmt.Sprintf("[%s/salt/states]", s.Repo)
 	}
+	if s.fileRootFirst != "" {
+		roots = "[" + s.fileRootFirst + ", " + strings.TrimPrefix(roots, "[")
+	}
 	return fmt.Sprintf(`root_dir: %[1]s
 user: root
 file_roots:
@@ -182,9 +186,14 @@ log_level_logfile: info
 }
 
 // Masterless writes a salt-call --local configuration; no daemons run.
-func Masterless(t T, execPath string) *Stack {
+func Masterless(t T, execPath string) *Stack { return MasterlessOpts(t, execPath, Options{}) }
+
+// MasterlessOpts is Masterless with Options (MinionExtra and
+// FileRootFirst; the others are for a master).
+func MasterlessOpts(t T, execPath string, o Options) *Stack {
 	s := newStack(t, execPath)
-	s.write("minion", s.common()+fmt.Sprintf(`id: %s
+	s.fileRootFirst = o.FileRootFirst
+	s.write("minion", s.common()+o.MinionExtra+fmt.Sprintf(`id: %s
 file_client: local
 log_file: %s/log/minion
 `, s.MinionID, s.Root))
@@ -219,6 +228,9 @@ type Options struct {
 	People map[string]map[string]any
 	// FileUsers are more lines of the file eauth's password file.
 	FileUsers map[string]string
+	// FileRootFirst is a directory put before the repository's in
+	// file_roots: its files win (e.g. salt_volumes/files/ of a test).
+	FileRootFirst string
 }
 
 // StartOpts is Start with Options.
@@ -241,6 +253,7 @@ func StartOpts(t T, execPath string, o Options) *Stack {
 		masterExtra += "auth.pam.python: " + py + "\n"
 	}
 	s.minionExtra, s.saltVolumes, s.extension, s.people = o.MinionExtra, o.SaltVolumes, o.Extension, o.People
+	s.fileRootFirst = o.FileRootFirst
 	s.pubPort, s.retPort = FreePort(t), FreePort(t)
 	pub, ret := s.pubPort, s.retPort
 	s.APIPort = FreePort(t)

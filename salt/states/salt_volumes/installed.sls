@@ -1,6 +1,10 @@
 {#- Installs salt-volume-exec, the tools it runs, the state dir and the
     boot-time restore unit. Put the binary at salt://salt_volumes/files/
-    (make salt-files does it; the salt-volumes package ships it there).
+    (make salt-files does it; the salt-volumes package ships it there):
+    salt-volume-exec.<arch> (amd64, arm64: Go's names) for each
+    architecture of the fleet, picked by the minion's osarch grain; a
+    plain salt-volume-exec only where the master has none of those (one
+    architecture, a source install).
     On a node with the salt-volume-exec package, the package owns the
     binary and the unit: this state only makes sure of the rest. #}
 include:
@@ -11,6 +15,15 @@ include:
 {%- set exec_path = conf.get('exec_path') or '/usr/local/bin/salt-volume-exec' %}
 {%- set state_dir = conf.get('state_dir') or '/var/lib/salt-volumes' %}
 {%- set packaged = salt['pkg.version']('salt-volume-exec') %}
+{#- Debian and RPM name architectures differently; Go as amd64, arm64. #}
+{%- set goarch = {'x86_64': 'amd64', 'amd64': 'amd64', 'aarch64': 'arm64', 'arm64': 'arm64'}.get(grains['osarch'], grains['osarch']) %}
+{%- set offered = salt['cp.list_master'](prefix='salt_volumes/files/salt-volume-exec') %}
+{%- set ns = namespace(per_arch=[]) %}
+{%- for f in offered if f.startswith('salt_volumes/files/salt-volume-exec.') %}
+{%- set ns.per_arch = ns.per_arch + [f] %}
+{%- endfor %}
+{%- set per_arch = ns.per_arch %}
+{%- set own = 'salt_volumes/files/salt-volume-exec.' ~ goarch %}
 
 salt_volumes packages:
   pkg.installed:
@@ -19,12 +32,21 @@ salt_volumes packages:
       - xfsprogs
       - util-linux
 
-{%- if not packaged %}
+{%- if not packaged and per_arch and own not in per_arch %}
+
+salt_volumes binary:
+  test.fail_without_changes:
+    - name: >-
+        no salt-volume-exec for this minion's architecture ({{ grains['osarch'] }},
+        Go's {{ goarch }}) on the master, which has {{ per_arch | map('replace', 'salt_volumes/files/', '') | join(', ') }}:
+        build one (CGO_ENABLED=0 GOARCH={{ goarch }} go build ./cmd/salt-volume-exec)
+        and put it at salt://{{ own }}
+{%- elif not packaged %}
 
 salt_volumes binary:
   file.managed:
     - name: {{ exec_path }}
-    - source: salt://salt_volumes/files/salt-volume-exec
+    - source: salt://{{ own if own in per_arch else 'salt_volumes/files/salt-volume-exec' }}
     - mode: '0755'
     - makedirs: True
 {%- endif %}
@@ -55,5 +77,5 @@ salt_volumes restore enabled:
 {%- if not packaged %}
     - require:
       - file: salt_volumes restore unit
-      - file: salt_volumes binary
+      - {{ 'test' if per_arch and own not in per_arch else 'file' }}: salt_volumes binary
 {%- endif %}
