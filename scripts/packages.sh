@@ -84,12 +84,12 @@ for arch in ${ARCHES:-amd64 arm64}; do
   # What salt_volumes.installed copies to nodes without the node package:
   # the binary of each architecture the release is built for, picked by
   # the minion's osarch grain (an arm64 node of an amd64 master gets the
-  # arm64 one); the plain name, this package's own, for formulas from
-  # before 0.4.0.
-  install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/formulas/salt_volumes/files/salt-volume-exec"
+  # arm64 one); the plain name, a link to this package's own, for
+  # formulas from before 0.4.0.
   for a in ${ARCHES:-amd64 arm64}; do
     install -m 0755 "$out/salt-volume-exec_${version}_linux_$a" "$stage/formulas/salt_volumes/files/salt-volume-exec.$a"
   done
+  ln -sfn "salt-volume-exec.$arch" "$stage/formulas/salt_volumes/files/salt-volume-exec"
   install -m 0755 "$out/salt-volume-exec_${version}_linux_$arch" "$stage/salt-volume-exec"
   install -m 0755 "$out/salt-volumes_${version}_linux_$arch" "$stage/salt-volumes"
   # The licences of what each static binary embeds, collected from its
