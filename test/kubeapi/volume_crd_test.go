@@ -6,6 +6,7 @@ package kubeapi
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,9 +14,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	"github.com/salt-volumes/salt-volumes/test/kubecluster"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 const uuidA = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
@@ -214,6 +217,44 @@ subjects:
 		assert.Equal(t, "Pending", out)
 		out, _ = kubectl("", "get", "pv", "kv-static", "-o", "jsonpath={.status.phase}/{.spec.claimRef.name}")
 		assert.Equal(t, "Available/", out, "the static PV was bound by a tenant's claim")
+	})
+
+	t.Run("the chart's pod is admitted where the restricted Pod Security level is enforced (#52 item 5)", func(t *testing.T) {
+		out, err := kubectl("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: locked\n  labels:\n    pod-security.kubernetes.io/enforce: restricted\n", "apply")
+		require.NoError(t, err, out)
+		helm, err := testenv.Helm()
+		require.NoError(t, err)
+		// The Deployment's pod as the ReplicaSet controller would make it,
+		// through the API server's own admission (a server-side dry run).
+		pod := func(args ...string) string {
+			t.Helper()
+			cmd := exec.Command(helm, append([]string{"template", "salt-volumes", filepath.Join(repo, "deploy", "helm", "salt-volumes"),
+				"--namespace", "locked", "--set", "salt.url=https://salt-master.example.com:8000", "--show-only", "templates/serve.yaml"}, args...)...)
+			rendered, err := cmd.Output()
+			require.NoError(t, err)
+			for _, doc := range strings.Split(string(rendered), "\n---") {
+				var o map[string]any
+				require.NoError(t, yaml.Unmarshal([]byte(doc), &o))
+				if o["kind"] != "Deployment" {
+					continue
+				}
+				tmpl := o["spec"].(map[string]any)["template"].(map[string]any)
+				b, err := yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod",
+					"metadata": map[string]any{"name": "chart-pod", "namespace": "locked", "labels": tmpl["metadata"].(map[string]any)["labels"]},
+					"spec":     tmpl["spec"]})
+				require.NoError(t, err)
+				return string(b)
+			}
+			t.Fatal("the chart renders no Deployment")
+			return ""
+		}
+		out, err = kubectl(pod(), "create", "--dry-run=server")
+		require.NoError(t, err, "the restricted level refuses the chart's pod: %s", out)
+		// The check bites: a host-network pod is outside even baseline.
+		out, err = kubectl(pod("--set", "hostNetwork=true"), "create", "--dry-run=server")
+		require.Error(t, err, out)
+		assert.Contains(t, out, `violates PodSecurity "restricted`)
+		assert.Contains(t, out, "hostNetwork")
 	})
 }
 
