@@ -8,7 +8,7 @@ Master configuration::
     engines:
       - salt_volumes:
           config: /etc/salt-volumes/config.yaml
-          # binary: /usr/local/bin/salt-volumes
+          # binary: /usr/bin/salt-volumes    # default: the package's, else /usr/local/bin's
           # max_backoff: 60
 
 Put this file where the master finds engines: ``salt-run
@@ -60,10 +60,24 @@ def _stop(proc, grace=15):
         proc.wait()
 
 
-def start(config="/etc/salt-volumes/config.yaml", binary="/usr/local/bin/salt-volumes", min_backoff=1, max_backoff=60):
+# Where salt-volumes is, when the engine's config names no binary: the
+# package's, then a source install's (the install guide's).
+_BINARIES = ("/usr/bin/salt-volumes", "/usr/local/bin/salt-volumes")
+
+
+def _default_binary():
+    for path in _BINARIES:
+        if os.access(path, os.X_OK):
+            return path
+    return _BINARIES[-1]
+
+
+def start(config="/etc/salt-volumes/config.yaml", binary=None, min_backoff=1, max_backoff=60):
     """
     Keep ``binary serve --config config`` running for as long as the master.
     """
+    if binary is None:
+        binary = _default_binary()
     if not os.path.isabs(binary):
         log.error("salt_volumes engine: binary must be an absolute path, not %r", binary)
         return

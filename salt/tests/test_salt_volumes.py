@@ -317,6 +317,22 @@ class _Stop(Exception):
     pass
 
 
+def test_engine_runs_the_packaged_binary_unless_told_otherwise(monkeypatch, tmp_path):
+    eng = load("engines")
+    packaged, source = tmp_path / "usr-bin-salt-volumes", tmp_path / "usr-local-bin-salt-volumes"
+    monkeypatch.setattr(eng, "_BINARIES", (str(packaged), str(source)))
+    # Neither there: the source install's path, which the backoff then
+    # reports as missing.
+    assert eng._default_binary() == str(source)
+    source.write_text("#!/bin/sh\n")
+    source.chmod(0o755)
+    assert eng._default_binary() == str(source)
+    packaged.write_text("#!/bin/sh\n")
+    assert eng._default_binary() == str(source), "not executable: not taken"
+    packaged.chmod(0o755)
+    assert eng._default_binary() == str(packaged), "the package's first"
+
+
 def test_engine_refuses_a_relative_binary(caplog):
     eng = load("engines")
     eng.start(binary="salt-volumes")
