@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,37 @@ func TestClonesNeedTheRightsOfTheirSource(t *testing.T) {
 	code, m = do(t, ts, "POST", "/api/v1/volumes", op, `{"name":"copy","node":"node-1","sparseLoopDevice":{"size":"1Gi"},"source":{"volumeUUID":"`+sparse.Spec.UUID+`","snapshot":"mine"}}`)
 	assert.Equal(t, 201, code, m)
 	code, m = clone(token, "admins-copy", raw.Spec.UUID, "nightly")
+	assert.Equal(t, 201, code, m)
+}
+
+// A thick LVM snapshot being restored is being merged into its volume:
+// no clone reads it meanwhile (#49 item 9), and nothing is created.
+func TestNoCloneOfAThickSnapshotBeingRestored(t *testing.T) {
+	var st *store.Bolt
+	ts, _ := newServerWith(t, func(s *Server) {
+		withAccess(&st)(s)
+		s.Snapshots = &snapshots.Service{Records: s.Store.(*store.Bolt)}
+	})
+	lv := available(t, st, `{"name":"db","node":"node-1","lvmLogicalVolume":{"vgName":"vg0","size":"1Gi"}}`)
+	rec := map[string]any{"name": "before", "volume": "db", "volumeUUID": lv.Spec.UUID, "node": "node-1", "phase": "Ready",
+		"method": "lvm-thick", "createdAt": time.Now().UTC(), "spec": lv.Spec,
+		"restore": map[string]any{"phase": snapshots.Restoring, "requestedBy": "bootstrap", "requestedAt": time.Now().UTC()}}
+	b, err := json.Marshal(rec)
+	require.NoError(t, err)
+	require.NoError(t, st.PutRecord(context.Background(), snapshots.Kind, "before", b))
+	body := `{"name":"copy","node":"node-1","lvmLogicalVolume":{"vgName":"vg0","size":"1Gi"},"source":{"volumeUUID":"` + lv.Spec.UUID + `","snapshot":"before"}}`
+	code, m := do(t, ts, "POST", "/api/v1/volumes", token, body)
+	assert.Equal(t, 409, code, m)
+	assert.Equal(t, "source", errField(m, "field"))
+	assert.Contains(t, errField(m, "message"), "volume db is being restored from snapshot before, which that uses up")
+	_, err = st.Get("copy")
+	assert.ErrorIs(t, err, store.ErrNotFound, "nothing created")
+
+	// Once the restore is over (a thin or sparse snapshot stays), it may.
+	rec["method"], rec["restore"] = "lvm-thin", map[string]any{"phase": "Restored", "requestedAt": time.Now().UTC()}
+	b, err = json.Marshal(rec)
+	require.NoError(t, err)
+	require.NoError(t, st.PutRecord(context.Background(), snapshots.Kind, "before", b))
+	code, m = do(t, ts, "POST", "/api/v1/volumes", token, body)
 	assert.Equal(t, 201, code, m)
 }

@@ -235,6 +235,15 @@ func (s *Server) mayClone(w http.ResponseWriter, r *http.Request, src *spec.Sour
 				Message: fmt.Sprintf("node: snapshot %s is on %s: a clone is made on its snapshot's node; nothing was changed", sn.Name, sn.Node)})
 			return false
 		}
+		if sn.Method == lvmThick && sn.Restore != nil && sn.Restore.Phase == snapshots.Restoring {
+			// LVM merges a thick snapshot into its volume: it is being
+			// used up, and a copy of it now would read a snapshot that
+			// goes away under it.
+			noteOf(r.Context()).refused = true
+			writeErr(w, http.StatusConflict, saltvolumes.Error{Code: saltvolumes.CodeSnapshot, Field: "source",
+				Message: fmt.Sprintf("source: volume %s is being restored from snapshot %s, which that uses up (a thick LVM snapshot merges into its volume): clone it before restoring, or clone another snapshot; nothing was changed", sn.Volume, sn.Name)})
+			return false
+		}
 		v, err := s.Store.Get(sn.Volume)
 		switch {
 		case err != nil || v.Spec.UUID != sn.VolumeUUID:
