@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make dist: the release artifacts, for linux/amd64 and linux/arm64, in
 # dist/ (DIST=dir elsewhere): both static binaries, a CycloneDX SBOM of each
-# (cyclonedx-gomod, from the module proxy), the Salt extension's wheel
+# (cyclonedx-gomod, from the module proxy) and the licence notices of what
+# each embeds (tools/notices), the Salt extension's wheel
 # (scripts/saltext.sh), the .deb and .rpm packages (scripts/packages.sh),
 # and SHA256SUMS over them all.
 # Reproducible: the same commit gives the same bytes, on any machine with
@@ -22,6 +23,8 @@ for arch in amd64 arm64; do
     # -licenses: each module's licence, read from the module as the
     # module cache holds it.
     go run "$cyclonedx" bin -json -licenses -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
+    # The licences of what the static binary embeds, beside it.
+    go run ./tools/notices -o "$bin.NOTICES" "$bin"
   done
 done
 # The Salt extension: the same modules for every architecture.

@@ -14,8 +14,14 @@ fi
 if tag=$(git describe --tags --exact-match --match 'v[0-9]*.[0-9]*.[0-9]*' 2>/dev/null); then
   v=${tag#v}
 else
-  when=$(TZ=UTC git show -s --format=%cd --date=format-local:%Y%m%d%H%M%S HEAD)
-  v="$(cat VERSION).$when+g$(git rev-parse --short=12 HEAD)"
+  v=$(cat VERSION)
+  case $v in
+    # Between releases: the commit's time, so that builds sort by it.
+    *-dev) v="$v.$(TZ=UTC git show -s --format=%cd --date=format-local:%Y%m%d%H%M%S HEAD)" ;;
+  esac
+  # An untagged commit whose VERSION names a release (a clone without the
+  # tag) stays that release, with its commit: it sorts after the release.
+  v="$v+g$(git rev-parse --short=12 HEAD)"
 fi
 if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   case $v in *+*) v="$v.dirty" ;; *) v="$v+dirty" ;; esac

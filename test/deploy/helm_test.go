@@ -158,7 +158,8 @@ func TestHelmChart(t *testing.T) {
 			assert.Contains(t, string(out), want)
 		}
 		refused("salt.url is required")
-		refused("replicaCount", "--set", "salt.url="+exampleSaltURL, "--set", "replicaCount=0")
+		refused("replicaCount", "--set", "salt.url="+exampleSaltURL, "--set", "replicaCount=-1")
+		assert.NotContains(t, objects(t, render(t, "--set", "replicaCount=0", "--set", "image.tag=20261206", "--set", "global.x=1")), "PodDisruptionBudget/salt-volumes/salt-volumes", "scaled down, a numeric tag and a parent chart's globals are taken")
 		refused("replicas", "--set", "salt.url="+exampleSaltURL, "--set", "replicas=2")
 		refused("pullPolicy", "--set", "salt.url="+exampleSaltURL, "--set", "image.pullPolicy=Sometimes")
 	})

@@ -60,7 +60,7 @@ func TestDist(t *testing.T) {
 	for _, arch := range []string{"amd64", "arm64"} {
 		for _, cmd := range []string{"salt-volume-exec", "salt-volumes"} {
 			n := cmd + "_" + v + "_linux_" + arch
-			want = append(want, n, n+".cdx.json")
+			want = append(want, n, n+".cdx.json", n+".NOTICES")
 		}
 	}
 	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl")

@@ -49,6 +49,9 @@ func TestVersionsAndRelease(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	cur, err := os.ReadFile(filepath.Join(dir, "VERSION"))
 	require.NoError(t, err)
+	if !strings.HasSuffix(strings.TrimSpace(string(cur)), "-dev") {
+		t.Skipf("VERSION is %s, a release's: this tree is a release, not a branch between releases", strings.TrimSpace(string(cur)))
+	}
 	next := strings.TrimSuffix(strings.TrimSpace(string(cur)), "-dev")
 	require.Regexp(t, `^\d+\.\d+\.\d+$`, next, "VERSION announces the next release")
 
@@ -114,7 +117,12 @@ func TestVersionsAndRelease(t *testing.T) {
 	parts := strings.Split(next, ".")
 	minor, err := strconv.Atoi(parts[1])
 	require.NoError(t, err)
-	after := parts[0] + "." + strconv.Itoa(minor+1) + ".0"
+	patch, err := strconv.Atoi(parts[2])
+	require.NoError(t, err)
+	after := parts[0] + "." + strconv.Itoa(minor+1) + ".0" // a minor release begins the next minor
+	if patch > 0 {
+		after = parts[0] + "." + parts[1] + "." + strconv.Itoa(patch+1) // a patch release the next patch
+	}
 	assert.Equal(t, after+"-dev", file("HEAD", "VERSION"))
 	assert.Contains(t, chartAt("HEAD"), "\nappVersion: "+after+"-dev\n")
 	assert.Contains(t, file("HEAD", "deploy/kubernetes/serve.yaml"), "image: salt-volumes.io/salt-volumes:"+after+"-dev\n")

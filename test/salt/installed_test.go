@@ -71,7 +71,7 @@ func TestInstalledSendsTheMinionsArchitecture(t *testing.T) {
 	require.NotNil(t, st, out4)
 	assert.Equal(t, false, st["result"])
 	for _, want := range []string{"(riscv64, Go's riscv64)", "salt-volume-exec.amd64, salt-volume-exec.arm64", "GOARCH=riscv64", "salt://salt_volumes/files/salt-volume-exec.riscv64"} {
-		assert.Contains(t, st["name"], want)
+		assert.Contains(t, st["comment"], want)
 	}
 	after, err := os.ReadFile(exe)
 	require.NoError(t, err)

@@ -1,9 +1,9 @@
 // Command notices writes the licence notices of what a Go binary embeds:
 // the Go distribution's licence and, for each module its build info lists,
-// the licence and notice files of that module as the module cache holds
-// them. make dist ships the result beside each binary and in the packages
-// (scripts/packages.sh): the binaries are static, so every module's
-// licence travels with them.
+// the licence and notice files of that module (at its root and in its
+// subdirectories) as the module cache holds them. make dist writes them
+// beside each binary and into the packages (scripts/packages.sh): the
+// binaries are static, so every module's licence travels with them.
 //
 //	notices [-o FILE] BINARY
 //
@@ -66,6 +66,7 @@ func notices(bin string) ([]byte, error) {
 	fmt.Fprintf(&b, "Licences of the code in %s\n\n", filepath.Base(bin))
 	fmt.Fprintf(&b, "%s is salt-volumes (module %s), under the Apache License 2.0 (its LICENSE).\n", filepath.Base(bin), info.Main.Path)
 	fmt.Fprintf(&b, "It is statically linked with the Go runtime and standard library (%s) and with the modules below, each under its own terms, which follow.\n", info.GoVersion)
+	fmt.Fprintf(&b, "The source of each module, at the version named, is in the salt-volumes source release's module set and on the Go module proxy (https://proxy.golang.org/<module>/@v/<version>.zip); for the MPL-2.0 ones that is where their source is available.\n")
 	goLicence, err := os.ReadFile(filepath.Join(env["GOROOT"], "LICENSE"))
 	if err != nil {
 		return nil, fmt.Errorf("the Go distribution's licence: %w", err)
@@ -78,21 +79,21 @@ func notices(bin string) ([]byte, error) {
 		if d.Replace != nil {
 			m = d.Replace
 		}
-		dir := filepath.Join(env["GOMODCACHE"], escape(m.Path)+"@"+m.Version)
-		ents, err := os.ReadDir(dir)
-		if err != nil {
+		dir := filepath.Join(env["GOMODCACHE"], escape(m.Path)+"@"+escape(m.Version))
+		if m.Version == "" {
+			// Replaced by a directory: the path is that directory.
+			dir = m.Path
+		}
+		if _, err := os.Stat(dir); err != nil {
 			return nil, fmt.Errorf("module %s %s is not in the module cache (%s): run go mod download first: %w", m.Path, m.Version, dir, err)
 		}
-		var names []string
-		for _, e := range ents {
-			if e.Type().IsRegular() && licenceFile.MatchString(e.Name()) {
-				names = append(names, e.Name())
-			}
+		names, err := licenceFiles(dir)
+		if err != nil {
+			return nil, err
 		}
-		if len(names) == 0 {
-			return nil, fmt.Errorf("module %s %s has no licence file in %s: it cannot be shipped without its terms", m.Path, m.Version, dir)
+		if !hasRoot(names) {
+			return nil, fmt.Errorf("module %s %s has no licence file at its root (%s): it cannot be shipped without its terms", m.Path, m.Version, dir)
 		}
-		sort.Strings(names)
 		for _, n := range names {
 			body, err := os.ReadFile(filepath.Join(dir, n))
 			if err != nil {
@@ -103,6 +104,43 @@ func notices(bin string) ([]byte, error) {
 	}
 	return b.Bytes(), nil
 }
+
+// licenceFiles lists a module's licence and notice files, its root's
+// first, then those of code it carries from elsewhere in subdirectories
+// (third_party/, forked copies, internal/ ports), which may be linked in
+// too; test data and vendor trees (never built from a dependency) aside.
+func licenceFiles(dir string) ([]string, error) {
+	var root, sub []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); p != dir && (n == "testdata" || n == "vendor" || strings.HasPrefix(n, ".") || n == "_examples" || n == "examples") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || !licenceFile.MatchString(d.Name()) {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(rel, "/") {
+			sub = append(sub, rel)
+		} else {
+			root = append(root, rel)
+		}
+		return nil
+	})
+	sort.Strings(root)
+	sort.Strings(sub)
+	return append(root, sub...), err
+}
+
+func hasRoot(names []string) bool { return len(names) > 0 && !strings.Contains(names[0], "/") }
 
 func section(b *bytes.Buffer, what, file string, body []byte) {
 	fmt.Fprintf(b, "\n\n==> %s (%s) <==\n\n", what, file)

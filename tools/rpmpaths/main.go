@@ -130,7 +130,11 @@ func readHeader(b []byte, at int) (*header, error) {
 	for i := range n {
 		e := b[at+16+16*i:]
 		tag := binary.BigEndian.Uint32(e)
-		h.entries[tag] = entry{binary.BigEndian.Uint32(e[4:]), binary.BigEndian.Uint32(e[8:]), binary.BigEndian.Uint32(e[12:])}
+		en := entry{binary.BigEndian.Uint32(e[4:]), binary.BigEndian.Uint32(e[8:]), binary.BigEndian.Uint32(e[12:])}
+		if int(en.off) >= size {
+			return nil, fmt.Errorf("tag %d of the header at byte %d points past its data", tag, at)
+		}
+		h.entries[tag] = en
 	}
 	return h, nil
 }
@@ -204,6 +208,16 @@ func rewrite(in []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only digests and sizes are brought up to date: a signature (RSA,
+	// PGP, DSA) or a digest this does not know would be left stale, so a
+	// package carrying one is refused, changing nothing (sign after this).
+	for tag := range sig.entries {
+		switch tag {
+		case 62, sigSHA1, sigLongSize, sigLongArchiveSize, sigSHA256, sigSize, sigMD5, sigPayloadSize, 1008:
+		default:
+			return nil, fmt.Errorf("the signature header holds tag %d (a signature or a digest this tool does not update): rewrite the payload before signing", tag)
+		}
+	}
 	mainAt := sig.end + (8-(sig.end-leadSize)%8)%8
 	main, err := readHeader(b, mainAt)
 	if err != nil {
@@ -216,6 +230,9 @@ func rewrite(in []byte) ([]byte, error) {
 		return nil, fmt.Errorf("payload compressor %q: only gzip is rewritten", c)
 	}
 	if a, ok := main.entries[tagPayloadDigestAlgo]; ok {
+		if a.typ != typeInt32 {
+			return nil, fmt.Errorf("payload digest algorithm of type %d", a.typ)
+		}
 		if algo := binary.BigEndian.Uint32(b[main.data+int(a.off):]); algo != 8 {
 			return nil, fmt.Errorf("payload digest algorithm %d: only SHA-256 (8) is kept", algo)
 		}

@@ -16,8 +16,9 @@ include:
 {%- set state_dir = conf.get('state_dir') or '/var/lib/salt-volumes' %}
 {%- set packaged = salt['pkg.version']('salt-volume-exec') %}
 {#- Debian and RPM name architectures differently; Go as amd64, arm64. #}
-{%- set goarch = {'x86_64': 'amd64', 'amd64': 'amd64', 'aarch64': 'arm64', 'arm64': 'arm64'}.get(grains['osarch'], grains['osarch']) %}
-{%- set offered = salt['cp.list_master'](prefix='salt_volumes/files/salt-volume-exec') %}
+{%- set goarch = {'x86_64': 'amd64', 'amd64': 'amd64', 'aarch64': 'arm64', 'arm64': 'arm64', 'armhf': 'arm', 'armv7l': 'arm',
+                   'i386': '386', 'i686': '386', 'ppc64el': 'ppc64le', 'ppc64le': 'ppc64le', 's390x': 's390x', 'riscv64': 'riscv64'}.get(grains['osarch'], grains['osarch']) %}
+{%- set offered = salt['cp.list_master'](saltenv=saltenv, prefix='salt_volumes/files/salt-volume-exec') %}
 {%- set ns = namespace(per_arch=[]) %}
 {%- for f in offered if f.startswith('salt_volumes/files/salt-volume-exec.') %}
 {%- set ns.per_arch = ns.per_arch + [f] %}
@@ -36,7 +37,7 @@ salt_volumes packages:
 
 salt_volumes binary:
   test.fail_without_changes:
-    - name: >-
+    - comment: >-
         no salt-volume-exec for this minion's architecture ({{ grains['osarch'] }},
         Go's {{ goarch }}) on the master, which has {{ per_arch | map('replace', 'salt_volumes/files/', '') | join(', ') }}:
         build one (CGO_ENABLED=0 GOARCH={{ goarch }} go build ./cmd/salt-volume-exec)
