@@ -20,9 +20,7 @@ for arch in amd64 arm64; do
     bin="$out/${cmd}_${version}_linux_${arch}"
     CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build -trimpath -buildvcs=false \
       -ldflags "-s -w -buildid= -X main.version=$version" -o "$bin" "./cmd/$cmd"
-    # -licenses: each module's licence, read from the module as the
-    # module cache holds it.
-    go run "$cyclonedx" bin -json -licenses -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
+    go run "$cyclonedx" bin -json -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
     # The licences of what the static binary embeds, beside it.
     go run ./tools/notices -o "$bin.NOTICES" "$bin"
   done
