@@ -115,6 +115,10 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 		}
 		res.Error = ""
 	}
+	// A restore in place that a crash or a reboot cut short is finished
+	// only by running it again (never by itself): say so with the result,
+	// so the beacon carries it to the operator.
+	pending := e.pendingRestoreWarning(s.UUID)
 	var err2 error
 	switch {
 	case s.SparseLoopDevice != nil:
@@ -126,11 +130,31 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 	}
 	if err2 != nil {
 		res.Error = AsError(err2).Message
+		res.Warnings = append(res.Warnings, pending...)
 		return res
 	}
 	fresh := e.inspect(s, rec)
 	fresh.Changed = o.changed
+	fresh.Warnings = append(fresh.Warnings, pending...)
 	return fresh
+}
+
+// pendingRestoreWarning names a restore of volume u that did not finish
+// (its record still there), and how to finish it.
+func (e *Engine) pendingRestoreWarning(u string) []string {
+	sparse, _ := e.restorePaths(u)
+	for _, p := range []string{e.lvmRestorePath(u), sparse} {
+		rr, err := readRestore(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return []string{fmt.Sprintf("a restore record of this volume is unreadable (%v): look at %s", err, p)}
+		}
+		return []string{fmt.Sprintf("a restore from snapshot %s (started %s, phase %s) did not finish: run it again to finish it (salt-volume-exec snapshot-restore --name %s, or the API's or Salt's restore); until then growing and deleting the volume are refused",
+			rr.Snapshot, rr.StartedAt.Format(time.RFC3339), rr.Phase, rr.Snapshot)}
+	}
+	return nil
 }
 
 func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {

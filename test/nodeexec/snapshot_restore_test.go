@@ -190,6 +190,26 @@ func TestSnapshotRestoreKilledAtEveryStepConverges(t *testing.T) {
 		got := debugfsCat(t, file, "/hello")
 		assert.Contains(t, []string{"before\n", "after\n"}, got, "after a kill at %s", step)
 
+		// The node reboots before anyone runs the restore again: the
+		// boot's restore brings the volume back and names the unfinished
+		// restore, whose record is still there.
+		_, recErr := os.Stat(filepath.Join(n.dir, "sparse", u+".restore.json"))
+		boot := n.ok("restore", nil)
+		var warned []string
+		for _, v := range boot.Out["volumes"].([]any) {
+			if vol := v.(map[string]any); vol["uuid"] == u {
+				ws, _ := vol["warnings"].([]any)
+				for _, w := range ws {
+					warned = append(warned, w.(string))
+				}
+			}
+		}
+		if recErr == nil {
+			assert.Contains(t, strings.Join(warned, "\n"), "a restore from snapshot s1", "the boot's restore after a kill at %s", step)
+		} else {
+			assert.NotContains(t, strings.Join(warned, "\n"), "restore from snapshot", "the boot's restore after a kill at %s (no record left)", step)
+		}
+
 		r := n.ok("snapshot-restore", spec, "--name", "s1")
 		t.Logf("killed after %s: the file said %q; the rerun finished %q with steps %v", step, got, r.str("finished"), steps(r.Stderr))
 		vol := r.Out["volume"].(map[string]any)
