@@ -180,13 +180,21 @@ func (e *Engine) newIdentity(ctx context.Context, o *op, part string, snap *Snap
 // or a device) once and unmounts it, which replays its log.
 func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
 	path := part
+	var held *loopdev.Held
 	if !strings.HasPrefix(part, "/dev/") {
-		dev, err := loopdev.Attach(ctx, part)
-		if err != nil {
+		// The copy carries its origin's UUID: udev, kept off the loop
+		// device while we hold it, must never see it attached (it would
+		// move the origin's by-uuid link to the copy).
+		var err error
+		if held, err = loopdev.AttachHeld(ctx, part); err != nil {
 			return failed("attach", err, "attaching %s to replay its log", part)
 		}
-		defer func() { _ = loopdev.Detach(context.Background(), dev, e.DetachWait) }()
-		path = dev.Path
+		defer func() {
+			if held != nil {
+				_ = held.Release(context.Background(), e.DetachWait)
+			}
+		}()
+		path = held.Path
 	}
 	dir, err := os.MkdirTemp(e.State.Root, ".clone-")
 	if err != nil {
@@ -198,6 +206,13 @@ func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
 	}
 	if err := unix.Unmount(dir, 0); err != nil {
 		return failed("clone_log", err, "unmounting the copy of the snapshot")
+	}
+	if held != nil {
+		err := held.Release(ctx, e.DetachWait)
+		held = nil
+		if err != nil {
+			return failed("detach", err, "detaching the copy of the snapshot after its log replay")
+		}
 	}
 	o.step("clone-log-replayed")
 	return nil

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/lvm"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
@@ -68,7 +69,14 @@ func persistentPath(s *spec.Spec, rec *nodestate.Record) string {
 // activateLV activates the recorded LV and returns its device-mapper device.
 func (e *Engine) activateLV(ctx context.Context, o *op, rec *nodestate.Record) (string, error) {
 	vg, lv := o.s.LVMLogicalVolume.VGName, o.s.Name
-	if err := lvm.Activate(ctx, vg, rec.LVUUID); err != nil {
+	activate := lvm.Activate
+	if cloneUnfinished(o.s, rec) {
+		if err := devlinks.Hide(ctx, rec.DMUUID); err != nil {
+			return "", failed("udev", err, "keeping udev from linking clone %s/%s before it has its own UUID", vg, lv)
+		}
+		activate = lvm.ActivateSkipped
+	}
+	if err := activate(ctx, vg, rec.LVUUID); err != nil {
 		return "", failed("lvchange", err, "activating logical volume %s/%s", vg, lv)
 	}
 	o.changed = true
@@ -93,9 +101,32 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 	// Ours by record and active: every state run prepares the volume
 	// again, and needs no LVM tool for that.
 	name := deviceOf(rec)
+	if name != "" && cloneUnfinished(s, rec) && !devlinks.Hidden(rec.DMUUID) {
+		if err := e.hideActiveClone(ctx, o, rec); err != nil {
+			return err
+		}
+		name = ""
+	}
 	if name == "" {
 		var err error
 		if name, err = e.ensureLV(ctx, o, rec); err != nil {
+			return err
+		}
+	}
+	if cloneUnfinished(s, rec) {
+		// A clone's LV holds nothing of anyone else: a thick snapshot's
+		// copy writes it whole (the rest zeroed), a thin one shares only
+		// its snapshot's blocks. What it holds now is the snapshot's
+		// content, which a fresh-LV check would take for an earlier LV's
+		// leftovers and remove or wipe.
+		if _, err := blockdev.EnsureNode(name); err != nil {
+			return failed("node", err, "making /dev/%s", name)
+		}
+		if err := e.cloneLVContent(ctx, o, name); err != nil {
+			return err
+		}
+		var err error
+		if name, err = e.revealClone(ctx, o, rec, name); err != nil {
 			return err
 		}
 	}
@@ -108,17 +139,8 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 		return err
 	}
 	raw.path = "/dev/" + l.VGName + "/" + s.Name
-	if !rec.Formatted() {
-		if s.Source != nil {
-			// A clone's LV holds nothing of anyone else: a thick
-			// snapshot's copy writes it whole (the rest zeroed), a thin
-			// one shares only its snapshot's blocks. What it holds now
-			// is the snapshot's content, which a fresh-LV check would
-			// take for an earlier LV's leftovers and remove or wipe.
-			if err := e.cloneLVContent(ctx, o, name); err != nil {
-				return err
-			}
-		} else if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
+	if !rec.Formatted() && s.Source == nil {
+		if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
 			return err
 		}
 	}

@@ -749,7 +749,7 @@ func (x *lvmRun) keep(ctx context.Context) error {
 	if sl := x.byUUID(x.r.SnapshotLVUUID); sl == nil || sl.Name != snapName {
 		return failed("snapshot_missing", nil, "snapshot %s: its logical volume %s (LVM UUID %s) is not there to copy", x.r.Snapshot, x.r.SnapshotLV, x.r.SnapshotLVUUID)
 	}
-	if err := lvm.Snapshot(ctx, x.vg, snapName, x.r.KeepLV, 0, false, x.tag); err != nil {
+	if err := lvm.Snapshot(ctx, x.vg, snapName, x.r.KeepLV, 0, x.tag); err != nil {
 		return failed("lvcreate", err, "copying snapshot %s (%s) as %s/%s before it merges", x.r.Snapshot, x.r.SnapshotLV, x.vg, x.r.KeepLV)
 	}
 	x.o.step("restore-keep-created", "lv", x.vg+"/"+x.r.KeepLV)

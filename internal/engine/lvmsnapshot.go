@@ -12,6 +12,7 @@ import (
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/filecopy"
 	"github.com/salt-volumes/salt-volumes/internal/lvm"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
@@ -124,7 +125,7 @@ func (e *Engine) takeLVMSnapshot(ctx context.Context, rec *nodestate.Record, nam
 			return nil, failed("state", err, "recording snapshot %s", name)
 		}
 		o.step("snapshot-recorded", "snapshot", name, "lv", snap.LV)
-		if err := lvm.Snapshot(ctx, vg, origin.Name, lvName, snap.COWSize, false, tag); err != nil {
+		if err := lvm.Snapshot(ctx, vg, origin.Name, lvName, snap.COWSize, tag); err != nil {
 			return nil, failed("lvcreate", err, "taking snapshot %s of %s", name, s.Name)
 		}
 		o.step("snapshot-lv-created", "lv", snap.LV, "method", string(snap.Method))
@@ -457,7 +458,7 @@ func (e *Engine) createCloneLV(ctx context.Context, o *op, rec *nodestate.Record
 	}
 	if snap.Method == MethodLVMThin {
 		_, name := splitLV(snap.LV)
-		if err := lvm.Snapshot(ctx, vg, name, s.Name, 0, true, lvTag(s)); err != nil {
+		if err := lvm.SnapshotSkipped(ctx, vg, name, s.Name, lvTag(s)); err != nil {
 			return failed("lvcreate", err, "creating clone %s/%s of snapshot %s", vg, s.Name, snap.Name)
 		}
 		o.changed = true
@@ -473,12 +474,74 @@ func (e *Engine) createCloneLV(ctx context.Context, o *op, rec *nodestate.Record
 		return invalid("size_too_large", "lvmLogicalVolume.size: %s is more than volume group %s has free (%s) for the clone: use a smaller size or extend the VG (vgextend)",
 			spec.FormatSize(s.SizeBytes), vg, spec.FormatSize(g.Free))
 	}
-	if err := lvm.Create(ctx, vg, s.Name, s.SizeBytes, lvTag(s)); err != nil {
+	if err := lvm.CreateSkipped(ctx, vg, s.Name, s.SizeBytes, lvTag(s)); err != nil {
 		return failed("lvcreate", err, "creating logical volume %s/%s", vg, s.Name)
 	}
 	o.changed = true
 	o.step("lv-created", "lv", vg+"/"+s.Name, "tag", lvTag(s))
 	return nil
+}
+
+// A clone's LV carries its snapshot's filesystem, UUID and all, until
+// newIdentity gives it the clone's own; udev, which links a UUID two
+// devices claim at equal priority to whichever it saw last, would move the
+// origin's /dev/disk/by-uuid link (its persistent path) to the clone
+// meanwhile. So the LV is made inactive and skipped at activation (the
+// boot does not activate a half-made clone), activated only once marked
+// for udev to leave alone (devlinks.Hide), and shown to udev by a fresh
+// activation once it has its own identity (revealClone).
+
+// cloneUnfinished: the volume is a clone whose content is not written yet.
+func cloneUnfinished(s *spec.Spec, rec *nodestate.Record) bool {
+	return s.Source != nil && !rec.Formatted()
+}
+
+// hideActiveClone deactivates an unfinished clone's LV found active
+// without udev's mark (a run killed after revealClone, or an LV activated
+// by hand): udev has seen it, and its content is about to be written
+// again. Skipped at activation first, so a crash leaves nothing the boot
+// activates.
+func (e *Engine) hideActiveClone(ctx context.Context, o *op, rec *nodestate.Record) error {
+	vg := o.s.LVMLogicalVolume.VGName
+	if err := lvm.SetActivationSkip(ctx, vg, rec.LVUUID, true); err != nil {
+		return failed("lvchange", err, "setting the activation skip flag of clone %s/%s", vg, o.s.Name)
+	}
+	if err := lvm.Deactivate(ctx, vg, rec.LVUUID); err != nil {
+		return failed("lvchange", err, "deactivating clone %s/%s to hide it from udev", vg, o.s.Name)
+	}
+	o.step("lv-deactivated", "lv", vg+"/"+o.s.Name)
+	return nil
+}
+
+// revealClone shows a clone that now has its own identity to udev: the
+// activation-skip flag cleared, the LV deactivated, udev's mark removed,
+// the LV activated again (device-mapper's rules take their flags from an
+// activation, not from a change event). It returns the LV's device.
+func (e *Engine) revealClone(ctx context.Context, o *op, rec *nodestate.Record, name string) (string, error) {
+	vg := o.s.LVMLogicalVolume.VGName
+	if err := lvm.SetActivationSkip(ctx, vg, rec.LVUUID, false); err != nil {
+		return "", failed("lvchange", err, "clearing the activation skip flag of clone %s/%s", vg, o.s.Name)
+	}
+	if !devlinks.UdevRunning() {
+		return name, nil
+	}
+	if err := lvm.Deactivate(ctx, vg, rec.LVUUID); err != nil {
+		return "", failed("lvchange", err, "deactivating clone %s/%s to show it to udev", vg, o.s.Name)
+	}
+	if err := devlinks.Unhide(rec.DMUUID); err != nil {
+		return "", failed("udev", err, "removing udev's mark of clone %s/%s", vg, o.s.Name)
+	}
+	if err := lvm.Activate(ctx, vg, rec.LVUUID); err != nil {
+		return "", failed("lvchange", err, "activating clone %s/%s", vg, o.s.Name)
+	}
+	devlinks.Settle(ctx, e.UdevWait)
+	name = dmByUUID(rec.DMUUID)
+	if name == "" {
+		return "", failed("lvm", nil, "clone %s/%s is active but no device-mapper device has UUID %s", vg, o.s.Name, rec.DMUUID)
+	}
+	o.changed = true
+	o.step("clone-revealed", "lv", vg+"/"+o.s.Name)
+	return name, nil
 }
 
 // cloneLVContent finishes a clone's LV until its record says it is

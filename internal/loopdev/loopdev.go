@@ -33,18 +33,71 @@ func byNumber(n int) Device {
 // kernel (where it can) scans partitions and always drops stale ones on
 // detach. AUTOCLEAR stays off: the device must outlive this process.
 func Attach(ctx context.Context, backing string) (Device, error) {
+	d, _, err := attach(ctx, backing, false)
+	return d, err
+}
+
+// Held is a loop device attached while this process holds an exclusive
+// lock (flock) on it. udev takes a shared lock on a block device before it
+// handles the device's event, and puts the event back while it cannot:
+// until Release it neither probes the device nor links it by what it
+// carries (a copy of a filesystem with its origin's UUID).
+type Held struct {
+	Device
+	f *os.File
+}
+
+// AttachHeld is Attach for a device udev is kept away from (Held). The
+// device detaches itself when its last user closes it (autoclear): a
+// process killed while holding it leaves nothing attached once nothing
+// else (a mount) has it open.
+func AttachHeld(ctx context.Context, backing string) (*Held, error) {
+	d, f, err := attach(ctx, backing, true)
+	if err != nil {
+		return nil, err
+	}
+	return &Held{Device: d, f: f}, nil
+}
+
+// Release detaches the device and drops the lock. The kernel puts a
+// detach off until the device's last user closes it, which the held
+// descriptor is once nothing is mounted on it: closing it detaches, right
+// after the lock goes (udev puts a refused event back for 200 ms).
+func (h *Held) Release(ctx context.Context, wait time.Duration) error {
+	err := unix.IoctlSetInt(int(h.f.Fd()), unix.LOOP_CLR_FD, 0)
+	h.f.Close()
+	if err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("LOOP_CLR_FD %s: %w", h.Path, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		if _, err := os.Stat(filepath.Join("/sys/block", h.Name, "loop")); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s is still attached %s after detach: something still holds it open (it detaches when the last user closes it)", h.Path, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func attach(ctx context.Context, backing string, held bool) (Device, *os.File, error) {
 	abs, err := filepath.Abs(backing)
 	if err != nil {
-		return Device{}, err
+		return Device{}, nil, err
 	}
 	back, err := os.OpenFile(abs, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return Device{}, err
+		return Device{}, nil, err
 	}
 	defer back.Close()
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return Device{}, fmt.Errorf("opening /dev/loop-control: %w", err)
+		return Device{}, nil, fmt.Errorf("opening /dev/loop-control: %w", err)
 	}
 	defer ctl.Close()
 
@@ -52,55 +105,68 @@ func Attach(ctx context.Context, backing string) (Device, error) {
 	// EBUSY from CONFIGURE and must ask again.
 	for attempt := 0; attempt < 200; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return Device{}, err
+			return Device{}, nil, err
 		}
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
-			return Device{}, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
+			return Device{}, nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
 		}
 		d := byNumber(n)
 		if _, err := blockdev.EnsureNode(d.Name); err != nil {
-			return Device{}, err
+			return Device{}, nil, err
 		}
-		err = configure(d.Path, back, abs)
+		f, err := configure(d.Path, back, abs, held)
 		if errors.Is(err, unix.EBUSY) {
 			time.Sleep(time.Duration(attempt%10+1) * time.Millisecond)
 			continue
 		}
 		if err != nil {
-			return Device{}, err
+			return Device{}, nil, err
 		}
-		return d, nil
+		return d, f, nil
 	}
-	return Device{}, errors.New("no free loop device after 200 attempts")
+	return Device{}, nil, errors.New("no free loop device after 200 attempts")
 }
 
-func configure(dev string, back *os.File, name string) error {
+// configure binds back to the loop device dev; with held, under an
+// exclusive lock taken before, and autoclear: the open, locked device is
+// returned.
+func configure(dev string, back *os.File, name string, held bool) (_ *os.File, err error) {
 	lf, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer lf.Close()
+	defer func() {
+		if err != nil || !held {
+			lf.Close()
+		}
+	}()
 	var info unix.LoopInfo64
 	info.Flags = unix.LO_FLAGS_PARTSCAN
+	if held {
+		if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
+			return nil, fmt.Errorf("locking %s: %w", dev, err)
+		}
+		info.Flags |= unix.LO_FLAGS_AUTOCLEAR
+	}
 	copy(info.File_name[:unix.LO_NAME_SIZE-1], name)
 	cfg := unix.LoopConfig{Fd: uint32(back.Fd()), Info: info}
 	err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
 	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
 		if err != nil {
-			return fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
+			return nil, fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
 		}
-		return nil
+		return lf, nil
 	}
 	// Kernels before 5.8 have no LOOP_CONFIGURE.
 	if err := unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_SET_FD, int(back.Fd())); err != nil {
-		return fmt.Errorf("LOOP_SET_FD %s: %w", dev, err)
+		return nil, fmt.Errorf("LOOP_SET_FD %s: %w", dev, err)
 	}
 	if err := unix.IoctlLoopSetStatus64(int(lf.Fd()), &info); err != nil {
 		_ = unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
-		return fmt.Errorf("LOOP_SET_STATUS64 %s: %w", dev, err)
+		return nil, fmt.Errorf("LOOP_SET_STATUS64 %s: %w", dev, err)
 	}
-	return nil
+	return lf, nil
 }
 
 // Find returns the loop devices currently backed by the file at path,

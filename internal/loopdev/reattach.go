@@ -40,7 +40,7 @@ func Reattach(ctx context.Context, want Device, backing string) (d Device, reatt
 			if err := ctx.Err(); err != nil {
 				return Device{}, false, err
 			}
-			err = configure(want.Path, back, abs)
+			_, err = configure(want.Path, back, abs, false)
 			if err == nil {
 				return want, true, nil
 			}

@@ -318,14 +318,12 @@ func CreateThin(ctx context.Context, vg, pool, name string, size int64, tag stri
 // Snapshot takes a snapshot name of vg/origin carrying tags: thick, with
 // cow bytes of copy-on-write space, when cow > 0; else a thin snapshot
 // (the origin must be thin), which LVM leaves inactive and skips at
-// activation unless activate makes it an LV like any other. LVM suspends
-// the origin meanwhile, which freezes a filesystem mounted on it.
-func Snapshot(ctx context.Context, vg, origin, name string, cow int64, activate bool, tags ...string) error {
+// activation. LVM suspends the origin meanwhile, which freezes a
+// filesystem mounted on it.
+func Snapshot(ctx context.Context, vg, origin, name string, cow int64, tags ...string) error {
 	args := []string{"--yes", "--snapshot", "--name", name}
 	if cow > 0 {
 		args = append(args, "--size", strconv.FormatInt(cow, 10)+"b")
-	} else if activate {
-		args = append(args, "--setactivationskip", "n", "--activate", "y")
 	}
 	for _, t := range tags {
 		args = append(args, "--addtag", t)
@@ -340,6 +338,45 @@ func Snapshot(ctx context.Context, vg, origin, name string, cow int64, activate 
 func Create(ctx context.Context, vg, name string, size int64, tag string) error {
 	_, err := run(ctx, "lvcreate", "--yes", "--wipesignatures", "n", "--zero", "n", "--activate", "y",
 		"--name", name, "--size", strconv.FormatInt(size, 10)+"b", "--addtag", tag, vg)
+	return err
+}
+
+// CreateSkipped is Create for an LV that stays inactive and that LVM
+// skips at activation (the boot's too) until SetActivationSkip clears
+// the flag: ActivateSkipped activates it.
+func CreateSkipped(ctx context.Context, vg, name string, size int64, tag string) error {
+	_, err := run(ctx, "lvcreate", "--yes", "--wipesignatures", "n", "--zero", "n", "--activate", "n",
+		"--setactivationskip", "y", "--name", name, "--size", strconv.FormatInt(size, 10)+"b", "--addtag", tag, vg)
+	return err
+}
+
+// SnapshotSkipped takes a thin snapshot name of the thin LV vg/origin,
+// inactive and skipped at activation whatever lvm.conf's
+// auto_set_activation_skip says.
+func SnapshotSkipped(ctx context.Context, vg, origin, name string, tags ...string) error {
+	args := []string{"--yes", "--snapshot", "--name", name, "--setactivationskip", "y", "--activate", "n"}
+	for _, t := range tags {
+		args = append(args, "--addtag", t)
+	}
+	_, err := run(ctx, "lvcreate", append(args, vg+"/"+origin)...)
+	return err
+}
+
+// ActivateSkipped activates the LV whose LVM UUID is uuid, in vg, even
+// though its activation-skip flag is set.
+func ActivateSkipped(ctx context.Context, vg, uuid string) error {
+	_, err := run(ctx, "lvchange", "--activate", "y", "--ignoreactivationskip", "--select", "lv_uuid="+uuid, vg)
+	return err
+}
+
+// SetActivationSkip sets or clears the activation-skip flag of the LV
+// whose LVM UUID is uuid, in vg.
+func SetActivationSkip(ctx context.Context, vg, uuid string, skip bool) error {
+	flag := "n"
+	if skip {
+		flag = "y"
+	}
+	_, err := run(ctx, "lvchange", "--setactivationskip", flag, "--select", "lv_uuid="+uuid, vg)
 	return err
 }
 

@@ -78,6 +78,44 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 		require.NoError(t, g.Write(dir+"/data", []byte(text), 0o644))
 		run("sync")
 	}
+	// Every event udev handles for a block device from here on, with the
+	// links it gave the device (#49 item 6: a clone carries its origin's
+	// filesystem UUID until it gets its own; at no instant may udev hand
+	// the origin's by-uuid link to it).
+	run("systemd-run", "--unit=udev-watch", "--property=StandardOutput=file:/root/udev-events", "udevadm", "monitor", "--udev", "--property", "--subsystem-match=block")
+	defer func() { _, _ = g.Run("systemctl", "stop", "udev-watch") }()
+	// claimedBy lists the devices that claimed /dev/disk/by-uuid/u in an
+	// event, except LVM's thick snapshots (low link priority: they never
+	// take it from their origin).
+	claimedBy := func(u string) map[string]int {
+		run("udevadm", "settle")
+		out := run("cat", "/root/udev-events")
+		devs := map[string]int{}
+		for _, ev := range strings.Split(out, "\nUDEV ") {
+			props := map[string]string{}
+			for _, line := range strings.Split(ev, "\n") {
+				if k, v, ok := strings.Cut(line, "="); ok {
+					props[k] = v
+				}
+			}
+			if props["DM_UDEV_LOW_PRIORITY_FLAG"] == "1" {
+				continue
+			}
+			for _, l := range strings.Fields(props["DEVLINKS"]) {
+				if l == "/dev/disk/by-uuid/"+u {
+					devs[props["DEVNAME"]+" "+props["DM_NAME"]]++
+				}
+			}
+		}
+		return devs
+	}
+	onlyOrigin := func(u, dev, what string) {
+		t.Helper()
+		for d := range claimedBy(u) {
+			assert.True(t, strings.HasPrefix(d, dev+" "), "%s: udev gave the origin's link /dev/disk/by-uuid/%s to %s (the origin is %s)", what, u, d, dev)
+		}
+		assert.Equal(t, dev, byUUID(u), "%s: the origin's by-uuid link", what)
+	}
 
 	// Thick: an ext4 LV, mounted and written, snapshotted with 16Mi of
 	// copy-on-write space; the kill-at-every-step run first.
@@ -111,7 +149,8 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	// A clone of s1, larger, killed after every step: mounted beside the
 	// origin with the old content and its own UUID.
 	clone := newVol("snap-thick-c", `{"vgName":"vg0","size":"40Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"s1"}`, origin.uuid))
-	res := crashEach(clone, []string{"lv-created", "cloned", "clone-identity"}, "prepare")
+	res := crashEach(clone, []string{"lv-created", "cloned", "clone-identity", "clone-revealed"}, "prepare")
+	onlyOrigin(origin.uuid, originDev, "a thick clone killed after each step")
 	assert.Equal(t, "/dev/disk/by-uuid/"+clone.uuid, res["persistentPath"])
 	assert.Equal(t, clone.uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/snap-thick-c"), "the clone's ext4 has the clone's UUID")
 	assert.Equal(t, origin.uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/snap-thick"), "the origin's unchanged")
@@ -164,7 +203,7 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	write("/mnt/c", "block after")
 	run("umount", "/mnt/c")
 	blkClone := newVol("snap-blkfs-c", `{"vgName":"vg0","size":"16Mi","wipeSignatures":true}`, fmt.Sprintf(`,"mode":"Block","source":{"volumeUUID":%q,"snapshot":"b1"}`, blkfs.uuid))
-	crashEach(blkClone, []string{"lv-created", "cloned"}, "prepare")
+	crashEach(blkClone, []string{"lv-created", "cloned", "clone-revealed"}, "prepare")
 	assert.Contains(t, lvs(), "snap-blkfs-c", "the clone's LV is there")
 	run("mount", "-o", "ro", "/dev/vg0/snap-blkfs-c", "/mnt/c")
 	assert.Equal(t, "block before", run("cat", "/mnt/c/data"), "the clone holds the snapshot's filesystem")
@@ -233,11 +272,30 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	assert.Equal(t, thinDev, byUUID(thin.uuid), "the thin snapshot, inactive, has no link")
 	write("/mnt/c", "thin after")
 	thinClone := newVol("snap-thin-c", `{"vgName":"vg0","size":"32Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"t1"}`, thin.uuid))
-	crashEach(thinClone, []string{"lv-created", "clone-identity"}, "prepare")
+	crashEach(thinClone, []string{"lv-created", "clone-identity", "clone-revealed"}, "prepare")
+	onlyOrigin(thin.uuid, thinDev, "a thin clone killed after each step")
 	assert.Regexp(t, `(?m)^\s*snap-thin-c\s+\S+\s+svsnap-\S+\s+pool\s*$`, lvs(), "the clone is a thin LV of the snapshot, in the pool")
 	run("mount", "/dev/disk/by-uuid/"+thinClone.uuid, "/mnt/o2")
 	assert.Equal(t, "thin before", run("cat", "/mnt/o2/data"))
 	assert.Equal(t, "thin after", run("cat", "/mnt/c/data"))
+
+	// A sparse xfs volume's clone is attached to a loop device for its log
+	// replay while it still carries the origin's UUID: udev must not see it.
+	sx := volume{"snap-xfs", uuid.NewString(), ""}
+	sx.spec = fmt.Sprintf(`{"name":"snap-xfs","uuid":%q,"fsType":"xfs","sparseLoopDevice":{"size":"320Mi"}}`, sx.uuid)
+	sxDev := ok(sx, "prepare")["devicePath"].(string)
+	run("mount", sxDev, "/mnt/o2")
+	write("/mnt/o2", "xfs before")
+	ok(sx, "snapshot", "--name", "x1")
+	sxc := volume{"snap-xfs-c", uuid.NewString(), ""}
+	sxc.spec = fmt.Sprintf(`{"name":"snap-xfs-c","uuid":%q,"fsType":"xfs","sparseLoopDevice":{"size":"320Mi"},"source":{"volumeUUID":%q,"snapshot":"x1"}}`, sxc.uuid, sx.uuid)
+	sxcDev := crashEach(sxc, []string{"cloned", "clone-log-replayed", "clone-identity"}, "prepare")["devicePath"].(string)
+	onlyOrigin(sx.uuid, sxDev, "a sparse xfs clone killed after each step")
+	assert.Equal(t, sxcDev, byUUID(sxc.uuid), "the clone's own link")
+	run("umount", "/mnt/o2")
+	ok(sx, "snapshot-delete", "--name", "x1")
+	ok(sxc, "unprepare", "--wipe")
+	ok(sx, "unprepare", "--wipe")
 
 	// Everything removed: snapshots first (the volumes refuse otherwise),
 	// then the volumes with --wipe, which removes their LVs.
