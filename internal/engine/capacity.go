@@ -164,7 +164,7 @@ func snapshotRoomReserve(size int64) int64 { return max(size/100, 64<<20) }
 // prepare has counted), and a copy that is not a reflink must fit the free
 // space now, with snapshotRoomReserve to spare. Callers hold the global
 // lock.
-func (e *Engine) checkCopyRoom(what string, pin, data int64, reflink bool) error {
+func (e *Engine) checkCopyRoom(what string, pin, data int64, reflink bool, counted int64) error {
 	recs, errs := e.State.All()
 	if len(errs) > 0 {
 		return failed("state", errors.Join(errs...), "reading node state")
@@ -174,7 +174,9 @@ func (e *Engine) checkCopyRoom(what string, pin, data int64, reflink bool) error
 		return err
 	}
 	limit := int64(e.OvercommitRatio * float64(c.Size))
-	if after := c.Committed + pin; pin > 0 && after > limit {
+	// counted: what an earlier, killed try of the same copy reserved,
+	// which its record still holds and Committed includes.
+	if after := c.Committed - counted + pin; pin > 0 && after > limit {
 		return refused("no_room", "%s keeps %s of data on %s, which would commit %s of %s, past the overcommit ratio %g (limit %s, already committed %s with snapshots): delete snapshots or volumes, or raise salt_volumes:overcommit_ratio in the minion config",
 			what, spec.Approx(pin), c.Path, spec.Approx(after), spec.Approx(c.Size), e.OvercommitRatio, spec.Approx(limit), spec.Approx(c.Committed))
 	}

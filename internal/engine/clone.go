@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
+	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/filecopy"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
@@ -47,10 +50,16 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 	}
 	part := file + ".clone"
 	// An interrupted run's copy is ours (the preparing record says so),
-	// and so is a loop device it left on it while replaying a log.
+	// and so is a loop device it left on it while replaying a log, and
+	// that device's mount on a .clone- dir of ours.
 	if devs, err := loopdev.Find(part); err == nil {
 		for _, d := range devs {
-			_ = loopdev.Detach(ctx, d, e.DetachWait)
+			if err := e.dropReplayMounts(d); err != nil {
+				return false, err
+			}
+			if err := loopdev.Detach(ctx, d, e.DetachWait); err != nil {
+				return false, failed("detach", err, "detaching %s, which an interrupted run left on the copy %s: look at what holds it (lsblk, fuser -vm %s)", d.Path, part, d.Path)
+			}
 		}
 	}
 	os.Remove(part)
@@ -176,15 +185,43 @@ func (e *Engine) newIdentity(ctx context.Context, o *op, part string, snap *Snap
 	return nil
 }
 
+// dropReplayMounts unmounts what a killed log replay left mounted of the
+// loop device d: only mounts on a .clone- dir in the state dir (ours).
+func (e *Engine) dropReplayMounts(d loopdev.Device) error {
+	dev, err := blockdev.DevOf(d.Name)
+	if err != nil {
+		return nil // no such device any more
+	}
+	mps, err := blockdev.Mountpoints(dev)
+	if err != nil {
+		return failed("mounts", err, "reading the mount table")
+	}
+	prefix := filepath.Join(e.State.Root, ".clone-")
+	for _, mp := range mps {
+		if !strings.HasPrefix(mp, prefix) {
+			continue
+		}
+		if err := unix.Unmount(mp, 0); err != nil {
+			return failed("clone_log", err, "unmounting %s, where an interrupted run replayed the log of a clone's copy (umount %s)", mp, mp)
+		}
+		os.Remove(mp)
+	}
+	return nil
+}
+
 // replayXFSLog mounts the copy of an xfs (a file through a loop device,
 // or a device) once and unmounts it, which replays its log.
 func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
 	path := part
 	var held *loopdev.Held
 	if !strings.HasPrefix(part, "/dev/") {
-		// The copy carries its origin's UUID: udev, kept off the loop
-		// device while we hold it, must never see it attached (it would
-		// move the origin's by-uuid link to the copy).
+		// The copy carries its origin's UUID: udev must never link the
+		// loop device (it would move the origin's by-uuid link to the
+		// copy). Its rule for copies skips it, a run killed with the copy
+		// mounted included; the lock keeps udev off it meanwhile too.
+		if _, err := devlinks.EnsureHideRule(ctx); err != nil {
+			return failed("udev", err, "keeping udev from linking the copy of the snapshot during its log replay")
+		}
 		var err error
 		if held, err = loopdev.AttachHeld(ctx, part); err != nil {
 			return failed("attach", err, "attaching %s to replay its log", part)
@@ -204,8 +241,12 @@ func (e *Engine) replayXFSLog(ctx context.Context, o *op, part string) error {
 	if err := unix.Mount(path, dir, "xfs", unix.MS_NOATIME, "nouuid"); err != nil {
 		return failed("clone_log", err, "mounting the copy of the snapshot to replay its xfs log")
 	}
+	o.step("clone-log-mounted", "mountpoint", dir)
 	if err := unix.Unmount(dir, 0); err != nil {
-		return failed("clone_log", err, "unmounting the copy of the snapshot")
+		// Still mounted: the lock stays with this process until it ends;
+		// the next run unmounts and detaches it (dropReplayMounts).
+		held = nil
+		return failed("clone_log", err, "unmounting the copy of the snapshot from %s", dir)
 	}
 	if held != nil {
 		err := held.Release(ctx, e.DetachWait)
@@ -234,5 +275,5 @@ func (e *Engine) imageRoom(what, code, img, part string) error {
 	if err != nil {
 		return failed(code, err, "reading %s", img)
 	}
-	return e.checkCopyRoom(what, 0, data, filecopy.CanReflink(img, part+".probe"))
+	return e.checkCopyRoom(what, 0, data, filecopy.CanReflink(img, part+".probe"), 0)
 }

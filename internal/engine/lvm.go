@@ -70,7 +70,7 @@ func persistentPath(s *spec.Spec, rec *nodestate.Record) string {
 func (e *Engine) activateLV(ctx context.Context, o *op, rec *nodestate.Record) (string, error) {
 	vg, lv := o.s.LVMLogicalVolume.VGName, o.s.Name
 	activate := lvm.Activate
-	if cloneUnfinished(o.s, rec) {
+	if cloneUnfinished(rec) {
 		if err := devlinks.Hide(ctx, rec.DMUUID); err != nil {
 			return "", failed("udev", err, "keeping udev from linking clone %s/%s before it has its own UUID", vg, lv)
 		}
@@ -84,7 +84,7 @@ func (e *Engine) activateLV(ctx context.Context, o *op, rec *nodestate.Record) (
 	if name := dmByUUID(rec.DMUUID); name != "" {
 		return name, nil
 	}
-	return "", failed("lvm", nil, "logical volume %s/%s is active but no device-mapper device has UUID %s", vg, lv, rec.DMUUID)
+	return "", failed("lvm", nil, "logical volume %s/%s was activated but no device-mapper device has UUID %s: if lvs -o lv_name,lv_attr shows its activation-skip flag (k), it is a clone salt-volumes had not finished: run prepare with the clone's spec (its source) again", vg, lv, rec.DMUUID)
 }
 
 // dropUnstarted forgets a new volume's record when nothing of it exists on
@@ -101,7 +101,7 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 	// Ours by record and active: every state run prepares the volume
 	// again, and needs no LVM tool for that.
 	name := deviceOf(rec)
-	if name != "" && cloneUnfinished(s, rec) && !devlinks.Hidden(rec.DMUUID) {
+	if name != "" && cloneUnfinished(rec) && !devlinks.Hidden(rec.DMUUID) {
 		if err := e.hideActiveClone(ctx, o, rec); err != nil {
 			return err
 		}
@@ -113,7 +113,13 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 			return err
 		}
 	}
-	if cloneUnfinished(s, rec) {
+	if cloneUnfinished(rec) {
+		// A run killed inside revealClone may have cleared the flag; the
+		// copy below writes the snapshot's UUID again, which a boot must
+		// not activate.
+		if err := lvm.SetActivationSkip(ctx, l.VGName, rec.LVUUID, true); err != nil {
+			return failed("lvchange", err, "setting the activation skip flag of clone %s/%s", l.VGName, s.Name)
+		}
 		// A clone's LV holds nothing of anyone else: a thick snapshot's
 		// copy writes it whole (the rest zeroed), a thin one shares only
 		// its snapshot's blocks. What it holds now is the snapshot's
@@ -139,7 +145,7 @@ func (e *Engine) prepareLVM(ctx context.Context, o *op, rec *nodestate.Record, r
 		return err
 	}
 	raw.path = "/dev/" + l.VGName + "/" + s.Name
-	if !rec.Formatted() && s.Source == nil {
+	if !rec.Formatted() && rec.Spec.Source == nil {
 		if err := e.checkFreshLV(ctx, o, rec, raw); err != nil {
 			return err
 		}
@@ -434,6 +440,10 @@ func (e *Engine) unprepareLVM(ctx context.Context, o *op, rec *nodestate.Record,
 		return failed("lvremove", err, "removing logical volume %s/%s", l.VGName, s.Name)
 	}
 	o.step("lv-removed", "lv", l.VGName+"/"+s.Name)
+	if rec.DMUUID != "" {
+		// An unfinished clone's udev mark goes with its LV.
+		_ = devlinks.Unhide(rec.DMUUID)
+	}
 	if s.Mode == spec.ModeFilesystem {
 		return e.removeLink(o, "")
 	}

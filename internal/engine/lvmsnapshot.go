@@ -491,9 +491,11 @@ func (e *Engine) createCloneLV(ctx context.Context, o *op, rec *nodestate.Record
 // for udev to leave alone (devlinks.Hide), and shown to udev by a fresh
 // activation once it has its own identity (revealClone).
 
-// cloneUnfinished: the volume is a clone whose content is not written yet.
-func cloneUnfinished(s *spec.Spec, rec *nodestate.Record) bool {
-	return s.Source != nil && !rec.Formatted()
+// cloneUnfinished: the volume is a clone whose content is not written yet
+// (by its record: a spec asked for later, an unprepare's, may lack the
+// source).
+func cloneUnfinished(rec *nodestate.Record) bool {
+	return rec.Spec != nil && rec.Spec.Source != nil && !rec.Formatted()
 }
 
 // hideActiveClone deactivates an unfinished clone's LV found active
@@ -519,17 +521,24 @@ func (e *Engine) hideActiveClone(ctx context.Context, o *op, rec *nodestate.Reco
 // activation, not from a change event). It returns the LV's device.
 func (e *Engine) revealClone(ctx context.Context, o *op, rec *nodestate.Record, name string) (string, error) {
 	vg := o.s.LVMLogicalVolume.VGName
-	if err := lvm.SetActivationSkip(ctx, vg, rec.LVUUID, false); err != nil {
-		return "", failed("lvchange", err, "clearing the activation skip flag of clone %s/%s", vg, o.s.Name)
-	}
 	if !devlinks.UdevRunning() {
+		if err := lvm.SetActivationSkip(ctx, vg, rec.LVUUID, false); err != nil {
+			return "", failed("lvchange", err, "clearing the activation skip flag of clone %s/%s", vg, o.s.Name)
+		}
 		return name, nil
 	}
+	// In this order, a run killed between two steps leaves the LV either
+	// skipped at activation or carrying the clone's own UUID; the next run
+	// hides it and sets the flag again before it writes anything.
 	if err := lvm.Deactivate(ctx, vg, rec.LVUUID); err != nil {
-		return "", failed("lvchange", err, "deactivating clone %s/%s to show it to udev", vg, o.s.Name)
+		return "", failed("lvchange", err, "deactivating clone %s/%s to show it to udev (is it mounted? unmount it and run prepare again)", vg, o.s.Name)
 	}
 	if err := devlinks.Unhide(rec.DMUUID); err != nil {
 		return "", failed("udev", err, "removing udev's mark of clone %s/%s", vg, o.s.Name)
+	}
+	o.step("lv-deactivated", "lv", vg+"/"+o.s.Name)
+	if err := lvm.SetActivationSkip(ctx, vg, rec.LVUUID, false); err != nil {
+		return "", failed("lvchange", err, "clearing the activation skip flag of clone %s/%s", vg, o.s.Name)
 	}
 	if err := lvm.Activate(ctx, vg, rec.LVUUID); err != nil {
 		return "", failed("lvchange", err, "activating clone %s/%s", vg, o.s.Name)

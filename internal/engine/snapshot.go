@@ -301,12 +301,12 @@ func (e *Engine) reserveSnapshot(snap *Snapshot, file, recPath string) (reflink 
 		return false, failed("snapshot_copy", err, "reading %s", file)
 	}
 	// A retry of this snapshot's own reservation is not counted twice.
-	snap.Allocated = 0
-	if err := writeSnapshot(recPath, snap); err != nil {
-		return false, failed("state", err, "recording snapshot %s", snap.Name)
+	var counted int64
+	if old, err := readSnapshot(recPath); err == nil && old.Phase == SnapshotTaking {
+		counted = old.Allocated
 	}
 	reflink = filecopy.CanReflink(file, snap.Image+".part.probe")
-	if err := e.checkCopyRoom(fmt.Sprintf("snapshot %s of %s", snap.Name, snap.Volume), data, data, reflink); err != nil {
+	if err := e.checkCopyRoom(fmt.Sprintf("snapshot %s of %s", snap.Name, snap.Volume), data, data, reflink, counted); err != nil {
 		// Refused: nothing of this snapshot is kept, not even what a
 		// killed earlier try copied (never taken, it is nobody's).
 		for _, p := range []string{snap.Image + ".part", snap.Image, recPath} {

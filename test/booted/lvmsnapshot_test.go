@@ -149,7 +149,7 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	// A clone of s1, larger, killed after every step: mounted beside the
 	// origin with the old content and its own UUID.
 	clone := newVol("snap-thick-c", `{"vgName":"vg0","size":"40Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"s1"}`, origin.uuid))
-	res := crashEach(clone, []string{"lv-created", "cloned", "clone-identity", "clone-revealed"}, "prepare")
+	res := crashEach(clone, []string{"lv-created", "cloned", "clone-identity", "lv-deactivated", "clone-revealed"}, "prepare")
 	onlyOrigin(origin.uuid, originDev, "a thick clone killed after each step")
 	assert.Equal(t, "/dev/disk/by-uuid/"+clone.uuid, res["persistentPath"])
 	assert.Equal(t, clone.uuid, run("blkid", "-o", "value", "-s", "UUID", "/dev/vg0/snap-thick-c"), "the clone's ext4 has the clone's UUID")
@@ -272,7 +272,7 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	assert.Equal(t, thinDev, byUUID(thin.uuid), "the thin snapshot, inactive, has no link")
 	write("/mnt/c", "thin after")
 	thinClone := newVol("snap-thin-c", `{"vgName":"vg0","size":"32Mi"}`, fmt.Sprintf(`,"source":{"volumeUUID":%q,"snapshot":"t1"}`, thin.uuid))
-	crashEach(thinClone, []string{"lv-created", "clone-identity", "clone-revealed"}, "prepare")
+	crashEach(thinClone, []string{"lv-created", "clone-identity", "lv-deactivated", "clone-revealed"}, "prepare")
 	onlyOrigin(thin.uuid, thinDev, "a thin clone killed after each step")
 	assert.Regexp(t, `(?m)^\s*snap-thin-c\s+\S+\s+svsnap-\S+\s+pool\s*$`, lvs(), "the clone is a thin LV of the snapshot, in the pool")
 	run("mount", "/dev/disk/by-uuid/"+thinClone.uuid, "/mnt/o2")
@@ -289,7 +289,7 @@ func lvmSnapshots(t *testing.T, g *guest.Guest, run func(...string) string) {
 	ok(sx, "snapshot", "--name", "x1")
 	sxc := volume{"snap-xfs-c", uuid.NewString(), ""}
 	sxc.spec = fmt.Sprintf(`{"name":"snap-xfs-c","uuid":%q,"fsType":"xfs","sparseLoopDevice":{"size":"320Mi"},"source":{"volumeUUID":%q,"snapshot":"x1"}}`, sxc.uuid, sx.uuid)
-	sxcDev := crashEach(sxc, []string{"cloned", "clone-log-replayed", "clone-identity"}, "prepare")["devicePath"].(string)
+	sxcDev := crashEach(sxc, []string{"cloned", "clone-log-mounted", "clone-log-replayed", "clone-identity"}, "prepare")["devicePath"].(string)
 	onlyOrigin(sx.uuid, sxDev, "a sparse xfs clone killed after each step")
 	assert.Equal(t, sxcDev, byUUID(sxc.uuid), "the clone's own link")
 	run("umount", "/mnt/o2")

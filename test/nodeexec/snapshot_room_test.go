@@ -2,6 +2,7 @@ package nodeexec
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 )
 
 // A snapshot never fills the filesystem the sparse volumes live on: the
@@ -84,6 +87,21 @@ func TestSnapshotRoom(t *testing.T) {
 	assert.Equal(t, kept, c["snapshotBytes"])
 	n.ok("snapshot-delete", small, "--name", "s")
 	assert.Equal(t, committed, list()["committed"], "and uncommitted once deleted")
+
+	// A snapshot killed after its reservation was recorded, taken again
+	// with the limit between one reservation and two: the retry counts
+	// its own earlier reservation once, and fits.
+	// (No listing in between: a listing drops a take it finds abandoned.)
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(filepath.Join(n.dir, "sparse", small["uuid"].(string)), &st))
+	reserved := float64(st.Blocks * 512)
+	killed := n.exec(append(ratio, failpoint.CrashEnv+"=snapshot-copying"), string(b), "snapshot", "--spec", "-", "--name", "s2")
+	require.Equal(t, -1, killed.Code, "killed after snapshot-copying: %s", killed.Stderr)
+	tight := fmt.Sprintf("SALT_VOLUMES_OVERCOMMIT_RATIO=%f", (committed+1.5*reserved)/c["size"].(float64))
+	r = n.exec([]string{tight}, string(b), "snapshot", "--spec", "-", "--name", "s2")
+	require.Equal(t, 0, r.Code, "the retry of a killed snapshot counts its reservation once: %s", r.Stdout)
+	assert.Equal(t, committed+r.Out["allocated"].(float64), list()["committed"], "counted once")
+	n.ok("snapshot-delete", small, "--name", "s2")
 	n.ok("unprepare", small)
 	n.ok("unprepare", big)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/internal/failpoint"
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 )
 
 // Snapshots of sparse volumes: a point-in-time copy, taken with the
@@ -156,7 +157,25 @@ func TestCloneFromSnapshot(t *testing.T) {
 		r = n.ok("snapshot", origin, "--name", "s1")
 		assert.Equal(t, true, r.Out["frozen"])
 		clone := sparseSpec("clone-xfs", u2, "300Mi", map[string]any{"fsType": "xfs", "source": map[string]any{"volumeUUID": u1, "snapshot": "s1"}})
+		// Killed while the copy is mounted for its log replay: the loop
+		// device (the origin's UUID on it) stays mounted; the next run
+		// unmounts and detaches it before it starts over.
+		killed := n.exec([]string{failpoint.CrashEnv + "=clone-log-mounted"}, mustJSON(t, clone), "prepare", "--spec", "-")
+		require.Equal(t, -1, killed.Code, "killed after clone-log-mounted: %s", killed.Stderr)
+		part := filepath.Join(n.dir, "sparse", u2+".clone")
+		left, err := loopdev.Find(part)
+		require.NoError(t, err)
+		require.Len(t, left, 1, "the killed run's loop device, still mounted")
 		r = n.ok("prepare", clone)
+		bound, err := loopdev.Bound()
+		require.NoError(t, err)
+		for _, d := range bound {
+			back, _ := loopdev.BackingFile(d.Name)
+			assert.NotContains(t, back, u2+".clone", "the rerun detached what the killed run left (%s)", d.Path)
+		}
+		mounts, err := os.ReadFile("/proc/self/mountinfo")
+		require.NoError(t, err)
+		assert.NotContains(t, string(mounts), filepath.Join(n.dir, ".clone-"), "and unmounted it")
 		// A snapshot of a mounted xfs carries a log to replay before
 		// xfs_admin takes it (which exits 0 even when it refuses).
 		assert.Contains(t, steps(r.Stderr), "clone-log-replayed")
