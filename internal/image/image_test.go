@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/stretchr/testify/assert"
@@ -82,4 +84,24 @@ func TestWriteReadsBackAndIsReproducible(t *testing.T) {
 	assert.ErrorContains(t, err, `image file "relative": give an absolute path`)
 	_, err = os.Stat(filepath.Join(dir, "c.tar"))
 	assert.True(t, os.IsNotExist(err), "nothing written for bad input")
+}
+
+// A development build's version (with '+' build metadata) still makes an
+// image: make image failed on it ("could not parse reference").
+func TestTagOf(t *testing.T) {
+	for version, want := range map[string]string{
+		"0.4.0":                              "0.4.0",
+		"0.4.0-dev.20261206T124000+g1e295a1": "0.4.0-dev.20261206T124000_g1e295a1",
+		"dev":                                "dev",
+	} {
+		got, err := TagOf(version)
+		require.NoError(t, err, version)
+		assert.Equal(t, want, got, version)
+		_, err = name.NewTag(ServeRepository+":"+got, name.StrictValidation)
+		assert.NoError(t, err, "%s: a reference registries take", got)
+	}
+	for _, bad := range []string{"", ".0.4", "-x", "a/b", "0.4.0 beta", strings.Repeat("1", 129)} {
+		_, err := TagOf(bad)
+		assert.Error(t, err, "%q", bad)
+	}
 }

@@ -1,5 +1,11 @@
 package image
 
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
 // ServeRepository is the repository of serve's image (make image), as the
 // Deployment manifest names it.
 const ServeRepository = "salt-volumes.io/salt-volumes"
@@ -20,4 +26,20 @@ func Serve(bin, tag string) Spec {
 		User:   "65532:65532",
 		Labels: map[string]string{"org.opencontainers.image.title": "salt-volumes", "org.opencontainers.image.version": tag},
 	}
+}
+
+// tagChars is what an OCI tag may hold (distribution-spec: at most 128
+// characters, the first a letter, digit or '_').
+var tagChars = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+
+// TagOf is the image tag of a version: a development build's version
+// carries build metadata after '+' (X.Y.Z-dev.<time>+g<commit>), which no
+// tag may hold, so '+' becomes '_' as Helm does for charts in OCI
+// registries.
+func TagOf(version string) (string, error) {
+	tag := strings.ReplaceAll(version, "+", "_")
+	if !tagChars.MatchString(tag) {
+		return "", fmt.Errorf("version %q makes no image tag (letters, digits, '_', '.', '-', at most 128, not starting with '.' or '-'): give -tag a version like 0.4.0 or 0.4.0-dev.20261206T124000+gabc1234", version)
+	}
+	return tag, nil
 }

@@ -23,11 +23,15 @@ func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("image", flag.ContinueOnError)
 	dst := fs.String("o", "bin/salt-volumes-image.tar", "the OCI archive to write")
 	bin := fs.String("bin", "bin/salt-volumes", "the static salt-volumes binary (make build)")
-	tag := fs.String("tag", "dev", "the image's tag (make image: the version)")
+	version := fs.String("tag", "dev", "the image's version (make image: the build's; '+' becomes '_' in the tag)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	spec := image.Serve(*bin, *tag)
+	tag, err := image.TagOf(*version)
+	if err != nil {
+		return err
+	}
+	spec := image.Serve(*bin, tag)
 	d, err := image.Write(*dst, spec)
 	if err != nil {
 		return err
