@@ -34,7 +34,7 @@ lint:
 	$(GO) vet ./...
 	.venv/bin/ruff check --quiet --config salt/ruff.toml salt/
 	@if command -v shellcheck >/dev/null; then \
-	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/vagrant-check.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/saltext.sh scripts/packages.sh scripts/version.sh scripts/release.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/vagrant-check.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/sign.sh scripts/saltext.sh scripts/packages.sh scripts/version.sh scripts/release.sh .ci/run vagrant/provision/*.sh; \
 	  shellcheck -s sh packaging/nfpm/*.postinst packaging/nfpm/*.prerm packaging/nfpm/*.postrm; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
@@ -43,7 +43,7 @@ lint:
 # SHA256SUMS; the same bytes for the same commit (scripts/dist.sh;
 # test/dist checks it).
 dist:
-	scripts/dist.sh
+	SIGN_KEY=$(SIGN_KEY) scripts/dist.sh
 
 # make release VERSION=X.Y.Z: two commits, "Release X.Y.Z" tagged vX.Y.Z
 # and "Begin X.(Y+1).0-dev", with VERSION, the chart and deploy/kubernetes'

@@ -4,7 +4,7 @@
 # (cyclonedx-gomod, from the module proxy) and the licence notices of what
 # each embeds (tools/notices), the Salt extension's wheel
 # (scripts/saltext.sh), the .deb and .rpm packages (scripts/packages.sh),
-# and SHA256SUMS over them all.
+# and SHA256SUMS over them all; with SIGN_KEY, signed (scripts/sign.sh).
 # Reproducible: the same commit gives the same bytes, on any machine with
 # the same Go (-trimpath, no build id, no VCS stamp, SBOMs without serial
 # number or timestamp).
@@ -30,5 +30,9 @@ scripts/saltext.sh "$out" >/dev/null
 scripts/packages.sh "$out" >/dev/null
 sums=$(cd "$out" && find . -maxdepth 1 -type f -printf '%f\n' | LC_ALL=C sort | xargs sha256sum)
 printf '%s\n' "$sums" > "$out/SHA256SUMS"
+# make dist SIGN_KEY=<gpg key>: the packages and SHA256SUMS signed.
+if [ -n "${SIGN_KEY:-}" ]; then
+  scripts/sign.sh "$out" "$SIGN_KEY"
+fi
 echo "dist: $version in $out"
 (cd "$out" && ls -l)

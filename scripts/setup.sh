@@ -24,13 +24,14 @@ need=()
 # the pods that mount our volumes. qemu and debootstrap build and boot the
 # Debian guests of the booted-machine tests (test/booted); qemu-user-static
 # runs the arm64 binaries of make dist, and lintian and rpmlint (with rpm
-# and groff for its checks) judge its packages (test/dist).
+# and groff for its checks) judge its packages (test/dist); gnupg, debsigs
+# and debsig-verify sign them with a throwaway key and check the signatures.
 tests=(chromium vagrant vagrant-libvirt shellcheck
   btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs
   cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools
   containerd runc containernetworking-plugins busybox-static
   qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static
-  lintian rpmlint rpm groff-base)
+  lintian rpmlint rpm groff-base gnupg debsigs debsig-verify)
 pkgs=("${base[@]}")
 if [ "$mode" = all ]; then
   pkgs+=("${tests[@]}")

@@ -317,6 +317,113 @@ func TestDist(t *testing.T) {
 			assert.Equal(t, v, exec.Version, arch)
 		}
 	})
+
+	t.Run("make dist SIGN_KEY signs the packages and SHA256SUMS (#52 item 10)", func(t *testing.T) {
+		signed(t, a, v)
+	})
+}
+
+// signed signs a copy of the artifacts in dir with a throwaway key, as
+// make dist SIGN_KEY=<key> does (scripts/sign.sh), and checks each
+// signature the way docs/releasing.md tells users to, and that a changed
+// byte fails it.
+func signed(t *testing.T, dir, v string) {
+	for _, tool := range []string{"gpg", "debsigs", "debsig-verify", "rpmsign"} {
+		_, err := exec.LookPath(tool)
+		require.NoError(t, err, "%s signs or checks the release (make setup installs it)", tool)
+	}
+	c := t.TempDir()
+	for _, n := range files(t, dir) {
+		data, err := os.ReadFile(filepath.Join(dir, n))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(c, n), data, 0o644))
+	}
+	home := t.TempDir()
+	run := func(env []string, name string, args ...string) (string, error) {
+		cmd := exec.Command(name, args...)
+		cmd.Env = append(append(os.Environ(), "GNUPGHOME="+home), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	must := func(name string, args ...string) string {
+		t.Helper()
+		out, err := run(nil, name, args...)
+		require.NoError(t, err, "%s %v: %s", name, args, out)
+		return out
+	}
+	must("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "salt-volumes test release <release@salt-volumes.invalid>", "rsa3072", "sign", "never")
+	var fpr, keyid string
+	for _, line := range strings.Split(must("gpg", "--batch", "--with-colons", "--list-secret-keys"), "\n") {
+		f := strings.Split(line, ":")
+		if f[0] == "sec" && keyid == "" {
+			keyid = f[4]
+		}
+		if f[0] == "fpr" && fpr == "" {
+			fpr = f[9]
+		}
+	}
+	require.NotEmpty(t, fpr)
+	cmd := exec.Command(filepath.Join(repo, "scripts", "sign.sh"), c, fpr)
+	cmd.Env = append(os.Environ(), "GNUPGHOME="+home)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.FileExists(t, filepath.Join(c, "SHA256SUMS.asc"))
+
+	// SHA256SUMS: signed, and naming the signed packages' bytes.
+	must("gpg", "--batch", "--verify", filepath.Join(c, "SHA256SUMS.asc"), filepath.Join(c, "SHA256SUMS"))
+	sums := exec.Command("sha256sum", "--check", "--strict", "SHA256SUMS")
+	sums.Dir = c
+	out2, err := sums.CombinedOutput()
+	require.NoError(t, err, "%s", out2)
+	// The public key beside them is the signer's.
+	assert.Contains(t, must("gpg", "--batch", "--show-keys", "--with-colons", filepath.Join(c, "signing-key.asc")), fpr)
+
+	// RPMs: rpm -K, with the key imported into a database of the test's.
+	db := t.TempDir()
+	rpms := packagesOf(c, v, "rpm")
+	require.Len(t, rpms, 4)
+	nokey, _ := run(nil, "rpm", append([]string{"--dbpath", db, "-K"}, rpms...)...)
+	assert.Contains(t, nokey, "SIGNATURES NOT OK", "without the key, rpm cannot check them")
+	must("rpm", "--dbpath", db, "--import", filepath.Join(c, "signing-key.asc"))
+	checked := must("rpm", append([]string{"--dbpath", db, "-K"}, rpms...)...)
+	assert.Equal(t, 4, strings.Count(checked, "digests signatures OK"), "%s", checked)
+
+	// .debs: debsig-verify, with a policy and keyring of the test's.
+	pol, kr := t.TempDir(), t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(pol, keyid), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(kr, keyid), 0o755))
+	ring, err := exec.Command("gpg", "--batch", "--dearmor", "--output", "-", filepath.Join(c, "signing-key.asc")).Output()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(kr, keyid, "debsig.gpg"), ring, 0o644))
+	policy := `<?xml version="1.0"?>
+<!DOCTYPE Policy SYSTEM "https://www.debian.org/debsig/1.0/policy.dtd">
+<Policy xmlns="https://www.debian.org/debsig/1.0/">
+  <Origin Name="salt-volumes" id="` + keyid + `" Description="salt-volumes releases"/>
+  <Selection><Required Type="origin" File="debsig.gpg" id="` + keyid + `"/></Selection>
+  <Verification MinOptional="0"><Required Type="origin" File="debsig.gpg" id="` + keyid + `"/></Verification>
+</Policy>
+`
+	require.NoError(t, os.WriteFile(filepath.Join(pol, keyid, "salt-volumes.pol"), []byte(policy), 0o644))
+	debs := packagesOf(c, v, "deb")
+	require.Len(t, debs, 4)
+	for _, deb := range debs {
+		out := must("debsig-verify", "--policies-dir", pol, "--keyrings-dir", kr, deb)
+		assert.Contains(t, out, "Verified package from 'salt-volumes releases'", deb)
+		// Still a package dpkg reads.
+		must("dpkg-deb", "--info", deb)
+	}
+	unsigned := packagesOf(dir, v, "deb")[0]
+	_, err = run(nil, "debsig-verify", "--policies-dir", pol, "--keyrings-dir", kr, unsigned)
+	assert.Error(t, err, "an unsigned package fails debsig-verify")
+
+	// A changed byte fails the check.
+	sumsPath := filepath.Join(c, "SHA256SUMS")
+	data, err := os.ReadFile(sumsPath)
+	require.NoError(t, err)
+	data[0] ^= 1
+	require.NoError(t, os.WriteFile(sumsPath, data, 0o644))
+	_, err = run(nil, "gpg", "--batch", "--verify", filepath.Join(c, "SHA256SUMS.asc"), sumsPath)
+	assert.Error(t, err, "a changed SHA256SUMS fails its signature")
 }
 
 // requireRelativePayload stops the test unless every file name in the
