@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell scripts/version.sh 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build dist release image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke smoke-bench smoke-load load fuzz install salt-files clean \
+.PHONY: all setup build dist repo release image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke smoke-bench smoke-load load fuzz install salt-files clean \
         vagrant-host vagrant-box vagrant-up vagrant-e2e vagrant-down vagrant-check vagrant-validate
 
 all: build
@@ -34,7 +34,7 @@ lint:
 	$(GO) vet ./...
 	.venv/bin/ruff check --quiet --config salt/ruff.toml salt/
 	@if command -v shellcheck >/dev/null; then \
-	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/vagrant-check.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/sign.sh scripts/saltext.sh scripts/packages.sh scripts/version.sh scripts/release.sh .ci/run vagrant/provision/*.sh; \
+	  shellcheck -x -P SCRIPTDIR -s bash scripts/setup.sh scripts/kube-tools.sh scripts/guest-image.sh scripts/vagrant-host.sh scripts/vagrant-box.sh scripts/vagrant-check.sh scripts/salt-venv.sh scripts/test-salt.sh scripts/dist.sh scripts/sign.sh scripts/repo.sh scripts/saltext.sh scripts/packages.sh scripts/version.sh scripts/release.sh .ci/run vagrant/provision/*.sh; \
 	  shellcheck -s sh packaging/nfpm/*.postinst packaging/nfpm/*.prerm packaging/nfpm/*.postrm; \
 	else echo "lint: shellcheck not installed, shell scripts not checked"; fi
 
@@ -44,6 +44,11 @@ lint:
 # test/dist checks it).
 dist:
 	SIGN_KEY=$(SIGN_KEY) scripts/dist.sh
+
+# make repo SIGN_KEY=<gpg key>: signed apt and dnf repositories of dist/'s
+# signed packages in repo/ (scripts/repo.sh; docs/operations.md).
+repo:
+	SIGN_KEY=$(SIGN_KEY) scripts/repo.sh
 
 # make release VERSION=X.Y.Z: two commits, "Release X.Y.Z" tagged vX.Y.Z
 # and "Begin X.(Y+1).0-dev", with VERSION, the chart and deploy/kubernetes'

@@ -25,13 +25,14 @@ need=()
 # Debian guests of the booted-machine tests (test/booted); qemu-user-static
 # runs the arm64 binaries of make dist, and lintian and rpmlint (with rpm
 # and groff for its checks) judge its packages (test/dist); gnupg, debsigs
-# and debsig-verify sign them with a throwaway key and check the signatures.
+# and debsig-verify sign them with a throwaway key and check the signatures;
+# apt-ftparchive (apt-utils) and createrepo-c make repositories of them.
 tests=(chromium vagrant vagrant-libvirt shellcheck
   btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs
   cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools
   containerd runc containernetworking-plugins busybox-static
   qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static
-  lintian rpmlint rpm groff-base gnupg debsigs debsig-verify)
+  lintian rpmlint rpm groff-base gnupg debsigs debsig-verify apt-utils createrepo-c)
 pkgs=("${base[@]}")
 if [ "$mode" = all ]; then
   pkgs+=("${tests[@]}")

@@ -318,8 +318,9 @@ func TestDist(t *testing.T) {
 		}
 	})
 
-	t.Run("make dist SIGN_KEY signs the packages and SHA256SUMS (#52 item 10)", func(t *testing.T) {
-		signed(t, a, v)
+	t.Run("make dist SIGN_KEY signs the packages and SHA256SUMS (#52 item 10), make repo makes signed apt and dnf repositories of them (item 11)", func(t *testing.T) {
+		c, home, fpr := signed(t, a, v)
+		repository(t, c, home, fpr, v)
 	})
 }
 
@@ -327,18 +328,18 @@ func TestDist(t *testing.T) {
 // make dist SIGN_KEY=<key> does (scripts/sign.sh), and checks each
 // signature the way docs/releasing.md tells users to, and that a changed
 // byte fails it.
-func signed(t *testing.T, dir, v string) {
+func signed(t *testing.T, dir, v string) (c, home, fpr string) {
 	for _, tool := range []string{"gpg", "debsigs", "debsig-verify", "rpmsign"} {
 		_, err := exec.LookPath(tool)
 		require.NoError(t, err, "%s signs or checks the release (make setup installs it)", tool)
 	}
-	c := t.TempDir()
+	c = t.TempDir()
 	for _, n := range files(t, dir) {
 		data, err := os.ReadFile(filepath.Join(dir, n))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(c, n), data, 0o644))
 	}
-	home := t.TempDir()
+	home = t.TempDir()
 	run := func(env []string, name string, args ...string) (string, error) {
 		cmd := exec.Command(name, args...)
 		cmd.Env = append(append(os.Environ(), "GNUPGHOME="+home), env...)
@@ -352,7 +353,7 @@ func signed(t *testing.T, dir, v string) {
 		return out
 	}
 	must("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "salt-volumes test release <release@salt-volumes.invalid>", "rsa3072", "sign", "never")
-	var fpr, keyid string
+	var keyid string
 	for _, line := range strings.Split(must("gpg", "--batch", "--with-colons", "--list-secret-keys"), "\n") {
 		f := strings.Split(line, ":")
 		if f[0] == "sec" && keyid == "" {
@@ -416,14 +417,107 @@ func signed(t *testing.T, dir, v string) {
 	_, err = run(nil, "debsig-verify", "--policies-dir", pol, "--keyrings-dir", kr, unsigned)
 	assert.Error(t, err, "an unsigned package fails debsig-verify")
 
-	// A changed byte fails the check.
-	sumsPath := filepath.Join(c, "SHA256SUMS")
-	data, err := os.ReadFile(sumsPath)
+	// A changed byte fails the check (on a copy: c stays as signed).
+	sumsPath := filepath.Join(t.TempDir(), "SHA256SUMS")
+	data, err := os.ReadFile(filepath.Join(c, "SHA256SUMS"))
 	require.NoError(t, err)
 	data[0] ^= 1
 	require.NoError(t, os.WriteFile(sumsPath, data, 0o644))
 	_, err = run(nil, "gpg", "--batch", "--verify", filepath.Join(c, "SHA256SUMS.asc"), sumsPath)
 	assert.Error(t, err, "a changed SHA256SUMS fails its signature")
+	return c, home, fpr
+}
+
+// repository runs make repo (scripts/repo.sh) on the signed artifacts in
+// dist and uses what it makes as a node would: apt, in a root of the
+// test's (no change to this machine), adds the repository with the
+// exported key, finds both packages at version v and fetches them with
+// the bytes make dist made; an index changed after signing is refused.
+// The dnf index's signature and contents are checked with gpg and its
+// primary list (no dnf here).
+func repository(t *testing.T, dist, home, fpr, v string) {
+	for _, tool := range []string{"apt-ftparchive", "createrepo_c", "apt-get"} {
+		_, err := exec.LookPath(tool)
+		require.NoError(t, err, "%s makes or reads the repositories (make setup installs it)", tool)
+	}
+	rdir := filepath.Join(t.TempDir(), "repo")
+	cmd := exec.Command(filepath.Join(repo, "scripts", "repo.sh"))
+	cmd.Env = append(os.Environ(), "GNUPGHOME="+home, "DIST="+dist, "REPO="+rdir, "SIGN_KEY="+fpr)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	root := t.TempDir()
+	for _, d := range []string{"etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "etc/apt/trusted.gpg.d",
+		"var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "var/lib/dpkg", "dl"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644))
+	ring, err := exec.Command("gpg", "--batch", "--dearmor", "--output", "-", filepath.Join(rdir, "signing-key.asc")).Output()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "key.gpg"), ring, 0o644))
+	apt := func(dir, prog string, args ...string) (string, error) {
+		cmd := exec.Command(prog, append([]string{"-o", "Dir=" + root, "-o", "Dir::State::status=" + root + "/var/lib/dpkg/status",
+			"-o", "APT::Architecture=amd64", "-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root"}, args...)...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	source := func(r string) {
+		line := "deb [signed-by=" + root + "/key.gpg] file:" + r + "/apt stable main\n"
+		require.NoError(t, os.WriteFile(filepath.Join(root, "etc/apt/sources.list"), []byte(line), 0o644))
+		require.NoError(t, os.RemoveAll(filepath.Join(root, "var/lib/apt/lists")))
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "var/lib/apt/lists/partial"), 0o755))
+	}
+	source(rdir)
+	upd, err := apt("", "apt-get", "update")
+	require.NoError(t, err, "%s", upd)
+	assert.NotContains(t, upd, "W:", "apt-get update warns: %s", upd)
+	for _, pkg := range []string{"salt-volumes", "salt-volume-exec"} {
+		policy, err := apt("", "apt-cache", "policy", pkg)
+		require.NoError(t, err, policy)
+		assert.Contains(t, policy, "Candidate: "+debVersion(v), "%s from the repository: %s", pkg, policy)
+		out, err := apt(filepath.Join(root, "dl"), "apt-get", "download", pkg)
+		require.NoError(t, err, out)
+		name := pkg + "_" + debVersion(v) + "_amd64.deb"
+		got, err := os.ReadFile(filepath.Join(root, "dl", name))
+		require.NoError(t, err)
+		want, err := os.ReadFile(filepath.Join(dist, name))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(want, got), "%s: apt fetched the bytes make dist signed", name)
+	}
+	sim, err := apt("", "apt-get", "--simulate", "install", "salt-volumes", "salt-volume-exec")
+	require.NoError(t, err, sim)
+	assert.Contains(t, sim, "Inst salt-volumes ("+debVersion(v)+" salt-volumes:stable [amd64])")
+
+	// The index changed after it was signed: apt refuses the repository.
+	bad := filepath.Join(t.TempDir(), "bad")
+	require.NoError(t, exec.Command("cp", "-a", rdir, bad).Run())
+	inRelease := filepath.Join(bad, "apt/dists/stable/InRelease")
+	data, err := os.ReadFile(inRelease)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(inRelease, bytes.Replace(data, []byte("Label: salt-volumes"), []byte("Label: salt-volumez"), 1), 0o644))
+	source(bad)
+	upd, err = apt("", "apt-get", "update")
+	assert.Error(t, err, "apt-get update of a changed index: %s", upd)
+	assert.Contains(t, upd, "BADSIG")
+
+	// dnf's side: the signed index names every package with its digest.
+	gpg := exec.Command("gpg", "--batch", "--verify", filepath.Join(rdir, "rpm/repodata/repomd.xml.asc"), filepath.Join(rdir, "rpm/repodata/repomd.xml"))
+	gpg.Env = append(os.Environ(), "GNUPGHOME="+home)
+	out2, err := gpg.CombinedOutput()
+	require.NoError(t, err, "%s", out2)
+	primary, err := exec.Command("sh", "-c", `gzip -dc "$1"`, "sh", filepath.Join(rdir, "rpm/repodata/primary.xml.gz")).Output()
+	require.NoError(t, err)
+	for _, rpm := range packagesOf(dist, v, "rpm") {
+		data, err := os.ReadFile(rpm)
+		require.NoError(t, err)
+		h := sha256.Sum256(data)
+		assert.Contains(t, string(primary), hex.EncodeToString(h[:]), "%s in the dnf index", filepath.Base(rpm))
+	}
+	conf, err := os.ReadFile(filepath.Join(rdir, "rpm/salt-volumes.repo"))
+	require.NoError(t, err)
+	assert.Contains(t, string(conf), "gpgcheck=1")
+	assert.Contains(t, string(conf), "repo_gpgcheck=1")
 }
 
 // requireRelativePayload stops the test unless every file name in the
