@@ -4,7 +4,7 @@ PREFIX  ?= /usr/local
 VERSION ?= $(shell scripts/version.sh 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all setup build dist repo release image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke smoke-bench smoke-load load fuzz install salt-files clean \
+.PHONY: all setup build dist repo screenshots release image e2e-bin demo test test-salt lint unit check race pytest promtool bench bench-smoke smoke-bench smoke-load load fuzz install salt-files clean \
         vagrant-host vagrant-box vagrant-up vagrant-e2e vagrant-down vagrant-check vagrant-validate
 
 all: build
@@ -44,6 +44,15 @@ lint:
 # test/dist checks it).
 dist:
 	SIGN_KEY=$(SIGN_KEY) scripts/dist.sh
+
+# The docs' screenshots, from the last run of the UI tests (make test, or
+# go test -run 'TestWebUI|TestNodeHealth' ./test/controlplane/, writes them
+# to test/controlplane/artifacts): the pictures never drift from the UI.
+screenshots:
+	@for f in volume-detail 4-failed; do test -f test/controlplane/artifacts/$$f.png || { \
+	  echo "screenshots: no test/controlplane/artifacts/$$f.png: run go test -run 'TestWebUI|TestNodeHealth' ./test/controlplane/ first" >&2; exit 1; }; done
+	cp test/controlplane/artifacts/volume-detail.png docs/ui-volume-detail.png
+	cp test/controlplane/artifacts/4-failed.png docs/ui-volumes.png
 
 # make repo SIGN_KEY=<gpg key>: signed apt and dnf repositories of dist/'s
 # signed packages in repo/ (scripts/repo.sh; docs/operations.md).
