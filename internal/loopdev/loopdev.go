@@ -69,13 +69,22 @@ func (h *Held) Release(ctx context.Context, wait time.Duration) error {
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("LOOP_CLR_FD %s: %w", h.Path, err)
 	}
+	if err := waitDetached(ctx, h.Device, wait); err != nil {
+		return fmt.Errorf("%w (it detaches when the last user closes it: umount what is mounted from it)", err)
+	}
+	return nil
+}
+
+// waitDetached waits until the kernel has let go of d (its loop directory
+// gone from sysfs), up to wait.
+func waitDetached(ctx context.Context, d Device, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		if _, err := os.Stat(filepath.Join("/sys/block", h.Name, "loop")); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join("/sys/block", d.Name, "loop")); errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s is still attached %s after detach: something still holds it open (it detaches when the last user closes it)", h.Path, wait)
+			return fmt.Errorf("%s is still attached %s after detach: something still holds it open", d.Path, wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -265,20 +274,10 @@ func Detach(ctx context.Context, d Device, wait time.Duration) error {
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("LOOP_CLR_FD %s: %w", d.Path, err)
 	}
-	deadline := time.Now().Add(wait)
-	for {
-		if _, err := os.Stat(filepath.Join("/sys/block", d.Name, "loop")); errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return keepAttached(d, fmt.Errorf("%s is still attached %s after detach: something still holds it open", d.Path, wait))
-		}
-		select {
-		case <-ctx.Done():
-			return keepAttached(d, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
+	if err := waitDetached(ctx, d, wait); err != nil {
+		return keepAttached(d, err)
 	}
+	return nil
 }
 
 // keepAttached undoes what a detach of a busy device did (LOOP_CLR_FD
