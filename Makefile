@@ -43,7 +43,7 @@ lint:
 # SHA256SUMS; the same bytes for the same commit (scripts/dist.sh;
 # test/dist checks it).
 dist:
-	SIGN_KEY=$(SIGN_KEY) scripts/dist.sh
+	scripts/dist.sh
 
 # The docs' screenshots, from the last run of the UI tests (make test, or
 # go test -run 'TestWebUI|TestNodeHealth' ./test/controlplane/, writes them
@@ -55,9 +55,10 @@ screenshots:
 	cp test/controlplane/artifacts/4-failed.png docs/ui-volumes.png
 
 # make repo SIGN_KEY=<gpg key>: signed apt and dnf repositories of dist/'s
-# signed packages in repo/ (scripts/repo.sh; docs/operations.md).
+# signed packages in repo/ (scripts/repo.sh; docs/operations.md). make
+# passes SIGN_KEY, given on its command line, to the scripts' environment.
 repo:
-	SIGN_KEY=$(SIGN_KEY) scripts/repo.sh
+	scripts/repo.sh
 
 # make release VERSION=X.Y.Z: two commits, "Release X.Y.Z" tagged vX.Y.Z
 # and "Begin X.(Y+1).0-dev", with VERSION, the chart and deploy/kubernetes'

@@ -10,7 +10,9 @@
 #             and salt-volumes.repo, a dnf/yum repository file;
 #   REPO/signing-key.asc: the public key, for signed-by / gpgkey.
 # A repository is the unit a fleet trusts: apt and dnf check the signed
-# index, which names every package's digest. How to add them:
+# index, which names every package's digest. Each run writes REPO afresh
+# with dist's packages only: keep older releases' packages in DIST to
+# keep them installable. How to add them:
 # docs/operations.md, "Installing from a repository".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,7 @@ if [ -z "$key" ]; then
   echo "repo: set SIGN_KEY to the gpg key that signs the repositories (make repo SIGN_KEY=<fingerprint>)" >&2
   exit 1
 fi
-for tool in gpg apt-ftparchive createrepo_c; do
+for tool in gpg apt-ftparchive createrepo_c rpmkeys; do
   if ! command -v "$tool" >/dev/null; then
     echo "repo: $tool is missing: install gnupg, apt-utils and createrepo-c (scripts/setup.sh does)" >&2
     exit 1
@@ -38,18 +40,28 @@ if [ ${#debs[@]} -eq 0 ] || [ ${#rpms[@]} -eq 0 ]; then
   echo "repo: no .deb or no .rpm in $dist: run make dist first" >&2
   exit 1
 fi
-# dnf checks each package's signature too (gpgcheck=1 below).
+if [ -n "${GNUPGHOME:-}" ]; then
+  GNUPGHOME=$(realpath "$GNUPGHOME")
+  export GNUPGHOME
+fi
+rm -rf "$out"
+mkdir -p "$out/apt/pool/main" "$out/rpm"
+gpg --batch --armor --export "$key" > "$out/signing-key.asc"
+# dnf checks each package's signature too (gpgcheck=1 below): each .rpm
+# must carry a good signature by this key, checked as dnf would, against
+# the exported key alone (in an rpm database of our own).
+db=$(mktemp -d)
+trap 'rm -rf "$db"' EXIT
+rpmkeys --dbpath "$db" --import "$out/signing-key.asc"
 for rpm in "${rpms[@]}"; do
-  if [ "$(rpm -qp --nosignature --qf '%{RSAHEADER:pgpsig}' "$rpm" 2>/dev/null)" = "(none)" ]; then
-    echo "repo: $rpm is not signed: make dist SIGN_KEY=$key first" >&2
+  if ! rpmkeys --dbpath "$db" --checksig "$rpm" | grep -q ': digests signatures OK$'; then
+    rm -rf "$out"
+    echo "repo: $rpm carries no good signature by $key (rpmkeys --checksig): make dist SIGN_KEY=$key first" >&2
     exit 1
   fi
 done
-rm -rf "$out"
-mkdir -p "$out/apt/pool/main" "$out/rpm"
 cp "${debs[@]}" "$out/apt/pool/main/"
 cp "${rpms[@]}" "$out/rpm/"
-gpg --batch --armor --export "$key" > "$out/signing-key.asc"
 
 # apt: one suite, "stable", one component, both architectures.
 (

@@ -17,12 +17,36 @@ for tool in gpg debsigs rpmsign; do
     exit 1
   fi
 done
+if [ -n "${GNUPGHOME:-}" ]; then
+  GNUPGHOME=$(realpath "$GNUPGHOME")
+  export GNUPGHOME
+fi
 if ! gpg --batch --list-secret-keys "$key" >/dev/null 2>&1; then
   echo "sign: no secret key $key in ${GNUPGHOME:-~/.gnupg} (gpg --list-secret-keys)" >&2
   exit 1
 fi
+# One key, its primary: debsig-verify checks signatures of a primary key
+# only (a signing subkey's fail every policy), so everything is signed by
+# the primary key ("FPR!"), which must be able to sign.
+listing=$(gpg --batch --with-colons --list-secret-keys "$key")
+if [ "$(printf '%s\n' "$listing" | grep -c '^sec:')" -ne 1 ]; then
+  echo "sign: $key names more than one secret key: give its fingerprint" >&2
+  exit 1
+fi
+caps=$(printf '%s\n' "$listing" | awk -F: '/^sec:/{print $12}')
+fpr=$(printf '%s\n' "$listing" | awk -F: '/^fpr:/{print $10; exit}')
+case $caps in
+  *s*) ;;
+  *)
+    echo "sign: the primary key of $fpr cannot sign (capabilities $caps): debsig-verify checks only a primary key's signatures; use a release key whose primary key signs (gpg --quick-gen-key NAME rsa4096 sign,cert)" >&2
+    exit 1
+    ;;
+esac
+key="$fpr!"
 cd "$dir"
 shopt -s nullglob
+# A run that stops halfway leaves no SHA256SUMS to trust: make dist again.
+rm -f SHA256SUMS SHA256SUMS.asc signing-key.asc
 # debsigs runs "gpg --openpgp --detach-sign", which signs with SHA-1, and
 # debsig-verify's gpg rejects SHA-1 signatures: a gpg of our own first on
 # its PATH adds --digest-algo SHA512.
@@ -37,7 +61,7 @@ signed=0
 for deb in *.deb; do
   # debsigs signs in place and refuses a package signed already.
   if ar t "$deb" | grep -qx '_gpgorigin'; then
-    echo "sign: $deb carries an origin signature already" >&2
+    echo "sign: $deb carries an origin signature already: sign what make dist made, once (make dist SIGN_KEY=... builds and signs afresh)" >&2
     exit 1
   fi
   PATH="$wrap:$PATH" debsigs --sign=origin -k "$key" "$deb"
@@ -51,9 +75,10 @@ for rpm in *.rpm; do
   rpmsign "${rpmargs[@]}" --addsign "$rpm" >/dev/null
   signed=$((signed + 1))
 done
-rm -f SHA256SUMS.asc signing-key.asc
-gpg --batch --armor --export "$key" > signing-key.asc
-find . -maxdepth 1 -type f ! -name SHA256SUMS ! -name SHA256SUMS.asc -printf '%f\n' | LC_ALL=C sort | xargs sha256sum > "$wrap/sums"
+# The key is not in SHA256SUMS: a sum signed by the key it names proves
+# nothing about the key. Compare its fingerprint instead.
+find . -maxdepth 1 -type f -printf '%f\n' | LC_ALL=C sort | xargs sha256sum > "$wrap/sums"
+gpg --batch --armor --export "$fpr" > signing-key.asc
 mv "$wrap/sums" SHA256SUMS
 gpg --batch --yes --local-user "$key" --armor --detach-sign --output SHA256SUMS.asc SHA256SUMS
-echo "sign: $signed packages and SHA256SUMS signed with $key in $dir"
+echo "sign: $signed packages and SHA256SUMS signed with $fpr in $dir"

@@ -29,7 +29,8 @@ const repo = "../.."
 func dist(t *testing.T, dir string) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(repo, "scripts", "dist.sh"))
-	cmd.Env = append(os.Environ(), "DIST="+dir)
+	// Unsigned whatever the caller's environment says: the same bytes.
+	cmd.Env = append(os.Environ(), "DIST="+dir, "SIGN_KEY=")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 }
@@ -500,6 +501,39 @@ func repository(t *testing.T, dist, home, fpr, v string) {
 	upd, err = apt("", "apt-get", "update")
 	assert.Error(t, err, "apt-get update of a changed index: %s", upd)
 	assert.Contains(t, upd, "BADSIG")
+
+	// Another key's repository of these packages: refused, as dnf would
+	// refuse each package; and a key whose primary cannot sign is refused
+	// by scripts/sign.sh (debsig-verify checks only a primary's signatures).
+	gen := func(uid, usage string) string {
+		g := exec.Command("gpg", "--batch", "--passphrase", "", "--quick-gen-key", uid, "rsa3072", usage, "never")
+		g.Env = append(os.Environ(), "GNUPGHOME="+home)
+		out, err := g.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		l := exec.Command("gpg", "--batch", "--with-colons", "--list-secret-keys", uid)
+		l.Env = g.Env
+		list, err := l.Output()
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(list), "\n") {
+			if f := strings.Split(line, ":"); f[0] == "fpr" {
+				return f[9]
+			}
+		}
+		t.Fatalf("no fingerprint for %s", uid)
+		return ""
+	}
+	other := gen("another key <other@salt-volumes.invalid>", "sign")
+	wrong := exec.Command(filepath.Join(repo, "scripts", "repo.sh"))
+	wrong.Env = append(os.Environ(), "GNUPGHOME="+home, "DIST="+dist, "REPO="+filepath.Join(t.TempDir(), "wrong"), "SIGN_KEY="+other)
+	out, err = wrong.CombinedOutput()
+	assert.Error(t, err, "make repo with another key than the packages': %s", out)
+	assert.Contains(t, string(out), "carries no good signature by "+other)
+	certOnly := gen("certify only <cert@salt-volumes.invalid>", "cert")
+	sign := exec.Command(filepath.Join(repo, "scripts", "sign.sh"), t.TempDir(), certOnly)
+	sign.Env = append(os.Environ(), "GNUPGHOME="+home)
+	out, err = sign.CombinedOutput()
+	assert.Error(t, err, "%s", out)
+	assert.Contains(t, string(out), "cannot sign")
 
 	// dnf's side: the signed index names every package with its digest.
 	gpg := exec.Command("gpg", "--batch", "--verify", filepath.Join(rdir, "rpm/repodata/repomd.xml.asc"), filepath.Join(rdir, "rpm/repodata/repomd.xml"))
