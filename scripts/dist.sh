@@ -2,7 +2,8 @@
 # make dist: the release artifacts, for linux/amd64 and linux/arm64, in
 # dist/ (DIST=dir elsewhere): both static binaries, a CycloneDX SBOM of each
 # (cyclonedx-gomod, from the module proxy) and the licence notices of what
-# each embeds (tools/notices), the Salt extension's wheel
+# each embeds (tools/notices), serve's image for both (an OCI archive,
+# tools/image), the Salt extension's wheel
 # (scripts/saltext.sh), the .deb and .rpm packages (scripts/packages.sh),
 # and SHA256SUMS over them all; with SIGN_KEY, signed (scripts/sign.sh).
 # Reproducible: the same commit gives the same bytes, on any machine with
@@ -25,6 +26,10 @@ for arch in amd64 arm64; do
     go run ./tools/notices -o "$bin.NOTICES" "$bin"
   done
 done
+# serve's container image for both architectures: one OCI archive, an
+# image index naming salt-volumes.io/salt-volumes:<version> (tools/image).
+go run ./tools/image -o "$out/salt-volumes-image_${version}.tar" -tag "$version" \
+  -bin "amd64=$out/salt-volumes_${version}_linux_amd64,arm64=$out/salt-volumes_${version}_linux_arm64" >/dev/null
 # The Salt extension: the same modules for every architecture.
 scripts/saltext.sh "$out" >/dev/null
 scripts/packages.sh "$out" >/dev/null

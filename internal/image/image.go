@@ -54,22 +54,68 @@ type Spec struct {
 	// Created is the image's and every file's time (default: the Unix
 	// epoch, for reproducible builds).
 	Created time.Time
+	// Arch is the image's architecture (GOARCH names; default amd64).
+	Arch string
 }
 
 // Write saves the image as an OCI archive at out (a tar of an OCI image
 // layout, its index naming the image by Ref) and returns its digest.
 func Write(out string, s Spec) (v1.Hash, error) {
-	var refs []name.Reference
-	for _, r := range append([]string{s.Ref}, s.Aliases...) {
+	img, err := Build(s)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	return writeLayout(out, append([]string{s.Ref}, s.Aliases...), func(p layout.Path, o layout.Option) error {
+		return p.AppendImage(img, o)
+	}, img.Digest)
+}
+
+// WriteIndex saves one image per spec (each its Arch, all the same but
+// for their files) as an OCI archive whose index names one multi-platform
+// image index by the first spec's Ref and Aliases; it returns the image
+// index's digest. containerd imports the platform of the machine (ctr
+// images import --all-platforms: every one).
+func WriteIndex(out string, specs []Spec) (v1.Hash, error) {
+	if len(specs) == 0 {
+		return v1.Hash{}, fmt.Errorf("no image to write")
+	}
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]bool{}
+	for _, s := range specs {
+		arch := archOf(s)
+		if seen[arch] {
+			return v1.Hash{}, fmt.Errorf("two images for linux/%s", arch)
+		}
+		seen[arch] = true
+		img, err := Build(s)
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img,
+			Descriptor: v1.Descriptor{MediaType: types.OCIManifestSchema1, Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
+	}
+	return writeLayout(out, append([]string{specs[0].Ref}, specs[0].Aliases...), func(p layout.Path, o layout.Option) error {
+		return p.AppendIndex(idx, o)
+	}, idx.Digest)
+}
+
+func archOf(s Spec) string {
+	if s.Arch == "" {
+		return "amd64"
+	}
+	return s.Arch
+}
+
+// writeLayout writes an OCI layout holding what add appends, once per
+// name in refs, as the archive out; digest is what it returns.
+func writeLayout(out string, refs []string, add func(layout.Path, layout.Option) error, digest func() (v1.Hash, error)) (v1.Hash, error) {
+	var parsed []name.Reference
+	for _, r := range refs {
 		ref, err := name.ParseReference(r)
 		if err != nil {
 			return v1.Hash{}, fmt.Errorf("image reference %q: %w", r, err)
 		}
-		refs = append(refs, ref)
-	}
-	img, err := Build(s)
-	if err != nil {
-		return v1.Hash{}, err
+		parsed = append(parsed, ref)
 	}
 	dir, err := os.MkdirTemp("", "image-layout")
 	if err != nil {
@@ -82,8 +128,8 @@ func Write(out string, s Spec) (v1.Hash, error) {
 	}
 	// containerd names an imported image by the first annotation, other
 	// tools by the second; one index entry per name.
-	for _, ref := range refs {
-		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+	for _, ref := range parsed {
+		if err := add(p, layout.WithAnnotations(map[string]string{
 			"io.containerd.image.name":          ref.Name(),
 			"org.opencontainers.image.ref.name": ref.Identifier(),
 		})); err != nil {
@@ -93,7 +139,7 @@ func Write(out string, s Spec) (v1.Hash, error) {
 	if err := archive(dir, out); err != nil {
 		return v1.Hash{}, fmt.Errorf("writing %s: %w", out, err)
 	}
-	return img.Digest()
+	return digest()
 }
 
 // archive tars the layout at dir into out (written whole, then renamed),
@@ -183,7 +229,7 @@ func Build(s Spec) (v1.Image, error) {
 		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created = "amd64", "linux", v1.Time{Time: created}
+	cf.Architecture, cf.OS, cf.Created = archOf(s), "linux", v1.Time{Time: created}
 	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = s.Entrypoint, s.Cmd, s.Env
 	cf.Config.User, cf.Config.WorkingDir, cf.Config.Labels = s.User, s.WorkingDir, s.Labels
 	return mutate.ConfigFile(img, cf)

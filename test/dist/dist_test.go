@@ -20,8 +20,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/image"
 )
 
 const repo = "../.."
@@ -64,7 +67,7 @@ func TestDist(t *testing.T) {
 			want = append(want, n, n+".cdx.json", n+".NOTICES")
 		}
 	}
-	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl")
+	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl", "salt-volumes-image_"+v+".tar")
 	want = append(want, packageFiles(v)...)
 	sort.Strings(want)
 
@@ -317,6 +320,29 @@ func TestDist(t *testing.T) {
 			require.NoError(t, json.Unmarshal([]byte(run(filepath.Join(a, "salt-volume-exec_"+v+"_linux_"+arch), "version")), &exec), arch)
 			assert.Equal(t, v, exec.Version, arch)
 		}
+	})
+
+	t.Run("serve's image: one index, amd64 and arm64 (#52 item 6)", func(t *testing.T) {
+		lay := t.TempDir()
+		require.NoError(t, image.Unpack(filepath.Join(a, "salt-volumes-image_"+v+".tar"), lay))
+		top, err := layout.ImageIndexFromPath(lay)
+		require.NoError(t, err)
+		tm, err := top.IndexManifest()
+		require.NoError(t, err)
+		require.NotEmpty(t, tm.Manifests)
+		tag, err := image.TagOf(v)
+		require.NoError(t, err)
+		assert.Equal(t, image.ServeRepository+":"+tag, tm.Manifests[0].Annotations["io.containerd.image.name"])
+		idx, err := top.ImageIndex(tm.Manifests[0].Digest)
+		require.NoError(t, err)
+		im, err := idx.IndexManifest()
+		require.NoError(t, err)
+		var platforms []string
+		for _, d := range im.Manifests {
+			require.NotNil(t, d.Platform)
+			platforms = append(platforms, d.Platform.OS+"/"+d.Platform.Architecture)
+		}
+		assert.Equal(t, []string{"linux/amd64", "linux/arm64"}, platforms)
 	})
 
 	t.Run("make dist SIGN_KEY signs the packages and SHA256SUMS (#52 item 10), make repo makes signed apt and dnf repositories of them (item 11)", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/salt-volumes/salt-volumes/internal/image"
 )
@@ -22,7 +23,7 @@ func main() {
 func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("image", flag.ContinueOnError)
 	dst := fs.String("o", "bin/salt-volumes-image.tar", "the OCI archive to write")
-	bin := fs.String("bin", "bin/salt-volumes", "the static salt-volumes binary (make build)")
+	bin := fs.String("bin", "bin/salt-volumes", "the static salt-volumes binary (make build), or ARCH=PATH,ARCH=PATH for a multi-platform image (make dist: amd64 and arm64)")
 	version := fs.String("tag", "dev", "the image's version (make image: the build's; '+' becomes '_' in the tag)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -31,11 +32,29 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	spec := image.Serve(*bin, tag)
-	d, err := image.Write(*dst, spec)
+	if !strings.Contains(*bin, "=") {
+		spec := image.Serve(*bin, tag)
+		d, err := image.Write(*dst, spec)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s %s %s\n", *dst, spec.Ref, d)
+		return nil
+	}
+	var specs []image.Spec
+	for _, part := range strings.Split(*bin, ",") {
+		arch, path, ok := strings.Cut(part, "=")
+		if !ok || arch == "" || path == "" {
+			return fmt.Errorf("-bin %q: give PATH, or ARCH=PATH entries separated by commas (amd64=bin/a,arm64=bin/b)", *bin)
+		}
+		spec := image.Serve(path, tag)
+		spec.Arch = arch
+		specs = append(specs, spec)
+	}
+	d, err := image.WriteIndex(*dst, specs)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s %s %s\n", *dst, spec.Ref, d)
+	fmt.Fprintf(out, "%s %s %s\n", *dst, specs[0].Ref, d)
 	return nil
 }

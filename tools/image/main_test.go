@@ -77,3 +77,75 @@ func TestImageOfTheRealBinary(t *testing.T) {
 	ldd, _ := exec.Command("ldd", filepath.Join(root, cf.Config.Entrypoint[0])).CombinedOutput()
 	assert.Contains(t, string(ldd), "not a dynamic executable", "static: the empty base has no libc")
 }
+
+// make dist's image: one name, an image index with an image for amd64
+// and one for arm64, each with its architecture's binary; the same bytes
+// twice. The arm64 binary runs under qemu-user-static where it is.
+func TestMultiPlatformImage(t *testing.T) {
+	dir := t.TempDir()
+	bins := map[string]string{}
+	for _, arch := range []string{"amd64", "arm64"} {
+		bins[arch] = filepath.Join(dir, "salt-volumes-"+arch)
+		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=0.4.0-dev.1+gabc", "-o", bins[arch], "../../cmd/salt-volumes")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+arch)
+		out, err := build.CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
+	write := func(out string) string {
+		var said bytes.Buffer
+		require.NoError(t, run([]string{"-o", out, "-bin", "amd64=" + bins["amd64"] + ",arm64=" + bins["arm64"], "-tag", "0.4.0-dev.1+gabc"}, &said))
+		return said.String()
+	}
+	a, b := filepath.Join(dir, "a.tar"), filepath.Join(dir, "b.tar")
+	said := write(a)
+	write(b)
+	assert.Regexp(t, `^`+a+` salt-volumes.io/salt-volumes:0.4.0-dev.1_gabc sha256:[0-9a-f]{64}\n$`, said)
+	x, err := os.ReadFile(a)
+	require.NoError(t, err)
+	y, err := os.ReadFile(b)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(x, y), "the same archive twice")
+
+	lay := filepath.Join(dir, "layout")
+	require.NoError(t, image.Unpack(a, lay))
+	top, err := layout.ImageIndexFromPath(lay)
+	require.NoError(t, err)
+	tm, err := top.IndexManifest()
+	require.NoError(t, err)
+	require.Len(t, tm.Manifests, 2, "the version's name and latest")
+	assert.Equal(t, tm.Manifests[0].Digest, tm.Manifests[1].Digest)
+	assert.Equal(t, "salt-volumes.io/salt-volumes:0.4.0-dev.1_gabc", tm.Manifests[0].Annotations["io.containerd.image.name"])
+	idx, err := top.ImageIndex(tm.Manifests[0].Digest)
+	require.NoError(t, err)
+	im, err := idx.IndexManifest()
+	require.NoError(t, err)
+	require.Len(t, im.Manifests, 2)
+	for i, arch := range []string{"amd64", "arm64"} {
+		d := im.Manifests[i]
+		require.NotNil(t, d.Platform)
+		assert.Equal(t, "linux", d.Platform.OS)
+		assert.Equal(t, arch, d.Platform.Architecture)
+		img, err := idx.Image(d.Digest)
+		require.NoError(t, err)
+		cf, err := img.ConfigFile()
+		require.NoError(t, err)
+		assert.Equal(t, arch, cf.Architecture)
+		tr := tar.NewReader(mutate.Extract(img))
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				t.Fatalf("%s: no binary in the image", arch)
+			}
+			require.NoError(t, err)
+			if h.Name != "usr/local/bin/salt-volumes" {
+				continue
+			}
+			data, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			want, err := os.ReadFile(bins[arch])
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(want, data), "%s: the %s binary", arch, arch)
+			break
+		}
+	}
+}
