@@ -23,8 +23,18 @@ func Serve(bin, tag string) Spec {
 		Cmd:        []string{"serve", "--config", "/etc/salt-volumes/config.yaml"},
 		// Nothing in serve needs root: the API server and salt-api are
 		// reached over the network.
-		User:   "65532:65532",
-		Labels: map[string]string{"org.opencontainers.image.title": "salt-volumes", "org.opencontainers.image.version": tag},
+		User: "65532:65532",
+		// The OCI annotation keys, as labels: what registries and
+		// scanners show.
+		Labels: map[string]string{
+			"org.opencontainers.image.title":       "salt-volumes",
+			"org.opencontainers.image.description": "salt-volumes' control plane (serve): local volumes on Salt-managed nodes",
+			"org.opencontainers.image.version":     tag,
+			"org.opencontainers.image.licenses":    "Apache-2.0",
+			"org.opencontainers.image.source":      "https://github.com/salt-volumes/salt-volumes",
+			"org.opencontainers.image.url":         "https://github.com/salt-volumes/salt-volumes",
+			"org.opencontainers.image.vendor":      "salt-volumes",
+		},
 	}
 }
 

@@ -49,6 +49,9 @@ func TestImageOfTheRealBinary(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"/usr/local/bin/salt-volumes"}, cf.Config.Entrypoint)
 	assert.Equal(t, []string{"serve", "--config", "/etc/salt-volumes/config.yaml"}, cf.Config.Cmd)
+	assert.Equal(t, "Apache-2.0", cf.Config.Labels["org.opencontainers.image.licenses"])
+	assert.Equal(t, "v-test", cf.Config.Labels["org.opencontainers.image.version"])
+	assert.Equal(t, "https://github.com/salt-volumes/salt-volumes", cf.Config.Labels["org.opencontainers.image.source"])
 
 	// The root filesystem a container would get: run the binary from it.
 	root := filepath.Join(dir, "root")
