@@ -467,13 +467,21 @@ func repository(t *testing.T, dist, home, fpr, v string) {
 		_, err := exec.LookPath(tool)
 		require.NoError(t, err, "%s makes or reads the repositories (make setup installs it)", tool)
 	}
-	rdir := filepath.Join(t.TempDir(), "repo")
+	// apt reads these paths from a sources.list line, where a subtest's
+	// temp dir ("(#...", spaces) would not parse: plain ones.
+	plain := func() string {
+		d, err := os.MkdirTemp("", "salt-volumes-apt-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(d) })
+		return d
+	}
+	rdir := filepath.Join(plain(), "repo")
 	cmd := exec.Command(filepath.Join(repo, "scripts", "repo.sh"))
 	cmd.Env = append(os.Environ(), "GNUPGHOME="+home, "DIST="+dist, "REPO="+rdir, "SIGN_KEY="+fpr)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
-	root := t.TempDir()
+	root := plain()
 	for _, d := range []string{"etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "etc/apt/trusted.gpg.d",
 		"var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "var/lib/dpkg", "dl"} {
 		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
@@ -517,7 +525,7 @@ func repository(t *testing.T, dist, home, fpr, v string) {
 	assert.Contains(t, sim, "Inst salt-volumes ("+debVersion(v)+" salt-volumes:stable [amd64])")
 
 	// The index changed after it was signed: apt refuses the repository.
-	bad := filepath.Join(t.TempDir(), "bad")
+	bad := filepath.Join(plain(), "bad")
 	require.NoError(t, exec.Command("cp", "-a", rdir, bad).Run())
 	inRelease := filepath.Join(bad, "apt/dists/stable/InRelease")
 	data, err := os.ReadFile(inRelease)
