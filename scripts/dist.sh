@@ -3,7 +3,7 @@
 # dist/ (DIST=dir elsewhere): both static binaries, a CycloneDX SBOM of each
 # (cyclonedx-gomod, from the module proxy) and the licence notices of what
 # each embeds (tools/notices), serve's image for both (an OCI archive,
-# tools/image), the Salt extension's wheel
+# tools/image), the Helm chart (tools/chart), the Salt extension's wheel
 # (scripts/saltext.sh), the .deb and .rpm packages (scripts/packages.sh),
 # and SHA256SUMS over them all; with SIGN_KEY, signed (scripts/sign.sh).
 # Reproducible: the same commit gives the same bytes, on any machine with
@@ -30,6 +30,10 @@ done
 # image index naming salt-volumes.io/salt-volumes:<version> (tools/image).
 go run ./tools/image -o "$out/salt-volumes-image_${version}.tar" -tag "$version" \
   -bin "amd64=$out/salt-volumes_${version}_linux_amd64,arm64=$out/salt-volumes_${version}_linux_arm64" >/dev/null
+# The Helm chart, its version and appVersion this build's, reproducibly
+# (tools/chart; helm 3.22's own package stamps the time it ran).
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+  go run ./tools/chart -version "$version" -o "$out" deploy/helm/salt-volumes >/dev/null
 # The Salt extension: the same modules for every architecture.
 scripts/saltext.sh "$out" >/dev/null
 scripts/packages.sh "$out" >/dev/null

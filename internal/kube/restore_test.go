@@ -193,6 +193,15 @@ func (e *restoreEnv) status(t *testing.T, phase string) RestoreStatus {
 		st = RestoreStatus{}
 		return json.Unmarshal([]byte(pvc.Annotations[AnnRestoreStatus]), &st) == nil && st.Phase == phase
 	}, 10*time.Second, 10*time.Millisecond, "restore status %s, last %+v", phase, st)
+	// And the controller's cache holds it before the test goes on: the
+	// fake clientset, unlike an API server, takes an update made from a
+	// stale copy, so a claim queued again before its cache caught up
+	// would be answered twice (seen under the race detector's load).
+	require.Eventually(t, func() bool {
+		pvc, err := e.c.pvcs.PersistentVolumeClaims("apps").Get("data")
+		var cached RestoreStatus
+		return err == nil && json.Unmarshal([]byte(pvc.Annotations[AnnRestoreStatus]), &cached) == nil && cached.Request == st.Request
+	}, 10*time.Second, 10*time.Millisecond, "the controller's cache of the claim holds request %s", st.Request)
 	return st
 }
 

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/salt-volumes/salt-volumes/internal/helmchart"
 	"github.com/salt-volumes/salt-volumes/internal/image"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 	"github.com/salt-volumes/salt-volumes/test/serveproc"
@@ -63,14 +64,17 @@ func TestInCluster(t *testing.T) {
 	require.NoError(t, err)
 	helm, err := testenv.Helm()
 	require.NoError(t, err)
-	out, err := exec.Command(helm, "install", "salt-volumes", filepath.Join(s.Repo, "deploy", "helm", "salt-volumes"),
+	// The chart as make dist packages it.
+	chart, err := helmchart.Pack(filepath.Join(s.Repo, "deploy", "helm", "salt-volumes"), "0.4.0-test.1", t.TempDir(), time.Unix(0, 0))
+	require.NoError(t, err)
+	out, err := exec.Command(helm, "install", "salt-volumes", chart,
 		"--kubeconfig", k.AdminKubeconfig, "--namespace", "salt-volumes", "--take-ownership",
 		"--set", "image.tag=in-cluster-test", "--set", "replicaCount=1", "--set", "hostNetwork=true",
 		"--set", fmt.Sprintf("containerPort=%d", ports[0]), "--set", fmt.Sprintf("listen=127.0.0.1:%d", ports[0]),
 		"--set-json", "extraEnv="+string(env), "--set", "salt.url="+s.APIURL(), "--set", "salt.username="+s.APIUser,
 		"--set", "salt.eauth=file", "--set", "config.kubernetes.leaseDuration=3s").CombinedOutput()
 	require.NoError(t, err, "helm install: %s", out)
-	t.Logf("helm install of deploy/helm/salt-volumes: %s", time.Since(started).Round(100*time.Millisecond))
+	t.Logf("helm install of the packaged chart: %s", time.Since(started).Round(100*time.Millisecond))
 	must("", "wait", "--for", "condition=Established", "--timeout", "60s", "crd/volumes.salt-volumes.io")
 	assert.Equal(t, "Helm", must("", "-n", "salt-volumes", "get", "deploy", "salt-volumes", "-o", `jsonpath={.metadata.labels.app\.kubernetes\.io/managed-by}`), "the Deployment is helm's")
 	dep, err := k.Admin.AppsV1().Deployments("salt-volumes").Get(ctx, "salt-volumes", metav1.GetOptions{})
@@ -173,6 +177,38 @@ func TestInCluster(t *testing.T) {
 		}
 		_, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "in-fs", metav1.GetOptions{})
 		assert.Error(t, err, "its PV deleted with it")
+	})
+
+	t.Run("helm upgrade to a new image and a changed config rolls the chart's pod onto both", func(t *testing.T) {
+		// The copy of the Deployment is this test's, not the chart's.
+		// The cluster here runs no garbage collector: its ReplicaSet and
+		// pod go by name.
+		must("", "-n", "salt-volumes", "delete", "deploy", "salt-volumes-b", "--wait", "--timeout", "2m")
+		must("", "-n", "salt-volumes", "delete", "rs,pod", "-l", "replica=b", "--wait", "--timeout", "2m")
+		archive := filepath.Join(t.TempDir(), "image.tar")
+		_, err := image.Write(archive, image.Serve(bin("salt-volumes"), "in-cluster-test-2"))
+		require.NoError(t, err)
+		require.NoError(t, k.ImportImage(archive))
+		selector := "app.kubernetes.io/name=salt-volumes,!replica"
+		oldPod := must("", "-n", "salt-volumes", "get", "pods", "-l", selector, "-o", "jsonpath={.items[0].metadata.uid}")
+		at := time.Now()
+		out, err := exec.Command(helm, "upgrade", "salt-volumes", chart, "--kubeconfig", k.AdminKubeconfig, "--namespace", "salt-volumes",
+			"--reuse-values", "--set", "image.tag=in-cluster-test-2", "--set", "config.kubernetes.leaseDuration=4s").CombinedOutput()
+		require.NoError(t, err, "helm upgrade: %s", out)
+		must("", "-n", "salt-volumes", "rollout", "status", "deploy/salt-volumes", "--timeout", "3m")
+		t.Logf("helm upgrade rolled out in %s", time.Since(at).Round(100*time.Millisecond))
+		eventually(t, 2*time.Minute, "one pod of the chart's, a new one, on the new image", func() (bool, string) {
+			pods := must("", "-n", "salt-volumes", "get", "pods", "-l", selector, "-o", `jsonpath={range .items[*]}{.metadata.uid} {.spec.containers[0].image} {.status.phase}{"\n"}{end}`)
+			lines := strings.Split(strings.TrimSpace(pods), "\n")
+			return len(lines) == 1 && !strings.HasPrefix(lines[0], oldPod) &&
+				strings.HasSuffix(lines[0], " "+image.ServeRepository+":in-cluster-test-2 Running"), pods
+		})
+		// serve read the changed config: it holds the Lease for 4s now.
+		eventually(t, 2*time.Minute, "the new pod leads with the new config's lease duration", func() (bool, string) {
+			d := must("", "-n", "salt-volumes", "get", "lease", "salt-volumes", "-o", "jsonpath={.spec.leaseDurationSeconds}")
+			r := role(replicas[0])
+			return d == "4" && r == "ok: leader", "leaseDurationSeconds " + d + ", serve: " + r
+		})
 	})
 }
 

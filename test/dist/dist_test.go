@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/internal/image"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 const repo = "../.."
@@ -67,7 +68,7 @@ func TestDist(t *testing.T) {
 			want = append(want, n, n+".cdx.json", n+".NOTICES")
 		}
 	}
-	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl", "salt-volumes-image_"+v+".tar")
+	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl", "salt-volumes-image_"+v+".tar", "salt-volumes-"+v+".tgz")
 	want = append(want, packageFiles(v)...)
 	sort.Strings(want)
 
@@ -343,6 +344,23 @@ func TestDist(t *testing.T) {
 			platforms = append(platforms, d.Platform.OS+"/"+d.Platform.Architecture)
 		}
 		assert.Equal(t, []string{"linux/amd64", "linux/arm64"}, platforms)
+	})
+
+	t.Run("the Helm chart: packaged, this build's version, rolling pods onto this build's image (#52 item 5)", func(t *testing.T) {
+		helm, err := testenv.Helm()
+		require.NoError(t, err)
+		tgz := filepath.Join(a, "salt-volumes-"+v+".tgz")
+		out, err := exec.Command(helm, "lint", "--strict", tgz, "--set", "salt.url=https://salt.example.com:8000").CombinedOutput()
+		require.NoError(t, err, "helm lint --strict of the packaged chart: %s", out)
+		out, err = exec.Command(helm, "show", "chart", tgz).Output()
+		require.NoError(t, err)
+		assert.Contains(t, string(out), "\nversion: "+v+"\n")
+		assert.Contains(t, string(out), "\nappVersion: "+v+"\n")
+		out, err = exec.Command(helm, "template", "salt-volumes", tgz, "--namespace", "salt-volumes", "--set", "salt.url=https://salt.example.com:8000").Output()
+		require.NoError(t, err)
+		tag, err := image.TagOf(v)
+		require.NoError(t, err)
+		assert.Contains(t, string(out), `image: "`+image.ServeRepository+":"+tag+`"`, "the chart's default image is this build's (make dist's image archive)")
 	})
 
 	t.Run("make dist SIGN_KEY signs the packages and SHA256SUMS (#52 item 10), make repo makes signed apt and dnf repositories of them (item 11)", func(t *testing.T) {

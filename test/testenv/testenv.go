@@ -261,6 +261,14 @@ func CachedBuild(repo, script string) (string, error) {
 // did not happen within limit and ok's last word.
 func Eventually(t testing.TB, limit time.Duration, what string, ok func() (bool, string)) {
 	t.Helper()
+	EventuallyEvery(t, limit, 100*time.Millisecond, what, ok)
+}
+
+// EventuallyEvery is Eventually with a pause of every between tries: for
+// a check that itself costs what the awaited work needs (a command in an
+// emulated guest takes the guest's one CPU from the service it waits for).
+func EventuallyEvery(t testing.TB, limit, every time.Duration, what string, ok func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(limit)
 	last := ""
 	for time.Now().Before(deadline) {
@@ -268,7 +276,7 @@ func Eventually(t testing.TB, limit time.Duration, what string, ok func() (bool,
 		if done, last = ok(); done {
 			return
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(every)
 	}
 	t.Fatalf("%s: not within %s (last: %s)", what, limit, last)
 }
