@@ -32,7 +32,13 @@ go run ./tools/image -o "$out/salt-volumes-image_${version}.tar" -tag "$version"
   -bin "amd64=$out/salt-volumes_${version}_linux_amd64,arm64=$out/salt-volumes_${version}_linux_arm64" >/dev/null
 # The Helm chart, its version and appVersion this build's, reproducibly
 # (tools/chart; helm 3.22's own package stamps the time it ran).
-SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+# Files git does not track would go into it unseen (the version says
+# nothing of them): refused.
+if untracked=$(git ls-files --others --exclude-standard deploy/helm/salt-volumes 2>/dev/null) && [ -n "$untracked" ]; then
+  echo "dist: files git does not track would go into the chart: $untracked: add them to git or remove them" >&2
+  exit 1
+fi
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)} \
   go run ./tools/chart -version "$version" -o "$out" deploy/helm/salt-volumes >/dev/null
 # The Salt extension: the same modules for every architecture.
 scripts/saltext.sh "$out" >/dev/null

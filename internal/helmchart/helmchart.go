@@ -26,8 +26,12 @@ var semver = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9
 // versionLine is Chart.yaml's top-level version or appVersion line.
 var versionLine = regexp.MustCompile(`(?m)^(version|appVersion):.*$`)
 
-// nameLine is Chart.yaml's top-level name.
-var nameLine = regexp.MustCompile(`(?m)^name:\s*(\S+)\s*$`)
+// nameLine is Chart.yaml's top-level name, unquoted.
+var nameLine = regexp.MustCompile(`(?m)^name:[ \t]*([^ \t\r\n]+)[ \t]*$`)
+
+// chartName is what helm takes as a chart's name, and what is safe as a
+// file name and the archive's top directory.
+var chartName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 // Pack writes the chart in dir to out/NAME-VERSION.tgz (helm package's
 // layout) with its version and appVersion set to version, every entry
@@ -41,13 +45,22 @@ func Pack(dir, version, out string, mtime time.Time) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s is not a chart: %w", dir, err)
 	}
+	chartFile := filepath.Join(dir, "Chart.yaml")
 	m := nameLine.FindSubmatch(chartYAML)
-	if m == nil {
-		return "", fmt.Errorf("%s: no top-level name", filepath.Join(dir, "Chart.yaml"))
+	if m == nil || !chartName.Match(m[1]) {
+		return "", fmt.Errorf("%s: no top-level name line with a chart's name (lower-case letters, digits and '-', unquoted): give one, e.g. name: salt-volumes", chartFile)
 	}
 	name := string(m[1])
-	if n := len(versionLine.FindAll(chartYAML, -1)); n != 2 {
-		return "", fmt.Errorf("%s: %d top-level version and appVersion lines, want one of each", filepath.Join(dir, "Chart.yaml"), n)
+	for _, key := range []string{"version", "appVersion"} {
+		n := 0
+		for _, l := range versionLine.FindAll(chartYAML, -1) {
+			if k, _, _ := strings.Cut(string(l), ":"); k == key {
+				n++
+			}
+		}
+		if n != 1 {
+			return "", fmt.Errorf("%s: %d top-level %s: lines: give it exactly one (its value is replaced by -version)", chartFile, n, key)
+		}
 	}
 	chartYAML = versionLine.ReplaceAllFunc(chartYAML, func(line []byte) []byte {
 		key, _, _ := strings.Cut(string(line), ":")
@@ -59,15 +72,21 @@ func Pack(dir, version, out string, mtime time.Time) (string, error) {
 		if err != nil {
 			return err
 		}
-		if d.Type()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("%s is a symbolic link: a chart holds plain files", p)
+		if p != dir && strings.HasPrefix(d.Name(), ".") {
+			// helm package skips templates/.* and what .helmignore names;
+			// an editor's swap file packed as a template breaks installs.
+			return fmt.Errorf("%s: a hidden file or directory in the chart: remove it (the packed chart holds only the chart's own files)", p)
 		}
-		if d.Type().IsRegular() {
+		switch {
+		case d.IsDir():
+		case d.Type().IsRegular():
 			rel, err := filepath.Rel(dir, p)
 			if err != nil {
 				return err
 			}
 			files = append(files, filepath.ToSlash(rel))
+		default:
+			return fmt.Errorf("%s is not a plain file (a link, socket or device): a chart holds plain files", p)
 		}
 		return nil
 	})
@@ -100,10 +119,18 @@ func Pack(dir, version, out string, mtime time.Time) (string, error) {
 	if err := errors.Join(tw.Close(), zw.Close()); err != nil {
 		return "", err
 	}
+	if fi, err := os.Stat(out); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("-o %s is not a directory: make it first", out)
+	}
 	path := filepath.Join(out, name+"-"+version+".tgz")
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+	err = os.WriteFile(tmp, buf.Bytes(), 0o644)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return "", err
 	}
-	return path, os.Rename(tmp, path)
+	return path, nil
 }

@@ -67,6 +67,30 @@ func TestPackRefusesWhatHelmWouldNotLoad(t *testing.T) {
 	assert.Contains(t, err.Error(), "-version \"0.4\" is not a SemVer 2 version")
 	_, err = Pack(t.TempDir(), "0.4.0", out, time.Unix(0, 0))
 	assert.ErrorContains(t, err, "is not a chart")
+	chart := func(chartYAML string, extra ...string) string {
+		d := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(d, "Chart.yaml"), []byte(chartYAML), 0o644))
+		require.NoError(t, os.MkdirAll(filepath.Join(d, "templates"), 0o755))
+		for _, f := range extra {
+			require.NoError(t, os.WriteFile(filepath.Join(d, f), []byte("x"), 0o644))
+		}
+		return d
+	}
+	for _, tc := range []struct{ name, chartYAML, want string }{
+		{"a name that walks out", "apiVersion: v2\nname: ../../x\nversion: 1.0.0\nappVersion: 1.0.0\n", "no top-level name"},
+		{"an empty name", "apiVersion: v2\nname:\nversion: 1.0.0\nappVersion: 1.0.0\n", "no top-level name"},
+		{"a quoted name", "apiVersion: v2\nname: \"x\"\nversion: 1.0.0\nappVersion: 1.0.0\n", "no top-level name"},
+		{"no appVersion", "apiVersion: v2\nname: x\nversion: 1.0.0\n", "0 top-level appVersion: lines"},
+		{"two versions", "apiVersion: v2\nname: x\nversion: 1.0.0\nversion: 1.0.1\nappVersion: 1.0.0\n", "2 top-level version: lines"},
+	} {
+		_, err := Pack(chart(tc.chartYAML), "0.4.0", out, time.Unix(0, 0))
+		assert.ErrorContains(t, err, tc.want, tc.name)
+	}
+	// An editor's swap file beside a template.
+	_, err = Pack(chart("apiVersion: v2\nname: x\nversion: 1.0.0\nappVersion: 1.0.0\n", "templates/.serve.yaml.swp"), "0.4.0", out, time.Unix(0, 0))
+	assert.ErrorContains(t, err, "a hidden file or directory in the chart")
+	_, err = Pack(chart("apiVersion: v2\nname: x\nversion: 1.0.0\nappVersion: 1.0.0\n"), "0.4.0", filepath.Join(out, "missing"), time.Unix(0, 0))
+	assert.ErrorContains(t, err, "-o "+filepath.Join(out, "missing")+" is not a directory")
 	left, _ := os.ReadDir(out)
 	assert.Empty(t, left, "a refused pack wrote something")
 }

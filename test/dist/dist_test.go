@@ -385,6 +385,12 @@ func signed(t *testing.T, dir, v string) (c, home, fpr string) {
 		require.NoError(t, os.WriteFile(filepath.Join(c, n), data, 0o644))
 	}
 	home = t.TempDir()
+	// gpg's agent, started in the throwaway home, goes before the home.
+	t.Cleanup(func() {
+		cmd := exec.Command("gpgconf", "--kill", "all")
+		cmd.Env = append(os.Environ(), "GNUPGHOME="+home)
+		_ = cmd.Run()
+	})
 	run := func(env []string, name string, args ...string) (string, error) {
 		cmd := exec.Command(name, args...)
 		cmd.Env = append(append(os.Environ(), "GNUPGHOME="+home), env...)

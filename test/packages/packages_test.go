@@ -382,7 +382,10 @@ func (m *machine) waitMinion(limit time.Duration) {
 	m.t.Helper()
 	testenv.EventuallyEvery(m.t, limit, time.Second, "the minion connected to the master's publisher", func() (bool, string) {
 		tcp, err := m.g.Run("cat", "/proc/net/tcp")
-		return err == nil && connectedTo(tcp, 4505), fmt.Sprint(err)
+		if err != nil {
+			return false, err.Error()
+		}
+		return connectedTo(tcp, 4505), "no established connection to 127.0.0.1:4505 in /proc/net/tcp"
 	})
 	testenv.EventuallyEvery(m.t, limit, 5*time.Second, "the minion answers the master", func() (bool, string) {
 		out, err := m.g.Run("/opt/salt/bin/salt", "--timeout=30", minionID, "test.ping")
@@ -391,7 +394,8 @@ func (m *machine) waitMinion(limit time.Duration) {
 }
 
 // connectedTo tells whether /proc/net/tcp's text holds an established
-// connection to port on the loopback address.
+// connection to port on the loopback address (the address as the
+// little-endian guest writes it, the port in hex).
 func connectedTo(tcp string, port int) bool {
 	remote := fmt.Sprintf("0100007F:%04X", port)
 	for _, line := range strings.Split(tcp, "\n") {
@@ -735,12 +739,20 @@ func repository(t *testing.T, repo string, releases ...[]string) (string, []byte
 	}
 	home := t.TempDir()
 	env := append(os.Environ(), "GNUPGHOME="+home)
+	// gpg's agent, started in the throwaway home, goes before the home.
+	t.Cleanup(func() {
+		cmd := exec.Command("gpgconf", "--kill", "all")
+		cmd.Env = env
+		_ = cmd.Run()
+	})
 	run := func(name string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(name, args...)
 		cmd.Env = env
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
 		out, err := cmd.Output()
-		require.NoError(t, err, "%s %v: %s", name, args, out)
+		require.NoError(t, err, "%s %v: %s%s", name, args, out, stderr.String())
 		return string(out)
 	}
 	run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "salt-volumes test repository <repo@salt-volumes.invalid>", "rsa3072", "sign", "never")
