@@ -123,9 +123,13 @@ func TestInCluster(t *testing.T) {
 	t.Run("kubectl apply: the replica leading in the cluster prepares the volume, both serve it", func(t *testing.T) {
 		u := available("in-fs")
 		for _, p := range replicas {
-			v := getJSON(t, p, "in-fs")
-			assert.Equal(t, "Available", string(v.Status.Phase), p.Log)
-			assert.Equal(t, u, v.Spec.UUID, p.Log)
+			// Each replica reads the objects through its own watch: the
+			// one that did not write the status sees it a moment later
+			// (seen under make test's load: Pending 2 s after).
+			eventually(t, 30*time.Second, p.Log+" serves the volume Available", func() (bool, string) {
+				v := getJSON(t, p, "in-fs")
+				return v.Status.Phase == "Available" && v.Spec.UUID == u, fmt.Sprintf("%s %s", v.Status.Phase, v.Spec.UUID)
+			})
 		}
 		pv, err := k.Admin.CoreV1().PersistentVolumes().Get(ctx, "in-fs", metav1.GetOptions{})
 		require.NoError(t, err, "its PersistentVolume, written with the service account's rights")
