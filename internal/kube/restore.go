@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -162,12 +163,24 @@ func quote(s string) string { return strconv.Quote(cut(s, maxQuoted)) }
 // fromKey is AnnRestoreFrom's value as a status keeps it: a name as it
 // is, a longer value cut, with its digest (so that the status answers
 // that very value, and stays small).
+// A value with a control character is kept in the digest form too, with
+// the characters dropped: a status holding a line break is not one the
+// leader writes (validStatus), so keeping it as is would make every
+// answer unreadable and answered again, a write to the claim each time,
+// without end.
 func fromKey(from string) string {
-	if len(from) <= maxQuoted {
+	controls := strings.IndexFunc(from, unicode.IsControl) >= 0
+	if len(from) <= maxQuoted && !controls {
 		return from
 	}
 	sum := sha256.Sum256([]byte(from))
-	return cut(from, 200) + " sha256:" + hex.EncodeToString(sum[:8])
+	shown := strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, from)
+	return cut(shown, 200) + " sha256:" + hex.EncodeToString(sum[:8])
 }
 
 // Status annotation states.

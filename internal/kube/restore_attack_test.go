@@ -116,6 +116,12 @@ func TestAttackRestoreAnnotationInjection(t *testing.T) {
 			st := e.status(t, RestoreRefused)
 			assert.NotContains(t, st.Message, SnapshotName("other", "nightly"))
 			assert.Empty(t, e.salt.restored())
+			// Answered once: a value with a line break once made a
+			// status the leader itself took for forged, answered
+			// again every time, a write to the claim without end.
+			was := e.raw(t)
+			time.Sleep(time.Second)
+			assert.Equal(t, was, e.raw(t), "the refusal was written again")
 		})
 	}
 }

@@ -514,7 +514,9 @@ func TestEndToEnd(t *testing.T) {
 		for getJSON(t, p, "restart-1").Status.Phase != volume.Available {
 			if b, _ := os.ReadFile(minionLog); strings.Contains(string(b), lost) {
 				p.Stop()
-				p.Start("jobTimeout: 1s\n")
+				// Long enough for the delete's own job (it took over
+				// 1 s under make test's load, and timed out too).
+				p.Start("jobTimeout: 20s\n")
 				// The CLI's wait knows Available and Deleted only.
 				eventually(t, 2*time.Minute, "restart-1 Failed by its job timeout", func() (bool, string) {
 					v := getJSON(t, p, "restart-1")
