@@ -315,7 +315,13 @@ func (e *Engine) reserveSnapshot(snap *Snapshot, file, recPath string) (reflink 
 		return false, err
 	}
 	snap.Allocated = data
-	if err := writeSnapshot(recPath, snap); err != nil {
+	// Ordered: the copy's own records and fsyncs come after it on the
+	// same filesystem, so no image can outlast a crash without it.
+	b, err := json.MarshalIndent(snap, "", "  ")
+	if err == nil {
+		err = nodestate.WriteFileAtomicOrdered(recPath, append(b, '\n'), 0o600)
+	}
+	if err != nil {
 		return false, failed("state", err, "recording snapshot %s", snap.Name)
 	}
 	return reflink, nil

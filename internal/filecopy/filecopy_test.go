@@ -123,6 +123,49 @@ func TestReflinkOnXFS(t *testing.T) {
 	assert.ErrorIs(t, freeze.Thaw(root), freeze.ErrNotFrozen, "a thaw of a filesystem not frozen says so")
 }
 
+// On xfs the filesystem's geometry answers CanReflink, with nothing
+// written: yes with reflink=1 even where no probe file could be made (a
+// directory of the probe's name, not empty), no with reflink=0; a probe
+// on another filesystem than the source is asked the slow way (no: a
+// reflink never crosses filesystems).
+func TestCanReflinkFromXFSGeometry(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a loop device and a mount")
+	}
+	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+		t.Skip("no mkfs.xfs (make setup installs xfsprogs)")
+	}
+	mount := func(reflink string) string {
+		d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
+			out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink="+reflink, img).CombinedOutput()
+			if err != nil {
+				t.Logf("mkfs.xfs: %s", out)
+			}
+			return err
+		})
+		mnt := t.TempDir()
+		require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
+		t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+		return mnt
+	}
+	with, without := mount("1"), mount("0")
+
+	src, _ := sparseFile(t, with)
+	blocked := filepath.Join(with, "probe")
+	require.NoError(t, os.MkdirAll(filepath.Join(blocked, "in-the-way"), 0o700))
+	assert.True(t, CanReflink(src, blocked), "reflink=1: the geometry says yes, no probe made")
+	_, err := os.Stat(filepath.Join(blocked, "in-the-way"))
+	assert.NoError(t, err, "the probe's path was left alone")
+
+	other, _ := sparseFile(t, without)
+	assert.False(t, CanReflink(other, filepath.Join(without, "probe")), "reflink=0")
+	m, err := Copy(other, filepath.Join(without, "dst"))
+	require.NoError(t, err)
+	assert.Equal(t, Sparse, m, "and the copy agrees")
+
+	assert.False(t, CanReflink(src, filepath.Join(t.TempDir(), "probe")), "another filesystem")
+}
+
 // Update brings an earlier copy up to date: only the blocks that differ
 // are rewritten, data the source discarded becomes a hole again, and the
 // size follows the source's.

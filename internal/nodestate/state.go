@@ -399,6 +399,36 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	return syncDir(dir)
 }
 
+// WriteFileAtomicOrdered is WriteFileAtomic for a record that only has
+// to outlast what the caller does next on the same filesystem (an
+// intent before a copy): on xfs, whose log reaches the disk in order,
+// the rename is left for the caller's next fsync there to write out,
+// and a crash before that loses the record only together with
+// everything done after it. The content is synced before the rename
+// all the same, so the name never holds less than the whole record.
+// Elsewhere it is WriteFileAtomic.
+func WriteFileAtomicOrdered(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	var fs unix.Statfs_t
+	if unix.Statfs(dir, &fs) != nil || fs.Type != unix.XFS_SUPER_MAGIC {
+		return WriteFileAtomic(path, data, perm)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if err := writeSynced(f, data, perm); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
 func syncDir(dir string) error {
 	f, err := os.Open(dir)
 	if err != nil {

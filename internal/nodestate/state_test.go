@@ -2,14 +2,17 @@ package nodestate
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/spec"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func TestSaveLoadRoundTrip(t *testing.T) {
@@ -128,4 +131,36 @@ func TestNewerRecordVersionRefused(t *testing.T) {
 	after, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, newer, string(after))
+}
+
+// The ordered write (an intent on xfs) replaces a record whole and
+// leaves no temporary file, on xfs and elsewhere alike.
+func TestWriteFileAtomicOrdered(t *testing.T) {
+	dirs := map[string]string{"here": t.TempDir()}
+	if os.Geteuid() == 0 {
+		if _, err := exec.LookPath("mkfs.xfs"); err == nil {
+			d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
+				return exec.Command("mkfs.xfs", "-q", img).Run()
+			})
+			mnt := t.TempDir()
+			require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
+			t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+			dirs["xfs"] = mnt
+		}
+	}
+	for name, dir := range dirs {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(dir, "s1.json")
+			require.NoError(t, WriteFileAtomicOrdered(p, []byte(`{"phase":"taking"}`), 0o600))
+			require.NoError(t, WriteFileAtomicOrdered(p, []byte(`{"phase":"taken"}`), 0o600))
+			b, err := os.ReadFile(p)
+			require.NoError(t, err)
+			assert.Equal(t, `{"phase":"taken"}`, string(b))
+			st, err := os.Stat(p)
+			require.NoError(t, err)
+			assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+			left, _ := filepath.Glob(filepath.Join(dir, ".s1.json.tmp*"))
+			assert.Empty(t, left)
+		})
+	}
 }
