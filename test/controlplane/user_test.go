@@ -19,7 +19,7 @@ import (
 
 // serveUID is an unprivileged uid with no passwd entry: serve as its own
 // user, in the master's group only (deploy/salt-volumes.service runs it as
-// salt-volumes with SupplementaryGroups=salt).
+// salt-volumes, a member of the salt group).
 const serveUID = 64123
 
 // Serve runs as a user of its own that shares only the master's group: it

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -218,7 +219,11 @@ func TestPackages(t *testing.T) {
 		// function with fixed arguments where 0.3.0's ran state.apply, so
 		// the new snippet replaces the old one, and the master restarts
 		// (CHANGELOG, docs/operations.md).
+		// An admin disabled the restore unit: the upgrade leaves it so
+		// (0.4.0's first postinst enabled it at every configure).
+		m.run("systemctl", "disable", "salt-volumes-restore.service")
 		m.apt("upgrade")
+		assert.Equal(t, "disabled", m.unitEnabled("salt-volumes-restore.service"), "the upgrade enabled a unit the admin disabled")
 		m.enableSnippet()
 		assert.Equal(t, current, m.run("salt-volumes", "version"))
 		assert.Contains(t, m.run("salt-volume-exec", "version"), `"`+current+`"`, "the node package upgraded too")
@@ -259,8 +264,20 @@ func TestPackages(t *testing.T) {
 		m.noFailedUnits()
 		t.Logf("install of %s, three volumes, upgrade to %s, checks: %s", previousVersion, current, time.Since(at).Round(time.Second))
 
-		// Purge takes the packages, never the volumes: the two left are
-		// still there, attached, with their data and their records.
+		// Removing the node package while it holds volumes is refused
+		// (their restore at the next boot would go with it), naming
+		// them; the package and its restore unit stay.
+		out, err := g.Run("dpkg", "--remove", "salt-volume-exec")
+		require.Error(t, err, "the node package was removed with volumes on the node: %s", out)
+		for _, want := range []string{"holds volumes", "old-fs", "old-raw", "SALT_VOLUMES_REMOVE_WITH_VOLUMES=yes"} {
+			assert.Contains(t, err.Error(), want)
+		}
+		assert.Equal(t, "install ok installed", m.run("dpkg-query", "-W", "-f", "${Status}", "salt-volume-exec"))
+		assert.Equal(t, "enabled", m.unitEnabled("salt-volumes-restore.service"))
+
+		// Purge, said to go ahead, takes the packages, never the volumes:
+		// the two left are still there, attached, with their data and
+		// their records.
 		m.purge("salt-volumes", "salt-volume-exec")
 		m.assertPurged()
 		listed := m.records("/root/salt-volume-exec-kept")
@@ -515,6 +532,14 @@ func (m *machine) assertInstalled() {
 	t := m.t
 	assert.Contains(t, m.run("id", "salt-volumes"), "(salt)", "serve's user is in the master's group")
 	assert.NotContains(t, m.run("id", "salt-volumes"), "uid=0")
+	// Made by systemd-sysusers from the package's declaration: a system
+	// user with no login and the store's directory as its home.
+	f := strings.Split(m.run("getent", "passwd", "salt-volumes"), ":")
+	require.Len(t, f, 7)
+	uid, err := strconv.Atoi(f[2])
+	require.NoError(t, err)
+	assert.Less(t, uid, 1000, "a system user")
+	assert.Equal(t, []string{"salt-volumes control plane", "/var/lib/salt-volumes-control", "/usr/sbin/nologin"}, f[4:])
 	for f, want := range map[string]string{
 		"/etc/salt-volumes/token":             "640 root salt-volumes",
 		"/etc/salt-volumes/salt-api-password": "640 root salt-volumes",
@@ -562,8 +587,15 @@ func (m *machine) purge(pkgs ...string) {
 	if _, err := m.g.Run("test", "-e", "/usr/bin/salt-volume-exec"); err == nil {
 		m.run("cp", "/usr/bin/salt-volume-exec", "/root/salt-volume-exec-kept")
 	}
-	out, err := m.g.Run(append([]string{"dpkg", "--purge"}, pkgs...)...)
+	out, err := m.g.Run(append([]string{"env", "SALT_VOLUMES_REMOVE_WITH_VOLUMES=yes", "dpkg", "--purge"}, pkgs...)...)
 	require.NoError(m.t, err, "%s", out)
+}
+
+// unitEnabled is systemctl is-enabled's answer, a disabled unit's too
+// (it exits 1 for that).
+func (m *machine) unitEnabled(unit string) string {
+	out, _ := m.g.Run("systemctl", "is-enabled", unit)
+	return strings.TrimSpace(out)
 }
 
 // assertPurged: nothing of the packages is left but the node's records.
