@@ -16,6 +16,8 @@ The return of ``prepared`` carries a ``volume`` key with the device info
 the job return event needs no second call.
 """
 
+import os
+
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 __virtualname__ = "salt_volumes"
@@ -309,4 +311,107 @@ def snapshot_schedule_retired(name):
     ret["result"] = True
     ret["changes"] = {"retired": name}
     ret["comment"] = "Snapshot schedule {} retired: no longer reported; its snapshots stay, released".format(name)
+    return ret
+
+
+# What a source install of the node leaves (0.3.0's docs: make install, or
+# salt_volumes.installed on a node without the package).
+SOURCE_BINARY = "/usr/local/bin/salt-volume-exec"
+SOURCE_UNIT = "/etc/systemd/system/salt-volumes-restore.service"
+SYSTEMD_RUNNING = "/run/systemd/system"
+_BUILD_PATH = b"github.com/salt-volumes/salt-volumes/cmd/salt-volume-exec"
+
+
+def _source_binary_ours(path):
+    # Go writes the main package's path into every binary's build info,
+    # stripped or not: a file without it is somebody else's.
+    try:
+        with open(path, "rb") as f:
+            return _BUILD_PATH in f.read()
+    except OSError:
+        return False
+
+
+def _source_unit_ours(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return False
+    return "Description=Restore salt-volumes local volumes" in lines and any(
+        line.startswith("ExecStart=") and "salt-volume-exec " in line and line.endswith(" restore") for line in lines
+    )
+
+
+def source_install_retired(name):
+    """
+    On a node with the ``salt-volume-exec`` package, retire what a source
+    install left: ``/usr/local/bin/salt-volume-exec`` (first in PATH, so the
+    execution module would go on running it) and
+    ``/etc/systemd/system/salt-volumes-restore.service`` (which overrides
+    the package's unit). Each is moved aside to ``<path>.retired``, never
+    deleted, and only when it is ours: the binary by the module path Go
+    builds into it, the unit by its description and command. A binary the
+    minion config's ``salt_volumes:exec_path`` names stays. Without the
+    package, nothing is done: the source install is the node's install.
+    ``salt_volumes.installed`` runs it.
+
+    .. code-block:: yaml
+
+        salt-volume-exec source install:
+          salt_volumes.source_install_retired
+    """
+    ret = _ret(name)
+    if not __salt__["pkg.version"]("salt-volume-exec"):
+        ret["result"] = True
+        ret["comment"] = "no salt-volume-exec package here: a source install is this node's install"
+        return ret
+    configured = ((__opts__.get("salt_volumes") or {}).get("exec_path")) or ""
+    todo, left = [], []
+    if os.path.isfile(SOURCE_BINARY) and not os.path.islink(SOURCE_BINARY):
+        if not _source_binary_ours(SOURCE_BINARY):
+            left.append("{} is not a salt-volume-exec build".format(SOURCE_BINARY))
+        elif os.path.realpath(configured) == os.path.realpath(SOURCE_BINARY):
+            left.append("{} is the minion config's salt_volumes:exec_path: point it at /usr/bin/salt-volume-exec".format(SOURCE_BINARY))
+        else:
+            todo.append(SOURCE_BINARY)
+    if os.path.isfile(SOURCE_UNIT) and not os.path.islink(SOURCE_UNIT):
+        if _source_unit_ours(SOURCE_UNIT):
+            todo.append(SOURCE_UNIT)
+        else:
+            left.append("{} is not the restore unit salt-volumes writes".format(SOURCE_UNIT))
+    note = " (left: {})".format("; ".join(left)) if left else ""
+    if not todo:
+        ret["result"] = True
+        ret["comment"] = "Nothing of a source install to retire" + note
+        return ret
+    retired = {p: p + ".retired" for p in todo}
+    if __opts__["test"]:
+        ret["result"] = None
+        ret["changes"] = {"retired": retired}
+        ret["comment"] = "Would move aside what a source install left: {}{}".format(", ".join(todo), note)
+        return ret
+    systemd = os.path.isdir(SYSTEMD_RUNNING)
+    enabled = False
+    if SOURCE_UNIT in todo and systemd:
+        # Disabled first, so that no enablement link points at the
+        # retired file; the package's unit is enabled in its place.
+        enabled = __salt__["service.enabled"]("salt-volumes-restore")
+        if enabled:
+            __salt__["service.disable"]("salt-volumes-restore")
+    for path, to in retired.items():
+        try:
+            os.replace(path, to)
+        except OSError as exc:
+            ret["comment"] = "moving {} aside: {}".format(path, exc)
+            return ret
+    if SOURCE_UNIT in todo and systemd:
+        __salt__["service.systemctl_reload"]()
+        if enabled:
+            __salt__["service.enable"]("salt-volumes-restore")
+    ret["result"] = True
+    ret["changes"] = {"retired": retired}
+    ret["comment"] = "Moved aside what a source install left, the package's files run from now on: {}{}".format(
+        ", ".join(todo), note
+    )
     return ret

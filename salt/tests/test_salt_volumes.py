@@ -770,3 +770,81 @@ def test_snapshot_restore_names_the_snapshot(mod, monkeypatch):
     assert calls == []
     mod.snapshot_restore(spec=SPEC, snapshot_name="before")
     assert calls == [("snapshot-restore", SPEC, ["--name", "before"])]
+
+
+OLD_UNIT = """[Unit]
+Description=Restore salt-volumes local volumes
+[Service]
+Type=oneshot
+ExecStart=/usr/local/bin/salt-volume-exec --state-dir /var/lib/salt-volumes restore
+"""
+
+
+@pytest.fixture
+def retire(tmp_path, monkeypatch):
+    """The state module, its source-install paths under tmp_path, a node with
+    the package and systemd, and a log of the service calls."""
+    st = load("states")
+    calls = []
+    enabled = {"salt-volumes-restore": True}
+    monkeypatch.setattr(st, "SOURCE_BINARY", str(tmp_path / "salt-volume-exec"))
+    monkeypatch.setattr(st, "SOURCE_UNIT", str(tmp_path / "salt-volumes-restore.service"))
+    (tmp_path / "systemd").mkdir()
+    monkeypatch.setattr(st, "SYSTEMD_RUNNING", str(tmp_path / "systemd"))
+    st.__salt__ = {
+        "pkg.version": lambda name: "0.4.0",
+        "service.enabled": lambda name: enabled[name],
+        "service.disable": lambda name: calls.append(("disable", name)),
+        "service.enable": lambda name: calls.append(("enable", name)),
+        "service.systemctl_reload": lambda: calls.append(("reload",)),
+        "salt_volumes.message": str,
+    }
+    st.__opts__ = {"test": False}
+    st.calls = calls
+    return st
+
+
+def ours_binary(path):
+    path.write_bytes(b"\x7fELF" + b"\0" * 64 + b"path\tgithub.com/salt-volumes/salt-volumes/cmd/salt-volume-exec\n")
+
+
+def test_source_install_retired_moves_our_binary_and_unit_aside(retire, tmp_path):
+    b, u = tmp_path / "salt-volume-exec", tmp_path / "salt-volumes-restore.service"
+    ours_binary(b)
+    u.write_text(OLD_UNIT)
+    retire.__opts__["test"] = True
+    ret = retire.source_install_retired("src")
+    assert ret["result"] is None and b.exists() and u.exists() and retire.calls == []
+    retire.__opts__["test"] = False
+    ret = retire.source_install_retired("src")
+    assert ret["result"] is True, ret
+    assert ret["changes"] == {"retired": {str(b): str(b) + ".retired", str(u): str(u) + ".retired"}}
+    assert not b.exists() and not u.exists()
+    assert (tmp_path / "salt-volume-exec.retired").exists() and (tmp_path / "salt-volumes-restore.service.retired").exists()
+    # The old unit's enablement is moved to the package's unit.
+    assert retire.calls == [("disable", "salt-volumes-restore"), ("reload",), ("enable", "salt-volumes-restore")]
+    again = retire.source_install_retired("src")
+    assert again["result"] is True and again["changes"] == {}
+
+
+def test_source_install_retired_leaves_what_is_not_ours(retire, tmp_path):
+    b, u = tmp_path / "salt-volume-exec", tmp_path / "salt-volumes-restore.service"
+    b.write_bytes(b"\x7fELF somebody else's program")
+    u.write_text("[Unit]\nDescription=Something else\n[Service]\nExecStart=/usr/local/bin/other restore\n")
+    ret = retire.source_install_retired("src")
+    assert ret["result"] is True and ret["changes"] == {}
+    assert "not a salt-volume-exec build" in ret["comment"] and "not the restore unit" in ret["comment"]
+    assert b.exists() and u.exists() and retire.calls == []
+
+
+def test_source_install_retired_keeps_the_configured_binary_and_needs_the_package(retire, tmp_path):
+    b = tmp_path / "salt-volume-exec"
+    ours_binary(b)
+    retire.__opts__["salt_volumes"] = {"exec_path": str(b)}
+    ret = retire.source_install_retired("src")
+    assert ret["result"] is True and ret["changes"] == {} and "exec_path" in ret["comment"] and b.exists()
+    retire.__opts__["salt_volumes"] = {}
+    retire.__salt__["pkg.version"] = lambda name: ""
+    ret = retire.source_install_retired("src")
+    assert ret["result"] is True and ret["changes"] == {} and "no salt-volume-exec package" in ret["comment"]
+    assert b.exists()

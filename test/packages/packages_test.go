@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -285,6 +286,101 @@ func TestPackages(t *testing.T) {
 			assert.Contains(t, listed, record{Name: n, UUID: before[n].Spec.UUID, DevicePath: before[n].Status.DevicePath, State: "prepared"}, "%s: its node record went with the purge", n)
 			m.readMarker(before[n])
 		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("a source install of the previous release, moved onto the packages", func(t *testing.T) {
+		m.t = t
+		at := time.Now()
+		// 0.3.0 as its docs installed it: both binaries in
+		// /usr/local/bin, the node's restore unit as make install wrote
+		// it, the control plane's unit copied from deploy/, enabled and
+		// running as the master's user, and a volume of the old binary's.
+		bins := filepath.Dir(oldDebs[0])
+		for _, cmd := range []string{"salt-volume-exec", "salt-volumes"} {
+			data, err := os.ReadFile(filepath.Join(bins, cmd+"_"+previousVersion+"_linux_amd64"))
+			require.NoError(t, err)
+			require.NoError(t, g.Write("/usr/local/bin/"+cmd, data, 0o755))
+		}
+		restoreUnit := regexp.MustCompile(`\{\{ [a-z_]* \| default\("([^"]*)"\) \}\}`).ReplaceAll(
+			gitShow(t, repo, previous, "salt/states/salt_volumes/files/salt-volumes-restore.service"), []byte("$1"))
+		require.NoError(t, g.Write("/etc/systemd/system/salt-volumes-restore.service", restoreUnit, 0o644))
+		require.NoError(t, g.Write("/etc/systemd/system/salt-volumes.service", gitShow(t, repo, previous, "deploy/salt-volumes.service"), 0o644))
+		m.run("install", "-d", "-m", "0750", "-o", "root", "-g", "salt", "/etc/salt-volumes")
+		require.NoError(t, g.Write("/etc/salt-volumes/config.yaml", gitShow(t, repo, previous, "deploy/config.yaml"), 0o640))
+		for _, f := range []string{"token", "salt-api-password"} {
+			require.NoError(t, g.Write("/etc/salt-volumes/"+f, []byte(strings.Repeat("ab", 32)+"\n"), 0o640))
+		}
+		m.run("chgrp", "salt", "/etc/salt-volumes/config.yaml", "/etc/salt-volumes/token", "/etc/salt-volumes/salt-api-password")
+		m.run("systemctl", "daemon-reload")
+		m.run("systemctl", "enable", "salt-volumes-restore.service")
+		m.run("systemctl", "enable", "--now", "salt-volumes.service")
+		testenv.EventuallyEvery(t, 2*time.Minute, time.Second, "0.3.0's serve listens", func() (bool, string) {
+			tcp, _ := g.Run("cat", "/proc/net/tcp")
+			for _, line := range strings.Split(tcp, "\n") {
+				if f := strings.Fields(line); len(f) > 3 && f[1] == "0100007F:1F90" && f[3] == "0A" {
+					return true, ""
+				}
+			}
+			return false, mustOut(g.Run("systemctl", "status", "--no-pager", "salt-volumes.service"))
+		})
+		oldPID := m.run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")
+		u := "8d3c2f1e-6b5a-4c3d-9e8f-7a6b5c4d3e2f"
+		spec := `{"name":"src-fs","uuid":"` + u + `","sparseLoopDevice":{"size":"32Mi"}}`
+		out, err := g.RunInput([]byte(spec), "/usr/local/bin/salt-volume-exec", "prepare", "--spec", "-")
+		require.NoError(t, err, out)
+
+		// The packages over it, as an operator installs them.
+		m.put(newDebs)
+		// The scripts' stderr with apt's output, as the operator reads it.
+		installLog := m.sh("DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confdef " +
+			"-o Dpkg::Options::=--force-confold ./" + filepath.Base(newDebs[0]) + " ./" + filepath.Base(newDebs[1]) + " 2>&1")
+		for _, want := range []string{
+			"moved the source install's /usr/local/bin/salt-volume-exec to /usr/local/bin/salt-volume-exec.retired",
+			"moved the source install's /etc/systemd/system/salt-volumes-restore.service",
+			"moved the source install's /etc/systemd/system/salt-volumes.service",
+			"moved the source install's /usr/local/bin/salt-volumes to",
+		} {
+			assert.Contains(t, installLog, want, "the packages did not say what they retired")
+		}
+		for _, f := range []string{"/usr/local/bin/salt-volume-exec", "/usr/local/bin/salt-volumes",
+			"/etc/systemd/system/salt-volumes-restore.service", "/etc/systemd/system/salt-volumes.service"} {
+			_, err := g.Run("test", "-e", f)
+			assert.Error(t, err, "%s is still in place", f)
+			m.run("test", "-e", f+".retired")
+		}
+		assert.Equal(t, "/usr/bin/salt-volume-exec", m.run("sh", "-lc", "command -v salt-volume-exec"), "the first salt-volume-exec on PATH")
+		assert.Equal(t, "/lib/systemd/system/salt-volumes-restore.service", m.run("systemctl", "show", "-P", "FragmentPath", "salt-volumes-restore.service"))
+		assert.Equal(t, "enabled", m.unitEnabled("salt-volumes-restore.service"), "the source install's restore was enabled: the package's is")
+		assert.Equal(t, "/lib/systemd/system/salt-volumes.service", m.run("systemctl", "show", "-P", "FragmentPath", "salt-volumes.service"))
+		assert.Equal(t, "enabled", m.unitEnabled("salt-volumes.service"))
+		testenv.EventuallyEvery(t, 2*time.Minute, time.Second, "serve runs the package's binary as its own user", func() (bool, string) {
+			pid := strings.TrimSpace(mustOut(g.Run("systemctl", "show", "-P", "MainPID", "salt-volumes.service")))
+			if pid == "0" || pid == "" || pid == oldPID {
+				return false, "MainPID " + pid
+			}
+			exe := strings.TrimSpace(mustOut(g.Run("readlink", "/proc/"+pid+"/exe")))
+			user := strings.TrimSpace(mustOut(g.Run("ps", "-o", "user=", "-p", pid)))
+			return exe == "/usr/bin/salt-volumes" && user == "salt-volumes", exe + " as " + user
+		})
+		var found *record
+		for _, r := range m.records("salt-volume-exec") {
+			if r.Name == "src-fs" {
+				found = &r
+			}
+		}
+		require.NotNil(t, found, "the new binary does not list the old one's volume")
+		assert.Equal(t, u, found.UUID)
+		assert.Equal(t, "prepared", found.State)
+		m.run("test", "-b", found.DevicePath)
+
+		out, err = g.RunInput([]byte(spec), "salt-volume-exec", "unprepare", "--spec", "-")
+		require.NoError(t, err, out)
+		m.purge("salt-volumes", "salt-volume-exec")
+		m.assertPurged()
+		t.Logf("0.3.0 installed from source, moved onto %s's packages, purged: %s", current, time.Since(at).Round(time.Second))
 	})
 	t.Logf("qemu's translation cache: %s", g.JIT())
 	t.Logf("whole test: %s", time.Since(started).Round(time.Second))
@@ -589,6 +685,14 @@ func (m *machine) purge(pkgs ...string) {
 	}
 	out, err := m.g.Run(append([]string{"env", "SALT_VOLUMES_REMOVE_WITH_VOLUMES=yes", "dpkg", "--purge"}, pkgs...)...)
 	require.NoError(m.t, err, "%s", out)
+}
+
+// gitShow is a file of the repository at a commit.
+func gitShow(t *testing.T, repo, commit, path string) []byte {
+	t.Helper()
+	out, err := exec.Command("git", "-C", repo, "show", commit+":"+path).Output()
+	require.NoError(t, err, "git show %s:%s", commit, path)
+	return out
 }
 
 // unitEnabled is systemctl is-enabled's answer, a disabled unit's too

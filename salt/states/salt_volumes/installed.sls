@@ -52,6 +52,17 @@ salt_volumes binary:
     - makedirs: True
 {%- endif %}
 
+{%- if packaged %}
+
+{#- A source install's binary and unit (0.3.0's way) would shadow the
+    package's: moved aside when they are ours. #}
+salt_volumes source install retired:
+  salt_volumes.source_install_retired:
+    - name: salt-volume-exec source install
+    - require_in:
+      - service: salt_volumes restore enabled
+{%- endif %}
+
 salt_volumes state dir:
   file.directory:
     - name: {{ state_dir }}
