@@ -17,6 +17,7 @@ the job return event needs no second call.
 """
 
 import os
+import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -314,12 +315,20 @@ def snapshot_schedule_retired(name):
     return ret
 
 
-# What a source install of the node leaves (0.3.0's docs: make install, or
-# salt_volumes.installed on a node without the package).
+# What a source install of the node leaves (0.3.0's docs: make install,
+# or salt_volumes.installed on a node without the package).
 SOURCE_BINARY = "/usr/local/bin/salt-volume-exec"
 SOURCE_UNIT = "/etc/systemd/system/salt-volumes-restore.service"
+PACKAGE_BINARY = "/usr/bin/salt-volume-exec"
 SYSTEMD_RUNNING = "/run/systemd/system"
 _BUILD_PATH = b"github.com/salt-volumes/salt-volumes/cmd/salt-volume-exec"
+# The restore unit as 0.3.0 wrote it with the default paths; one with
+# another binary or state dir is the admin's (the package's unit restores
+# /var/lib/salt-volumes only).
+_UNIT_LINES = (
+    "Description=Restore salt-volumes local volumes",
+    "ExecStart=/usr/local/bin/salt-volume-exec --state-dir /var/lib/salt-volumes restore",
+)
 
 
 def _source_binary_ours(path):
@@ -335,26 +344,39 @@ def _source_binary_ours(path):
 def _source_unit_ours(path):
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [line.strip() for line in f]
+            lines = {line.rstrip("\n") for line in f}
     except OSError:
         return False
-    return "Description=Restore salt-volumes local volumes" in lines and any(
-        line.startswith("ExecStart=") and "salt-volume-exec " in line and line.endswith(" restore") for line in lines
-    )
+    return all(want in lines for want in _UNIT_LINES)
+
+
+def _retire(path):
+    """Move path aside to path.retired (a dated name if that is taken),
+    never into a directory nor over a file; return the new name."""
+    to = path + ".retired"
+    if os.path.lexists(to):
+        to = "{}.retired.{}".format(path, time.strftime("%Y%m%d%H%M%S"))
+    if os.path.lexists(to):
+        raise OSError("{} exists".format(to))
+    os.rename(path, to)
+    return to
 
 
 def source_install_retired(name):
     """
     On a node with the ``salt-volume-exec`` package, retire what a source
-    install left: ``/usr/local/bin/salt-volume-exec`` (first in PATH, so the
-    execution module would go on running it) and
-    ``/etc/systemd/system/salt-volumes-restore.service`` (which overrides
-    the package's unit). Each is moved aside to ``<path>.retired``, never
-    deleted, and only when it is ours: the binary by the module path Go
-    builds into it, the unit by its description and command. A binary the
-    minion config's ``salt_volumes:exec_path`` names stays. Without the
-    package, nothing is done: the source install is the node's install.
-    ``salt_volumes.installed`` runs it.
+    install left, as the package's own scripts do:
+    ``/usr/local/bin/salt-volume-exec`` (first in PATH, so the execution
+    module would go on running it) is moved to ``<path>.retired`` and its
+    path made a link to ``/usr/bin/salt-volume-exec``, so that a minion
+    config naming it runs the package's binary;
+    ``/etc/systemd/system/salt-volumes-restore.service`` (which overrides the
+    package's unit) is moved aside, its enablement moved to the package's
+    unit. Only what is ours: the binary by the module path Go builds into
+    it, the unit as 0.3.0 wrote it with the default paths; anything else is
+    left and named. Nothing is deleted. Without the package, nothing is
+    done: the source install is the node's install. ``salt_volumes.installed``
+    runs it.
 
     .. code-block:: yaml
 
@@ -366,49 +388,53 @@ def source_install_retired(name):
         ret["result"] = True
         ret["comment"] = "no salt-volume-exec package here: a source install is this node's install"
         return ret
-    configured = ((__opts__.get("salt_volumes") or {}).get("exec_path")) or ""
     todo, left = [], []
-    if os.path.isfile(SOURCE_BINARY) and not os.path.islink(SOURCE_BINARY):
-        if not _source_binary_ours(SOURCE_BINARY):
-            left.append("{} is not a salt-volume-exec build".format(SOURCE_BINARY))
-        elif os.path.realpath(configured) == os.path.realpath(SOURCE_BINARY):
-            left.append("{} is the minion config's salt_volumes:exec_path: point it at /usr/bin/salt-volume-exec".format(SOURCE_BINARY))
-        else:
+    if os.path.islink(SOURCE_BINARY):
+        if os.readlink(SOURCE_BINARY) != PACKAGE_BINARY:
+            left.append("{} links to {}".format(SOURCE_BINARY, os.readlink(SOURCE_BINARY)))
+    elif os.path.isfile(SOURCE_BINARY):
+        if _source_binary_ours(SOURCE_BINARY):
             todo.append(SOURCE_BINARY)
-    if os.path.isfile(SOURCE_UNIT) and not os.path.islink(SOURCE_UNIT):
-        if _source_unit_ours(SOURCE_UNIT):
-            todo.append(SOURCE_UNIT)
         else:
-            left.append("{} is not the restore unit salt-volumes writes".format(SOURCE_UNIT))
+            left.append("{} is not a salt-volume-exec build".format(SOURCE_BINARY))
+    if os.path.islink(SOURCE_UNIT) or (os.path.lexists(SOURCE_UNIT) and not os.path.isfile(SOURCE_UNIT)):
+        left.append("{} is not a plain file".format(SOURCE_UNIT))
+    elif os.path.isfile(SOURCE_UNIT):
+        if not _source_unit_ours(SOURCE_UNIT):
+            left.append("{} is not the restore unit 0.3.0 wrote (another command or state dir)".format(SOURCE_UNIT))
+        elif not os.path.isdir(SYSTEMD_RUNNING):
+            left.append("{}: systemd is not running here to move its enablement".format(SOURCE_UNIT))
+        else:
+            todo.append(SOURCE_UNIT)
     note = " (left: {})".format("; ".join(left)) if left else ""
     if not todo:
         ret["result"] = True
         ret["comment"] = "Nothing of a source install to retire" + note
         return ret
-    retired = {p: p + ".retired" for p in todo}
     if __opts__["test"]:
         ret["result"] = None
-        ret["changes"] = {"retired": retired}
+        ret["changes"] = {"retired": todo}
         ret["comment"] = "Would move aside what a source install left: {}{}".format(", ".join(todo), note)
         return ret
-    systemd = os.path.isdir(SYSTEMD_RUNNING)
-    enabled = False
-    if SOURCE_UNIT in todo and systemd:
-        # Disabled first, so that no enablement link points at the
-        # retired file; the package's unit is enabled in its place.
-        enabled = __salt__["service.enabled"]("salt-volumes-restore")
-        if enabled:
-            __salt__["service.disable"]("salt-volumes-restore")
-    for path, to in retired.items():
-        try:
-            os.replace(path, to)
-        except OSError as exc:
-            ret["comment"] = "moving {} aside: {}".format(path, exc)
-            return ret
-    if SOURCE_UNIT in todo and systemd:
-        __salt__["service.systemctl_reload"]()
-        if enabled:
-            __salt__["service.enable"]("salt-volumes-restore")
+    retired = {}
+    try:
+        if SOURCE_BINARY in todo:
+            retired[SOURCE_BINARY] = _retire(SOURCE_BINARY)
+            os.symlink(PACKAGE_BINARY, SOURCE_BINARY)
+        if SOURCE_UNIT in todo:
+            # Moved first: a failure here leaves the unit as it was. Its
+            # links are then those of a unit file that is gone, replaced by
+            # the package's (reenable) when it was enabled.
+            enabled = __salt__["service.enabled"]("salt-volumes-restore")
+            retired[SOURCE_UNIT] = _retire(SOURCE_UNIT)
+            __salt__["service.systemctl_reload"]()
+            if enabled:
+                __salt__["service.disable"]("salt-volumes-restore")
+                __salt__["service.enable"]("salt-volumes-restore")
+    except (OSError, CommandExecutionError) as exc:
+        ret["changes"] = {"retired": retired} if retired else {}
+        ret["comment"] = "retiring a source install: {}".format(exc)
+        return ret
     ret["result"] = True
     ret["changes"] = {"retired": retired}
     ret["comment"] = "Moved aside what a source install left, the package's files run from now on: {}{}".format(

@@ -789,6 +789,7 @@ def retire(tmp_path, monkeypatch):
     enabled = {"salt-volumes-restore": True}
     monkeypatch.setattr(st, "SOURCE_BINARY", str(tmp_path / "salt-volume-exec"))
     monkeypatch.setattr(st, "SOURCE_UNIT", str(tmp_path / "salt-volumes-restore.service"))
+    monkeypatch.setattr(st, "PACKAGE_BINARY", "/usr/bin/salt-volume-exec")
     (tmp_path / "systemd").mkdir()
     monkeypatch.setattr(st, "SYSTEMD_RUNNING", str(tmp_path / "systemd"))
     st.__salt__ = {
@@ -812,39 +813,51 @@ def test_source_install_retired_moves_our_binary_and_unit_aside(retire, tmp_path
     b, u = tmp_path / "salt-volume-exec", tmp_path / "salt-volumes-restore.service"
     ours_binary(b)
     u.write_text(OLD_UNIT)
+    # A .retired from an earlier retirement is kept, not overwritten.
+    (tmp_path / "salt-volume-exec.retired").write_text("earlier")
     retire.__opts__["test"] = True
     ret = retire.source_install_retired("src")
-    assert ret["result"] is None and b.exists() and u.exists() and retire.calls == []
+    assert ret["result"] is None and b.is_file() and not b.is_symlink() and u.exists() and retire.calls == []
     retire.__opts__["test"] = False
     ret = retire.source_install_retired("src")
     assert ret["result"] is True, ret
-    assert ret["changes"] == {"retired": {str(b): str(b) + ".retired", str(u): str(u) + ".retired"}}
-    assert not b.exists() and not u.exists()
-    assert (tmp_path / "salt-volume-exec.retired").exists() and (tmp_path / "salt-volumes-restore.service.retired").exists()
+    moved = ret["changes"]["retired"]
+    assert moved[str(u)] == str(u) + ".retired"
+    assert moved[str(b)].startswith(str(b) + ".retired.")
+    assert (tmp_path / "salt-volume-exec.retired").read_text() == "earlier"
+    assert os.path.isfile(moved[str(b)]) and os.path.isfile(moved[str(u)]) and not u.exists()
+    # The binary's path now leads to the package's binary.
+    assert os.readlink(b) == "/usr/bin/salt-volume-exec"
     # The old unit's enablement is moved to the package's unit.
-    assert retire.calls == [("disable", "salt-volumes-restore"), ("reload",), ("enable", "salt-volumes-restore")]
+    assert retire.calls == [("reload",), ("disable", "salt-volumes-restore"), ("enable", "salt-volumes-restore")]
     again = retire.source_install_retired("src")
-    assert again["result"] is True and again["changes"] == {}
+    assert again["result"] is True and again["changes"] == {}, again
 
 
 def test_source_install_retired_leaves_what_is_not_ours(retire, tmp_path):
     b, u = tmp_path / "salt-volume-exec", tmp_path / "salt-volumes-restore.service"
     b.write_bytes(b"\x7fELF somebody else's program")
-    u.write_text("[Unit]\nDescription=Something else\n[Service]\nExecStart=/usr/local/bin/other restore\n")
+    # The restore unit with another state dir: the admin's, since the
+    # package's unit restores /var/lib/salt-volumes only.
+    u.write_text(OLD_UNIT.replace("/var/lib/salt-volumes", "/srv/sv"))
     ret = retire.source_install_retired("src")
     assert ret["result"] is True and ret["changes"] == {}
-    assert "not a salt-volume-exec build" in ret["comment"] and "not the restore unit" in ret["comment"]
+    assert "not a salt-volume-exec build" in ret["comment"] and "another command or state dir" in ret["comment"]
     assert b.exists() and u.exists() and retire.calls == []
-
-
-def test_source_install_retired_keeps_the_configured_binary_and_needs_the_package(retire, tmp_path):
-    b = tmp_path / "salt-volume-exec"
-    ours_binary(b)
-    retire.__opts__["salt_volumes"] = {"exec_path": str(b)}
+    b.unlink()
+    b.symlink_to("/opt/elsewhere/salt-volume-exec")
     ret = retire.source_install_retired("src")
-    assert ret["result"] is True and ret["changes"] == {} and "exec_path" in ret["comment"] and b.exists()
-    retire.__opts__["salt_volumes"] = {}
+    assert ret["changes"] == {} and "links to /opt/elsewhere" in ret["comment"]
+
+
+def test_source_install_retired_without_systemd_or_package(retire, tmp_path):
+    u = tmp_path / "salt-volumes-restore.service"
+    u.write_text(OLD_UNIT)
+    (tmp_path / "systemd").rmdir()
+    ret = retire.source_install_retired("src")
+    assert ret["result"] is True and ret["changes"] == {} and "systemd is not running" in ret["comment"] and u.exists()
+    (tmp_path / "systemd").mkdir()
     retire.__salt__["pkg.version"] = lambda name: ""
     ret = retire.source_install_retired("src")
     assert ret["result"] is True and ret["changes"] == {} and "no salt-volume-exec package" in ret["comment"]
-    assert b.exists()
+    assert u.exists()

@@ -255,7 +255,10 @@ func TestPackages(t *testing.T) {
 		assert.Error(t, err, "salt_volumes.installed copied a second binary beside the package's")
 		_, err = g.Run("test", "-e", "/etc/systemd/system/salt-volumes-restore.service")
 		assert.Error(t, err, "salt_volumes.installed wrote a unit over the package's")
-		assert.Equal(t, "enabled", m.run("systemctl", "is-enabled", "salt-volumes-restore.service"))
+		// Nor does it enable the unit the admin disabled: the package
+		// owns that; the admin enables it again.
+		assert.Equal(t, "disabled", m.unitEnabled("salt-volumes-restore.service"), "salt_volumes.installed enabled a unit the admin disabled")
+		m.run("systemctl", "enable", "salt-volumes-restore.service")
 
 		// The new release works on the old volumes and makes new ones.
 		m.cli("rm", "old-block", "--wait", "--timeout", "5m")
@@ -338,20 +341,25 @@ func TestPackages(t *testing.T) {
 		installLog := m.sh("DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confdef " +
 			"-o Dpkg::Options::=--force-confold ./" + filepath.Base(newDebs[0]) + " ./" + filepath.Base(newDebs[1]) + " 2>&1")
 		for _, want := range []string{
-			"moved the source install's /usr/local/bin/salt-volume-exec to /usr/local/bin/salt-volume-exec.retired",
-			"moved the source install's /etc/systemd/system/salt-volumes-restore.service",
-			"moved the source install's /etc/systemd/system/salt-volumes.service",
-			"moved the source install's /usr/local/bin/salt-volumes to",
+			"moved the source install's /usr/local/bin/salt-volume-exec to /usr/local/bin/salt-volume-exec.retired, and made /usr/local/bin/salt-volume-exec a link to /usr/bin/salt-volume-exec",
+			"moved the source install's /usr/local/bin/salt-volumes to /usr/local/bin/salt-volumes.retired, and made",
+			"moved the source install's /etc/systemd/system/salt-volumes-restore.service to /etc/systemd/system/salt-volumes-restore.service.retired",
+			"moved the source install's /etc/systemd/system/salt-volumes.service to /etc/systemd/system/salt-volumes.service.retired",
 		} {
 			assert.Contains(t, installLog, want, "the packages did not say what they retired")
 		}
-		for _, f := range []string{"/usr/local/bin/salt-volume-exec", "/usr/local/bin/salt-volumes",
-			"/etc/systemd/system/salt-volumes-restore.service", "/etc/systemd/system/salt-volumes.service"} {
+		for _, f := range []string{"/etc/systemd/system/salt-volumes-restore.service", "/etc/systemd/system/salt-volumes.service"} {
 			_, err := g.Run("test", "-e", f)
 			assert.Error(t, err, "%s is still in place", f)
-			m.run("test", "-e", f+".retired")
+			m.run("test", "-f", f+".retired")
 		}
-		assert.Equal(t, "/usr/bin/salt-volume-exec", m.run("sh", "-lc", "command -v salt-volume-exec"), "the first salt-volume-exec on PATH")
+		// The binaries' old paths lead to the packages' binaries (a
+		// minion config or an engine may name them).
+		for _, cmd := range []string{"salt-volume-exec", "salt-volumes"} {
+			m.run("test", "-f", "/usr/local/bin/"+cmd+".retired")
+			assert.Equal(t, "/usr/bin/"+cmd, m.run("readlink", "/usr/local/bin/"+cmd))
+			assert.Equal(t, "/usr/bin/"+cmd, m.run("sh", "-lc", "readlink -f \"$(command -v "+cmd+")\""), "the first %s on PATH", cmd)
+		}
 		assert.Equal(t, "/lib/systemd/system/salt-volumes-restore.service", m.run("systemctl", "show", "-P", "FragmentPath", "salt-volumes-restore.service"))
 		assert.Equal(t, "enabled", m.unitEnabled("salt-volumes-restore.service"), "the source install's restore was enabled: the package's is")
 		assert.Equal(t, "/lib/systemd/system/salt-volumes.service", m.run("systemctl", "show", "-P", "FragmentPath", "salt-volumes.service"))
@@ -380,6 +388,10 @@ func TestPackages(t *testing.T) {
 		require.NoError(t, err, out)
 		m.purge("salt-volumes", "salt-volume-exec")
 		m.assertPurged()
+		for _, cmd := range []string{"salt-volume-exec", "salt-volumes"} {
+			_, err := g.Run("test", "-L", "/usr/local/bin/"+cmd)
+			assert.Error(t, err, "the link at /usr/local/bin/%s outlived the package", cmd)
+		}
 		t.Logf("0.3.0 installed from source, moved onto %s's packages, purged: %s", current, time.Since(at).Round(time.Second))
 	})
 	t.Logf("qemu's translation cache: %s", g.JIT())

@@ -59,8 +59,6 @@ salt_volumes binary:
 salt_volumes source install retired:
   salt_volumes.source_install_retired:
     - name: salt-volume-exec source install
-    - require_in:
-      - service: salt_volumes restore enabled
 {%- endif %}
 
 salt_volumes state dir:
@@ -82,11 +80,14 @@ salt_volumes restore unit:
 
 {%- endif %}
 
+{#- The package enables its unit at its first install and leaves one the
+    admin disabled so: only a source install's is enabled here. #}
+{%- if not packaged %}
+
 salt_volumes restore enabled:
   service.enabled:
     - name: salt-volumes-restore
     - onlyif: test -d /run/systemd/system
-{%- if not packaged %}
     - require:
       - file: salt_volumes restore unit
       - {{ 'test' if per_arch and own not in per_arch else 'file' }}: salt_volumes binary
