@@ -27,8 +27,9 @@ for arch in amd64 arm64; do
   done
 done
 # serve's container image for both architectures: one OCI archive, an
-# image index naming salt-volumes.io/salt-volumes:<version> (tools/image).
-go run ./tools/image -o "$out/salt-volumes-image_${version}.tar" -tag "$version" \
+# image index naming salt-volumes.io/salt-volumes:<version> (tools/image),
+# each image with the licence notices of the binary it holds.
+go run ./tools/image -notices -o "$out/salt-volumes-image_${version}.tar" -tag "$version" \
   -bin "amd64=$out/salt-volumes_${version}_linux_amd64,arm64=$out/salt-volumes_${version}_linux_arm64" >/dev/null
 # The Helm chart, its version and appVersion this build's, reproducibly
 # (tools/chart; helm 3.22's own package stamps the time it ran).

@@ -21,6 +21,7 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -339,9 +340,32 @@ func TestDist(t *testing.T) {
 		im, err := idx.IndexManifest()
 		require.NoError(t, err)
 		var platforms []string
+		licence, err := os.ReadFile(filepath.Join(repo, "LICENSE"))
+		require.NoError(t, err)
 		for _, d := range im.Manifests {
 			require.NotNil(t, d.Platform)
 			platforms = append(platforms, d.Platform.OS+"/"+d.Platform.Architecture)
+			// Each image carries the terms of what its binary embeds.
+			img, err := idx.Image(d.Digest)
+			require.NoError(t, err)
+			files := map[string][]byte{}
+			tr := tar.NewReader(mutate.Extract(img))
+			for {
+				h, err := tr.Next()
+				if err == io.EOF {
+					break
+				}
+				require.NoError(t, err)
+				if strings.HasPrefix(h.Name, "usr/share/doc/salt-volumes/") {
+					b, err := io.ReadAll(tr)
+					require.NoError(t, err)
+					files[strings.TrimPrefix(h.Name, "usr/share/doc/salt-volumes/")] = b
+				}
+			}
+			notices, err := os.ReadFile(filepath.Join(a, "salt-volumes_"+v+"_linux_"+d.Platform.Architecture+".NOTICES"))
+			require.NoError(t, err)
+			assert.Equal(t, string(notices), string(files["NOTICES"]), "%s: the image's notices are not its binary's", d.Platform.Architecture)
+			assert.Equal(t, string(licence), string(files["LICENSE"]), d.Platform.Architecture)
 		}
 		assert.Equal(t, []string{"linux/amd64", "linux/arm64"}, platforms)
 	})

@@ -25,6 +25,7 @@ func run(args []string, out io.Writer) error {
 	dst := fs.String("o", "bin/salt-volumes-image.tar", "the OCI archive to write")
 	bin := fs.String("bin", "bin/salt-volumes", "the static salt-volumes binary (make build), or ARCH=PATH,ARCH=PATH for a multi-platform image (make dist: amd64 and arm64)")
 	version := fs.String("tag", "dev", "the image's version (make image: the build's; '+' becomes '_' in the tag)")
+	notices := fs.Bool("notices", false, "put the licence notices of what each binary embeds (PATH.NOTICES, tools/notices) and LICENSE under /usr/share/doc/salt-volumes (make dist); refused if one is missing")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -32,8 +33,25 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	withNotices := func(spec *image.Spec, bin string) error {
+		if !*notices {
+			return nil
+		}
+		for _, f := range []string{bin + ".NOTICES", "LICENSE"} {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("-notices: %w (tools/notices writes PATH.NOTICES; LICENSE is the repository's)", err)
+			}
+		}
+		spec.Files = append(spec.Files,
+			image.File{Path: "/usr/share/doc/salt-volumes/NOTICES", Source: bin + ".NOTICES", Mode: 0o644},
+			image.File{Path: "/usr/share/doc/salt-volumes/LICENSE", Source: "LICENSE", Mode: 0o644})
+		return nil
+	}
 	if !strings.Contains(*bin, "=") {
 		spec := image.Serve(*bin, tag)
+		if err := withNotices(&spec, *bin); err != nil {
+			return err
+		}
 		d, err := image.Write(*dst, spec)
 		if err != nil {
 			return err
@@ -49,6 +67,9 @@ func run(args []string, out io.Writer) error {
 		}
 		spec := image.Serve(path, tag)
 		spec.Arch = arch
+		if err := withNotices(&spec, path); err != nil {
+			return err
+		}
 		specs = append(specs, spec)
 	}
 	d, err := image.WriteIndex(*dst, specs)
