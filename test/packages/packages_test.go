@@ -370,7 +370,8 @@ func TestPackages(t *testing.T) {
 				return false, "MainPID " + pid
 			}
 			exe := strings.TrimSpace(mustOut(g.Run("readlink", "/proc/"+pid+"/exe")))
-			user := strings.TrimSpace(mustOut(g.Run("ps", "-o", "user=", "-p", pid)))
+			// (ps cuts user names past eight characters.)
+			user := strings.TrimSpace(mustOut(g.Run("stat", "-c", "%U", "/proc/"+pid)))
 			return exe == "/usr/bin/salt-volumes" && user == "salt-volumes", exe + " as " + user
 		})
 		var found *record
