@@ -26,13 +26,14 @@ need=()
 # runs the arm64 binaries of make dist, and lintian and rpmlint (with rpm
 # and groff for its checks) judge its packages (test/dist); gnupg, debsigs
 # and debsig-verify sign them with a throwaway key and check the signatures;
-# apt-ftparchive (apt-utils) and createrepo-c make repositories of them.
+# apt-ftparchive (apt-utils) and createrepo-c make repositories of them,
+# and dnf reads the rpm one as a Fedora or RHEL node would.
 tests=(chromium vagrant vagrant-libvirt shellcheck
   btrfs-progs f2fs-tools exfatprogs dosfstools ntfs-3g nilfs-tools jfsutils udftools reiserfsprogs
   cryptsetup-bin bcache-tools lvm2 xorriso squashfs-tools
   containerd runc containernetworking-plugins busybox-static
   qemu-system-x86 qemu-utils debootstrap openssh-client qemu-user-static
-  lintian rpmlint rpm groff-base gnupg debsigs debsig-verify apt-utils createrepo-c)
+  lintian rpmlint rpm groff-base gnupg debsigs debsig-verify apt-utils createrepo-c dnf)
 pkgs=("${base[@]}")
 if [ "$mode" = all ]; then
   pkgs+=("${tests[@]}")

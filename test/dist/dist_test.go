@@ -509,7 +509,7 @@ func signed(t *testing.T, dir, v string) (c, home, fpr string) {
 // exported key, finds both packages at version v and fetches them with
 // the bytes make dist made; an index changed after signing is refused.
 // The dnf index's signature and contents are checked with gpg and its
-// primary list (no dnf here).
+// primary list, then by dnf itself where it is installed.
 func repository(t *testing.T, dist, home, fpr, v string) {
 	for _, tool := range []string{"apt-ftparchive", "createrepo_c", "apt-get"} {
 		_, err := exec.LookPath(tool)
@@ -634,6 +634,41 @@ func repository(t *testing.T, dist, home, fpr, v string) {
 	require.NoError(t, err)
 	assert.Contains(t, string(conf), "gpgcheck=1")
 	assert.Contains(t, string(conf), "repo_gpgcheck=1")
+
+	// And dnf itself (Debian's dnf 4, make setup installs it), in a root
+	// of the test's: the shipped repository file, its two URLs pointed at
+	// the files, checks the index's signature with the exported key and
+	// finds both packages at version v for both architectures; an index
+	// changed after signing is refused.
+	if _, err := exec.LookPath("dnf"); err != nil {
+		t.Log("dnf is not installed: the repository was checked with gpg and its index only")
+		return
+	}
+	dnf := func(rpmDir string, args ...string) (string, error) {
+		root, reposd := t.TempDir(), t.TempDir()
+		c := strings.NewReplacer("https://packages.example.org/salt-volumes/rpm", "file://"+rpmDir,
+			"https://packages.example.org/salt-volumes/signing-key.asc", "file://"+filepath.Join(rdir, "signing-key.asc")).Replace(string(conf))
+		require.NoError(t, os.WriteFile(filepath.Join(reposd, "salt-volumes.repo"), []byte(c), 0o644))
+		cmd := exec.Command("dnf", append([]string{"--installroot", root, "--setopt=reposdir=" + reposd, "--releasever", "40",
+			"--setopt=skip_if_unavailable=False", "--assumeyes", "--quiet"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out3, err := dnf(filepath.Join(rdir, "rpm"), "repoquery", "--available", "--forcearch", "x86_64", "--qf", "%{name} %{version} %{arch}\n")
+	require.NoError(t, err, "%s", out3)
+	for _, pkg := range []string{"salt-volume-exec", "salt-volumes"} {
+		assert.Contains(t, out3, pkg+" "+debVersion(v)+" x86_64", "dnf repoquery: %s", out3)
+	}
+	tampered := filepath.Join(t.TempDir(), "rpm")
+	require.NoError(t, exec.Command("cp", "-a", filepath.Join(rdir, "rpm"), tampered).Run())
+	f, err := os.OpenFile(filepath.Join(tampered, "repodata/repomd.xml"), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString("<!-- changed after signing -->\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	out3, err = dnf(tampered, "makecache")
+	assert.Error(t, err, "dnf took an index changed after signing: %s", out3)
+	assert.Contains(t, out3, "GPG signature")
 }
 
 // requireRelativePayload stops the test unless every file name in the
