@@ -41,11 +41,14 @@ func (p *Phase) UnmarshalJSON(b []byte) error {
 
 // Status is what the API shows of a volume's state on its node.
 type Status struct {
-	Phase          Phase     `json:"phase"`
-	Reason         string    `json:"reason,omitempty"`
-	Message        string    `json:"message,omitempty"`
-	JobID          string    `json:"jobId,omitempty"`
-	Step           string    `json:"step,omitempty"`
+	Phase   Phase  `json:"phase"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	JobID   string `json:"jobId,omitempty"`
+	Step    string `json:"step,omitempty"`
+	// Progress is how far the step has come, for the steps that move
+	// data (a clone's copy, a wipe's zeroing): bytes done of total.
+	Progress       *Progress `json:"progress,omitempty"`
 	DeviceName     string    `json:"deviceName,omitempty"`
 	DevicePath     string    `json:"devicePath,omitempty"`
 	PersistentPath string    `json:"persistentPath,omitempty"`
@@ -55,6 +58,14 @@ type Status struct {
 	// PersistentVolume is the volume's PV, in Kubernetes mode once it has
 	// been created.
 	PersistentVolume *PersistentVolume `json:"persistentVolume,omitempty"`
+}
+
+// Progress is a long step's advance, as its node last reported it.
+type Progress struct {
+	// Done and Total are bytes: copied of the data to copy, zeroed of
+	// the device.
+	Done  int64 `json:"done"`
+	Total int64 `json:"total"`
 }
 
 // PersistentVolume is what the API shows of a volume's Kubernetes

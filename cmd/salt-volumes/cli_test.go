@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"log"
@@ -417,6 +418,35 @@ func TestWaitPrintsStepsOnStderr(t *testing.T) {
 	assert.Equal(t, "volume v: Pending, step create\nvolume v: Pending, step mkfs\nvolume v: Available\n", errs, "each step once")
 	assert.Contains(t, a.requests(), "GET /api/v1/info Bearer t")
 
+	t.Run("a long step's bytes: a line each, a bar on a terminal", func(t *testing.T) {
+		copying := func(done int64) saltvolumes.View {
+			v := vol("v", saltvolumes.Pending, "copying")
+			v.Status.Progress = &saltvolumes.Progress{Done: done, Total: 4 << 30}
+			return v
+		}
+		long := newFakeAPI(t, map[string]http.HandlerFunc{
+			"GET /api/v1/watch": stream(true, ev("ADDED", vol("v", saltvolumes.Pending, "create")), synced,
+				ev("MODIFIED", copying(0)), ev("MODIFIED", copying(1<<30)), ev("MODIFIED", copying(1<<30)), ev("MODIFIED", copying(4<<30)),
+				ev("MODIFIED", vol("v", saltvolumes.Pending, "formatted")), ev("MODIFIED", vol("v", saltvolumes.Available, ""))),
+		})
+		_, errs, code := sv(t, at(long, "wait", "v", "--timeout", "10s")...)
+		require.Equal(t, exitOK, code, errs)
+		assert.Equal(t, "volume v: Pending, step create\n"+
+			"volume v: Pending, step copying 0B of 4.0GiB (0 %)\n"+
+			"volume v: Pending, step copying 1.0GiB of 4.0GiB (25 %)\n"+
+			"volume v: Pending, step copying 4.0GiB of 4.0GiB (100 %)\n"+
+			"volume v: Pending, step formatted\nvolume v: Available\n", errs, "plain lines, each report once")
+
+		var tty ttyBuffer
+		code = runIO(at(long, "wait", "v", "--timeout", "10s"), strings.NewReader(""), io.Discard, &tty)
+		require.Equal(t, exitOK, code, tty.String())
+		assert.Equal(t, "volume v: Pending, step create\n"+
+			"\r\033[Kvolume v: copying [..............................]   0 %  0B of 4.0GiB"+
+			"\r\033[Kvolume v: copying [#######.......................]  25 %  1.0GiB of 4.0GiB"+
+			"\r\033[Kvolume v: copying [##############################] 100 %  4.0GiB of 4.0GiB\n"+
+			"volume v: Pending, step formatted\nvolume v: Available\n", tty.String(), "one bar drawn in place, then lines again")
+	})
+
 	t.Run("the default timeout", func(t *testing.T) {
 		noInfo := newFakeAPI(t, nil)
 		for _, tc := range []struct {
@@ -544,3 +574,8 @@ func TestCompletion(t *testing.T) {
 		assert.True(t, strings.HasPrefix(out, ":"), "nothing offered: %q", out)
 	})
 }
+
+// ttyBuffer is a stderr that says it is a terminal.
+type ttyBuffer struct{ bytes.Buffer }
+
+func (*ttyBuffer) IsTerminal() bool { return true }

@@ -55,6 +55,8 @@ func detail(v saltvolumes.View) string {
 		return v.DeleteBlockedReason // the deletion waits for the creation
 	case st.Message != "":
 		return st.Message
+	case st.Step != "" && st.Progress != nil && st.Progress.Total > 0:
+		return fmt.Sprintf("step %s (%d %%)", st.Step, percent(*st.Progress))
 	case st.Step != "":
 		return "step " + st.Step
 	case st.PersistentPath != "":

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/client"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
 
 // waitCmd follows a volume until it is Available or Deleted.
@@ -104,6 +108,9 @@ func step(v saltvolumes.View) string {
 	s := v.Status.Phase.String()
 	if v.Status.Step != "" {
 		s += ", step " + v.Status.Step
+		if p := v.Status.Progress; p != nil && p.Total > 0 {
+			s += " " + progressText(*p)
+		}
 	}
 	if v.Status.Reason != "" {
 		s += ", " + v.Status.Reason
@@ -117,6 +124,27 @@ func step(v saltvolumes.View) string {
 	return s
 }
 
+// progressText is a long step's advance for people: "1.5GiB of 4GiB (37 %)".
+func progressText(p saltvolumes.Progress) string {
+	return fmt.Sprintf("%s of %s (%d %%)", spec.Approx(p.Done), spec.Approx(p.Total), percent(p))
+}
+
+func percent(p saltvolumes.Progress) int64 {
+	if p.Total <= 0 {
+		return 0
+	}
+	return min(100, p.Done*100/p.Total)
+}
+
+// progressBar is the line a terminal shows for a long step, drawn again
+// in place as the step goes: "volume data-1: copying [#####.....] 50 %  2GiB of 4GiB".
+func progressBar(name, stepName string, p saltvolumes.Progress) string {
+	const width = 30
+	filled := int(percent(p) * width / 100)
+	return fmt.Sprintf("volume %s: %s [%s%s] %3d %%  %s of %s", name, stepName,
+		strings.Repeat("#", filled), strings.Repeat(".", width-filled), percent(p), spec.Approx(p.Done), spec.Approx(p.Total))
+}
+
 // follow watches a volume on the watch stream (no polling) until it is
 // target (Available or Deleted), ends Failed, or timeout passes; each
 // step it takes goes to stderr, stdout keeps what the command prints. A
@@ -128,7 +156,12 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 	defer cancel()
 	var last *saltvolumes.View
 	var result error
-	done, lastStep := false, ""
+	done, lastStep, drawn := false, "", false
+	defer func() {
+		if drawn {
+			fmt.Fprintln(c.errw) // the bar's line ends
+		}
+	}()
 	terminating := false // a Failed volume being deleted is not a failure until its deletion fails
 	finish := func(err error) { result, done = err, true }
 	err := cl.Watch(ctx, "", name, func(ev saltvolumes.Event) bool {
@@ -154,7 +187,18 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 			return false
 		}
 		if s := step(v); s != lastStep {
-			line(c.errw, "volume %s: %s", name, s)
+			// A long step on a terminal: one bar, drawn again in place;
+			// elsewhere (a log, a pipe) a plain line per report.
+			if p := v.Status.Progress; p != nil && p.Total > 0 && c.errTerminal() {
+				fmt.Fprintf(c.errw, "\r\033[K%s", cleanCell(progressBar(name, v.Status.Step, *p)))
+				drawn = true
+			} else {
+				if drawn {
+					fmt.Fprintln(c.errw)
+					drawn = false
+				}
+				line(c.errw, "volume %s: %s", name, s)
+			}
 			lastStep = s
 		}
 		switch {
@@ -201,4 +245,16 @@ func (c *cli) showDeleted(name string, last *saltvolumes.View) error {
 	}
 	fmt.Fprintf(c.out, "volume %s deleted\n", name)
 	return nil
+}
+
+// errTerminal says whether stderr is a terminal (a bar can be drawn in
+// place there): an *os.File on one, or a writer that says it is one.
+func (c *cli) errTerminal() bool {
+	switch w := c.errw.(type) {
+	case *os.File:
+		return term.IsTerminal(int(w.Fd()))
+	case interface{ IsTerminal() bool }:
+		return w.IsTerminal()
+	}
+	return false
 }

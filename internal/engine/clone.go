@@ -69,7 +69,7 @@ func (e *Engine) cloneSparse(ctx context.Context, o *op) (grown bool, err error)
 	if err := e.imageRoom(fmt.Sprintf("clone %s of snapshot %s", s.Name, snap.Name), "clone_copy", img, part); err != nil {
 		return false, err
 	}
-	method, err := filecopy.Copy(img, part)
+	method, err := filecopy.CopyProgress(ctx, img, part, o.progress("copying", "snapshot", src.Snapshot))
 	if err != nil {
 		return false, failed("clone_copy", err, "copying snapshot %s", src.Snapshot)
 	}

@@ -142,6 +142,24 @@ func (o *op) step(name string, attrs ...any) {
 	failpoint.Hit(name)
 }
 
+// progressEvery spaces a long step's reports: each becomes a Salt event
+// and a write of the volume's status in the control plane.
+const progressEvery = time.Second
+
+// progress reports a long step (a copy, a wipe) as step name with its
+// bytes done and total: the first and the last report always, between
+// them at most one each progressEvery.
+func (o *op) progress(name string, attrs ...any) func(done, total int64) {
+	var last time.Time
+	return func(done, total int64) {
+		if done != 0 && done != total && time.Since(last) < progressEvery {
+			return
+		}
+		last = time.Now()
+		o.step(name, append(append([]any{}, attrs...), "done", done, "total", total)...)
+	}
+}
+
 // lockVolume takes the volume's lock; callers hold it for the whole op.
 func (e *Engine) lockVolume(u string) (*nodestate.Lock, error) {
 	if err := e.State.Init(); err != nil {

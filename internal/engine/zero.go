@@ -40,17 +40,14 @@ func (e *Engine) zeroAndVerify(o *op, f *os.File, name string, res *Result) erro
 	if err != nil {
 		return wipeUnverified(name, err)
 	}
-	last := -1
+	report := o.progress("zeroing", "device", name)
+	report(0, size)
 	for off := int64(0); off < size; off += blockdev.ZeroChunk {
 		n := min(blockdev.ZeroChunk, size-off)
 		if err := blockdev.ZeroOut(f, off, n); err != nil {
 			return wipeUnverified(name, err)
 		}
-		// A step each tenth: a large disk would otherwise log thousands.
-		if pct := int((off + n) * 10 / size); pct != last {
-			last = pct
-			o.step("zeroing", "device", name, "done", fmt.Sprintf("%d%%", pct*10))
-		}
+		report(off+n, size)
 	}
 	if err := f.Sync(); err != nil {
 		return wipeUnverified(name, err)

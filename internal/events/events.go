@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 )
 
@@ -368,6 +369,9 @@ type Progress struct {
 	// event carried none): a minion that forwards events concurrently
 	// (Salt 3006) delivers them out of order, and Seq puts them back.
 	Seq int
+	// Done and Total are a long step's bytes done and to do (0: the step
+	// said none).
+	Done, Total int64
 }
 
 // AsProgress decodes a progress event, unwrapping the envelope Salt puts
@@ -387,6 +391,9 @@ func (e Event) AsProgress() (Progress, bool) {
 	p.UUID, _ = d["uuid"].(string)
 	p.Step, _ = d["step"].(string)
 	p.Seq = toInt(d["seq"])
+	if done, total := toInt64(d["done"]), toInt64(d["total"]); total > 0 && done >= 0 && done <= total {
+		p.Done, p.Total = done, total
+	}
 	return p, true
 }
 
@@ -417,6 +424,48 @@ func (e Event) AsNodeEvent() (NodeEvent, bool) {
 	}
 	n.Data = d
 	return n, true
+}
+
+// toInt64 is a byte count as msgpack or JSON gives it, or -1 for
+// anything that is not a whole, non-negative number.
+func toInt64(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		if n >= 0 {
+			return n
+		}
+	case uint64:
+		if n <= math.MaxInt64 {
+			return int64(n)
+		}
+	case int:
+		if n >= 0 {
+			return int64(n)
+		}
+	case int8:
+		if n >= 0 {
+			return int64(n)
+		}
+	case int16:
+		if n >= 0 {
+			return int64(n)
+		}
+	case int32:
+		if n >= 0 {
+			return int64(n)
+		}
+	case uint8:
+		return int64(n)
+	case uint16:
+		return int64(n)
+	case uint32:
+		return int64(n)
+	case float64:
+		if n >= 0 && n < 1<<62 && n == math.Trunc(n) {
+			return int64(n)
+		}
+	}
+	return -1
 }
 
 func toInt(v any) int {

@@ -155,6 +155,31 @@ func TestKindsAndTypedEvents(t *testing.T) {
 	assert.Equal(t, "formatted", p.Step)
 	assert.Equal(t, "u-1", p.UUID)
 	assert.Equal(t, "node-1", p.Node)
+	assert.Zero(t, p.Total, "a step without bytes")
+
+	// A long step's bytes, as msgpack gives them; nonsense is none.
+	for _, c := range []struct {
+		done, total any
+		want        [2]int64
+	}{
+		{int64(64), int64(128), [2]int64{64, 128}},
+		{uint64(0), uint64(1 << 40), [2]int64{0, 1 << 40}},
+		{int8(3), uint16(9), [2]int64{3, 9}},
+		{float64(5), float64(10), [2]int64{5, 10}},
+		{int64(200), int64(128), [2]int64{}}, // past the total
+		{int64(-1), int64(128), [2]int64{}},
+		{"50%", int64(128), [2]int64{}}, // a string is no number
+		{float64(1.5), float64(10), [2]int64{}},
+		{nil, int64(10), [2]int64{}},
+		{int64(5), true, [2]int64{}},
+	} {
+		p, ok := Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
+			"cmd": "_minion_event", "id": "node-1",
+			"data": map[string]any{"step": "copying", "uuid": "u-1", "done": c.done, "total": c.total},
+		}}.AsProgress()
+		require.True(t, ok)
+		assert.Equal(t, c.want, [2]int64{p.Done, p.Total}, "%#v of %#v", c.done, c.total)
+	}
 }
 
 // A frame that claims or carries more than MaxFrame breaks the stream

@@ -43,6 +43,17 @@ func Copy(src, dst string) (Method, error) {
 // CopyContext is Copy that stops, removing dst, when ctx ends: a sparse
 // copy checks it between chunks of at most chunk bytes.
 func CopyContext(ctx context.Context, src, dst string) (m Method, err error) {
+	return CopyProgress(ctx, src, dst, nil)
+}
+
+// Progress is told, after each chunk a sparse copy writes, the bytes of
+// data copied so far and in all (the source's data extents; holes are
+// not copied and not counted). A reflink tells nothing: it takes no time.
+type Progress func(done, total int64)
+
+// CopyProgress is CopyContext that reports a sparse copy's advance to
+// progress (nil: none).
+func CopyProgress(ctx context.Context, src, dst string, progress Progress) (m Method, err error) {
 	err = create(src, dst, func(in, out *os.File, size int64) error {
 		m = Reflink
 		if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
@@ -50,7 +61,7 @@ func CopyContext(ctx context.Context, src, dst string) (m Method, err error) {
 				return fmt.Errorf("reflink %s: %w", src, err)
 			}
 			m = Sparse
-			if err := sparseCopy(ctx, in, out, size); err != nil {
+			if err := sparseCopyProgress(ctx, in, out, size, progress); err != nil {
 				return err
 			}
 		}
@@ -204,11 +215,30 @@ const chunk = 64 << 20
 // sparseCopy copies the data extents of in into out, which it first sizes
 // to size: what it skips stays a hole.
 func sparseCopy(ctx context.Context, in, out *os.File, size int64) error {
+	return sparseCopyProgress(ctx, in, out, size, nil)
+}
+
+// sparseCopyProgress is sparseCopy telling progress (when not nil) how
+// far it is, after a first pass that sums the data extents.
+func sparseCopyProgress(ctx context.Context, in, out *os.File, size int64, progress Progress) error {
 	if err := out.Truncate(size); err != nil {
 		return err
 	}
+	var total, done int64
+	advanced := func(int64) {}
+	if progress != nil {
+		if err := extents(in, size, func(data, hole int64) error { total += hole - data; return nil }, nil); err != nil {
+			return err
+		}
+		progress(0, total)
+		advanced = func(n int64) {
+			// A file that grew since the first pass: never past 100 %.
+			done = min(done+n, total)
+			progress(done, total)
+		}
+	}
 	return extents(in, size, func(data, hole int64) error {
-		return copyRange(ctx, in, out, data, hole-data)
+		return copyRange(ctx, in, out, data, hole-data, advanced)
 	}, nil)
 }
 
@@ -246,7 +276,7 @@ func extents(f *os.File, size int64, data, gap func(off, end int64) error) error
 }
 
 // copyRange copies n bytes at off, in the kernel where it can.
-func copyRange(ctx context.Context, in, out *os.File, off, n int64) error {
+func copyRange(ctx context.Context, in, out *os.File, off, n int64, advanced func(int64)) error {
 	roff, woff := off, off
 	for n > 0 {
 		if err := ctx.Err(); err != nil {
@@ -255,7 +285,7 @@ func copyRange(ctx context.Context, in, out *os.File, off, n int64) error {
 		c, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, chunk)), 0)
 		if err != nil {
 			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
-				return readCopy(ctx, in, out, roff, n)
+				return readCopy(ctx, in, out, roff, n, advanced)
 			}
 			return fmt.Errorf("copying %s: %w", in.Name(), err)
 		}
@@ -263,13 +293,14 @@ func copyRange(ctx context.Context, in, out *os.File, off, n int64) error {
 			return fmt.Errorf("copying %s: the file ended early at %d", in.Name(), roff)
 		}
 		n -= int64(c)
+		advanced(int64(c))
 	}
 	return nil
 }
 
 // readCopy is copyRange through user space, for filesystems whose
 // copy_file_range refuses.
-func readCopy(ctx context.Context, in, out *os.File, off, n int64) error {
+func readCopy(ctx context.Context, in, out *os.File, off, n int64, advanced func(int64)) error {
 	for n > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -279,6 +310,7 @@ func readCopy(ctx context.Context, in, out *os.File, off, n int64) error {
 			return err
 		}
 		off, n = off+c, n-c
+		advanced(c)
 	}
 	return nil
 }

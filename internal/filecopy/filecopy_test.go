@@ -200,6 +200,35 @@ func TestUpdateRewritesOnlyWhatChanged(t *testing.T) {
 	assert.Less(t, used, int64(len(data))+int64(2<<20), "the discarded extent is a hole in the copy too: %d", used)
 }
 
+// A sparse copy tells its advance: from 0 to the source's data bytes
+// (holes neither copied nor counted), never backwards; a reflink tells
+// nothing.
+func TestCopyProgressCountsTheData(t *testing.T) {
+	dir := t.TempDir()
+	src, data := sparseFile(t, dir)
+	type report struct{ done, total int64 }
+	var got []report
+	m, err := CopyProgress(context.Background(), src, filepath.Join(dir, "dst"), func(done, total int64) {
+		got = append(got, report{done, total})
+	})
+	require.NoError(t, err)
+	sameContent(t, src, filepath.Join(dir, "dst"))
+	if m == Reflink {
+		assert.Empty(t, got)
+		return
+	}
+	require.GreaterOrEqual(t, len(got), 3, "a start and one report per extent: %v", got)
+	total := got[0].total
+	assert.Equal(t, report{0, total}, got[0])
+	assert.GreaterOrEqual(t, total, int64(2*len(data)), "both extents counted")
+	assert.Less(t, total, int64(8<<20), "the holes of the 64 MiB file not counted: %d", total)
+	for i := 1; i < len(got); i++ {
+		assert.Equal(t, total, got[i].total)
+		assert.Greater(t, got[i].done, got[i-1].done, "progress went backwards or stood: %v", got)
+	}
+	assert.Equal(t, total, got[len(got)-1].done, "it ends at the total")
+}
+
 // CanReflink answers what a copy would do, and leaves no probe behind.
 func TestCanReflinkAsCopyFinds(t *testing.T) {
 	dir := t.TempDir()

@@ -41,10 +41,12 @@ type observation struct {
 	uuid    string
 	step    string
 	seq     int // obsProgress: the step's number from its minion (0: none)
-	wipe    bool
-	sls     string    // obsLaunched: the run's state
-	tries   int       // lookups of a hint so far
-	looked  time.Time // when the last of them ended
+	// obsProgress: a long step's bytes done and total (total 0: none).
+	done, total int64
+	wipe        bool
+	sls         string    // obsLaunched: the run's state
+	tries       int       // lookups of a hint so far
+	looked      time.Time // when the last of them ended
 	// obsHealth: the node's entry for the volume (nil: the node has no
 	// record of it) and when the report arrived.
 	device *saltvolumes.Device
@@ -63,7 +65,7 @@ func (r *Reconciler) Handle(ev events.Event) {
 			r.warn.Warn("progress event outside Salt's single-event envelope ignored", "tag", ev.Tag)
 			return
 		}
-		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node, seq: p.Seq})
+		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node, seq: p.Seq, done: p.Done, total: p.Total})
 	case events.KindNodeHealth, events.KindNodeRestore:
 		r.handleNode(ev)
 	case events.KindJobReturn:

@@ -263,6 +263,45 @@ func (g *rig) forge(ev events.Event) {
 	}
 }
 
+// A long step (a clone's copy, a wipe) reports its bytes as it goes:
+// each report is shown on the volume, the step is logged once, a late
+// report moves nothing back, and the next step carries none of them.
+func TestLongStepsShowTheirBytes(t *testing.T) {
+	g := newRig(t, Options{})
+	s := sparseSpec("data-1")
+	_, err := g.r.Requests.Create(context.Background(), s)
+	require.NoError(t, err)
+	v := g.until("data-1", "Pending")
+	progress := func(step string, seq int64, bytes ...int64) {
+		d := map[string]any{"step": step, "uuid": s.UUID, "seq": seq}
+		if len(bytes) == 2 {
+			d["done"], d["total"] = bytes[0], bytes[1]
+		}
+		g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{"cmd": "_minion_event", "id": "node-1", "data": d}})
+	}
+	for i, done := range []int64{0, 32 << 20, 64 << 20} {
+		progress("copying", int64(1+i), done, 64<<20)
+		st := g.next("data-1").Volume.Status
+		assert.Equal(t, "copying", st.Step)
+		require.NotNil(t, st.Progress)
+		assert.Equal(t, saltvolumes.Progress{Done: done, Total: 64 << 20}, *st.Progress)
+	}
+	progress("copying", 2, 32<<20, 64<<20) // late
+	progress("formatted", 4)
+	st := g.next("data-1").Volume.Status
+	assert.Equal(t, "formatted", st.Step, "a late report was shown")
+	assert.Nil(t, st.Progress, "the copy's bytes outlived its step")
+
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("data-1", "prepared", true, "prepared", device(s))))
+	v = g.until("data-1", "Available")
+	assert.Nil(t, v.Status.Progress)
+	var names []string
+	for _, st := range g.r.Jobs("data-1")[0].Steps {
+		names = append(names, st.Name)
+	}
+	assert.Equal(t, []string{"copying", "formatted"}, names, "each step logged once")
+}
+
 func TestCreateIsSettledByTheJobReturnEvent(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("data-1")

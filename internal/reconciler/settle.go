@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
@@ -34,14 +35,26 @@ func (r *Reconciler) apply(v *volume.Volume, o observation, res *Result) effect 
 			// The return overtook it (Salt 3006): the job's log keeps it.
 			r.jobLog.late(v.Spec.Name, o.step, o.seq, now)
 			return unchanged
-		case o.step == st.Step:
-			return unchanged
 		case r.stepBehind(v, o.seq):
 			// A later step is shown already; the log puts this one before it.
-			r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
+			if o.step != st.Step {
+				r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
+			}
 			return unchanged
+		case o.step == st.Step:
+			// A long step reports its bytes as it goes: shown, not
+			// logged again (the job's log keeps each step once).
+			if o.total == 0 || st.Progress != nil && st.Progress.Done == o.done && st.Progress.Total == o.total {
+				return unchanged
+			}
+			st.Progress = &saltvolumes.Progress{Done: o.done, Total: o.total}
+			return changed
 		}
 		st.Step = o.step
+		st.Progress = nil
+		if o.total > 0 {
+			st.Progress = &saltvolumes.Progress{Done: o.done, Total: o.total}
+		}
 		r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
 		return changed
 	case obsForget:
@@ -115,6 +128,7 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome, res *Result) e
 		r.nodeFree(v.Spec.Node)
 	}
 	st.Step = ""
+	st.Progress = nil
 	if st.Phase == volume.Terminating {
 		if out.OK {
 			r.Metrics.JobsSucceeded.Inc()
@@ -152,6 +166,7 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome, res *Result) e
 		if r.opt.Kube != nil {
 			// Available means the storage is ready and its PV exists.
 			st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
+			st.Progress = nil
 		}
 		res.Forget = true
 		return changed
@@ -248,6 +263,7 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume, res *Result) boo
 			// made outside the control plane (kubectl delete) waits for
 			// the storage to be reclaimed.
 			st.Phase, st.Step = volume.Pending, stepAccepted
+			st.Progress = nil
 			res.Requeue = true
 			return true
 		}

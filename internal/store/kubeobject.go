@@ -50,6 +50,7 @@ type objectStatus struct {
 	Reason           string                        `json:"reason,omitempty"`
 	Message          string                        `json:"message,omitempty"`
 	Step             string                        `json:"step,omitempty"`
+	Progress         *saltvolumes.Progress         `json:"progress,omitempty"`
 	Job              string                        `json:"job,omitempty"`
 	DeviceName       string                        `json:"deviceName,omitempty"`
 	DevicePath       string                        `json:"devicePath,omitempty"`
@@ -112,7 +113,7 @@ func readyCondition(v *volume.Volume) metav1.Condition {
 func objectStatusOf(v *volume.Volume, prev []metav1.Condition, now time.Time) *objectStatus {
 	st := v.Status
 	os := &objectStatus{
-		Phase: string(st.Phase), Reason: st.Reason, Message: st.Message, Step: st.Step, Job: st.JobID,
+		Phase: string(st.Phase), Reason: st.Reason, Message: st.Message, Step: st.Step, Progress: st.Progress, Job: st.JobID,
 		DeviceName: st.DeviceName, DevicePath: st.DevicePath, PersistentPath: st.PersistentPath,
 		Size: st.Size, UUID: v.Spec.UUID, PersistentVolume: st.PersistentVolume,
 		Record: &objectRecord{Volume: *v},

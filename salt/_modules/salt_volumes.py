@@ -215,8 +215,12 @@ def _run(command, spec=None, extra_args=()):
             stderr_tail.append(line)
             continue
         if rec.get("msg") == "step" and command in ("prepare", "unprepare", "restore"):
-            _fire_progress(rec.get("volume") or volume, rec.get("uuid") or uuid, rec.get("step"),
-                           {k: rec[k] for k in ("device", "link", "path") if k in rec})
+            extra = {k: rec[k] for k in ("device", "link", "path") if k in rec}
+            # A long step's bytes (a clone's copy, a wipe): whole numbers only.
+            for k in ("done", "total"):
+                if isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool):
+                    extra[k] = rec[k]
+            _fire_progress(rec.get("volume") or volume, rec.get("uuid") or uuid, rec.get("step"), extra)
         elif rec.get("level") in ("WARN", "ERROR"):
             stderr_tail.append(rec.get("error") or rec.get("msg") or line)
     retcode = proc.wait()

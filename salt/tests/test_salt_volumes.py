@@ -137,6 +137,24 @@ def test_argv_stdin_and_progress_events(mod, tmp_path):
     assert all(d["node"] == "node-1" for _, d in mod.events)
 
 
+def test_a_long_steps_bytes_travel_with_its_progress_events(mod, tmp_path):
+    mod.opts["exec_path"] = fake_binary(tmp_path, """
+        for done in (0, 64, 128):
+            sys.stderr.write(json.dumps({"msg": "step", "step": "copying", "volume": "v1", "uuid": "u",
+                                         "done": done, "total": 128, "snapshot": "s1"}) + "\\n")
+        # Not numbers: never passed on.
+        sys.stderr.write(json.dumps({"msg": "step", "step": "zeroing", "volume": "v1", "uuid": "u",
+                                     "done": "50%", "total": True}) + "\\n")
+        print(json.dumps({"name": "v1", "changed": True}))
+    """)
+    mod.prepare(spec=SPEC)
+    copying = [d for _, d in mod.events if d["step"] == "copying"]
+    assert [(d["done"], d["total"]) for d in copying] == [(0, 128), (64, 128), (128, 128)]
+    assert "snapshot" not in copying[0]
+    zeroing = [d for _, d in mod.events if d["step"] == "zeroing"]
+    assert len(zeroing) == 1 and "done" not in zeroing[0] and "total" not in zeroing[0]
+
+
 def test_no_events_masterless_and_a_broken_bus_is_not_fatal(mod, tmp_path):
     mod.opts["exec_path"] = fake_binary(tmp_path, 'print(json.dumps({"changed": False}))')
     mod.__opts__["local"] = True

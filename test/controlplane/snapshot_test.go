@@ -107,6 +107,28 @@ func TestSnapshotsThroughTheControlPlane(t *testing.T) {
 			require.Equal(t, 0, code, out+errs)
 			cv := getJSON(t, p, clone)
 			uuids = append(uuids, cv.Spec.UUID)
+			// The copy (a sparse copy: the state dir is the host's ext4)
+			// told its bytes through Salt's bus; the job's log keeps the
+			// step once, however many reports it sent.
+			code, body, err := p.Fetch("/api/v1/volumes/" + clone + "/jobs")
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, code, "%s", body)
+			var jobs struct{ Items []saltvolumes.Job }
+			require.NoError(t, json.Unmarshal(body, &jobs), "%s", body)
+			require.NotEmpty(t, jobs.Items)
+			var names []string
+			for _, step := range jobs.Items[0].Steps {
+				names = append(names, step.Name)
+			}
+			assert.Contains(t, names, "copying", "the clone's copy reported no progress")
+			var copying int
+			for _, n := range names {
+				if n == "copying" {
+					copying++
+				}
+			}
+			assert.Equal(t, 1, copying, "a step logged once: %v", names)
+			t.Logf("create --from snapshot/%s --wait: %s", snap, errs)
 			assert.Equal(t, "node-1", cv.Spec.Node)
 			assert.Equal(t, fs, cv.Spec.FSType)
 			assert.NotEqual(t, v.Spec.UUID, cv.Spec.UUID)

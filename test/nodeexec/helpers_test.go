@@ -308,6 +308,32 @@ func steps(stderr string) []string {
 	return out
 }
 
+// stepRecords are the step lines of stderr named step, as decoded JSON.
+func stepRecords(stderr, step string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(stderr, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "step" && m["step"] == step {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// progressOf is the bytes (done, total) each step line named step
+// reported, in order.
+func progressOf(t *testing.T, stderr, step string) [][2]int64 {
+	t.Helper()
+	var out [][2]int64
+	for _, m := range stepRecords(stderr, step) {
+		done, ok1 := m["done"].(float64)
+		total, ok2 := m["total"].(float64)
+		require.True(t, ok1 && ok2, "step %s without its bytes: %v", step, m)
+		out = append(out, [2]int64{int64(done), int64(total)})
+	}
+	return out
+}
+
 func mustJSON(t *testing.T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)

@@ -130,6 +130,16 @@ func TestCloneFromSnapshot(t *testing.T) {
 		st := steps(r.Stderr)
 		assert.Contains(t, st, "cloned")
 		assert.Contains(t, st, "clone-identity")
+		// A copy (not a reflink: the state dir is the host's ext4) tells
+		// its bytes from 0 to the snapshot's data.
+		if cloned := stepRecords(r.Stderr, "cloned"); len(cloned) == 1 && cloned[0]["method"] == "sparse-copy" {
+			p := progressOf(t, r.Stderr, "copying")
+			require.GreaterOrEqual(t, len(p), 2, "a copy's start and end: %v", p)
+			total := p[0][1]
+			assert.Positive(t, total)
+			assert.Equal(t, [2]int64{0, total}, p[0])
+			assert.Equal(t, [2]int64{total, total}, p[len(p)-1])
+		}
 		assert.Equal(t, "/dev/disk/by-uuid/"+u2, r.str("persistentPath"))
 		assert.Equal(t, u2, blkid(t, r.str("devicePath"))["UUID"], "the clone's filesystem has the clone's UUID")
 		mp2 := mount(t, r.str("persistentPath"))

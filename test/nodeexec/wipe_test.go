@@ -74,6 +74,11 @@ func TestVerifiedWipe(t *testing.T) {
 			assert.Equal(t, float64(0), offs[0])
 			assert.Equal(t, float64(48<<20-4096), offs[1])
 			assert.Contains(t, steps(r.Stderr), "zero-verified")
+			// The zeroing tells its bytes, from none to the whole device.
+			p := progressOf(t, r.Stderr, "zeroing")
+			require.GreaterOrEqual(t, len(p), 2, "%v", p)
+			assert.Equal(t, [2]int64{0, 48 << 20}, p[0])
+			assert.Equal(t, [2]int64{48 << 20, 48 << 20}, p[len(p)-1])
 			assert.Equal(t, int64(-1), allZero(t, disk.Path), "every byte of the device reads zero")
 		})
 	}

@@ -381,7 +381,7 @@ function row(v) {
     sizeText: s.size ? formatSize(s.size) : (specSize(sp) || "-"),
     phase: s.phase,
     pv: pvText(s.persistentVolume),
-    step: s.step || "",
+    step: s.step ? s.step + (s.progress && s.progress.total > 0 ? " " + Math.min(100, Math.floor((s.progress.done * 100) / s.progress.total)) + " %" : "") : "",
     device: s.deviceName || "",
     path: s.persistentPath || "",
     age: -Date.parse(v.createdAt),
@@ -651,6 +651,15 @@ function renderDetail() {
   dl($("#vol-status"), [["Phase", s.phase], ["Reason", s.reason], ["Step", s.step], ["Device", s.devicePath],
     ["Persistent path", s.persistentPath], ["Device size", s.size ? formatSize(s.size) : ""], ["In use", s.inUse ? "yes" : ""],
     ["Job", s.jobId], ["Updated", when(s.updatedAt)]]);
+  // A long step (a clone's copy, a wipe) tells its bytes as it goes.
+  const p = s.progress;
+  $("#vol-progress").hidden = !(s.step && p && p.total > 0);
+  if (s.step && p && p.total > 0) {
+    const pct = Math.min(100, Math.floor((p.done * 100) / p.total));
+    $("#vol-progress-bar").value = pct;
+    $("#vol-progress-bar").textContent = pct + " %";
+    $("#vol-progress-label").textContent = s.step + ": " + (formatSize(p.done) || "0") + " of " + formatSize(p.total) + " (" + pct + " %)";
+  }
   const u = state.detail.usage;
   dl($("#vol-usage"), u ? [["State", u.state], ["Allocated", u.allocated ? formatSize(u.allocated) : ""],
     ["Filesystem used", u.fsUsed ? formatSize(u.fsUsed) : ""], ["Filesystem free", u.fsFree ? formatSize(u.fsFree) : ""],
