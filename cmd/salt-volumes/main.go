@@ -94,7 +94,7 @@ func runIO(args []string, in io.Reader, stdout, stderr io.Writer) int {
 type cli struct {
 	in        io.Reader // answers to questions (node forget), the password (login)
 	out, errw io.Writer
-	conn   conn
+	conn      conn
 	// output is -o (empty: table); noHeaders drops the tables' heads.
 	output    string
 	noHeaders bool
