@@ -62,6 +62,9 @@ type Status struct {
 
 // Progress is a long step's advance, as its node last reported it.
 type Progress struct {
+	// Step is the step it is of: a progress whose step is no longer the
+	// volume's is dropped when the volume is saved.
+	Step string `json:"step"`
 	// Done and Total are bytes: copied of the data to copy, zeroed of
 	// the device.
 	Done  int64 `json:"done"`

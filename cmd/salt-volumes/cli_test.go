@@ -575,6 +575,23 @@ func TestCompletion(t *testing.T) {
 	})
 }
 
+// A progress the server should never pass (past int64 arithmetic, done
+// past total, negative) still draws a bar between 0 and 100 %, and a line
+// too wide for the terminal is cut to it.
+func TestProgressBarBounds(t *testing.T) {
+	for _, p := range []saltvolumes.Progress{
+		{Done: 1 << 61, Total: 1 << 61}, {Done: 1 << 62, Total: 1}, {Done: -5, Total: 10}, {Done: 5, Total: 0},
+	} {
+		pct := percent(p)
+		assert.True(t, pct >= 0 && pct <= 100, "%+v: %d", p, pct)
+		assert.NotPanics(t, func() { _ = progressBar("v", "copying", p) }, "%+v", p)
+	}
+	assert.Equal(t, int64(100), percent(saltvolumes.Progress{Done: 1 << 61, Total: 1 << 61}))
+	long := progressBar(strings.Repeat("n", 60), "copying", saltvolumes.Progress{Done: 1, Total: 2})
+	assert.Equal(t, 79, len([]rune(fitLine(long, 80))))
+	assert.Equal(t, "short", fitLine("short", 80))
+}
+
 // ttyBuffer is a stderr that says it is a terminal.
 type ttyBuffer struct{ bytes.Buffer }
 

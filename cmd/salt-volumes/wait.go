@@ -130,19 +130,30 @@ func progressText(p saltvolumes.Progress) string {
 }
 
 func percent(p saltvolumes.Progress) int64 {
-	if p.Total <= 0 {
+	if p.Total <= 0 || p.Done <= 0 {
 		return 0
 	}
-	return min(100, p.Done*100/p.Total)
+	// In floats: Done*100 overflows past 92 PiB, and the server's bound
+	// is no reason to trust it here.
+	return max(0, min(100, int64(float64(p.Done)/float64(p.Total)*100)))
 }
 
 // progressBar is the line a terminal shows for a long step, drawn again
 // in place as the step goes: "volume data-1: copying [#####.....] 50 %  2GiB of 4GiB".
 func progressBar(name, stepName string, p saltvolumes.Progress) string {
 	const width = 30
-	filled := int(percent(p) * width / 100)
+	filled := max(0, min(width, int(percent(p)*width/100)))
 	return fmt.Sprintf("volume %s: %s [%s%s] %3d %%  %s of %s", name, stepName,
 		strings.Repeat("#", filled), strings.Repeat(".", width-filled), percent(p), spec.Approx(p.Done), spec.Approx(p.Total))
+}
+
+// fitLine cuts s to a terminal line of cols columns: a line that wraps
+// is not drawn again in place by a carriage return.
+func fitLine(s string, cols int) string {
+	if r := []rune(s); cols > 1 && len(r) >= cols {
+		return string(r[:cols-1])
+	}
+	return s
 }
 
 // follow watches a volume on the watch stream (no polling) until it is
@@ -189,8 +200,9 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 		if s := step(v); s != lastStep {
 			// A long step on a terminal: one bar, drawn again in place;
 			// elsewhere (a log, a pipe) a plain line per report.
-			if p := v.Status.Progress; p != nil && p.Total > 0 && c.errTerminal() {
-				fmt.Fprintf(c.errw, "\r\033[K%s", cleanCell(progressBar(name, v.Status.Step, *p)))
+			// A reason (a retry, a failure) is said in full, on a line.
+			if p := v.Status.Progress; p != nil && p.Total > 0 && v.Status.Reason == "" && c.errTerminal() {
+				fmt.Fprintf(c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar(name, v.Status.Step, *p)), c.errColumns()))
 				drawn = true
 			} else {
 				if drawn {
@@ -245,6 +257,16 @@ func (c *cli) showDeleted(name string, last *saltvolumes.View) error {
 	}
 	fmt.Fprintf(c.out, "volume %s deleted\n", name)
 	return nil
+}
+
+// errColumns is stderr's width in columns (80 when it cannot tell).
+func (c *cli) errColumns() int {
+	if f, ok := c.errw.(*os.File); ok {
+		if w, _, err := term.GetSize(int(f.Fd())); err == nil && w > 0 {
+			return w
+		}
+	}
+	return 80
 }
 
 // errTerminal says whether stderr is a terminal (a bar can be drawn in

@@ -142,20 +142,28 @@ func (o *op) step(name string, attrs ...any) {
 	failpoint.Hit(name)
 }
 
-// progressEvery spaces a long step's reports: each becomes a Salt event
-// and a write of the volume's status in the control plane.
+// progressEvery spaces a long step's reports: each becomes a Salt event.
 const progressEvery = time.Second
 
 // progress reports a long step (a copy, a wipe) as step name with its
 // bytes done and total: the first and the last report always, between
-// them at most one each progressEvery.
+// them one for each whole percent more, at most one each progressEvery.
+// So a step says at most 101 lines, however long it runs: the Salt module
+// reads them from a pipe while it sends each as an event, which under
+// salt-call with a slow master can take a minute, and a pipe that filled
+// would stop the copy itself.
 func (o *op) progress(name string, attrs ...any) func(done, total int64) {
 	var last time.Time
+	lastPct, ended := int64(-1), false
 	return func(done, total int64) {
-		if done != 0 && done != total && time.Since(last) < progressEvery {
+		if ended || total <= 0 {
 			return
 		}
-		last = time.Now()
+		pct := done * 100 / total
+		if done > 0 && done < total && (pct == lastPct || time.Since(last) < progressEvery) {
+			return
+		}
+		last, lastPct, ended = time.Now(), pct, done >= total
 		o.step(name, append(append([]any{}, attrs...), "done", done, "total", total)...)
 	}
 }

@@ -391,7 +391,9 @@ func (e Event) AsProgress() (Progress, bool) {
 	p.UUID, _ = d["uuid"].(string)
 	p.Step, _ = d["step"].(string)
 	p.Seq = toInt(d["seq"])
-	if done, total := toInt64(d["done"]), toInt64(d["total"]); total > 0 && done >= 0 && done <= total {
+	// Bounded where a float64 is still exact (8 PiB): no device is
+	// larger, and consumers may compute with floats.
+	if done, total := toInt64(d["done"]), toInt64(d["total"]); total > 0 && total <= 1<<53 && done >= 0 && done <= total {
 		p.Done, p.Total = done, total
 	}
 	return p, true

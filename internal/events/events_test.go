@@ -172,6 +172,8 @@ func TestKindsAndTypedEvents(t *testing.T) {
 		{float64(1.5), float64(10), [2]int64{}},
 		{nil, int64(10), [2]int64{}},
 		{int64(5), true, [2]int64{}},
+		{int64(1 << 57), int64(1 << 57), [2]int64{}}, // past any device
+		{int64(1 << 53), int64(1 << 53), [2]int64{1 << 53, 1 << 53}},
 	} {
 		p, ok := Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{
 			"cmd": "_minion_event", "id": "node-1",

@@ -94,7 +94,6 @@ func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
 		}
 		r.log.Warn("node reports the volume unhealthy", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", reason, "message", msg)
 		st.Phase, st.Reason, st.Message, st.Step = volume.Failed, reason, msg, ""
-		st.Progress = nil
 		return changed
 	}
 	d := o.device

@@ -57,12 +57,13 @@ func (l *jobLog) started(name, jid, sls string, at time.Time) {
 	l.changed = true
 }
 
-// step records a step of the volume's running job jid.
-func (l *jobLog) step(name, jid, step string, seq int, at time.Time) {
+// step records a step of the volume's running job jid; once: only if the
+// job has no step of that name yet (a long step's many reports).
+func (l *jobLog) step(name, jid, step string, seq int, at time.Time, once bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if j := l.find(name, jid); j != nil {
-		l.insert(j, step, seq, at)
+		l.insert(j, step, seq, at, once)
 	}
 }
 
@@ -70,7 +71,7 @@ func (l *jobLog) step(name, jid, step string, seq int, at time.Time) {
 // volume's newest job if that ended at most lateStepGrace before at.
 // Progress events carry no job id, so only a numbered step is taken, and
 // only once.
-func (l *jobLog) late(name, step string, seq int, at time.Time) {
+func (l *jobLog) late(name, step string, seq int, at time.Time, once bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	jobs := l.m[name]
@@ -81,14 +82,22 @@ func (l *jobLog) late(name, step string, seq int, at time.Time) {
 	if j.Finished.IsZero() || at.Sub(j.Finished) > lateStepGrace {
 		return
 	}
-	l.insert(j, step, seq, at)
+	l.insert(j, step, seq, at, once)
 }
 
 // insert puts the step in its place by number (a step seen already is not
-// added twice); its time stays the time it arrived.
-func (l *jobLog) insert(j *saltvolumes.Job, step string, seq int, at time.Time) {
+// added twice, nor, once, one of a name the job has); its time stays the
+// time it arrived.
+func (l *jobLog) insert(j *saltvolumes.Job, step string, seq int, at time.Time, once bool) {
 	if len(j.Steps) >= stepsPerJob {
 		return
+	}
+	if once {
+		for _, s := range j.Steps {
+			if s.Name == step {
+				return
+			}
+		}
 	}
 	if l.seqs == nil {
 		l.seqs = map[*saltvolumes.Job][]int{}

@@ -34,7 +34,6 @@ func (r *Reconciler) observeKube(ctx context.Context, v *volume.Volume) bool {
 	case kv.Republish && st.Phase == volume.Available:
 		r.log.Info("volume has no PersistentVolume; creating it", "volume", v.Spec.Name)
 		st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
-		st.Progress = nil
 		return true
 	case kv.Reclaim:
 		if ok, why := volume.CanDelete(v); !ok {
@@ -49,7 +48,6 @@ func (r *Reconciler) observeKube(ctx context.Context, v *volume.Volume) bool {
 			"volume", v.Spec.Name, "node", v.Spec.Node, "claim", v.Claim.Namespace+"/"+v.Claim.Name, "why", kv.Reprovision)
 		v.DeleteRequested, v.Wipe = true, false
 		st.Step = stepReschedule
-		st.Progress = nil
 		return true
 	}
 	return changed

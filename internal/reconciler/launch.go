@@ -75,7 +75,6 @@ func (r *Reconciler) launch(ctx context.Context, v *volume.Volume, sls string, p
 	}
 	job, err := r.salt.LocalAsync(jctx, v.Spec.Node, FunApply, []any{strings.TrimPrefix(sls, "salt_volumes."), specs, wipe}, nil)
 	st.Step = ""
-	st.Progress = nil
 	if err != nil {
 		for _, b := range batch {
 			r.waitForNode(v.Spec.Node, b.Spec.Name)
@@ -152,7 +151,6 @@ func (r *Reconciler) checkTimeout(ctx context.Context, v *volume.Volume, res *Re
 	}
 	removalNext(v, res)
 	st.Phase, st.Step = volume.Failed, ""
-	st.Progress = nil
 	return true
 }
 

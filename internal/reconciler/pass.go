@@ -83,6 +83,11 @@ func (r *Reconciler) reconcile(ctx context.Context, name string) Result {
 // volume is reconciled again from it.
 func (r *Reconciler) save(ctx context.Context, v, base *volume.Volume, res *Result) {
 	name := v.Spec.Name
+	// A long step's bytes go with their step: any other step (queued,
+	// published, settled, failed) drops them.
+	if p := v.Status.Progress; p != nil && p.Step != v.Status.Step {
+		v.Status.Progress = nil
+	}
 	for range 3 {
 		err := r.writer().Update(ctx, v)
 		var ce *store.ConflictError

@@ -226,6 +226,8 @@ type Reconciler struct {
 	// steps holds, per volume, the last progress step shown (stepBehind).
 	stepsMu sync.Mutex
 	steps   map[string]stepMark
+	// progressAt is when each volume's long-step report was last saved.
+	progressAt map[string]time.Time
 	// term is the queue of the term under way (nil between terms).
 	term           *term
 	inbox          map[string][]observation

@@ -186,6 +186,29 @@ func (g *rig) next(name string) store.Event {
 	}
 }
 
+// quiet asserts that the named volume does not change for d.
+func (g *rig) quiet(name string, d time.Duration) {
+	g.t.Helper()
+	if evs := g.held[name]; len(evs) > 0 {
+		g.t.Fatalf("%s changed: %+v", name, evs[0].Volume.Status)
+	}
+	deadline := time.After(d)
+	for {
+		select {
+		case ev := <-g.watch:
+			if ev.Volume.Spec.Name == name {
+				g.t.Fatalf("%s changed: %+v", name, ev.Volume.Status)
+			}
+			if g.held == nil {
+				g.held = map[string][]store.Event{}
+			}
+			g.held[ev.Volume.Spec.Name] = append(g.held[ev.Volume.Spec.Name], ev)
+		case <-deadline:
+			return
+		}
+	}
+}
+
 // until waits for the volume to reach phase (or be deleted when phase is "DELETED").
 func (g *rig) until(name string, phase string) *volume.Volume {
 	g.t.Helper()
@@ -264,14 +287,17 @@ func (g *rig) forge(ev events.Event) {
 }
 
 // A long step (a clone's copy, a wipe) reports its bytes as it goes:
-// each report is shown on the volume, the step is logged once, a late
-// report moves nothing back, and the next step carries none of them.
+// the first report and the last are shown, the ones between at most one
+// each progressSaveEvery (a store write and a watch event each); the step
+// is logged once, however many reports come, late ones too; a late
+// report moves nothing back; the next step carries none of them.
 func TestLongStepsShowTheirBytes(t *testing.T) {
 	g := newRig(t, Options{})
 	s := sparseSpec("data-1")
 	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("data-1", "Pending")
+	require.NotEmpty(t, v.Status.JobID)
 	progress := func(step string, seq int64, bytes ...int64) {
 		d := map[string]any{"step": step, "uuid": s.UUID, "seq": seq}
 		if len(bytes) == 2 {
@@ -279,22 +305,33 @@ func TestLongStepsShowTheirBytes(t *testing.T) {
 		}
 		g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{"cmd": "_minion_event", "id": "node-1", "data": d}})
 	}
-	for i, done := range []int64{0, 32 << 20, 64 << 20} {
-		progress("copying", int64(1+i), done, 64<<20)
-		st := g.next("data-1").Volume.Status
-		assert.Equal(t, "copying", st.Step)
-		require.NotNil(t, st.Progress)
-		assert.Equal(t, saltvolumes.Progress{Done: done, Total: 64 << 20}, *st.Progress)
-	}
-	progress("copying", 2, 32<<20, 64<<20) // late
-	progress("formatted", 4)
+	progress("copying", 1, 0, 64<<20)
 	st := g.next("data-1").Volume.Status
-	assert.Equal(t, "formatted", st.Step, "a late report was shown")
+	assert.Equal(t, "copying", st.Step)
+	require.NotNil(t, st.Progress)
+	assert.Equal(t, saltvolumes.Progress{Step: "copying", Done: 0, Total: 64 << 20}, *st.Progress)
+	// Within progressSaveEvery: not saved.
+	progress("copying", 2, 16<<20, 64<<20)
+	progress("copying", 3, 32<<20, 64<<20)
+	g.quiet("data-1", 300*time.Millisecond)
+	// The last report is saved at once.
+	progress("copying", 4, 64<<20, 64<<20)
+	st = g.next("data-1").Volume.Status
+	require.NotNil(t, st.Progress)
+	assert.Equal(t, saltvolumes.Progress{Step: "copying", Done: 64 << 20, Total: 64 << 20}, *st.Progress)
+
+	progress("formatted", 6)
+	st = g.next("data-1").Volume.Status
+	assert.Equal(t, "formatted", st.Step)
 	assert.Nil(t, st.Progress, "the copy's bytes outlived its step")
+	progress("copying", 5, 48<<20, 64<<20) // late, behind the next step
+	g.quiet("data-1", 300*time.Millisecond)
 
 	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("data-1", "prepared", true, "prepared", device(s))))
 	v = g.until("data-1", "Available")
 	assert.Nil(t, v.Status.Progress)
+	progress("copying", 7, 64<<20, 64<<20) // after the return
+	time.Sleep(100 * time.Millisecond)
 	var names []string
 	for _, st := range g.r.Jobs("data-1")[0].Steps {
 		names = append(names, st.Name)
@@ -387,11 +424,11 @@ func TestStepsLongAfterTheReturnAreNotLogged(t *testing.T) {
 	var l jobLog
 	t0 := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
 	l.started("v", "j1", "prepared", t0)
-	l.step("v", "j1", "attached", 4, t0.Add(time.Second))
+	l.step("v", "j1", "attached", 4, t0.Add(time.Second), false)
 	l.ended("v", "j1", "succeeded", "", t0.Add(2*time.Second))
-	l.late("v", "formatted", 3, t0.Add(2*time.Second+lateStepGrace+time.Millisecond))
-	l.late("v", "unnumbered", 0, t0.Add(3*time.Second))
-	l.late("v", "recorded", 2, t0.Add(3*time.Second))
+	l.late("v", "formatted", 3, t0.Add(2*time.Second+lateStepGrace+time.Millisecond), false)
+	l.late("v", "unnumbered", 0, t0.Add(3*time.Second), false)
+	l.late("v", "recorded", 2, t0.Add(3*time.Second), false)
 	jobs := l.m["v"]
 	require.Len(t, jobs, 1)
 	require.Len(t, jobs[0].Steps, 2)

@@ -33,29 +33,36 @@ func (r *Reconciler) apply(v *volume.Volume, o observation, res *Result) effect 
 		switch {
 		case !waiting(v):
 			// The return overtook it (Salt 3006): the job's log keeps it.
-			r.jobLog.late(v.Spec.Name, o.step, o.seq, now)
+			r.jobLog.late(v.Spec.Name, o.step, o.seq, now, o.total > 0)
 			return unchanged
 		case r.stepBehind(v, o.seq):
-			// A later step is shown already; the log puts this one before it.
+			// A later step is shown already; the log puts this one before it
+			// (a long step's report only if its step is not there yet).
 			if o.step != st.Step {
-				r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
+				r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now, o.total > 0)
 			}
 			return unchanged
 		case o.step == st.Step:
-			// A long step reports its bytes as it goes: shown, not
-			// logged again (the job's log keeps each step once).
-			if o.total == 0 || st.Progress != nil && st.Progress.Done == o.done && st.Progress.Total == o.total {
+			// A long step reports its bytes as it goes: shown, not logged
+			// again, and saved at most once each progressSaveEvery (a
+			// write of the volume, and an event to every watcher, each),
+			// but for the last report. Only while a job runs.
+			if o.total == 0 || st.JobID == "" || st.Progress != nil && st.Progress.Step == o.step && st.Progress.Done == o.done && st.Progress.Total == o.total {
 				return unchanged
 			}
-			st.Progress = &saltvolumes.Progress{Done: o.done, Total: o.total}
+			if o.done != o.total && !r.progressDue(v.Spec.Name, now) {
+				return unchanged
+			}
+			st.Progress = &saltvolumes.Progress{Step: o.step, Done: o.done, Total: o.total}
 			return changed
 		}
 		st.Step = o.step
 		st.Progress = nil
-		if o.total > 0 {
-			st.Progress = &saltvolumes.Progress{Done: o.done, Total: o.total}
+		if o.total > 0 && st.JobID != "" {
+			st.Progress = &saltvolumes.Progress{Step: o.step, Done: o.done, Total: o.total}
+			r.progressDue(v.Spec.Name, now)
 		}
-		r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now)
+		r.jobLog.step(v.Spec.Name, st.JobID, o.step, o.seq, now, o.total > 0)
 		return changed
 	case obsForget:
 		if st.Phase != volume.Failed && !v.NodeForgotten {
@@ -128,7 +135,6 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome, res *Result) e
 		r.nodeFree(v.Spec.Node)
 	}
 	st.Step = ""
-	st.Progress = nil
 	if st.Phase == volume.Terminating {
 		if out.OK {
 			r.Metrics.JobsSucceeded.Inc()
@@ -166,7 +172,6 @@ func (r *Reconciler) settle(v *volume.Volume, out volume.Outcome, res *Result) e
 		if r.opt.Kube != nil {
 			// Available means the storage is ready and its PV exists.
 			st.Phase, st.Publishing, st.Step = volume.Pending, true, stepPublish
-			st.Progress = nil
 		}
 		res.Forget = true
 		return changed
@@ -263,7 +268,6 @@ func (r *Reconciler) act(ctx context.Context, v *volume.Volume, res *Result) boo
 			// made outside the control plane (kubectl delete) waits for
 			// the storage to be reclaimed.
 			st.Phase, st.Step = volume.Pending, stepAccepted
-			st.Progress = nil
 			res.Requeue = true
 			return true
 		}
@@ -293,6 +297,27 @@ func (r *Reconciler) stepBehind(v *volume.Volume, seq int) bool {
 	}
 	r.steps[v.Spec.Name] = stepMark{job: v.Status.JobID, uuid: v.Spec.UUID, seq: seq}
 	return false
+}
+
+// progressSaveEvery spaces the saves of a long step's reports for one
+// volume: a node sends one a second at most, a forged sender any number;
+// each save is a store write (an etcd revision, a Kubernetes status
+// update under client-go's rate limit) and an event to every watcher.
+const progressSaveEvery = 5 * time.Second
+
+// progressDue says whether a report of volume name may be saved now (and,
+// if so, counts it as saved).
+func (r *Reconciler) progressDue(name string, now time.Time) bool {
+	r.stepsMu.Lock()
+	defer r.stepsMu.Unlock()
+	if r.progressAt == nil {
+		r.progressAt = map[string]time.Time{}
+	}
+	if now.Sub(r.progressAt[name]) < progressSaveEvery {
+		return false
+	}
+	r.progressAt[name] = now
+	return true
 }
 
 // stepMark is the last progress step shown for a volume's job.
