@@ -76,17 +76,7 @@ func TestReflinkOnXFS(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
 		t.Skip("no mkfs.xfs (make setup installs xfsprogs)")
 	}
-	// mkfs.xfs refuses devices under 300 MB.
-	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
-		out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).CombinedOutput()
-		if err != nil {
-			t.Logf("mkfs.xfs: %s", out)
-		}
-		return err
-	})
-	mnt := t.TempDir()
-	require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
-	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	mnt := mountXFS(t, "1")
 
 	src, _ := sparseFile(t, mnt)
 	dst := filepath.Join(mnt, "dst")
@@ -135,20 +125,7 @@ func TestCanReflinkFromXFSGeometry(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
 		t.Skip("no mkfs.xfs (make setup installs xfsprogs)")
 	}
-	mount := func(reflink string) string {
-		d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
-			out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink="+reflink, img).CombinedOutput()
-			if err != nil {
-				t.Logf("mkfs.xfs: %s", out)
-			}
-			return err
-		})
-		mnt := t.TempDir()
-		require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
-		t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
-		return mnt
-	}
-	with, without := mount("1"), mount("0")
+	with, without := mountXFS(t, "1"), mountXFS(t, "0")
 
 	src, _ := sparseFile(t, with)
 	blocked := filepath.Join(with, "probe")
@@ -164,6 +141,23 @@ func TestCanReflinkFromXFSGeometry(t *testing.T) {
 	assert.Equal(t, Sparse, m, "and the copy agrees")
 
 	assert.False(t, CanReflink(src, filepath.Join(t.TempDir(), "probe")), "another filesystem")
+}
+
+// mountXFS mounts a fresh xfs, reflink=1 or 0, on a loop device of its
+// own (mkfs.xfs refuses devices under 300 MB), unmounted at the end.
+func mountXFS(t *testing.T, reflink string) string {
+	t.Helper()
+	d := testenv.FakeDiskWith(t, 320<<20, func(img string) error {
+		out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink="+reflink, img).CombinedOutput()
+		if err != nil {
+			t.Logf("mkfs.xfs: %s", out)
+		}
+		return err
+	})
+	mnt := t.TempDir()
+	require.NoError(t, unix.Mount(d.Path, mnt, "xfs", 0, ""))
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	return mnt
 }
 
 // Update brings an earlier copy up to date: only the blocks that differ

@@ -382,21 +382,7 @@ func (d Dir) All() ([]*Record, []error) {
 // WriteFileAtomic replaces path so that readers and crashes see either the
 // old or the new content, never a mix.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	if err := writeSynced(f, data, perm); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dir)
+	return writeAtomic(path, data, perm, true)
 }
 
 // WriteFileAtomicOrdered is WriteFileAtomic for a record that only has
@@ -408,11 +394,15 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 // all the same, so the name never holds less than the whole record.
 // Elsewhere it is WriteFileAtomic.
 func WriteFileAtomicOrdered(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
 	var fs unix.Statfs_t
-	if unix.Statfs(dir, &fs) != nil || fs.Type != unix.XFS_SUPER_MAGIC {
-		return WriteFileAtomic(path, data, perm)
-	}
+	ordered := unix.Statfs(filepath.Dir(path), &fs) == nil && fs.Type == unix.XFS_SUPER_MAGIC
+	return writeAtomic(path, data, perm, !ordered)
+}
+
+// writeAtomic writes data beside path, synced, renames it over path, and
+// syncs the directory when dirSync says so.
+func writeAtomic(path string, data []byte, perm os.FileMode, dirSync bool) error {
+	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
@@ -426,7 +416,10 @@ func WriteFileAtomicOrdered(path string, data []byte, perm os.FileMode) error {
 		os.Remove(tmp)
 		return err
 	}
-	return nil
+	if !dirSync {
+		return nil
+	}
+	return syncDir(dir)
 }
 
 func syncDir(dir string) error {
