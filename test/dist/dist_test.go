@@ -659,7 +659,8 @@ func repository(t *testing.T, dist, home, fpr, v string) {
 	for _, pkg := range []string{"salt-volume-exec", "salt-volumes"} {
 		assert.Contains(t, out3, pkg+" "+debVersion(v)+" x86_64", "dnf repoquery: %s", out3)
 	}
-	tampered := filepath.Join(t.TempDir(), "rpm")
+	// (A plain path: a subtest's temp dir holds "#", which ends a URL.)
+	tampered := filepath.Join(plain(), "rpm")
 	require.NoError(t, exec.Command("cp", "-a", filepath.Join(rdir, "rpm"), tampered).Run())
 	f, err := os.OpenFile(filepath.Join(tampered, "repodata/repomd.xml"), os.O_APPEND|os.O_WRONLY, 0)
 	require.NoError(t, err)
