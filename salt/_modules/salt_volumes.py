@@ -1618,9 +1618,13 @@ def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=N
             for uuid in [u for u in mine if u not in here or not isinstance(mine[u], dict)
                          or mine[u].get("owner") != schedule_id]:
                 del mine[uuid]
-            # Retired before this run began: it is scheduled again. (A run
-            # that began earlier and ends after its retirement leaves it.)
-            if name in doc["retired"] and doc["retired"][name] < now:
+            # Retired: reported again only if scheduled again, its entry
+            # back under this run's id. A run the scheduler fired just
+            # before the entry went may reach here after the retirement
+            # (its clock read late, in the same second): it leaves it. The
+            # formula removes the entry before it retires, so under this
+            # lock the entry read is current.
+            if name in doc["retired"] and doc["retired"][name] < now and _scheduled_under(name, schedule_id):
                 del doc["retired"][name]
         results = [_run_schedule_on(name, conf, v, snap, now, schedule_id) for v in sorted(chosen, key=lambda v: v["name"])]
     finally:
@@ -1636,6 +1640,14 @@ def run_snapshot_schedule(name, volumes=None, match=None, every=None, daily_at=N
         if missing:
             ret["notOnThisMinion"] = missing
     return ret
+
+
+def _scheduled_under(name, schedule_id):
+    """Whether this minion's Salt schedule holds schedule ``name``'s entry under ``schedule_id``."""
+    current = __salt__["schedule.list"](show_all=True, return_yaml=False)
+    if not isinstance(current, dict):
+        return False
+    return _entry_schedule_id(current.get(SCHEDULE_ENTRY_PREFIX + name)) == schedule_id
 
 
 def snapshot_schedule_status():
@@ -1703,9 +1715,9 @@ def retire_snapshot_schedule(name):
     ``salt_volumes.snapshot_schedule_retired`` state, when a schedule
     leaves pillar). Its snapshots stay on the node, released: its record
     of them goes, so no schedule ever prunes them (one of the same name
-    later owns only what it takes, under its own entry's id). A run that
-    starts later reports it again. Returns whether it was reported until
-    now.
+    later owns only what it takes, under its own entry's id). A run under
+    an entry added again reports it again; a run the scheduler fired as
+    the entry went does not. Returns whether it was reported until now.
 
     CLI Example:
 

@@ -667,6 +667,39 @@ def test_a_failed_delete_does_not_stop_the_other_deletes(mod):
     assert names(mod.read_node()) == ["nightly-20260101000000", "nightly-20260101000300"]
 
 
+def test_a_run_fired_as_its_entry_went_does_not_report_it_again(mod):
+    # The scheduler fired the run (its fields and id in the call), then
+    # the formula removed the entry and retired the schedule; the run read
+    # its clock after that, in a later second (CI saw it on 2026-12-06).
+    mod.add_volume("data-1", U1)
+    mod.write_node()
+    schedule(mod, keep=1)
+    entry = mod.schedule_list["salt-volumes-snapshot-nightly"]
+    fired = dict(entry["kwargs"])
+
+    def run(kwargs):
+        return mod.run_snapshot_schedule(*entry["args"], **kwargs)
+
+    del mod.pillar["salt_volumes"]["snapshot_schedules"]
+    apply(mod)
+    assert mod.snapshot_schedule_retired("nightly") is True
+    mod.clock[0] += 1
+    assert run(fired)["failed"] == 0
+    assert mod.snapshot_schedule_retired("nightly") is True
+    assert mod.snapshot_schedule_status() == []
+    # Back in pillar: a new entry, a new id; its first run reports it.
+    schedule(mod, keep=1)
+    mod.clock[0] += 1
+    again = mod.schedule_list["salt-volumes-snapshot-nightly"]["kwargs"]
+    assert again["schedule_id"] != fired["schedule_id"]
+    run(fired)
+    assert mod.snapshot_schedule_retired("nightly") is True, "a run under the old id still does not"
+    mod.clock[0] += 1
+    run(again)
+    assert mod.snapshot_schedule_retired("nightly") is False
+    assert [r["volume"] for r in mod.snapshot_schedule_status()] == ["data-1"]
+
+
 def test_a_new_schedule_of_a_retired_ones_name_owns_none_of_its_snapshots(mod):
     mod.add_volume("data-1", U1)
     mod.write_node()
