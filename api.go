@@ -248,6 +248,10 @@ type Snapshot struct {
 	// Restore is the last restore of the volume from this snapshot
 	// (POST /api/v1/snapshots/NAME/restore); nil: never restored.
 	Restore *SnapshotRestore `json:"restore,omitempty"`
+	// Progress is the copy of a snapshot being taken (Pending, its job
+	// running), as its node last reported it: saved at most every 5 s,
+	// gone once the job ends.
+	Progress *Progress `json:"progress,omitempty"`
 }
 
 // SnapshotSchedule is a schedule of snapshots of one volume: one made
@@ -308,4 +312,8 @@ type SnapshotRestore struct {
 	// snapshot merges into its volume and is gone); its record goes a
 	// moment later.
 	SnapshotConsumed bool `json:"snapshotConsumed,omitempty"`
+	// Progress is the restore's copy (Restoring, its job running), as
+	// the node last reported it: saved at most every 5 s, gone once the
+	// job ends.
+	Progress *Progress `json:"progress,omitempty"`
 }

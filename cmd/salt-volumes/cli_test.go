@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -575,6 +576,68 @@ func TestCompletion(t *testing.T) {
 	})
 }
 
+// snapshot create --wait and snapshot restore --wait show their job's
+// copy as volume --wait does: a line per report, a bar on a terminal.
+func TestSnapshotWaitShowsTheCopy(t *testing.T) {
+	polls := func(seq ...saltvolumes.Snapshot) http.HandlerFunc {
+		var mu sync.Mutex
+		i := 0
+		return func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			s := seq[min(i, len(seq)-1)]
+			i++
+			mu.Unlock()
+			reply(200, s)(w, r)
+		}
+	}
+	pending := func(p *saltvolumes.Progress) saltvolumes.Snapshot {
+		return saltvolumes.Snapshot{Name: "s", Volume: "v", Node: "node-1", Phase: "Pending", Progress: p}
+	}
+	ready := saltvolumes.Snapshot{Name: "s", Volume: "v", Node: "node-1", Phase: "Ready"}
+	taking := func() map[string]http.HandlerFunc {
+		return map[string]http.HandlerFunc{
+			"POST /api/v1/volumes/v/snapshots": reply(201, pending(nil)),
+			"GET /api/v1/info":                 reply(200, client.Info{Version: "v0.4.0", JobTimeout: "2m0s", JobTimeoutSeconds: 120}),
+			"GET /api/v1/snapshots/s": polls(pending(nil), pending(&saltvolumes.Progress{Step: "copying", Done: 1 << 30, Total: 4 << 30}),
+				pending(&saltvolumes.Progress{Step: "copying", Done: 4 << 30, Total: 4 << 30}), ready),
+		}
+	}
+	_, errs, code := sv(t, at(newFakeAPI(t, taking()), "snapshot", "create", "v", "s", "--wait")...)
+	require.Equal(t, exitOK, code, errs)
+	assert.Equal(t, "snapshot s: Pending\n"+
+		"snapshot s: Pending, copying 1.0GiB of 4.0GiB (25 %)\n"+
+		"snapshot s: Pending, copying 4.0GiB of 4.0GiB (100 %)\n"+
+		"snapshot s: Ready\n", errs)
+
+	var tty ttyBuffer
+	code = runIO(at(newFakeAPI(t, taking()), "snapshot", "create", "v", "s", "--wait"), strings.NewReader(""), io.Discard, &tty)
+	require.Equal(t, exitOK, code, tty.String())
+	assert.Equal(t, "snapshot s: Pending\n"+
+		"\r\033[Ksnapshot s: copying [#######.......................]  25 %  1.0GiB of 4.0GiB"+
+		"\r\033[Ksnapshot s: copying [##############################] 100 %  4.0GiB of 4.0GiB\n"+
+		"snapshot s: Ready\n", tty.String())
+
+	restoring := func(phase string, p *saltvolumes.Progress) saltvolumes.Snapshot {
+		s := ready
+		s.Restore = &saltvolumes.SnapshotRestore{Phase: phase, Progress: p}
+		return s
+	}
+	rs := newFakeAPI(t, map[string]http.HandlerFunc{
+		"POST /api/v1/snapshots/s/restore": reply(202, restoring("Restoring", nil)),
+		"GET /api/v1/info":                 reply(200, client.Info{Version: "v0.4.0", JobTimeout: "2m0s", JobTimeoutSeconds: 120}),
+		"GET /api/v1/snapshots/s": polls(restoring("Restoring", &saltvolumes.Progress{Step: "copying", Done: 1 << 20, Total: 2 << 20}),
+			restoring("Restored", nil)),
+	})
+	_, errs, code = sv(t, at(rs, "snapshot", "restore", "s", "--wait")...)
+	require.Equal(t, exitOK, code, errs)
+	assert.Equal(t, "snapshot s: restore Restoring, copying 1.0MiB of 2.0MiB (50 %)\nsnapshot s: restore Restored\n"+
+		"volume v restored from snapshot s on node-1\n", errs)
+	out, _, code := sv(t, at(newFakeAPI(t, map[string]http.HandlerFunc{"GET /api/v1/snapshots": reply(200, map[string]any{"items": []saltvolumes.Snapshot{
+		pending(&saltvolumes.Progress{Step: "copying", Done: 1 << 30, Total: 4 << 30})}})}), "snapshot", "ls")...)
+	require.Equal(t, exitOK, code)
+	assert.Contains(t, out, "Pending (copying 25 %)", "ls shows how far the copy is")
+}
+
 // A progress the server should never pass (past int64 arithmetic, done
 // past total, negative) still draws a bar between 0 and 100 %, and a line
 // too wide for the terminal is cut to it.
@@ -584,10 +647,10 @@ func TestProgressBarBounds(t *testing.T) {
 	} {
 		pct := percent(p)
 		assert.True(t, pct >= 0 && pct <= 100, "%+v: %d", p, pct)
-		assert.NotPanics(t, func() { _ = progressBar("v", "copying", p) }, "%+v", p)
+		assert.NotPanics(t, func() { _ = progressBar("volume v", "copying", p) }, "%+v", p)
 	}
 	assert.Equal(t, int64(100), percent(saltvolumes.Progress{Done: 1 << 61, Total: 1 << 61}))
-	long := progressBar(strings.Repeat("n", 60), "copying", saltvolumes.Progress{Done: 1, Total: 2})
+	long := progressBar("volume "+strings.Repeat("n", 53), "copying", saltvolumes.Progress{Done: 1, Total: 2})
 	assert.Equal(t, 79, len([]rune(fitLine(long, 80))))
 	assert.Equal(t, "short", fitLine("short", 80))
 }

@@ -249,13 +249,20 @@ data; ask the restore again to finish it), printing its phase on stderr.`,
 }
 
 // poll asks for a snapshot every half second until done says it is
-// there, printing each phase it takes on stderr. The timeout bounds
-// every request too: a server that stops answering mid-poll ends it
-// then, as a timeout.
-func (c *cli) poll(parent context.Context, cl *client.Client, name string, timeout time.Duration, done func(saltvolumes.Snapshot, error) (string, bool, error)) (saltvolumes.Snapshot, error) {
+// there, printing each phase it takes on stderr, and the bytes of its
+// job's copy (progress: the snapshot's or its restore's) as --wait shows
+// a volume's: a bar on a terminal, a line per report elsewhere. The
+// timeout bounds every request too: a server that stops answering
+// mid-poll ends it then, as a timeout.
+func (c *cli) poll(parent context.Context, cl *client.Client, name string, timeout time.Duration, done func(saltvolumes.Snapshot, error) (string, bool, error), progress func(saltvolumes.Snapshot) *saltvolumes.Progress) (saltvolumes.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
-	last := ""
+	last, drawn := "", false
+	defer func() {
+		if drawn {
+			fmt.Fprintln(c.errw) // the bar's line ends
+		}
+	}()
 	timedOut := func(s saltvolumes.Snapshot) (saltvolumes.Snapshot, error) {
 		return s, failf(exitTimeout, "snapshot %s: still %s after %s; salt-volumes snapshot get %s shows how it goes on", name, or(last, "not seen"), timeout, name)
 	}
@@ -265,9 +272,26 @@ func (c *cli) poll(parent context.Context, cl *client.Client, name string, timeo
 			return timedOut(s)
 		}
 		phase, ok, err := done(s, err)
-		if phase != "" && phase != last {
-			line(c.errw, "snapshot %s: %s", name, phase)
-			last = phase
+		var p *saltvolumes.Progress
+		if phase != "" && err == nil && !ok {
+			p = progress(s)
+		}
+		shown := phase
+		if p != nil && p.Total > 0 {
+			shown += ", " + p.Step + " " + progressText(*p)
+		}
+		if shown != "" && shown != last {
+			if p != nil && p.Total > 0 && c.errTerminal() {
+				fmt.Fprintf(c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar("snapshot "+name, p.Step, *p)), c.errColumns()))
+				drawn = true
+			} else {
+				if drawn {
+					fmt.Fprintln(c.errw)
+					drawn = false
+				}
+				line(c.errw, "snapshot %s: %s", name, shown)
+			}
+			last = shown
 		}
 		if ok || err != nil {
 			return s, err
@@ -297,7 +321,7 @@ func (c *cli) waitSnapshot(ctx context.Context, cl *client.Client, name string, 
 			return s.Phase, false, failf(exitFailed, "snapshot %s failed: %s", name, cleanCell(s.Message))
 		}
 		return s.Phase, !gone && s.Phase == "Ready", nil
-	})
+	}, func(s saltvolumes.Snapshot) *saltvolumes.Progress { return s.Progress })
 }
 
 // waitRestore polls until the snapshot's restore is Restored; Failed ends
@@ -313,6 +337,11 @@ func (c *cli) waitRestore(ctx context.Context, cl *client.Client, name string, t
 			return "restore Failed", false, failf(exitFailed, "restoring volume %s from snapshot %s failed: %s", cleanCell(s.Volume), name, cleanCell(s.Restore.Message))
 		}
 		return "restore " + s.Restore.Phase, s.Restore.Phase == "Restored", nil
+	}, func(s saltvolumes.Snapshot) *saltvolumes.Progress {
+		if s.Restore == nil {
+			return nil
+		}
+		return s.Restore.Progress
 	})
 }
 
@@ -366,7 +395,14 @@ func (c *cli) snapshotTable(items []saltvolumes.Snapshot, wide bool) error {
 		if s.Frozen {
 			method += " (frozen)"
 		}
-		row := []string{s.Name, s.Volume, s.Node, s.Phase, method, size, used, taken, or(s.Schedule, "-"), s.Message}
+		phase := s.Phase
+		if p := s.Progress; p != nil && p.Total > 0 {
+			phase += fmt.Sprintf(" (%s %d %%)", p.Step, percent(*p))
+		}
+		if rs := s.Restore; rs != nil && rs.Progress != nil && rs.Progress.Total > 0 {
+			phase += fmt.Sprintf(" (restoring, %s %d %%)", rs.Progress.Step, percent(*rs.Progress))
+		}
+		row := []string{s.Name, s.Volume, s.Node, phase, method, size, used, taken, or(s.Schedule, "-"), s.Message}
 		if wide {
 			row[len(row)-1] = or(s.Message, "-")
 			row = append(row, s.VolumeUUID, or(s.JobID, "-"), or(s.RequestedBy, "-"))

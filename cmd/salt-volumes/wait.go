@@ -139,11 +139,12 @@ func percent(p saltvolumes.Progress) int64 {
 }
 
 // progressBar is the line a terminal shows for a long step, drawn again
-// in place as the step goes: "volume data-1: copying [#####.....] 50 %  2GiB of 4GiB".
-func progressBar(name, stepName string, p saltvolumes.Progress) string {
+// in place as the step goes: "volume data-1: copying [#####.....] 50 %  2GiB of 4GiB"
+// (subject "volume data-1").
+func progressBar(subject, stepName string, p saltvolumes.Progress) string {
 	const width = 30
 	filled := max(0, min(width, int(percent(p)*width/100)))
-	return fmt.Sprintf("volume %s: %s [%s%s] %3d %%  %s of %s", name, stepName,
+	return fmt.Sprintf("%s: %s [%s%s] %3d %%  %s of %s", subject, stepName,
 		strings.Repeat("#", filled), strings.Repeat(".", width-filled), percent(p), spec.Approx(p.Done), spec.Approx(p.Total))
 }
 
@@ -202,7 +203,7 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 			// elsewhere (a log, a pipe) a plain line per report.
 			// A reason (a retry, a failure) is said in full, on a line.
 			if p := v.Status.Progress; p != nil && p.Total > 0 && v.Status.Reason == "" && c.errTerminal() {
-				fmt.Fprintf(c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar(name, v.Status.Step, *p)), c.errColumns()))
+				fmt.Fprintf(c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar("volume "+name, v.Status.Step, *p)), c.errColumns()))
 				drawn = true
 			} else {
 				if drawn {

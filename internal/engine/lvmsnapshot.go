@@ -577,7 +577,7 @@ func (e *Engine) cloneLVContent(ctx context.Context, o *op, name string) error {
 		if from == "" {
 			return failed("snapshot_missing", nil, "source: snapshot %s (%s) is not active", snap.Name, snap.LV)
 		}
-		if err := copyDevice("/dev/"+from, dev, snap.Size); err != nil {
+		if err := copyDevice(ctx, "/dev/"+from, dev, snap.Size, o.progress("copying", "snapshot", snap.Name), o.progress("zeroing", "device", name)); err != nil {
 			return failed("clone_copy", err, "copying snapshot %s into %s", snap.Name, dev)
 		}
 		o.changed = true
@@ -602,8 +602,10 @@ func (e *Engine) cloneLVContent(ctx context.Context, o *op, name string) error {
 
 // copyDevice copies the first n bytes of device from over device to and
 // zeroes the rest of to (a new LV's extents may hold an earlier LV's data,
-// which a larger clone must not hand its user), then flushes.
-func copyDevice(from, to string, n int64) error {
+// which a larger clone must not hand its user), then flushes. It reports
+// each part to copied and zeroed (nil: not told) and stops between
+// chunks when ctx ends.
+func copyDevice(ctx context.Context, from, to string, n int64, copied, zeroed filecopy.Progress) error {
 	src, err := os.Open(from)
 	if err != nil {
 		return err
@@ -614,18 +616,43 @@ func copyDevice(from, to string, n int64) error {
 		return err
 	}
 	defer dst.Close()
+	tell := func(p filecopy.Progress, done, total int64) {
+		if p != nil {
+			p(done, total)
+		}
+	}
 	buf := make([]byte, 4<<20)
-	if _, err := io.CopyBuffer(dst, io.LimitReader(src, n), buf); err != nil {
-		return err
+	tell(copied, 0, n)
+	for off := int64(0); off < n; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		chunk := buf[:min(int64(len(buf)), n-off)]
+		if _, err := io.ReadFull(src, chunk); err != nil {
+			return fmt.Errorf("reading %s at %d: %w", from, off, err)
+		}
+		if _, err := dst.Write(chunk); err != nil {
+			return err
+		}
+		off += int64(len(chunk))
+		tell(copied, off, n)
 	}
 	size, err := dst.Seek(0, io.SeekEnd)
 	if err != nil {
 		return err
 	}
+	if size > n {
+		tell(zeroed, 0, size-n)
+	}
 	for off := n; off < size; off += blockdev.ZeroChunk {
-		if err := blockdev.ZeroOut(dst, off, min(blockdev.ZeroChunk, size-off)); err != nil {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
+		end := min(off+blockdev.ZeroChunk, size)
+		if err := blockdev.ZeroOut(dst, off, end-off); err != nil {
+			return err
+		}
+		tell(zeroed, end-n, size-n)
 	}
 	return dst.Sync()
 }

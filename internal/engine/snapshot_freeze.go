@@ -210,7 +210,7 @@ func (e *Engine) precopy(ctx context.Context, o *op, snap *Snapshot, file, part 
 		return tooSlow(snap, data, limit, fmt.Sprintf("a frozen pass reads it and its copy (%s), which takes %s even at %s/s", spec.Approx(2*data), floor.Round(time.Millisecond), spec.Approx(compareCeiling)))
 	}
 	o.step("snapshot-copying", "snapshot", snap.Name, "frozen", false)
-	if err := filecopy.CopySparse(ctx, file, part); err != nil {
+	if err := filecopy.CopySparseProgress(ctx, file, part, o.progress("copying", "snapshot", snap.Name)); err != nil {
 		return copyFailed(ctx, snap, file, err)
 	}
 	if err := filecopy.SyncFile(part); err != nil {

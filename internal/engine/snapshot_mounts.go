@@ -530,7 +530,7 @@ func (e *Engine) copyUnmounted(ctx context.Context, o *op, snap *Snapshot, q *qu
 		return filecopy.Reflink, nil
 	}
 	o.step("snapshot-copying", "snapshot", snap.Name, "frozen", false)
-	method, err := filecopy.CopyContext(ctx, file, part)
+	method, err := filecopy.CopyProgress(ctx, file, part, o.progress("copying", "snapshot", snap.Name))
 	if err != nil {
 		return "", failed("snapshot_copy", err, "copying %s for snapshot %s", file, snap.Name)
 	}

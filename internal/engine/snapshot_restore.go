@@ -233,7 +233,7 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, s *spec.Spec, name string)
 	}
 	o.step("restore-recorded", "snapshot", name)
 
-	method, err := filecopy.CopyContext(ctx, img, temp)
+	method, err := filecopy.CopyProgress(ctx, img, temp, o.progress("copying", "snapshot", name))
 	if err != nil {
 		_ = e.dropRestore(s.UUID)
 		return nil, failed("restore_copy", err, "copying snapshot %s: nothing was changed", name)

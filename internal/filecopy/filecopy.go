@@ -94,8 +94,14 @@ func Clone(src, dst string) error {
 // caller syncs once it is final): the first pass of a copy that Update
 // finishes. It stops, removing dst, when ctx ends.
 func CopySparse(ctx context.Context, src, dst string) error {
+	return CopySparseProgress(ctx, src, dst, nil)
+}
+
+// CopySparseProgress is CopySparse that reports its advance to progress
+// (nil: none), as CopyProgress does.
+func CopySparseProgress(ctx context.Context, src, dst string, progress Progress) error {
 	return create(src, dst, func(in, out *os.File, size int64) error {
-		return sparseCopy(ctx, in, out, size)
+		return sparseCopyProgress(ctx, in, out, size, progress)
 	})
 }
 

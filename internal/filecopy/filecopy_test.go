@@ -196,31 +196,41 @@ func TestUpdateRewritesOnlyWhatChanged(t *testing.T) {
 
 // A sparse copy tells its advance: from 0 to the source's data bytes
 // (holes neither copied nor counted), never backwards; a reflink tells
-// nothing.
+// nothing. So does the first pass of an Update (CopySparseProgress).
 func TestCopyProgressCountsTheData(t *testing.T) {
 	dir := t.TempDir()
 	src, data := sparseFile(t, dir)
 	type report struct{ done, total int64 }
 	var got []report
-	m, err := CopyProgress(context.Background(), src, filepath.Join(dir, "dst"), func(done, total int64) {
-		got = append(got, report{done, total})
+	record := func(done, total int64) { got = append(got, report{done, total}) }
+	check := func(t *testing.T) {
+		require.GreaterOrEqual(t, len(got), 3, "a start and one report per extent: %v", got)
+		total := got[0].total
+		assert.Equal(t, report{0, total}, got[0])
+		assert.GreaterOrEqual(t, total, int64(2*len(data)), "both extents counted")
+		assert.Less(t, total, int64(8<<20), "the holes of the 64 MiB file not counted: %d", total)
+		for i := 1; i < len(got); i++ {
+			assert.Equal(t, total, got[i].total)
+			assert.Greater(t, got[i].done, got[i-1].done, "progress went backwards or stood: %v", got)
+		}
+		assert.Equal(t, total, got[len(got)-1].done, "it ends at the total")
+	}
+	t.Run("copy", func(t *testing.T) {
+		m, err := CopyProgress(context.Background(), src, filepath.Join(dir, "dst"), record)
+		require.NoError(t, err)
+		sameContent(t, src, filepath.Join(dir, "dst"))
+		if m == Reflink {
+			assert.Empty(t, got)
+			return
+		}
+		check(t)
 	})
-	require.NoError(t, err)
-	sameContent(t, src, filepath.Join(dir, "dst"))
-	if m == Reflink {
-		assert.Empty(t, got)
-		return
-	}
-	require.GreaterOrEqual(t, len(got), 3, "a start and one report per extent: %v", got)
-	total := got[0].total
-	assert.Equal(t, report{0, total}, got[0])
-	assert.GreaterOrEqual(t, total, int64(2*len(data)), "both extents counted")
-	assert.Less(t, total, int64(8<<20), "the holes of the 64 MiB file not counted: %d", total)
-	for i := 1; i < len(got); i++ {
-		assert.Equal(t, total, got[i].total)
-		assert.Greater(t, got[i].done, got[i-1].done, "progress went backwards or stood: %v", got)
-	}
-	assert.Equal(t, total, got[len(got)-1].done, "it ends at the total")
+	t.Run("an update's first pass", func(t *testing.T) {
+		got = nil
+		require.NoError(t, CopySparseProgress(context.Background(), src, filepath.Join(dir, "pre"), record))
+		sameContent(t, src, filepath.Join(dir, "pre"))
+		check(t)
+	})
 }
 
 // CanReflink answers what a copy would do, and leaves no probe behind.

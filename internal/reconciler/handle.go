@@ -66,6 +66,11 @@ func (r *Reconciler) Handle(ev events.Event) {
 			return
 		}
 		r.push(p.Volume, observation{kind: obsProgress, uuid: p.UUID, step: p.Step, node: p.Node, seq: p.Seq, done: p.Done, total: p.Total})
+		if r.Snapshots != nil && p.Total > 0 {
+			// A snapshot's copy or a restore's, maybe: its own loop
+			// matches it to the job by the volume and the node.
+			r.Snapshots.Progress(p.Node, p.UUID, p.Step, p.Done, p.Total)
+		}
 	case events.KindNodeHealth, events.KindNodeRestore:
 		r.handleNode(ev)
 	case events.KindJobReturn:

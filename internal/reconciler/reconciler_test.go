@@ -21,6 +21,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/snapshots"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
@@ -1165,4 +1166,43 @@ func TestForgetNodeDropsItsVolumesWithoutRunningAnything(t *testing.T) {
 	v, err = g.store.Get("other")
 	require.NoError(t, err)
 	assert.Equal(t, volume.Available, v.Status.Phase, "another node's volume is untouched")
+}
+
+// A snapshot's copy reports its bytes on the origin volume, which runs no
+// job of its own: the reconciler hands the node's report to the snapshots
+// service, which shows it on the snapshot whose job runs there.
+func TestASnapshotsCopyShowsItsBytesOnTheSnapshot(t *testing.T) {
+	g := newRigNoRun(t)
+	g.salt = &fakeSalt{jobs: map[string]saltapi.JobInfo{}}
+	snaps := &snapshots.Service{Records: g.store, Salt: g.salt, Every: 20 * time.Millisecond, JobTimeout: time.Hour}
+	g.r = New(g.store, g.salt, g.src, Options{}, nil)
+	g.r.Snapshots = snaps
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); g.r.Run(ctx) }()
+	go func() { defer wg.Done(); snaps.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	s := sparseSpec("data-1")
+	v := &volume.Volume{Spec: *s}
+	v.Status.Phase = volume.Available
+	_, _, err := snaps.Take(ctx, v, "before", "alice")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := snaps.Get(ctx, "before")
+		return err == nil && got.JobID != ""
+	}, 5*time.Second, 10*time.Millisecond, "the snapshot's job is started")
+	progress := func(from string, done, total int64) {
+		g.send(events.Event{Tag: "salt-volumes/data-1/progress", Data: map[string]any{"cmd": "_minion_event", "id": from,
+			"data": map[string]any{"step": "copying", "uuid": s.UUID, "seq": 3, "done": done, "total": total}}})
+	}
+	progress("node-2", 1<<20, 1<<20) // not the volume's node
+	progress("node-1", 64<<20, 64<<20)
+	var got saltvolumes.Snapshot
+	require.Eventually(t, func() bool {
+		got, err = snaps.Get(ctx, "before")
+		return err == nil && got.Progress != nil
+	}, 5*time.Second, 10*time.Millisecond, "the copy's last report is shown on the snapshot")
+	assert.Equal(t, saltvolumes.Progress{Step: "copying", Done: 64 << 20, Total: 64 << 20}, *got.Progress)
 }

@@ -173,6 +173,10 @@ type Service struct {
 	hintMu    sync.Mutex
 	hintUntil time.Time
 	hintStep  uint
+
+	// progMu guards the last progress report per volume (progress.go).
+	progMu sync.Mutex
+	prog   map[string]progressNote
 }
 
 func (s *Service) init() {
@@ -278,6 +282,7 @@ func readAll[T any](ctx context.Context, recs store.Records, kind, what string, 
 
 func (s *Service) write(ctx context.Context, r *record) error {
 	r.UpdatedAt = time.Now().UTC()
+	dropEndedProgress(r)
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -604,6 +609,7 @@ func (s *Service) pass(ctx context.Context) bool {
 		if r.For != "" && r.Phase != Failed {
 			busy = true // its clone is on its way: look again soon
 		}
+		s.saveProgress(ctx, r)
 		if r.Restore != nil && r.Restore.Phase == Restoring {
 			if !s.stepRestore(ctx, r) {
 				busy = true

@@ -201,6 +201,15 @@ func TestWebUI(t *testing.T) {
 		chromedp.Poll[chromedp.Void](`(document.querySelector('`+snapRow+` .phase') || {}).textContent === 'Ready'`, chromedp.WithPollingTimeout(time.Minute)))
 	shot("3c-snapshot")
 	assert.Regexp(t, `^(reflink|sparse-copy)`, text(snapRow+" td:nth-child(3)"))
+	// A copy's bytes, as a snapshot's row and its restore's draw them
+	// (this one's copy ended before the control plane saved a report).
+	bar, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+  const e = copyProgress({step: "copying", done: 1073741824, total: 4294967296});
+  const p = e.querySelector("progress");
+  return [p.value, p.max, p.getAttribute("aria-label"), e.textContent, copyProgress(null) === null, copyProgress({step: "copying", done: 0, total: 0}) === null].join("|");
+})()`))
+	require.NoError(t, err)
+	assert.Equal(t, "25|100|copying 1Gi of 4Gi (25 %)|25 % copying 1Gi of 4Gi (25 %)|true|true", bar)
 	snap, err := p.Client().Snapshot(context.Background(), "ui-snap")
 	require.NoError(t, err)
 	assert.Equal(t, "Ready", snap.Phase)

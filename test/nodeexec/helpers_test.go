@@ -20,6 +20,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/test/testenv"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -332,6 +333,21 @@ func progressOf(t *testing.T, stderr, step string) [][2]int64 {
 		out = append(out, [2]int64{int64(done), int64(total)})
 	}
 	return out
+}
+
+// copiedAll asserts a copy told its bytes, as a user's progress bar
+// reads them: from none to its whole total, never backwards.
+func copiedAll(t *testing.T, stderr, step string) {
+	t.Helper()
+	p := progressOf(t, stderr, step)
+	require.GreaterOrEqual(t, len(p), 2, "%s: a copy's start and end: %v", step, p)
+	total := p[0][1]
+	assert.Positive(t, total)
+	assert.Equal(t, [2]int64{0, total}, p[0])
+	assert.Equal(t, [2]int64{total, total}, p[len(p)-1])
+	for i := 1; i < len(p); i++ {
+		assert.GreaterOrEqual(t, p[i][0], p[i-1][0], "%s went backwards: %v", step, p)
+	}
 }
 
 func mustJSON(t *testing.T, v any) string {

@@ -99,6 +99,8 @@ func TestSnapshotRestoreSparse(t *testing.T) {
 	st := steps(r.Stderr)
 	assert.Contains(t, st, "restore-swapped")
 	assert.Contains(t, st, "restored")
+	assert.Equal(t, "sparse-copy", r.str("method"), "the host's ext4 shares no extents")
+	copiedAll(t, r.Stderr, "copying")
 	resolves(t, link, dev)
 	assert.Equal(t, u, blkid(t, dev)["UUID"], "the volume keeps its UUID")
 	noRestoreLeft(t, n, u, "after a restore")

@@ -510,12 +510,12 @@ function renderFleetSnapshots() {
     el("td", { text: x.name }),
     el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(x.volume), text: x.volume })),
     el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(x.node), text: x.node })),
-    el("td", { class: "phase", text: x.phase, title: x.message || "" }),
+    el("td", { class: "phase", title: x.message || "" }, x.phase, x.progress && x.progress.total > 0 ? " " : null, copyProgress(x.progress)),
     el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }),
     el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
     el("td", { text: x.takenAt ? when(x.takenAt) : "" }),
     el("td", { text: x.schedule || "" }),
-    el("td", { text: x.restore ? restoreText(x) : "" }))));
+    el("td", {}, x.restore ? restoreText(x) : "", x.restore ? copyProgress(x.restore.progress) : null))));
 }
 
 function renderAudit() {
@@ -711,6 +711,16 @@ function restoreBlocked(v, x) {
   return "";
 }
 
+// copyProgress is the copy a snapshot's job (or its restore's) is making,
+// as its node last reported it: a bar and its words, or nothing.
+function copyProgress(p) {
+  if (!p || !(p.total > 0)) return null;
+  const pct = Math.max(0, Math.min(100, Math.floor((p.done * 100) / p.total)));
+  const words = `${p.step} ${formatSize(p.done) || "0"} of ${formatSize(p.total)} (${pct} %)`;
+  return el("span", { class: "copy-progress" },
+    el("progress", { max: "100", value: String(pct), "aria-label": words, text: pct + " %" }), " " + words);
+}
+
 // restoreText is how the last restore from snapshot x went.
 function restoreText(x) {
   const r = x.restore;
@@ -858,9 +868,9 @@ function renderSnapshots(v) {
         refreshDetail();
       }));
     const outcome = x.restore ? el("span", { class: "reason restore-status restore-" + x.restore.phase, "data-restore": x.restore.phase,
-      text: restoreText(x) }) : null;
+      text: restoreText(x) }, x.restore.progress && x.restore.progress.total > 0 ? " " : null, copyProgress(x.restore.progress)) : null;
     tbody.append(el("tr", { "data-snapshot": x.name },
-      el("td", { text: x.name }), el("td", { class: "phase", text: x.phase, title: x.message || "" }),
+      el("td", { text: x.name }), el("td", { class: "phase", title: x.message || "" }, x.phase, x.progress && x.progress.total > 0 ? " " : null, copyProgress(x.progress)),
       el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }), el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
       el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || ""), title: x.takenAt ? new Date(x.takenAt).toLocaleString() : "" }), el("td", {}, clone, " ", restore, " ", del, outcome)));
   }
