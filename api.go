@@ -249,8 +249,8 @@ type Snapshot struct {
 	// (POST /api/v1/snapshots/NAME/restore); nil: never restored.
 	Restore *SnapshotRestore `json:"restore,omitempty"`
 	// Progress is the copy of a snapshot being taken (Pending, its job
-	// running), as its node last reported it: saved at most every 5 s,
-	// gone once the job ends.
+	// running), as its node last reported it: saved at most every 5 s
+	// (a step's last report at once), gone once the job ends.
 	Progress *Progress `json:"progress,omitempty"`
 }
 
@@ -313,7 +313,7 @@ type SnapshotRestore struct {
 	// moment later.
 	SnapshotConsumed bool `json:"snapshotConsumed,omitempty"`
 	// Progress is the restore's copy (Restoring, its job running), as
-	// the node last reported it: saved at most every 5 s, gone once the
-	// job ends.
+	// the node last reported it: saved at most every 5 s (a step's last
+	// report at once), gone once the job ends.
 	Progress *Progress `json:"progress,omitempty"`
 }

@@ -104,6 +104,9 @@ type lvmSeen struct {
 	SnapshotActive  bool
 	SnapshotInvalid bool
 	SnapshotPercent float64
+	// SnapshotThickSize is a thick snapshot's LV size (its copy-on-write
+	// space; 0 for a thin one).
+	SnapshotThickSize int64
 	// Keep: KeepLV, by its recorded LVM UUID. KeepStale: no UUID recorded
 	// yet, and an LV with KeepLV's name, our tag and the snapshot as its
 	// origin is there (an earlier run's, maybe activated and written
@@ -289,6 +292,9 @@ func lvmSee(lvs []lvm.LV, r *restoreRecord, tag string) lvmSeen {
 			// reported at all).
 			o.Snapshot, o.SnapshotMerging, o.SnapshotActive, o.SnapshotPercent = true, lv.Merging, lv.Active, lv.DataPercent
 			o.SnapshotInvalid = lv.Pool == "" && lv.Active && (lv.Invalid || lv.DataPercent >= 100)
+			if lv.Pool == "" {
+				o.SnapshotThickSize = lv.Size
+			}
 			o.Merging = o.Merging || lv.Merging
 			o.MergeFailed = o.MergeFailed || lv.MergeFailed
 		case r.KeepLVUUID != "" && lv.UUID == r.KeepLVUUID:
@@ -888,6 +894,15 @@ func (x *lvmRun) wait(ctx context.Context) error {
 	started := time.Now()
 	polled := time.Time{}
 	last, moved := x.seen.SnapshotPercent, time.Now()
+	// A thick merge tells its bytes: the snapshot's data when the wait
+	// began (its data_percent of its size), merged back as that falls.
+	report, first, total, merged := x.o.progress("merging", "snapshot", x.r.Snapshot), last, int64(0), int64(0)
+	if first > 0 && x.seen.SnapshotThickSize > 0 {
+		total = int64(first / 100 * float64(x.seen.SnapshotThickSize))
+	}
+	if total > 0 {
+		report(0, total)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -898,11 +913,19 @@ func (x *lvmRun) wait(ctx context.Context) error {
 			return err
 		}
 		if !x.seen.Merging || !x.seen.OriginActive || x.seen.MergeFailed || x.seen.SnapshotInvalid {
+			if total > 0 && !x.seen.MergeFailed && !x.seen.SnapshotInvalid {
+				report(total, total)
+			}
 			x.o.step("restore-merge-done", "snapshot", x.r.Snapshot, "took", time.Since(started).Round(time.Second).String())
 			return nil
 		}
 		if p := x.seen.SnapshotPercent; p != last {
 			last, moved = p, time.Now()
+		}
+		if total > 0 && last >= 0 {
+			// Never back, never at the end before it is.
+			merged = max(merged, min(total-1, int64((first-last)/100*float64(x.seen.SnapshotThickSize))))
+			report(merged, total)
 		}
 		// (Not reported at all: no stall is told; an invalid snapshot
 		// still is.)

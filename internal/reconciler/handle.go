@@ -69,7 +69,7 @@ func (r *Reconciler) Handle(ev events.Event) {
 		if r.Snapshots != nil && p.Total > 0 {
 			// A snapshot's copy or a restore's, maybe: its own loop
 			// matches it to the job by the volume and the node.
-			r.Snapshots.Progress(p.Node, p.UUID, p.Step, p.Done, p.Total)
+			r.Snapshots.Progress(p.Node, p.UUID, p.Step, p.Seq, p.Done, p.Total)
 		}
 	case events.KindNodeHealth, events.KindNodeRestore:
 		r.handleNode(ev)

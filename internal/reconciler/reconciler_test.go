@@ -320,6 +320,10 @@ func TestLongStepsShowTheirBytes(t *testing.T) {
 	st = g.next("data-1").Volume.Status
 	require.NotNil(t, st.Progress)
 	assert.Equal(t, saltvolumes.Progress{Step: "copying", Done: 64 << 20, Total: 64 << 20}, *st.Progress)
+	// Once: one "last" report after another (a forged flood) waits for
+	// its 5 s like any other.
+	progress("copying", 5, 1<<20, 1<<20)
+	g.quiet("data-1", 300*time.Millisecond)
 
 	progress("formatted", 6)
 	st = g.next("data-1").Volume.Status

@@ -50,7 +50,10 @@ func (r *Reconciler) apply(v *volume.Volume, o observation, res *Result) effect 
 			if o.total == 0 || st.JobID == "" || st.Progress != nil && st.Progress.Step == o.step && st.Progress.Done == o.done && st.Progress.Total == o.total {
 				return unchanged
 			}
-			if o.done != o.total && !r.progressDue(v.Spec.Name, now) {
+			// The last report is saved at once, once: a sender of
+			// one "last" report after another waits like any other.
+			final := o.done == o.total && (st.Progress == nil || st.Progress.Done != st.Progress.Total)
+			if !final && !r.progressDue(v.Spec.Name, now) {
 				return unchanged
 			}
 			st.Progress = &saltvolumes.Progress{Step: o.step, Done: o.done, Total: o.total}

@@ -170,13 +170,16 @@ type Service struct {
 	schedMu sync.Mutex
 
 	// hintMu guards the steps of looking again after a hint (Hint).
-	hintMu    sync.Mutex
-	hintUntil time.Time
-	hintStep  uint
+	hintMu     sync.Mutex
+	hintUntil  time.Time
+	hintStep   uint
+	hintKicked time.Time
 
-	// progMu guards the last progress report per volume (progress.go).
-	progMu sync.Mutex
-	prog   map[string]progressNote
+	// progMu guards the last progress report per node and volume, and
+	// the volumes with a job of ours (progress.go).
+	progMu  sync.Mutex
+	prog    map[string]progressNote
+	running map[string]int
 }
 
 func (s *Service) init() {
@@ -207,9 +210,11 @@ func (s *Service) Kick() {
 // master fires the event before it writes the job cache, so the first
 // look can come too early: while a hint is fresh, the loop looks again
 // after 25 ms, 50 ms, 100 ms, ... instead of after Every (5 s), as the
-// reconciler does with its own hints. A flood of forged hints cannot
-// make it look more often than that: the steps restart only once a
-// window has passed.
+// reconciler does with its own hints. A flood of forged hints (any
+// minion can fire a job return's tag in Salt's batched form) cannot make
+// it look more often than that and once each hintKickEvery: the steps
+// restart only once a window has passed, and a hint wakes the loop at
+// once only if the last one that did is that old.
 func (s *Service) Hint(string) {
 	s.init()
 	now := time.Now()
@@ -218,9 +223,19 @@ func (s *Service) Hint(string) {
 		s.hintStep = 0
 	}
 	s.hintUntil = now.Add(hintWindow)
+	kick := now.Sub(s.hintKicked) >= hintKickEvery
+	if kick {
+		s.hintKicked = now
+	}
 	s.hintMu.Unlock()
-	s.Kick()
+	if kick {
+		s.Kick()
+	}
 }
+
+// hintKickEvery spaces the passes hints start at once; the window's
+// looks (25 ms, 50 ms, ...) find a return that came between.
+const hintKickEvery = 250 * time.Millisecond
 
 // hintWindow is how long after a hint the loop looks again soon.
 const hintWindow = 4 * time.Second
@@ -595,6 +610,7 @@ func (s *Service) pass(ctx context.Context) bool {
 		}
 		return true
 	}
+	s.noteRunning(rs)
 	busy := false
 	for _, r := range rs {
 		if r.Phase == Ready && r.For != "" && s.cloned(r) {

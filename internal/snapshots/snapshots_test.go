@@ -414,4 +414,25 @@ func TestHintLooksAgainSoon(t *testing.T) {
 	assert.Equal(t, time.Second, s.nextLook(), "the window over: the loop's own interval")
 	s.Hint("20261128010203040508")
 	assert.Equal(t, 25*ms, s.nextLook(), "a hint after the window starts the steps again")
+
+	// A flood of hints (forged: any minion can fire a return's tag)
+	// wakes the loop once, then not again within hintKickEvery.
+	s.hintMu.Lock()
+	s.hintKicked = time.Time{}
+	s.hintMu.Unlock()
+	select {
+	case <-s.wake:
+	default:
+	}
+	for i := 0; i < 1000; i++ {
+		s.Hint("20261128010203040509")
+		if i == 0 {
+			<-s.wake // the first woke it
+		}
+	}
+	select {
+	case <-s.wake:
+		t.Fatal("999 more hints within 250 ms woke the loop again")
+	default:
+	}
 }

@@ -530,8 +530,28 @@ func lvmRestores(t *testing.T, g *guest.Guest, run func(...string) string) {
 		unchanged(t, thick, thickLV)
 		assert.Equal(t, sum, run("sha256sum", "/dev/vg0/rs-thick"), "the volume's bytes unchanged")
 		run("lvextend", "-q", "-L", "+4M", s4LV)
-		res := ok(t, thick, "snapshot-restore", "--name", "s3")
+		out, stderr, err := g.RunInputStderr([]byte(thick.spec), "salt-volume-exec", "snapshot-restore", "--name", "s3", "--spec", "-")
+		require.NoError(t, err, out)
+		var res map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 		assert.Equal(t, true, res["snapshotConsumed"])
+		// The merge told its bytes: s3's changed blocks (5Mi of its 8Mi
+		// LV, so about 5Mi), from none to all.
+		var merged [][2]int64
+		for _, l := range strings.Split(stderr, "\n") {
+			var m struct {
+				Step        string
+				Done, Total int64
+			}
+			if json.Unmarshal([]byte(l), &m) == nil && m.Step == "merging" {
+				merged = append(merged, [2]int64{m.Done, m.Total})
+			}
+		}
+		require.GreaterOrEqual(t, len(merged), 2, "the merge's start and end: %s", stderr)
+		total := merged[0][1]
+		assert.Equal(t, [2]int64{0, total}, merged[0])
+		assert.Equal(t, [2]int64{total, total}, merged[len(merged)-1])
+		assert.InDelta(t, 5<<20, total, 2<<20, "about what s3 kept")
 		assert.NotEqual(t, byte('I'), lvsOf("-o", "lv_attr", s4LV)[4], "s4 survived the merge (not invalid)")
 		s4 := snapshots(t, thick)["s4"]
 		require.NotNil(t, s4)

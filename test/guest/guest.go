@@ -188,6 +188,13 @@ func (g *Guest) Run(args ...string) (string, error) { return g.RunInput(nil, arg
 
 // RunInput is Run with stdin.
 func (g *Guest) RunInput(stdin []byte, args ...string) (string, error) {
+	out, _, err := g.RunInputStderr(stdin, args...)
+	return out, err
+}
+
+// RunInputStderr is RunInput that also returns the command's stderr (a
+// node binary's steps).
+func (g *Guest) RunInputStderr(stdin []byte, args ...string) (string, string, error) {
 	quoted := make([]string, len(args))
 	for i, a := range args {
 		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
@@ -200,9 +207,9 @@ func (g *Guest) RunInput(stdin []byte, args ...string) (string, error) {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+		return out.String(), errb.String(), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}
-	return out.String(), nil
+	return out.String(), errb.String(), nil
 }
 
 func (g *Guest) sshArgs() []string {

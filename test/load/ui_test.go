@@ -1,11 +1,15 @@
 package load
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,6 +101,77 @@ func allVolumesView(t *testing.T, base, token string, seeded, created, nodes int
 		return v
 	}(), "the nav says where we are")
 	shot(fmt.Sprintf("all-volumes-%d-on-%d-nodes", total, nodes))
+
+	// A burst of creates while the view is open (each several watch
+	// events): the table is drawn again at most once each 250 ms, not
+	// once per event, and the keyboard's focus stays on the row it was
+	// on.
+	_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`
+window.__redraws = 0;
+new MutationObserver((recs) => { if (recs.some((r) => r.removedNodes.length > 0)) window.__redraws++; })
+  .observe(document.querySelector('#volumes tbody'), {childList: true});
+document.querySelector('#volumes tbody tr a').focus();
+true;`))
+	require.NoError(t, err)
+	focusedRow := func() string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => { const a = document.activeElement; const tr = a && a.closest('#volumes tbody tr'); return tr ? a.tagName + " " + tr.dataset.volume : String(a && a.tagName); })()`))
+		require.NoError(t, err)
+		return v
+	}
+	before := focusedRow()
+	require.Contains(t, before, "A ")
+	// The events the page gets, counted on a watch stream of our own.
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	var events atomic.Int64
+	watching := make(chan struct{})
+	go func() {
+		req, _ := http.NewRequestWithContext(wctx, "GET", base+"/api/v1/watch", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			close(watching)
+			return
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		synced := false
+		for sc.Scan() {
+			switch l := sc.Text(); {
+			case l == "event: SYNCED":
+				synced = true
+				close(watching)
+			case synced && strings.HasPrefix(l, "data:") && strings.Contains(l, `"burst-`):
+				events.Add(1)
+			}
+		}
+	}()
+	<-watching
+	const burst = 40
+	burstStart := time.Now()
+	var burstNames []string
+	for i := range burst {
+		name := fmt.Sprintf("burst-%03d", i)
+		burstNames = append(burstNames, name)
+		require.Equal(t, http.StatusCreated, post(base+"/api/v1/volumes", token, fmt.Sprintf(`{"name":%q,"node":"node-0","sparseLoopDevice":{"size":"1Gi"}}`, name)))
+	}
+	require.Eventually(t, func() bool { return listPhases(t, base, token, burstNames)["Available"] == burst }, time.Minute, 100*time.Millisecond)
+	total += burst
+	do(chromedp.Poll[chromedp.Void](fmt.Sprintf(`document.querySelector('#count').textContent === %q && document.querySelectorAll('#volumes tbody tr[data-phase="Available"]').length === %d`,
+		fmt.Sprintf("%d volumes", total), total), chromedp.WithPollingTimeout(time.Minute)))
+	elapsed := time.Since(burstStart)
+	redraws, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__redraws`))
+	require.NoError(t, err)
+	n := events.Load()
+	t.Logf("%d creates, %d watch events over %s: %d redraws of the table", burst, n, elapsed.Round(time.Millisecond), redraws)
+	fmt.Printf("metric ui_redraws_per_watch_event %.3f ratio\n", float64(redraws)/float64(max(n, 1)))
+	require.GreaterOrEqual(t, n, int64(2*burst), "each create is at least its ADDED and its Available")
+	// Drawn once per event, the ratio is 1 or more; the events of the
+	// burst come within a second or two, several to each 250 ms.
+	assert.LessOrEqual(t, int64(redraws)*3, n, "at most one redraw each 250 ms, not one per event")
+	assert.Equal(t, before, focusedRow(), "the focus stays on its row's link")
 	fmt.Printf("metric ui_all_volumes_ready_ms %.0f ms\n", float64(took.Milliseconds()))
 	t.Logf("all-volumes view: %d volumes on %d nodes shown %s after sign-in", total, nodes, took.Round(time.Millisecond))
 

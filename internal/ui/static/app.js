@@ -162,7 +162,7 @@ async function connect() {
     if (state.volume === v.spec.name) refreshDetail();
     // The snapshots, audit and tokens pages show no volume: redrawing
     // them would move the keyboard's focus for nothing.
-    if (!state.page) render();
+    if (!state.page) renderSoon();
   };
   es.addEventListener("ADDED", apply("ADDED"));
   es.addEventListener("MODIFIED", apply("MODIFIED"));
@@ -250,7 +250,22 @@ async function loadNodes() {
   }
 }
 
+// renderSoon draws the page again within RENDER_EVERY ms, once however
+// many watch events arrive meanwhile: a fleet's creates, or each copy's
+// reports, come in bursts, and a table of thousands of rows drawn again
+// per event kept the browser busy.
+const RENDER_EVERY = 250;
+function renderSoon() {
+  if (state.renderTimer) return;
+  state.renderTimer = setTimeout(() => {
+    state.renderTimer = null;
+    render();
+  }, RENDER_EVERY);
+}
+
 function render() {
+  clearTimeout(state.renderTimer);
+  state.renderTimer = null;
   // Audit and tokens are an admin's: the links show once whoami says so.
   $("#nav-audit").hidden = $("#nav-tokens").hidden = !may("admin");
   if (state.page) renderPage();
@@ -413,6 +428,11 @@ function renderVolumes() {
   const { key, dir } = state.sort;
   rows.sort((a, b) => (a[key] < b[key] ? -dir : a[key] > b[key] ? dir : 0));
   const tbody = $("#volumes tbody");
+  // The rows are made anew: the keyboard's focus, if on one of them (its
+  // link, its Delete button), goes back to the same one in its new row.
+  const had = document.activeElement;
+  const focused = had && tbody.contains(had) && had.closest("tr")
+    ? { volume: had.closest("tr").dataset.volume, tag: had.tagName, cls: had.className } : null;
   tbody.replaceChildren();
   for (const r of rows) {
     const s = r.v.status;
@@ -431,6 +451,11 @@ function renderVolumes() {
       el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
       el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt), title: new Date(r.v.createdAt).toLocaleString() }),
       actions));
+  }
+  if (focused) {
+    const again = [...tbody.rows].find((tr) => tr.dataset.volume === focused.volume);
+    const e = again && [...again.querySelectorAll(focused.tag)].find((x) => x.className === focused.cls);
+    if (e) e.focus();
   }
   $("#empty").hidden = mine.length > 0;
   $("#empty").textContent = all ? "No volumes yet: open a node to create one." : "No volumes on this node yet.";
