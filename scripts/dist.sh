@@ -22,6 +22,9 @@ for arch in amd64 arm64; do
     CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build -trimpath -buildvcs=false \
       -ldflags "-s -w -buildid= -X main.version=$version" -o "$bin" "./cmd/$cmd"
     go run "$cyclonedx" bin -json -noserial -notimestamp -version "v$version" -output "$bin.cdx.json" "$bin"
+    # Each module's licence into the SBOM (cyclonedx-gomod's own detector
+    # names several wrongly), read from the module cache by tools/notices.
+    go run ./tools/notices -sbom "$bin.cdx.json"
     # The licences of what the static binary embeds, beside it.
     go run ./tools/notices -o "$bin.NOTICES" "$bin"
   done

@@ -358,6 +358,32 @@ type lvmRun struct {
 	// checkedValid: this run saw the thick snapshot valid with the
 	// volume's LV active, then deactivated the LV (lvmSeen.CheckedValid).
 	checkedValid bool
+	// mergeReport tells a thick merge's bytes (mergeProgress), merged
+	// how many of them were told.
+	mergeReport func(done, total int64)
+	merged      int64
+}
+
+// mergeProgress tells a thick merge's bytes, x.r.SnapshotUsed in all
+// (nothing if not known): none at first, then as the snapshot's changed
+// blocks left (its data_percent of its size) fall, never back and never
+// all before it is done; all of them once merged.
+func (x *lvmRun) mergeProgress(left int64, done bool) {
+	total := x.r.SnapshotUsed
+	if total <= 0 {
+		return
+	}
+	if x.mergeReport == nil {
+		x.mergeReport = x.o.progress("merging", "snapshot", x.r.Snapshot)
+		x.mergeReport(0, total)
+	}
+	switch {
+	case done:
+		x.mergeReport(total, total)
+	case left >= 0:
+		x.merged = max(x.merged, min(total-1, total-left))
+		x.mergeReport(x.merged, total)
+	}
 }
 
 // restoreFromLVMSnapshot puts LVM volume rec.Spec back to its snapshot name (see
@@ -699,6 +725,11 @@ func (x *lvmRun) steps(ctx context.Context) (*SnapshotRestore, error) {
 		case lvmDropKeep:
 			err = x.dropKeep(ctx)
 		case lvmToMerging:
+			// What the merge will copy back, read while the snapshot is
+			// still active (deactivated with its origin, it says nothing).
+			if x.seen.SnapshotPercent > 0 && x.seen.SnapshotThickSize > 0 {
+				x.r.SnapshotUsed = int64(x.seen.SnapshotPercent / 100 * float64(x.seen.SnapshotThickSize))
+			}
 			if err = x.save(lvmRestoreMerging); err == nil {
 				x.o.step("restore-merging", "snapshot", x.r.Snapshot)
 			}
@@ -730,6 +761,7 @@ func (x *lvmRun) steps(ctx context.Context) (*SnapshotRestore, error) {
 			}
 			current = true
 		case lvmToMerged:
+			x.mergeProgress(0, true)
 			if err = x.save(lvmRestoreMerged); err == nil {
 				x.o.step("restore-merged", "snapshot", x.r.Snapshot)
 			}
@@ -894,15 +926,7 @@ func (x *lvmRun) wait(ctx context.Context) error {
 	started := time.Now()
 	polled := time.Time{}
 	last, moved := x.seen.SnapshotPercent, time.Now()
-	// A thick merge tells its bytes: the snapshot's data when the wait
-	// began (its data_percent of its size), merged back as that falls.
-	report, first, total, merged := x.o.progress("merging", "snapshot", x.r.Snapshot), last, int64(0), int64(0)
-	if first > 0 && x.seen.SnapshotThickSize > 0 {
-		total = int64(first / 100 * float64(x.seen.SnapshotThickSize))
-	}
-	if total > 0 {
-		report(0, total)
-	}
+	x.mergeProgress(-1, false)
 	for {
 		select {
 		case <-ctx.Done():
@@ -913,19 +937,14 @@ func (x *lvmRun) wait(ctx context.Context) error {
 			return err
 		}
 		if !x.seen.Merging || !x.seen.OriginActive || x.seen.MergeFailed || x.seen.SnapshotInvalid {
-			if total > 0 && !x.seen.MergeFailed && !x.seen.SnapshotInvalid {
-				report(total, total)
-			}
 			x.o.step("restore-merge-done", "snapshot", x.r.Snapshot, "took", time.Since(started).Round(time.Second).String())
 			return nil
 		}
 		if p := x.seen.SnapshotPercent; p != last {
 			last, moved = p, time.Now()
 		}
-		if total > 0 && last >= 0 {
-			// Never back, never at the end before it is.
-			merged = max(merged, min(total-1, int64((first-last)/100*float64(x.seen.SnapshotThickSize))))
-			report(merged, total)
+		if last >= 0 && x.seen.SnapshotThickSize > 0 {
+			x.mergeProgress(int64(last/100*float64(x.seen.SnapshotThickSize)), false)
 		}
 		// (Not reported at all: no stall is told; an invalid snapshot
 		// still is.)

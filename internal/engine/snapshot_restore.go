@@ -63,6 +63,9 @@ type restoreRecord struct {
 	SnapshotLV     string `json:"snapshotLV,omitempty"`
 	SnapshotLVUUID string `json:"snapshotLVUUID,omitempty"`
 	SnapshotSize   int64  `json:"snapshotSize,omitempty"`
+	// SnapshotUsed: a thick snapshot's changed blocks (bytes) before its
+	// merge, what the merge's progress counts to (0: not known).
+	SnapshotUsed int64 `json:"snapshotUsed,omitempty"`
 	OriginLVUUID   string `json:"originLVUUID,omitempty"`
 	OriginThinID   string `json:"originThinID,omitempty"`
 	SnapshotThinID string `json:"snapshotThinID,omitempty"`

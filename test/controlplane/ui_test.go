@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -121,6 +122,40 @@ func TestWebUI(t *testing.T) {
 	row := func(name, phase string) string {
 		return `#volumes tbody tr[data-volume="` + name + `"][data-phase="` + phase + `"]`
 	}
+	// a11y asserts what a keyboard or screen-reader user needs of what is
+	// shown: every control, link, progress bar, table and open dialog
+	// has a name (a label, its text, aria-label or aria-labelledby), no
+	// header cell is empty.
+	a11y := func(where string) {
+		t.Helper()
+		bad, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
+  const bad = [];
+  const shown = (e) => !e.closest('[hidden]') && e.getClientRects().length > 0;
+  const byIds = (v) => (v || '').split(/\s+/).map((id) => (document.getElementById(id) || {}).textContent || '').join(' ').trim();
+  const name = (e) => (e.getAttribute('aria-label') || '').trim() || byIds(e.getAttribute('aria-labelledby')) ||
+    [...(e.labels || [])].map((l) => l.textContent).join(' ').trim() ||
+    (['BUTTON', 'A'].includes(e.tagName) ? e.textContent.trim() : '');
+  for (const e of document.querySelectorAll('input:not([type=hidden]), select, textarea, button, a[href], progress, table, dialog')) {
+    if (e.tagName === 'DIALOG' ? !e.open : !shown(e)) continue;
+    if (!name(e)) bad.push(e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ': ' + e.outerHTML.slice(0, 100));
+  }
+  for (const th of document.querySelectorAll('th')) if (shown(th) && !th.textContent.trim()) bad.push('an empty header cell in table#' + th.closest('table').id);
+  return bad;
+})()`))
+		require.NoError(t, err)
+		assert.Empty(t, bad, "%s: without a name", where)
+	}
+	// focusOn says where the keyboard is: the element's id, or its row's
+	// key and its role.
+	focusOn := func() string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+  const a = document.activeElement, tr = a && a.closest('tr');
+  return tr ? (tr.dataset.volume || tr.dataset.node || tr.dataset.snapshot || tr.dataset.token) + ' ' + a.dataset.role : a.id || a.tagName;
+})()`))
+		require.NoError(t, err)
+		return v
+	}
 
 	// Log in with the token, see the nodes view.
 	do(chromedp.Navigate(p.URL+"/"),
@@ -130,11 +165,23 @@ func TestWebUI(t *testing.T) {
 		chromedp.WaitVisible(`#nodes tr[data-node="node-1"]`))
 	shot("1-nodes")
 	assert.Equal(t, "up", text(`#nodes tr[data-node="node-1"] td:nth-child(2)`))
+	a11y("the nodes")
+	// The focus stays on its link while the table is drawn again (each
+	// watch event and every 30 s).
+	_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#nodes tr[data-node="node-1"] a').focus(); render(); true`))
+	require.NoError(t, err)
+	assert.Equal(t, "node-1 name", focusOn(), "the focus kept across a redraw")
 
 	// Node tab, create form: validation shows before submitting.
 	do(chromedp.Click(`#nodes tr[data-node="node-1"] a`),
 		chromedp.WaitVisible("#node-view"))
-	_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](recorder))
+	// A new page: its heading has the focus (a screen reader says where
+	// it is), the window's title names it.
+	assert.Equal(t, "node-title", focusOn())
+	title, err := chromedp.Run(ctx, chromedp.Title())
+	require.NoError(t, err)
+	assert.Equal(t, "Node node-1 · salt-volumes", title)
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](recorder))
 	require.NoError(t, err)
 	do(chromedp.Click("#show-create"),
 		chromedp.SendKeys("#f-name", "Bad_Name"),
@@ -142,6 +189,7 @@ func TestWebUI(t *testing.T) {
 	assert.Contains(t, text("#m-name"), "lowercase")
 	assert.Contains(t, text("#m-size"), "unit")
 	shot("2-validation")
+	a11y("the create form")
 
 	// A sparse volume through the form: Pending with its steps, then
 	// Available with its path.
@@ -152,6 +200,10 @@ func TestWebUI(t *testing.T) {
 		chromedp.Click(`#create-form button[type="submit"]`),
 		chromedp.WaitVisible(row("ui-1", "Available")))
 	shot("3-available")
+	a11y("a node's volumes")
+	st, err := chromedp.Run(ctx, chromedp.Text("#list-status"))
+	require.NoError(t, err)
+	assert.Contains(t, st, "Volume ui-1 asked for on node-1", "the create said, not only drawn")
 	path := text(`#volumes tr[data-volume="ui-1"] .path`)
 	assert.Regexp(t, `^/dev/disk/by-uuid/[0-9a-f-]{36}$`, path)
 	uuids = append(uuids, strings.TrimPrefix(path, "/dev/disk/by-uuid/"))
@@ -200,6 +252,7 @@ func TestWebUI(t *testing.T) {
 		chromedp.Click("#take-snapshot"),
 		chromedp.Poll[chromedp.Void](`(document.querySelector('`+snapRow+` .phase') || {}).textContent === 'Ready'`, chromedp.WithPollingTimeout(time.Minute)))
 	shot("3c-snapshot")
+	a11y("a volume's page")
 	assert.Regexp(t, `^(reflink|sparse-copy)`, text(snapRow+" td:nth-child(3)"))
 	// A copy's bytes, as a snapshot's row and its restore's draw them
 	// (this one's copy ended before the control plane saved a report).
@@ -276,7 +329,9 @@ true;`))
 	require.NoError(t, err)
 	assert.True(t, wrong, "a wrong name leaves the dialog open, its Restore button disabled")
 	shot("3e-restore-confirm")
+	a11y("the restore dialog")
 	do(chromedp.Click("#restore-cancel"), chromedp.WaitNotVisible("#restore-dialog"))
+	assert.Equal(t, "ui-snap restore", focusOn(), "closed, the dialog gives the focus back to the button that opened it")
 	snap, err = p.Client().Snapshot(context.Background(), "ui-snap")
 	require.NoError(t, err)
 	assert.Nil(t, snap.Restore, "nothing was asked of the node")
@@ -380,6 +435,7 @@ true;`))
 	require.NoError(t, err)
 	assert.Regexp(t, `^0 of \d+ snapshots shown$`, text("#snap-count"))
 	shot("3h-snapshots")
+	a11y("the fleet's snapshots")
 
 	whoami := func(secret string) int {
 		t.Helper()
@@ -400,13 +456,20 @@ true;`))
 		chromedp.Click("#make-token"),
 		chromedp.WaitVisible("#token-secret"),
 		chromedp.WaitVisible(`#tokens tr[data-token="ui-bot"]`))
-	secret := text("#token-secret-value")
+	secret, err := chromedp.Run(ctx, chromedp.Value("#token-secret-value"))
+	require.NoError(t, err)
 	require.NotEmpty(t, secret, "the new token's secret is shown once")
+	focusedOn, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.activeElement.id + " " + (document.activeElement.selectionEnd - document.activeElement.selectionStart)`))
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("token-secret-value %d", len(secret)), focusedOn, "the keyboard is on the secret, selected: one keystroke copies it")
 	assert.Equal(t, http.StatusOK, whoami(secret), "the shown secret works")
 	assert.Contains(t, text(`#tokens tr[data-token="ui-bot"]`), "operator")
 	shot("3i-tokens")
+	a11y("the tokens, a secret shown")
 	do(chromedp.Click("#token-secret-done"), chromedp.WaitNotVisible("#token-secret"))
-	assert.Empty(t, text("#token-secret-value"), "the secret is gone from the page")
+	gone, err := chromedp.Run(ctx, chromedp.Value("#token-secret-value"))
+	require.NoError(t, err)
+	assert.Empty(t, gone, "the secret is gone from the page")
 	do(chromedp.Click(`#tokens tr[data-token="ui-bot"] button.revoke`),
 		chromedp.WaitVisible("#confirm"))
 	assert.Contains(t, text("#confirm-text"), "Revoke service token ui-bot")
@@ -420,6 +483,7 @@ true;`))
 		chromedp.Click("#audit-show"),
 		chromedp.Poll[chromedp.Void](`(() => { const s = document.querySelector('#audit tbody').textContent; return s.includes('PUT /api/v1/volumes/ui-1/snapshot-schedule') && !s.includes('/api/v1/tokens'); })()`, chromedp.WithPollingTimeout(10*time.Second)))
 	audit := text("#audit tbody")
+	a11y("the audit trail")
 	assert.Contains(t, audit, "POST /api/v1/volumes/ui-1/snapshots")
 	assert.Contains(t, audit, "failed (400)", "the refused schedule is on record")
 	assert.NotContains(t, audit, "whoami", "filtered to the volume")

@@ -126,6 +126,10 @@ func TestDist(t *testing.T) {
 					} `json:"metadata"`
 					Components []struct {
 						Name, Version, Purl string
+						Licenses            []struct {
+							License    struct{ ID string } `json:"license"`
+							Expression string              `json:"expression"`
+						} `json:"licenses"`
 					} `json:"components"`
 				}
 				require.NoError(t, json.Unmarshal(data, &bom))
@@ -136,10 +140,21 @@ func TestDist(t *testing.T) {
 				assert.Equal(t, "github.com/salt-volumes/salt-volumes", bom.Metadata.Component.Name)
 				assert.Equal(t, "v"+v, bom.Metadata.Component.Version)
 				names := map[string]bool{}
+				licences := map[string]string{}
 				for _, c := range bom.Components {
 					names[c.Name] = true
 					assert.NotEmpty(t, c.Version, c.Name)
 					assert.True(t, strings.HasPrefix(c.Purl, "pkg:golang/"), c.Purl)
+					// Each module's licence (#52 item 4), as its authors name it.
+					if assert.Len(t, c.Licenses, 1, c.Name) {
+						licences[c.Name] = c.Licenses[0].License.ID + c.Licenses[0].Expression
+					}
+				}
+				for mod, want := range map[string]string{"golang.org/x/sys": "BSD-3-Clause", "go.etcd.io/bbolt": "MIT",
+					"github.com/hashicorp/go-retryablehttp": "MPL-2.0", "github.com/diskfs/go-diskfs": "MIT", "github.com/vmihailenco/msgpack/v5": "BSD-2-Clause"} {
+					if names[mod] {
+						assert.Equal(t, want, licences[mod], "%s in %s's SBOM", mod, tc.cmd)
+					}
 				}
 				assert.True(t, names[tc.has], "%s's SBOM lacks %s", tc.cmd, tc.has)
 				if tc.hasNot != "" {

@@ -6,9 +6,11 @@
 // binaries are static, so every module's licence travels with them.
 //
 //	notices [-o FILE] BINARY
+//	notices -sbom FILE.cdx.json
 //
 // A module without a licence file fails the run: nothing is shipped
-// without its terms.
+// without its terms. With -sbom, it writes the SPDX licence of each module
+// a CycloneDX SBOM lists into it instead (sbom.go).
 package main
 
 import (
@@ -32,7 +34,19 @@ var licenceFile = regexp.MustCompile(`(?i)^(licen[cs]e|copying|notice|patents)(\
 
 func main() {
 	out := flag.String("o", "", "write the notices here (default: standard output)")
+	sbom := flag.String("sbom", "", "write each module's licence into this CycloneDX SBOM, in place (run from the repository's root: its LICENSE is the main component's)")
 	flag.Parse()
+	if *sbom != "" {
+		env, err := goEnv("GOMODCACHE")
+		if err == nil {
+			err = addLicences(*sbom, env["GOMODCACHE"], ".")
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "notices:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: notices [-o FILE] BINARY")
 		os.Exit(2)

@@ -108,6 +108,72 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+// setText writes a text only when it changed: a live region written
+// again with the same words is read again by some screen readers.
+function setText(sel, text) {
+  const e = typeof sel === "string" ? $(sel) : sel;
+  if (e.textContent !== text) e.textContent = text;
+}
+
+// rowKey names a table row across redraws: its volume, node, snapshot
+// or token.
+function rowKey(tr) {
+  const d = tr.dataset;
+  return d.volume || d.node || d.snapshot || d.token || null;
+}
+
+// keepFocus makes a table's rows again (rebuild) and gives the keyboard's
+// focus back to the same control of the same row (its data-role), if it
+// was on one: a redraw would otherwise drop it to the page's start.
+function keepFocus(tbody, rebuild) {
+  const had = document.activeElement;
+  const tr = had && had !== document.body && tbody.contains(had) ? had.closest("tr") : null;
+  const key = tr ? rowKey(tr) : null;
+  const role = had && had.dataset ? had.dataset.role : undefined;
+  rebuild();
+  if (!key || !role) return;
+  const again = [...tbody.rows].find((r) => rowKey(r) === key);
+  const e = again && again.querySelector(`[data-role="${role}"]`);
+  if (e && document.activeElement !== e) e.focus();
+}
+
+// The opener of the dialog that is open, to give the focus back to when
+// it closes (its row's control found again if the row was redrawn).
+function rememberOpener() {
+  const had = document.activeElement;
+  const tr = had && had.closest ? had.closest("tr") : null;
+  state.opener = { el: had, key: tr ? rowKey(tr) : null, table: tr ? tr.closest("tbody") : null, role: had && had.dataset ? had.dataset.role : undefined };
+}
+
+function returnFocus() {
+  const o = state.opener;
+  state.opener = null;
+  if (!o) return;
+  if (o.el && o.el.isConnected && !o.el.closest("[hidden]")) { o.el.focus(); return; }
+  if (o.key && o.role && o.table && o.table.isConnected) {
+    const again = [...o.table.rows].find((r) => rowKey(r) === o.key);
+    const e = again && again.querySelector(`[data-role="${o.role}"]`);
+    if (e) { e.focus(); return; }
+  }
+  focusHeading();
+}
+
+// focusHeading moves the focus to the shown page's heading (after a page
+// change, or when what had it is gone), so a screen reader says where
+// it is; the title names the page too.
+function focusHeading() {
+  const s = [...document.querySelectorAll("main > section")].find((x) => !x.hidden);
+  const h = s && s.querySelector("h2");
+  if (h) h.focus();
+}
+
+function pageTitle() {
+  const what = !state.token ? "Sign in" : state.volume ? "Volume " + state.volume
+    : state.page ? { snapshots: "Snapshots", audit: "Audit trail", tokens: "Tokens" }[state.page]
+      : state.node === ALL ? "All volumes" : state.node ? "Node " + state.node : "Nodes";
+  return what + " · salt-volumes";
+}
+
 function show(id) {
   for (const s of ["#login", "#nodes-view", "#node-view", "#volume-view", "#snapshots-view", "#audit-view", "#tokens-view"]) $(s).hidden = s !== id;
   $("#nav").hidden = id === "#login";
@@ -144,7 +210,7 @@ async function connect() {
   try { r = await api("POST", "/api/v1/watch/ticket"); } catch (e) { r = null; }
   if (r && r.status === 401) return logout("The token was refused.");
   if (!r || !r.ok || !r.data || !r.data.ticket) {
-    $("#conn").textContent = "reconnecting…";
+    setText("#conn", "reconnecting…");
     state.retry = setTimeout(connect, 2000);
     return;
   }
@@ -171,14 +237,14 @@ async function connect() {
     synced = true;
     state.volumes = fresh;
     fresh = new Map();
-    $("#conn").textContent = "live";
+    setText("#conn", "live");
     render();
   });
   es.onerror = () => {
     // The list is sent again on the next connection, with a new ticket.
     es.close();
     if (state.es !== es) return;
-    $("#conn").textContent = "reconnecting…";
+    setText("#conn", "reconnecting…");
     state.retry = setTimeout(connect, 1000);
   };
 }
@@ -192,7 +258,12 @@ function decoded(s) {
 }
 
 function route() {
-  if (!state.token) { show("#login"); $("#token").focus(); return; }
+  if (!state.token) {
+    show("#login");
+    document.title = pageTitle();
+    $("#l-user").focus();
+    return;
+  }
   const m = /^#\/node\/(.+)$/.exec(location.hash);
   const all = location.hash === "#/volumes";
   const page = { "#/snapshots": "snapshots", "#/audit": "audit", "#/tokens": "tokens" }[location.hash] || null;
@@ -214,6 +285,10 @@ function route() {
   else if (m) { state.node = decoded(m[1]); show("#node-view"); loadNodes(); }
   else { state.node = null; show("#nodes-view"); loadNodes(); }
   render();
+  // A new page: its title, and the focus on its heading (the link that
+  // had it is hidden with the page it was on).
+  document.title = pageTitle();
+  focusHeading();
 }
 
 // refreshDetail reloads the detail page's usage history and jobs, at most
@@ -245,7 +320,7 @@ async function loadNodes() {
   if (r.status === 401) return logout("The token was refused.");
   if (r.ok) {
     state.nodes = r.data.items;
-    $("#nodes-warning").textContent = r.data.warning || "";
+    setText("#nodes-warning", r.data.warning || "");
     render();
   }
 }
@@ -284,7 +359,7 @@ function capBar(c) {
   const over = c.committed > c.overcommitRatio * c.size;
   const label = `committed ${formatSize(c.committed) || "0"} of ${formatSize(c.size)}, ${formatSize(c.free)} free` +
     (over ? ", past the overcommit limit" : "");
-  const bar = svg("svg", { class: "capbar", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label },
+  const bar = svg("svg", { class: "capbar", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "aria-hidden": "true" },
     svg("rect", { class: "cap-size", x: 0, y: 0, width: x(c.size), height: H }),
     svg("rect", { class: "cap-used", x: 0, y: 3, width: x(c.size - c.free), height: H - 6 }),
     svg("rect", { class: over ? "cap-over" : "cap-committed", x: 1, y: 1, width: Math.max(0, x(c.committed) - 2), height: H - 2 }));
@@ -307,7 +382,6 @@ function renderNodes() {
     byNode.set(n.name, n);
   }
   const tbody = $("#nodes tbody");
-  tbody.replaceChildren();
   const rows = [...byNode.values()].map((n) => {
     const c = n.capacity;
     return Object.assign(n, {
@@ -325,11 +399,11 @@ function renderNodes() {
   for (const b of document.querySelectorAll("#nodes th button")) {
     b.parentElement.setAttribute("aria-sort", b.dataset.nsort === key ? (dir > 0 ? "ascending" : "descending") : "none");
   }
-  for (const n of rows) {
+  keepFocus(tbody, () => tbody.replaceChildren(...rows.map((n) => {
     const count = n.count;
     const phases = Object.entries(n.phases).map(([p, c]) => p + " " + c).join(", ");
-    tbody.append(el("tr", { "data-node": n.name },
-      el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(n.name), text: n.name })),
+    return el("tr", { "data-node": n.name },
+      el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(n.name), text: n.name, "data-role": "name" })),
       el("td", { text: n.up ? "up" : "not responding" }),
       el("td", { class: "beacon" }, beaconText(n.health)),
       el("td", { class: "capacity" }, n.capacity ? capBar(n.capacity) : "-"),
@@ -338,8 +412,8 @@ function renderNodes() {
       el("td", { class: "orphans", title: n.health && n.health.orphans ? n.health.orphans.map((o) => o.backingFile || o.uuid).join("\n") : "" },
         String(n.health && n.health.orphans ? n.health.orphans.length : 0)),
       el("td", { text: String(count) }),
-      el("td", { text: phases || "-" })));
-  }
+      el("td", { text: phases || "-" }));
+  })));
 }
 
 // vgText and diskText list a node's volume groups and candidate disks, one
@@ -423,40 +497,34 @@ function renderVolumes() {
     .map(row)
     .filter((r) => !f || [r.name, all ? r.node : "", r.kind, r.mode, r.fs, r.phase, r.pv, r.step, r.device, r.path, r.v.status.message || ""]
       .some((x) => String(x).toLowerCase().includes(f)));
-  $("#count").textContent = rows.length === mine.length ? `${mine.length} volume${mine.length === 1 ? "" : "s"}` : `${rows.length} of ${mine.length} volumes shown`;
+  setText("#count", rows.length === mine.length ? `${mine.length} volume${mine.length === 1 ? "" : "s"}` : `${rows.length} of ${mine.length} volumes shown`);
   $("#none-match").hidden = rows.length > 0 || mine.length === 0;
   const { key, dir } = state.sort;
   rows.sort((a, b) => (a[key] < b[key] ? -dir : a[key] > b[key] ? dir : 0));
   const tbody = $("#volumes tbody");
   // The rows are made anew: the keyboard's focus, if on one of them (its
   // link, its Delete button), goes back to the same one in its new row.
-  const had = document.activeElement;
-  const focused = had && tbody.contains(had) && had.closest("tr")
-    ? { volume: had.closest("tr").dataset.volume, tag: had.tagName, cls: had.className } : null;
+  keepFocus(tbody, () => {
   tbody.replaceChildren();
   for (const r of rows) {
     const s = r.v.status;
     const phase = el("td", { class: "phase-cell" }, el("span", { class: "phase phase-" + r.phase, text: r.phase }));
     if (s.message) phase.append(el("span", { class: "reason", text: (s.reason ? s.reason + ": " : "") + s.message }));
-    const del = el("button", { type: "button", class: "delete", "data-volume": r.name,
+    const del = el("button", { type: "button", class: "delete", "data-volume": r.name, "data-role": "delete",
       disabled: !r.v.deletable, title: r.v.deletable ? "Delete " + r.name : r.v.deleteBlockedReason,
-      "aria-describedby": r.v.deletable ? null : "why-" + r.name }, "Delete");
+      "aria-label": "Delete volume " + r.name, "aria-describedby": r.v.deletable ? null : "why-" + r.name }, "Delete");
     del.hidden = !may("operator");
     del.addEventListener("click", () => confirmDelete(r.v));
     const actions = el("td", {}, del);
     if (!r.v.deletable && !del.hidden) actions.append(el("span", { class: "reason", id: "why-" + r.name, text: r.v.deleteBlockedReason }));
     tbody.append(el("tr", { "data-volume": r.name, "data-phase": r.phase },
-      el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name })),
-      el("td", { class: "col-node" }, el("a", { href: "#/node/" + encodeURIComponent(r.node), text: r.node })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
+      el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(r.name), text: r.name, "data-role": "name" })),
+      el("td", { class: "col-node" }, el("a", { href: "#/node/" + encodeURIComponent(r.node), text: r.node, "data-role": "node" })), el("td", { text: r.kind }), el("td", { text: r.mode }), el("td", { text: r.fs }),
       el("td", { text: r.sizeText }), phase, el("td", { class: "pv", text: r.pv }), el("td", { class: "step", text: r.step }), el("td", { text: r.device }),
       el("td", {}, r.path ? el("code", { class: "path", text: r.path }) : ""), el("td", { text: age(r.v.createdAt), title: new Date(r.v.createdAt).toLocaleString() }),
       actions));
   }
-  if (focused) {
-    const again = [...tbody.rows].find((tr) => tr.dataset.volume === focused.volume);
-    const e = again && [...again.querySelectorAll(focused.tag)].find((x) => x.className === focused.cls);
-    if (e) e.focus();
-  }
+  });
   $("#empty").hidden = mine.length > 0;
   $("#empty").textContent = all ? "No volumes yet: open a node to create one." : "No volumes on this node yet.";
   for (const b of document.querySelectorAll("#volumes th button")) {
@@ -531,16 +599,17 @@ function renderFleetSnapshots() {
   const count = items.length === all.length ? `${all.length} snapshot${all.length === 1 ? "" : "s"}` : `${items.length} of ${all.length} snapshots shown`;
   if ($("#snap-count").textContent !== count) $("#snap-count").textContent = count;
   $("#snapshots-empty").hidden = all.length > 0;
-  $("#snapshots tbody").replaceChildren(...items.map((x) => el("tr", { "data-snapshot": x.name },
+  const tbody = $("#snapshots tbody");
+  keepFocus(tbody, () => tbody.replaceChildren(...items.map((x) => el("tr", { "data-snapshot": x.name },
     el("td", { text: x.name }),
-    el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(x.volume), text: x.volume })),
-    el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(x.node), text: x.node })),
+    el("td", {}, el("a", { href: "#/volume/" + encodeURIComponent(x.volume), text: x.volume, "data-role": "volume" })),
+    el("td", {}, el("a", { href: "#/node/" + encodeURIComponent(x.node), text: x.node, "data-role": "node" })),
     el("td", { class: "phase", title: x.message || "" }, x.phase, x.progress && x.progress.total > 0 ? " " : null, copyProgress(x.progress)),
     el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }),
     el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
     el("td", { text: x.takenAt ? when(x.takenAt) : "" }),
     el("td", { text: x.schedule || "" }),
-    el("td", {}, x.restore ? restoreText(x) : "", x.restore ? copyProgress(x.restore.progress) : null))));
+    el("td", {}, x.restore ? restoreText(x) : "", x.restore ? copyProgress(x.restore.progress) : null)))));
 }
 
 function renderAudit() {
@@ -563,8 +632,9 @@ function renderTokens() {
   const items = state.tokens || [];
   // A Kubernetes identity uses its own tokens: the API refuses it this.
   $("#token-form").hidden = !may("admin") || !!(state.who && state.who.kind === "kubernetes");
-  $("#tokens tbody").replaceChildren(...items.map((t) => {
-    const revoke = el("button", { type: "button", class: "danger revoke", text: "Revoke" });
+  const tbody = $("#tokens tbody");
+  keepFocus(tbody, () => tbody.replaceChildren(...items.map((t) => {
+    const revoke = el("button", { type: "button", class: "danger revoke", text: "Revoke", "data-role": "revoke", "aria-label": "Revoke token " + t.name });
     revoke.hidden = !may("admin");
     revoke.addEventListener("click", () => confirmThen(
       `Revoke ${t.kind} token ${t.name}${t.user ? " of " + t.user : ""} (${t.role})? Whatever uses it is refused from now on, on every replica.`,
@@ -577,7 +647,7 @@ function renderTokens() {
       el("td", { text: t.name }), el("td", { text: t.kind }), el("td", { text: t.user || "" }), el("td", { text: t.role }),
       el("td", { text: when(t.created) + (t.createdBy ? " by " + t.createdBy : "") }),
       el("td", { text: t.expires ? new Date(t.expires).toLocaleString() + " (in " + until(t.expires) + ")" : "never" }), el("td", {}, revoke));
-  }));
+  })));
 }
 
 async function submitToken(e) {
@@ -601,16 +671,20 @@ async function submitToken(e) {
     $("#token-expires").value = "";
     // The secret is shown here once, never stored by the page.
     $("#token-secret-name").textContent = r.data.name;
-    $("#token-secret-value").textContent = r.data.token;
+    $("#token-secret-value").value = r.data.token;
     $("#token-secret").hidden = false;
-    $("#token-secret-done").focus();
+    // On the secret, selected: copied with one keystroke.
+    $("#token-secret-value").focus();
+    $("#token-secret-value").select();
   }
   loadPage();
 }
 
 function hideSecret() {
-  $("#token-secret-value").textContent = "";
+  const had = !$("#token-secret").hidden && $("#token-secret").contains(document.activeElement);
+  $("#token-secret-value").value = "";
   $("#token-secret").hidden = true;
+  if (had) $("#token-name").focus();
 }
 
 // ---- volume detail ----------------------------------------------------------
@@ -632,7 +706,7 @@ function renderDetail() {
   $("#back-to-node").textContent = node ? "\u2190 node " + node : "\u2190 nodes";
   if (!v) {
     $("#vol-phase").textContent = "";
-    $("#vol-reason").textContent = state.volumes.size ? "This volume does not exist (any more)." : "";
+    setText("#vol-reason", state.volumes.size ? "This volume does not exist (any more)." : "");
     for (const b of ["#vol-delete", "#vol-wipe", "#vol-forget", "#grow-form"]) $(b).hidden = true;
     $("#vol-restore").textContent = "";
     return;
@@ -640,7 +714,7 @@ function renderDetail() {
   const s = v.status, sp = v.spec;
   $("#vol-phase").textContent = s.phase;
   $("#vol-phase").className = "phase phase-" + s.phase;
-  $("#vol-reason").textContent = s.message ? (s.reason ? s.reason + ": " : "") + s.message : "";
+  setText("#vol-reason", s.message ? (s.reason ? s.reason + ": " : "") + s.message : "");
   const op = may("operator"), admin = may("admin");
   // The control plane refuses these while a restore runs (409): say so
   // before anyone asks.
@@ -743,7 +817,7 @@ function copyProgress(p) {
   const pct = Math.max(0, Math.min(100, Math.floor((p.done * 100) / p.total)));
   const words = `${p.step} ${formatSize(p.done) || "0"} of ${formatSize(p.total)} (${pct} %)`;
   return el("span", { class: "copy-progress" },
-    el("progress", { max: "100", value: String(pct), "aria-label": words, text: pct + " %" }), " " + words);
+    el("progress", { max: "100", value: String(pct), "aria-label": words, text: pct + " %" }), el("span", { "aria-hidden": "true", text: " " + words }));
 }
 
 // restoreText is how the last restore from snapshot x went.
@@ -835,10 +909,9 @@ function renderSnapshots(v) {
   const op = may("operator");
   // A raw volume's snapshot is the node's call (only an operator's LV has
   // one): the form is there, its refusal shows in the table.
-  $("#snapshot-size").hidden = !!v.spec.sparseLoopDevice || !!(lv && lv.thinPool);
+  $("#snapshot-size").hidden = $("#snapshot-size-label").hidden = $("#snapshot-size-hint").hidden = !!v.spec.sparseLoopDevice || !!(lv && lv.thinPool);
   $("#snapshot-form").hidden = !op;
   const tbody = $("#vol-snapshots tbody");
-  tbody.replaceChildren();
   const items = state.detail.snapshots || [];
   $("#vol-snapshots-empty").hidden = items.length > 0;
   const from = state.cloneFrom;
@@ -865,8 +938,10 @@ function renderSnapshots(v) {
   if (vr.textContent !== text) vr.textContent = text;
   vr.dataset.restore = last ? last.restore.phase : "";
   vr.className = last && last.restore.phase === "Failed" ? "error" : "";
+  keepFocus(tbody, () => {
+  tbody.replaceChildren();
   for (const x of items) {
-    const clone = el("button", { type: "button", class: "clone", text: "Clone" });
+    const clone = el("button", { type: "button", class: "clone", text: "Clone", "data-role": "clone", "aria-label": "Clone snapshot " + x.name });
     clone.hidden = x.phase !== "Ready" || !op;
     clone.addEventListener("click", () => {
       state.cloneFrom = x;
@@ -876,11 +951,16 @@ function renderSnapshots(v) {
       $("#clone-name").focus();
     });
     const why = restoreBlocked(v, x);
-    const restore = el("button", { type: "button", class: "restore", text: "Restore",
-      disabled: !!why, title: why || `Put ${v.spec.name} back to ${x.name}, losing what was written since` });
+    const restore = el("button", { type: "button", class: "restore", text: "Restore", "data-role": "restore",
+      "aria-label": `Restore ${v.spec.name} to snapshot ${x.name}`,
+      disabled: !!why, title: why || `Put ${v.spec.name} back to ${x.name}, losing what was written since`,
+      "aria-describedby": why ? "why-restore-" + x.name : null });
     restore.hidden = x.phase !== "Ready" || !op;
+    // Why it cannot be restored, said on the page: a disabled button's
+    // title reaches neither the keyboard nor a touch screen.
+    const whyText = why && !restore.hidden ? el("span", { class: "reason", id: "why-restore-" + x.name, text: why }) : null;
     restore.addEventListener("click", () => confirmRestore(v, x));
-    const del = el("button", { type: "button", class: "danger", text: "Delete",
+    const del = el("button", { type: "button", class: "danger", text: "Delete", "data-role": "delete", "aria-label": "Delete snapshot " + x.name,
       disabled: !!busy, title: busy ? `${v.spec.name} is being restored from snapshot ${busy.name}.` : null });
     del.hidden = x.phase === "Deleting" || !op;
     del.addEventListener("click", () => confirmThen(
@@ -897,8 +977,9 @@ function renderSnapshots(v) {
     tbody.append(el("tr", { "data-snapshot": x.name },
       el("td", { text: x.name }), el("td", { class: "phase", title: x.message || "" }, x.phase, x.progress && x.progress.total > 0 ? " " : null, copyProgress(x.progress)),
       el("td", { text: (x.method || "") + (x.frozen ? " (frozen)" : "") }), el("td", { text: x.allocated ? formatSize(x.allocated) : "" }),
-      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || ""), title: x.takenAt ? new Date(x.takenAt).toLocaleString() : "" }), el("td", {}, clone, " ", restore, " ", del, outcome)));
+      el("td", { text: x.takenAt ? age(x.takenAt) + " ago" : (x.message || ""), title: x.takenAt ? new Date(x.takenAt).toLocaleString() : "" }), el("td", {}, clone, " ", restore, " ", del, whyText, outcome)));
   }
+  });
 }
 
 // confirmRestore asks before a restore, naming what is lost, and has the
@@ -921,7 +1002,9 @@ function confirmRestore(v, x) {
   $("#restore-want").textContent = v.spec.name;
   $("#restore-confirm").value = "";
   $("#restore-ok").disabled = true;
+  $("#restore-wrong").textContent = "";
   dlg.returnValue = "";
+  rememberOpener();
   dlg.showModal();
   $("#restore-confirm").focus();
 }
@@ -1135,11 +1218,14 @@ function confirmAction(v, how) {
   $("#confirm-ok").textContent = { delete: "Delete", wipe: "Delete and wipe", forget: "Forget" }[how];
   dlg.returnValue = "";
   dlg.onclose = async () => {
-    if (dlg.open || dlg.returnValue !== "ok") return;
+    if (dlg.open) return;
+    returnFocus();
+    if (dlg.returnValue !== "ok") return;
     const q = how === "wipe" ? "?wipe=true" : how === "forget" ? "?forget=true" : "";
     const r = await api("DELETE", "/api/v1/volumes/" + encodeURIComponent(v.spec.name) + q);
     if (!r.ok) alertError(r);
   };
+  rememberOpener();
   dlg.showModal();
   $("#confirm-cancel").focus();
 }
@@ -1152,14 +1238,20 @@ function confirmThen(text, ok, act) {
   $("#confirm-text").textContent = text;
   $("#confirm-ok").textContent = ok;
   dlg.returnValue = "";
-  dlg.onclose = async () => { if (!dlg.open && dlg.returnValue === "ok") await act(); };
+  dlg.onclose = async () => {
+    if (dlg.open) return;
+    returnFocus();
+    if (dlg.returnValue === "ok") await act();
+  };
+  rememberOpener();
   dlg.showModal();
   $("#confirm-cancel").focus();
 }
 
 function alertError(r) {
   const msg = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status;
-  $(state.volume ? "#vol-error" : "#create-error").textContent = msg;
+  // On a list the create form is mostly hidden: the list's own line.
+  $(state.volume ? "#vol-error" : $("#create-form").hidden ? "#list-error" : "#create-error").textContent = msg;
 }
 
 // ---- create ---------------------------------------------------------------
@@ -1174,7 +1266,11 @@ function formValues() {
     mode: $("#f-mode").value, fs: $("#f-fs").value, mkfs: $("#f-mkfs").value.trim() };
 }
 
-function validate() {
+// validate checks the create form: only field (name, size, device, vg)
+// as it is typed in, every one on submit (which then goes to the first
+// wrong one): a message for a field not reached yet, read out at each
+// key, helps nobody.
+function validate(field) {
   const f = formValues();
   const msgs = { name: "", size: "", device: "", fs: "", vg: "" };
   if (!f.name) msgs.name = "Required: lowercase letters, digits and '-'.";
@@ -1194,17 +1290,29 @@ function validate() {
     else if (f.mode === "Filesystem" && n < 2 ** 20) msgs.size = "A filesystem needs at least 1Mi.";
   } else if (!f.device) msgs.device = "Required: the device on the node, e.g. /dev/sdb or /dev/disk/by-id/...";
   else if (!f.device.startsWith("/dev/")) msgs.device = "Give a path under /dev/.";
-  $("#m-name").textContent = msgs.name;
-  $("#m-size").textContent = msgs.size;
-  $("#m-device").textContent = msgs.device;
-  $("#m-vg").textContent = msgs.vg;
-  $("#m-fs").textContent = "";
-  $("#m-mkfs").textContent = "";
-  $("#f-name").setAttribute("aria-invalid", msgs.name ? "true" : "false");
-  $("#f-size").setAttribute("aria-invalid", msgs.size ? "true" : "false");
-  $("#f-device").setAttribute("aria-invalid", msgs.device ? "true" : "false");
-  $("#f-vg").setAttribute("aria-invalid", msgs.vg ? "true" : "false");
+  const fields = [["name", "#f-name", "#m-name"], ["size", "#f-size", "#m-size"], ["device", "#f-device", "#m-device"], ["vg", "#f-vg", "#m-vg"]];
+  for (const [k, input, msg] of fields) {
+    if (field && field !== k) continue;
+    setText(msg, msgs[k]);
+    $(input).setAttribute("aria-invalid", msgs[k] ? "true" : "false");
+  }
+  if (!field) {
+    setText("#m-fs", "");
+    setText("#m-mkfs", "");
+    const wrong = fields.find(([k]) => msgs[k]);
+    if (wrong) $(wrong[1]).focus();
+  }
   return !msgs.name && !msgs.size && !msgs.device && !msgs.vg;
+}
+
+// fieldOf is the create form's field an input event came from (the
+// kind, mode and filesystem change what a size may be).
+function fieldOf(target) {
+  const id = target && target.id;
+  if (id === "f-name") return "name";
+  if (id === "f-device") return "device";
+  if (id === "f-vg") return "vg";
+  return $("#f-size").value.trim() ? "size" : "none";
 }
 
 function syncForm() {
@@ -1236,6 +1344,8 @@ async function submitCreate(e) {
     syncForm();
     $("#create-form").hidden = true;
     render();
+    setText("#list-status", `Volume ${r.data.spec.name} asked for on ${r.data.spec.node}: its row shows how it goes.`);
+    $("#show-create").focus();
     return;
   }
   const err = (r.data && r.data.error) || { message: "HTTP " + r.status };
@@ -1342,9 +1452,9 @@ function init() {
     syncForm();
     $("#f-name").focus();
   });
-  $("#cancel-create").addEventListener("click", () => { $("#create-form").hidden = true; });
+  $("#cancel-create").addEventListener("click", () => { $("#create-form").hidden = true; $("#show-create").focus(); });
   $("#create-form").addEventListener("submit", submitCreate);
-  $("#create-form").addEventListener("input", () => { syncForm(); validate(); });
+  $("#create-form").addEventListener("input", (e) => { syncForm(); validate(fieldOf(e.target)); });
   for (const [id, how] of [["#vol-delete", "delete"], ["#vol-wipe", "wipe"], ["#vol-forget", "forget"]]) {
     $(id).addEventListener("click", () => {
       const v = state.volumes.get(state.volume);
@@ -1353,18 +1463,23 @@ function init() {
   }
   $("#grow-form").addEventListener("submit", submitGrow);
   $("#restore-confirm").addEventListener("input", () => {
+    $("#restore-wrong").textContent = "";
     $("#restore-ok").disabled = !state.restoreOf || $("#restore-confirm").value !== state.restoreOf.volume;
   });
   // Enter in the name field submits the form: only the exact name
   // restores, however the form is sent.
   $("#restore-form").addEventListener("submit", (e) => {
-    if (!state.restoreOf || $("#restore-confirm").value !== state.restoreOf.volume) e.preventDefault();
+    if (!state.restoreOf || $("#restore-confirm").value !== state.restoreOf.volume) {
+      e.preventDefault();
+      setText("#restore-wrong", "Type the volume's name exactly, " + (state.restoreOf ? state.restoreOf.volume : "") + ", to restore it.");
+    }
   });
   $("#restore-cancel").addEventListener("click", () => $("#restore-dialog").close());
   $("#restore-dialog").addEventListener("close", () => {
     // The close event is queued: a cancel's can arrive after the dialog
     // was opened again for the next restore, whose target it must keep.
     if ($("#restore-dialog").open) return;
+    returnFocus();
     const of = state.restoreOf;
     state.restoreOf = null;
     if ($("#restore-dialog").returnValue === "ok" && of) submitRestore(of);
@@ -1379,6 +1494,9 @@ function init() {
   window.addEventListener("hashchange", hideSecret);
   $("#remove-schedule").addEventListener("click", removeSchedule);
   window.addEventListener("hashchange", route);
+  // The skip link goes to the page's heading: a hash of its own would
+  // be taken for a page.
+  $("#skip").addEventListener("click", (e) => { e.preventDefault(); focusHeading(); });
   // Ages move on even when nothing else does; node reports and usage
   // arrive from the beacons, not on the watch stream.
   setInterval(() => {
