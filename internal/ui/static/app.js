@@ -725,7 +725,6 @@ function renderDetail() {
   del.hidden = !op;
   del.disabled = !v.deletable || !!busy;
   del.title = busy ? busyWhy : v.deletable ? "Delete " + name : v.deleteBlockedReason;
-  $("#vol-blocked").textContent = !op || v.deletable ? "" : v.deleteBlockedReason;
   // Wiping and forgetting are an admin's: an operator sees them disabled,
   // saying so, rather than learning it from a refusal.
   $("#vol-wipe").hidden = !op || (!sp.rawBlockDevice && !sp.lvmLogicalVolume);
@@ -742,6 +741,21 @@ function renderDetail() {
   $("#vol-grow").textContent = sp.rawBlockDevice ? "Grow to its device" : "Grow";
   $("#vol-grow").disabled = !(s.phase === "Available" || growthFailed(v)) || !!v.deleting || !!busy;
   $("#vol-grow").title = busyWhy;
+  // Why a button is disabled, on the page beside them (a disabled
+  // button's tooltip reaches neither the keyboard nor a touch screen),
+  // and tied to each such button.
+  const whys = [];
+  if (op) {
+    if (busy) whys.push(busyWhy);
+    else if (!v.deletable) whys.push(v.deleteBlockedReason);
+    else if ($("#vol-grow").disabled && !v.deleting) whys.push(`${name} grows once it is Available.`);
+    if (!admin && (!$("#vol-wipe").hidden || !$("#vol-forget").hidden)) whys.push("Wiping and forgetting need role admin.");
+  }
+  setText("#vol-blocked", whys.join(" "));
+  for (const b of ["#vol-delete", "#vol-wipe", "#vol-forget", "#vol-grow", "#take-snapshot"]) {
+    if ($(b).disabled && whys.length) $(b).setAttribute("aria-describedby", "vol-blocked");
+    else $(b).removeAttribute("aria-describedby");
+  }
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
     ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
@@ -921,6 +935,8 @@ function renderSnapshots(v) {
   }
   const busy = restoringOf(v);
   $("#take-snapshot").disabled = !!busy;
+  if (busy) $("#take-snapshot").setAttribute("aria-describedby", "vol-blocked");
+  else $("#take-snapshot").removeAttribute("aria-describedby");
   $("#take-snapshot").title = busy ? `${v.spec.name} is being restored from snapshot ${busy.name}: take it once that has finished.` : "";
   // The volume's last restore, from whichever of its snapshots: its phase
   // stays Available throughout, so this is where the page says it.
