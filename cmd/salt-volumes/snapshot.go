@@ -257,12 +257,9 @@ data; ask the restore again to finish it), printing its phase on stderr.`,
 func (c *cli) poll(parent context.Context, cl *client.Client, name string, timeout time.Duration, done func(saltvolumes.Snapshot, error) (string, bool, error), progress func(saltvolumes.Snapshot) *saltvolumes.Progress) (saltvolumes.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
-	last, drawn := "", false
-	defer func() {
-		if drawn {
-			fmt.Fprintln(c.errw) // the bar's line ends
-		}
-	}()
+	last := ""
+	out := &stepLines{c: c}
+	defer out.end()
 	timedOut := func(s saltvolumes.Snapshot) (saltvolumes.Snapshot, error) {
 		return s, failf(exitTimeout, "snapshot %s: still %s after %s; salt-volumes snapshot get %s shows how it goes on", name, or(last, "not seen"), timeout, name)
 	}
@@ -281,16 +278,11 @@ func (c *cli) poll(parent context.Context, cl *client.Client, name string, timeo
 			shown += ", " + p.Step + " " + progressText(*p)
 		}
 		if shown != "" && shown != last {
-			if p != nil && p.Total > 0 && c.errTerminal() {
-				fmt.Fprintf(c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar("snapshot "+name, p.Step, *p)), c.errColumns()))
-				drawn = true
-			} else {
-				if drawn {
-					fmt.Fprintln(c.errw)
-					drawn = false
-				}
-				line(c.errw, "snapshot %s: %s", name, shown)
+			stepName := ""
+			if p != nil {
+				stepName = p.Step
 			}
+			out.show("snapshot "+name, stepName, shown, p, true)
 			last = shown
 		}
 		if ok || err != nil {

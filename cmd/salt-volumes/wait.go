@@ -148,6 +148,34 @@ func progressBar(subject, stepName string, p saltvolumes.Progress) string {
 		strings.Repeat("#", filled), strings.Repeat(".", width-filled), percent(p), spec.Approx(p.Done), spec.Approx(p.Total))
 }
 
+// stepLines prints what --wait follows on stderr: a long step's bytes
+// as one bar drawn again in place on a terminal, anything else (or
+// anywhere else: a log, a pipe) as a line.
+type stepLines struct {
+	c     *cli
+	drawn bool // a bar's line is open
+}
+
+// show prints subject's state: the bar of p (step stepName) when bar
+// says one may be drawn, else the line text.
+func (w *stepLines) show(subject, stepName, text string, p *saltvolumes.Progress, bar bool) {
+	if bar && p != nil && p.Total > 0 && w.c.errTerminal() {
+		fmt.Fprintf(w.c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar(subject, stepName, *p)), w.c.errColumns()))
+		w.drawn = true
+		return
+	}
+	w.end()
+	line(w.c.errw, "%s: %s", subject, text)
+}
+
+// end closes a bar's line, if one is open.
+func (w *stepLines) end() {
+	if w.drawn {
+		fmt.Fprintln(w.c.errw)
+		w.drawn = false
+	}
+}
+
 // fitLine cuts s to a terminal line of cols columns: a line that wraps
 // is not drawn again in place by a carriage return.
 func fitLine(s string, cols int) string {
@@ -168,12 +196,9 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 	defer cancel()
 	var last *saltvolumes.View
 	var result error
-	done, lastStep, drawn := false, "", false
-	defer func() {
-		if drawn {
-			fmt.Fprintln(c.errw) // the bar's line ends
-		}
-	}()
+	done, lastStep := false, ""
+	out := &stepLines{c: c}
+	defer out.end()
 	terminating := false // a Failed volume being deleted is not a failure until its deletion fails
 	finish := func(err error) { result, done = err, true }
 	err := cl.Watch(ctx, "", name, func(ev saltvolumes.Event) bool {
@@ -202,16 +227,7 @@ func (c *cli) follow(ctx context.Context, cl *client.Client, name, target string
 			// A long step on a terminal: one bar, drawn again in place;
 			// elsewhere (a log, a pipe) a plain line per report.
 			// A reason (a retry, a failure) is said in full, on a line.
-			if p := v.Status.Progress; p != nil && p.Total > 0 && v.Status.Reason == "" && c.errTerminal() {
-				fmt.Fprintf(c.errw, "\r\033[K%s", fitLine(cleanCell(progressBar("volume "+name, v.Status.Step, *p)), c.errColumns()))
-				drawn = true
-			} else {
-				if drawn {
-					fmt.Fprintln(c.errw)
-					drawn = false
-				}
-				line(c.errw, "volume %s: %s", name, s)
-			}
+			out.show("volume "+name, v.Status.Step, s, v.Status.Progress, v.Status.Reason == "")
 			lastStep = s
 		}
 		switch {
