@@ -71,6 +71,11 @@ func TestDist(t *testing.T) {
 	}
 	want = append(want, "SHA256SUMS", "saltext_volumes-"+pep440(v)+"-py3-none-any.whl", "salt-volumes-image_"+v+".tar", "salt-volumes-"+v+".tgz")
 	want = append(want, packageFiles(v)...)
+	// An SBOM of each package, the image and the wheel (#52 item 4).
+	carriers := append([]string{"saltext_volumes-" + pep440(v) + "-py3-none-any.whl", "salt-volumes-image_" + v + ".tar"}, packageFiles(v)...)
+	for _, c := range carriers {
+		want = append(want, c+".cdx.json")
+	}
 	sort.Strings(want)
 
 	t.Run("every artifact, the same bytes twice", func(t *testing.T) {
@@ -159,6 +164,62 @@ func TestDist(t *testing.T) {
 				assert.True(t, names[tc.has], "%s's SBOM lacks %s", tc.cmd, tc.has)
 				if tc.hasNot != "" {
 					assert.False(t, names[tc.hasNot], "%s's SBOM names %s", tc.cmd, tc.hasNot)
+				}
+			}
+		}
+	})
+
+	t.Run("the packages', the image's and the wheel's SBOMs name them and what they carry, with licences", func(t *testing.T) {
+		for _, c := range carriers {
+			data, err := os.ReadFile(filepath.Join(a, c+".cdx.json"))
+			require.NoError(t, err)
+			var bom struct {
+				BOMFormat, SpecVersion string
+				Metadata               struct {
+					Component struct {
+						Type, Name, Version, Purl string
+						Licenses                  []struct{ License struct{ ID string } }
+					}
+				}
+				Components []struct {
+					Name     string
+					Licenses []json.RawMessage
+				}
+			}
+			require.NoError(t, json.Unmarshal(data, &bom), c)
+			assert.Equal(t, "CycloneDX", bom.BOMFormat, c)
+			assert.Equal(t, "1.6", bom.SpecVersion, c)
+			m := bom.Metadata.Component
+			if assert.Len(t, m.Licenses, 1, c) {
+				assert.Equal(t, "Apache-2.0", m.Licenses[0].License.ID, c)
+			}
+			names := map[string]bool{}
+			for _, x := range bom.Components {
+				names[x.Name] = true
+				assert.Len(t, x.Licenses, 1, "%s: %s", c, x.Name)
+			}
+			switch {
+			case strings.HasSuffix(c, ".whl"):
+				assert.Equal(t, "library", m.Type)
+				assert.Equal(t, "pkg:pypi/saltext-volumes@"+strings.ReplaceAll(pep440(v), "+", "%2B"), m.Purl)
+				assert.Empty(t, bom.Components, "pure Python: no binary in it")
+			case strings.HasSuffix(c, ".tar"):
+				assert.Equal(t, "container", m.Type)
+				assert.True(t, strings.HasPrefix(m.Purl, "pkg:oci/salt-volumes?"), m.Purl)
+				assert.True(t, names["go.etcd.io/etcd/client/v3"], "serve's modules")
+			default:
+				assert.Equal(t, "application", m.Type)
+				kind := "pkg:deb/"
+				if strings.HasSuffix(c, ".rpm") {
+					kind = "pkg:rpm/"
+				}
+				assert.True(t, strings.HasPrefix(m.Purl, kind+"salt-volumes/"+m.Name+"@"), m.Purl)
+				assert.True(t, names["github.com/salt-volumes/salt-volumes"], "%s carries our binary", c)
+				assert.True(t, names["github.com/diskfs/go-diskfs"], "%s carries the node's binary", c)
+				if m.Name == "salt-volume-exec" {
+					assert.False(t, names["go.etcd.io/etcd/client/v3"], "%s: the node's package has no etcd client", c)
+				} else {
+					assert.True(t, names["go.etcd.io/etcd/client/v3"], c)
 				}
 			}
 		}

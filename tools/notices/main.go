@@ -7,6 +7,7 @@
 //
 //	notices [-o FILE] BINARY
 //	notices -sbom FILE.cdx.json
+//	notices -wrap OUT.cdx.json -type T -name N -version V -purl P [-from A.cdx.json,B.cdx.json]
 //
 // A module without a licence file fails the run: nothing is shipped
 // without its terms. With -sbom, it writes the SPDX licence of each module
@@ -35,7 +36,21 @@ var licenceFile = regexp.MustCompile(`(?i)^(licen[cs]e|copying|notice|patents)(\
 func main() {
 	out := flag.String("o", "", "write the notices here (default: standard output)")
 	sbom := flag.String("sbom", "", "write each module's licence into this CycloneDX SBOM, in place (run from the repository's root: its LICENSE is the main component's)")
+	wrapOut := flag.String("wrap", "", "write here the SBOM of a package, image or wheel of ours that carries the binaries whose SBOMs -from names (wrap.go)")
+	var a artifact
+	flag.StringVar(&a.Type, "type", "", "with -wrap: the artifact's CycloneDX type (application, container, library)")
+	flag.StringVar(&a.Name, "name", "", "with -wrap: the artifact's name")
+	flag.StringVar(&a.Version, "version", "", "with -wrap: the artifact's version")
+	flag.StringVar(&a.Purl, "purl", "", "with -wrap: the artifact's package URL (pkg:deb/..., pkg:rpm/..., pkg:oci/..., pkg:pypi/...)")
+	from := flag.String("from", "", "with -wrap: the SBOMs of the binaries it carries, comma-separated")
 	flag.Parse()
+	if *wrapOut != "" {
+		if err := wrap(*wrapOut, a, ".", splitList(*from)); err != nil {
+			fmt.Fprintln(os.Stderr, "notices:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *sbom != "" {
 		env, err := goEnv("GOMODCACHE")
 		if err == nil {

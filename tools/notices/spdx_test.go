@@ -103,3 +103,64 @@ func TestAddLicencesToAnSBOM(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"bomFormat":"CycloneDX","components":[{"name":"left-pad","version":"1.0.0","purl":"pkg:npm/left-pad@1.0.0"}]}`), 0o644))
 	assert.ErrorContains(t, addLicences(path, env["GOMODCACHE"], "../.."), "is not a Go module")
 }
+
+// A package's SBOM: the package under our licence, carrying the binary
+// and every module it links, each once, from the binaries' SBOMs (two of
+// them for an image of both architectures).
+func TestWrapAPackagesSBOM(t *testing.T) {
+	dir := t.TempDir()
+	bin := func(name, arch string) string {
+		b := map[string]any{"bomFormat": "CycloneDX",
+			"metadata": map[string]any{"component": map[string]any{"bom-ref": "pkg:golang/github.com/salt-volumes/salt-volumes@v0.4.0?type=module#cmd/salt-volumes",
+				"name": "github.com/salt-volumes/salt-volumes", "licenses": []any{map[string]any{"license": map[string]any{"id": "Apache-2.0"}}}}},
+			"components": []any{map[string]any{"bom-ref": "pkg:golang/go.etcd.io/bbolt@v1.5.0?type=module", "name": "go.etcd.io/bbolt",
+				"licenses": []any{map[string]any{"license": map[string]any{"id": "MIT"}}}}},
+			"dependencies": []any{map[string]any{"ref": "pkg:golang/go.etcd.io/bbolt@v1.5.0?type=module"}},
+		}
+		data, err := json.Marshal(b)
+		require.NoError(t, err)
+		p := filepath.Join(dir, name+"_"+arch+".cdx.json")
+		require.NoError(t, os.WriteFile(p, data, 0o644))
+		return p
+	}
+	amd, arm := bin("salt-volumes", "amd64"), bin("salt-volumes", "arm64")
+	out := filepath.Join(dir, "image.cdx.json")
+	a := artifact{Type: "container", Name: "salt-volumes.io/salt-volumes", Version: "0.4.0", Purl: "pkg:oci/salt-volumes?repository_url=salt-volumes.io/salt-volumes&tag=0.4.0"}
+	require.NoError(t, wrap(out, a, "../..", []string{amd, arm}))
+	var got struct {
+		BOMFormat, SpecVersion string
+		Metadata               struct {
+			Component struct {
+				Type, Name, Purl string
+				Licenses         []map[string]map[string]string
+			}
+		}
+		Components []struct {
+			Ref  string `json:"bom-ref"`
+			Name string
+		}
+		Dependencies []struct {
+			Ref       string
+			DependsOn []string
+		}
+	}
+	data, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &got))
+	assert.Equal(t, "CycloneDX", got.BOMFormat)
+	assert.Equal(t, "1.6", got.SpecVersion)
+	assert.Equal(t, "container", got.Metadata.Component.Type)
+	assert.Equal(t, a.Purl, got.Metadata.Component.Purl)
+	assert.Equal(t, "Apache-2.0", got.Metadata.Component.Licenses[0]["license"]["id"])
+	require.Len(t, got.Components, 2, "the binary and its module, once for both architectures")
+	assert.Equal(t, "github.com/salt-volumes/salt-volumes", got.Components[0].Name)
+	assert.Equal(t, a.Purl, got.Dependencies[0].Ref)
+	assert.Equal(t, []string{got.Components[0].Ref}, got.Dependencies[0].DependsOn, "the image carries the binary")
+
+	// A wheel carries no binary; a binary's SBOM without licences, or no
+	// name, is refused.
+	require.NoError(t, wrap(out, artifact{Type: "library", Name: "saltext-volumes", Version: "0.4.0", Purl: "pkg:pypi/saltext-volumes@0.4.0"}, "../..", nil))
+	require.NoError(t, os.WriteFile(amd, []byte(`{"bomFormat":"CycloneDX","metadata":{"component":{"bom-ref":"x"}}}`), 0o644))
+	assert.ErrorContains(t, wrap(out, a, "../..", []string{amd}), "without a licence")
+	assert.ErrorContains(t, wrap(out, artifact{Name: "x"}, "../..", nil), "needs -type")
+}
