@@ -94,7 +94,7 @@ demo:
 test: setup
 	@rm -f test-results/adversarial.txt test-results/lane-*.log
 	@mkdir -p test-results
-	@{ t0=$$(date +%s); $(GO) test -count=1 -timeout 40m ./test/packages/; r=$$?; echo "lane packages: $$(($$(date +%s) - t0)) s"; exit $$r; } \
+	@{ t0=$$(date +%s); $(GO) test -count=1 -timeout 50m ./test/packages/; r=$$?; echo "lane packages: $$(($$(date +%s) - t0)) s"; exit $$r; } \
 	    >test-results/lane-packages.log 2>&1 & l1=$$!; \
 	  { t0=$$(date +%s); $(GO) test -count=1 -timeout 40m ./test/booted/; r1=$$?; $(GO) test -count=1 -timeout 20m ./test/dist/; r2=$$?; \
 	    $(MAKE) --no-print-directory smoke-load; r3=$$?; $(MAKE) --no-print-directory smoke-bench; r4=$$?; \
