@@ -65,7 +65,7 @@ type restoreRecord struct {
 	SnapshotSize   int64  `json:"snapshotSize,omitempty"`
 	// SnapshotUsed: a thick snapshot's changed blocks (bytes) before its
 	// merge, what the merge's progress counts to (0: not known).
-	SnapshotUsed int64 `json:"snapshotUsed,omitempty"`
+	SnapshotUsed   int64  `json:"snapshotUsed,omitempty"`
 	OriginLVUUID   string `json:"originLVUUID,omitempty"`
 	OriginThinID   string `json:"originThinID,omitempty"`
 	SnapshotThinID string `json:"snapshotThinID,omitempty"`
