@@ -3,6 +3,7 @@ package bench
 import (
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -82,16 +83,16 @@ func BenchmarkSnapshotSparse(b *testing.B) {
 		// Data written through the volume's filesystem, as a user would.
 		var res struct{ PersistentPath string }
 		_ = json.Unmarshal(exe("info", "--spec", "-"), &res)
-		mp := b.TempDir()
-		if out, err := exec.Command("mount", res.PersistentPath, mp).CombinedOutput(); err != nil {
-			b.Fatalf("mount: %v: %s", err, out)
-		}
-		f, err := os.Create(filepath.Join(mp, "data"))
-		if err == nil {
+		// Mounted in a namespace of its own: a concurrent test's
+		// namespace would keep a host mount's device open.
+		err := testenv.WithPrivateMount(res.PersistentPath, func(mp string) error {
+			f, err := os.Create(filepath.Join(mp, "data"))
+			if err != nil {
+				return err
+			}
 			_, err = io.CopyN(f, rand.Reader, written)
-			f.Close()
-		}
-		_ = exec.Command("umount", mp).Run()
+			return errors.Join(err, f.Close())
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
