@@ -9,6 +9,25 @@ import (
 	"strings"
 )
 
+// readBOM reads a CycloneDX SBOM as a tree, its numbers kept as written
+// so that a rewrite changes only what we set.
+func readBOM(path string) (map[string]any, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var bom map[string]any
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	if err := d.Decode(&bom); err != nil {
+		return nil, fmt.Errorf("%s: not JSON: %w", path, err)
+	}
+	if bom["bomFormat"] != "CycloneDX" {
+		return nil, fmt.Errorf("%s: not a CycloneDX SBOM", path)
+	}
+	return bom, nil
+}
+
 // addLicences writes into a CycloneDX SBOM (cyclonedx-gomod's, whose own
 // licence detection names several of our modules' licences wrongly) the
 // licence of each Go module it lists, read from the module cache by
@@ -16,18 +35,9 @@ import (
 // main component. The file is rewritten in place, the same bytes for the
 // same input.
 func addLicences(path, modcache, ours string) error {
-	data, err := os.ReadFile(path)
+	bom, err := readBOM(path)
 	if err != nil {
 		return err
-	}
-	var bom map[string]any
-	d := json.NewDecoder(bytes.NewReader(data))
-	d.UseNumber()
-	if err := d.Decode(&bom); err != nil {
-		return fmt.Errorf("%s: not JSON: %w", path, err)
-	}
-	if bom["bomFormat"] != "CycloneDX" {
-		return fmt.Errorf("%s: not a CycloneDX SBOM", path)
 	}
 	own, err := moduleLicence(ours)
 	if err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -35,15 +34,9 @@ func wrap(out string, a artifact, ours string, from []string) error {
 	seen := map[string]bool{}
 	var carried []any
 	for _, f := range from {
-		data, err := os.ReadFile(f)
+		bom, err := readBOM(f)
 		if err != nil {
 			return err
-		}
-		var bom map[string]any
-		d := json.NewDecoder(bytes.NewReader(data))
-		d.UseNumber()
-		if err := d.Decode(&bom); err != nil || bom["bomFormat"] != "CycloneDX" {
-			return fmt.Errorf("%s: not a CycloneDX SBOM", f)
 		}
 		meta, _ := bom["metadata"].(map[string]any)
 		bin, _ := meta["component"].(map[string]any)
