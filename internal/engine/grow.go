@@ -78,7 +78,10 @@ func (e *Engine) growRaw(ctx context.Context, o *op, rec *nodestate.Record, name
 	if !rec.Formatted() || rec.DeviceSize == 0 {
 		return nil
 	}
-	size, err := blockdev.SizeOf(name)
+	// Right after a write to the disk's table (a partition's GUID set
+	// here, or another volume's on the same disk), udev has the kernel
+	// read the table again and the partition is away for a moment.
+	size, err := blockdev.SizeOfSettled(name, partitionSettle)
 	if err != nil {
 		return failed("sysfs", err, "reading the size of %s", name)
 	}

@@ -10,6 +10,11 @@ package failpoint
 // built with failpoints kills itself (SIGKILL), to prove a rerun converges.
 const CrashEnv = "SALT_VOLUMES_CRASH_AFTER"
 
+// PauseEnv names the variable whose value is the step after which a
+// binary built with failpoints stops itself (SIGSTOP) until a test, having
+// changed the machine under it, sends SIGCONT.
+const PauseEnv = "SALT_VOLUMES_PAUSE_AFTER"
+
 // ToolDirEnv names a directory a binary built with failpoints searches for
 // programs before the pinned PATH (a test's mkfs that hangs).
 const ToolDirEnv = "SALT_VOLUMES_TEST_TOOL_DIR"

@@ -10,8 +10,12 @@ import (
 // Enabled says whether this binary was built with the failpoints tag.
 const Enabled = true
 
-// Hit kills the process when CrashEnv names step.
+// Hit kills the process when CrashEnv names step, and stops it when
+// PauseEnv does.
 func Hit(step string) {
+	if os.Getenv(PauseEnv) == step {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	}
 	if os.Getenv(CrashEnv) != step {
 		return
 	}

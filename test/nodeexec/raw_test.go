@@ -1,6 +1,7 @@
 package nodeexec
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,9 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/salt-volumes/salt-volumes/internal/failpoint"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -175,6 +180,53 @@ func TestSiblingPartitions(t *testing.T) {
 	for _, sp := range specs {
 		n.ok("unprepare", sp, "--wipe")
 	}
+}
+
+// udev has the kernel read a disk's table again a moment after a write to
+// it, and the disk's partitions are away meanwhile (seen on a booted
+// guest: a Block volume on sda2 failed with "reading the size of sda2: no
+// such device" right after its own GUID was written). The binary is
+// stopped after the GUID step, the table is read again (this kernel has
+// no GPT parser, so the partitions go), it goes on, and the partitions
+// come back 300 ms later, as a udev re-read brings them back: the prepare
+// waits for its partition instead of failing.
+func TestPartitionAwayAfterItsGUIDIsSet(t *testing.T) {
+	n := newNode(t)
+	disk := fakeDisk(t, 64<<20, "-n", "1:2048:+16M", "-n", "2:0:+16M")
+	const mib = 1 << 20
+	layout := [][2]int64{{1 * mib, 16 * mib}, {17 * mib, 16 * mib}}
+	p2 := addPartitions(t, disk, layout...)[1]
+	u := n.newUUID()
+	spec := rawSpec("away-blk", u, p2, map[string]any{"mode": "Block"})
+
+	cmd := exec.Command(binary, "--state-dir", n.dir, "prepare", "--spec", "-")
+	cmd.Env = append(os.Environ(), failpoint.PauseEnv+"=guid-set")
+	cmd.Stdin = strings.NewReader(mustJSON(t, spec))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stopped := func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		s := string(b)
+		return err == nil && strings.HasPrefix(s[strings.LastIndex(s, ")")+1:], " T")
+	}
+	testenv.Eventually(t, 30*time.Second, "the prepare stops after guid-set", func() (bool, string) {
+		return stopped(), errb.String()
+	})
+	require.NoError(t, loopdev.Reread(disk.Name))
+	_, err := os.Stat("/sys/class/block/" + filepath.Base(p2))
+	require.ErrorIs(t, err, os.ErrNotExist, "the table read again: the partitions are away")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+	time.Sleep(300 * time.Millisecond)
+	addPartitions(t, disk, layout...)
+	require.NoError(t, <-done, "prepare: %s %s", out.String(), errb.String())
+	var res struct{ DevicePath string }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &res), out.String())
+	assert.Equal(t, p2, res.DevicePath)
+	assert.Equal(t, u, blkid(t, p2)["PART_ENTRY_UUID"])
+	n.ok("unprepare", spec, "--wipe")
 }
 
 // The kernel numbers a disk's partitions anew when it reads the table
