@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,11 +166,20 @@ func noTrace(t *testing.T, n *node, u, name string) {
 // its own as Salt's cmd.run starts one, for a test to kill or stop it.
 func (n *node) startSnapshot(env []string, spec map[string]any, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	n.t.Helper()
-	cmd := exec.Command(binary, append([]string{"--state-dir", n.dir, "snapshot", "--spec", "-"}, args...)...)
+	var out bytes.Buffer
+	cmd := n.start(env, spec, &out, &out, append([]string{"snapshot", "--spec", "-"}, args...)...)
+	return cmd, &out
+}
+
+// start runs the binary with args in the background, spec on its stdin,
+// in a process group of its own; the test's end kills the group (a run
+// the test stopped and never continued included) and reaps it.
+func (n *node) start(env []string, spec map[string]any, stdout, stderr io.Writer, args ...string) *exec.Cmd {
+	n.t.Helper()
+	cmd := exec.Command(binary, append([]string{"--state-dir", n.dir}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(mustJSON(n.t, spec))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(n.t, cmd.Start())
 	var once sync.Once
@@ -179,7 +189,7 @@ func (n *node) startSnapshot(env []string, spec map[string]any, args ...string) 
 			_ = cmd.Wait()
 		})
 	})
-	return cmd, &out
+	return cmd
 }
 
 // readFreezeRecord reads a freeze record as JSON.

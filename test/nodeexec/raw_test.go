@@ -199,21 +199,15 @@ func TestPartitionAwayAfterItsGUIDIsSet(t *testing.T) {
 	u := n.newUUID()
 	spec := rawSpec("away-blk", u, p2, map[string]any{"mode": "Block"})
 
-	cmd := exec.Command(binary, "--state-dir", n.dir, "prepare", "--spec", "-")
-	cmd.Env = append(os.Environ(), failpoint.PauseEnv+"=guid-set")
-	cmd.Stdin = strings.NewReader(mustJSON(t, spec))
 	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	require.NoError(t, cmd.Start())
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	cmd := n.start([]string{failpoint.PauseEnv + "=guid-set"}, spec, &out, &errb, "prepare", "--spec", "-")
 	stopped := func() bool {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
 		s := string(b)
 		return err == nil && strings.HasPrefix(s[strings.LastIndex(s, ")")+1:], " T")
 	}
 	testenv.Eventually(t, 30*time.Second, "the prepare stops after guid-set", func() (bool, string) {
-		return stopped(), errb.String()
+		return stopped(), "not stopped yet"
 	})
 	require.NoError(t, loopdev.Reread(disk.Name))
 	_, err := os.Stat("/sys/class/block/" + filepath.Base(p2))
@@ -221,7 +215,7 @@ func TestPartitionAwayAfterItsGUIDIsSet(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 	time.Sleep(300 * time.Millisecond)
 	addPartitions(t, disk, layout...)
-	require.NoError(t, <-done, "prepare: %s %s", out.String(), errb.String())
+	require.NoError(t, cmd.Wait(), "prepare: %s %s", out.String(), errb.String())
 	var res struct{ DevicePath string }
 	require.NoError(t, json.Unmarshal(out.Bytes(), &res), out.String())
 	assert.Equal(t, p2, res.DevicePath)
