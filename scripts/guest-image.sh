@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Debian guest the booted-machine tests boot under qemu
-# (test/guest): bookworm with systemd, udev, LVM (thin pools too), mdadm, the filesystems'
+# (test/guest): bookworm with systemd, udev, LVM (thin pools too), mdadm, cryptsetup, the filesystems'
 # tools, sshd, and Salt (salt/requirements.txt's version, from PyPI, in
 # /opt/salt: the minion started once configured; the master and salt-api,
 # with CherryPy, for the package tests), as an ext4 qcow2 image plus its
@@ -24,7 +24,7 @@ for t in debootstrap qemu-img qemu-system-x86_64 ssh-keygen mkfs.ext4; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "guest-image: debootstrap needs root" >&2; exit 1; }
 
-packages=systemd-sysv,udev,dbus,linux-image-amd64,kmod,lvm2,thin-provisioning-tools,mdadm,e2fsprogs,xfsprogs,util-linux,iproute2,openssh-server,python3,python3-venv
+packages=systemd-sysv,udev,dbus,linux-image-amd64,kmod,lvm2,cryptsetup-bin,thin-provisioning-tools,mdadm,e2fsprogs,xfsprogs,util-linux,iproute2,openssh-server,python3,python3-venv
 mirror=${SALT_VOLUMES_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 tmp="$dir.tmp"
 root="$tmp/root"

@@ -20,10 +20,10 @@ import (
 
 // createOpts are create's flags.
 type createOpts struct {
-	node, size, device, vg, thinPool, mode, fsType, uuid, from string
-	wipeSignatures, wait                                       bool
-	mkfsOptions, labels, annotations                           []string
-	timeout                                                    time.Duration
+	node, size, device, vg, thinPool, mode, fsType, uuid, from, encryption string
+	wipeSignatures, wait                                                   bool
+	mkfsOptions, labels, annotations                                       []string
+	timeout                                                                time.Duration
 }
 
 // createCmd asks for a new volume, and with --wait follows it to
@@ -56,6 +56,7 @@ was made.`,
   salt-volumes create logs-1 --node node-1 --size 500Gi --fs xfs --mkfs-option=-m --mkfs-option=reflink=1
   salt-volumes create raw-1 --node node-2 --device /dev/disk/by-id/nvme-SSD_1234 --mode Block
   salt-volumes create db-1 --node node-2 --vg vg0 --size 20Gi --label tier=db
+  salt-volumes create secrets-1 --node node-1 --size 1Gi --encryption keyfile
   salt-volumes create data-2 --from snapshot/before-upgrade --wait -o json`,
 		Args: exactArgs(1, "give exactly one volume NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -80,6 +81,7 @@ was made.`,
 	f.StringVar(&o.fsType, "fs", "", "ext4 (default) or xfs; Filesystem mode only")
 	f.StringVar(&o.uuid, "uuid", "", "volume UUID (default: a new random one); a volume of this name and UUID on --node found already is this create's own (exit 0)")
 	f.StringArrayVar(&o.mkfsOptions, "mkfs-option", nil, "an option passed to mkfs (repeat for each)")
+	f.StringVar(&o.encryption, "encryption", "", "encrypt the volume (LUKS2) with a key from `PROVIDER`: keyfile (a random key kept root-only on the node); sparse volumes (--size without --vg)")
 	f.StringArrayVar(&o.labels, "label", nil, "`KEY=VALUE`: a label for the volume's PersistentVolume (repeat for each; ls --selector filters on them)")
 	f.StringArrayVar(&o.annotations, "annotation", nil, "`KEY=VALUE`: an annotation for the volume's PersistentVolume (repeat for each)")
 	f.StringVar(&o.from, "from", "", "snapshot/NAME or volume/NAME: a clone of that snapshot, or of the volume as it is now, on its node, of its mode and filesystem (--size: the same or larger)")
@@ -89,6 +91,7 @@ was made.`,
 	_ = cmd.RegisterFlagCompletionFunc("from", c.completeFlag(listSnapshots, listVolumes))
 	_ = cmd.RegisterFlagCompletionFunc("mode", fixed("Filesystem", "Block"))
 	_ = cmd.RegisterFlagCompletionFunc("fs", fixed("ext4", "xfs"))
+	_ = cmd.RegisterFlagCompletionFunc("encryption", fixed("keyfile"))
 	for _, free := range []string{"size", "device", "vg", "thin-pool", "uuid", "mkfs-option", "label", "annotation"} {
 		_ = cmd.RegisterFlagCompletionFunc(free, cobra.NoFileCompletions)
 	}
@@ -298,6 +301,9 @@ func (o *createOpts) spec(cmd *cobra.Command, name string) (map[string]any, erro
 	}
 	if len(o.mkfsOptions) > 0 {
 		sp["mkfsOptions"] = o.mkfsOptions
+	}
+	if o.encryption != "" {
+		sp["encryption"] = map[string]any{"provider": o.encryption}
 	}
 	if len(o.labels)+len(o.annotations) > 0 {
 		md := map[string]any{}

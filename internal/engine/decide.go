@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
+	"github.com/salt-volumes/salt-volumes/internal/luks"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 )
@@ -96,6 +97,9 @@ func decideContent(s *spec.Spec, c contentFacts) (contentAction, error) {
 }
 
 func expectedSignature(s *spec.Spec) string {
+	if encrypted(s) {
+		return "LUKS2 header " + luks.ContainerUUID(s.UUID)
+	}
 	if s.Mode == spec.ModeBlock {
 		return "GPT partition " + s.UUID
 	}
@@ -104,6 +108,8 @@ func expectedSignature(s *spec.Spec) string {
 
 func recovery(s *spec.Spec, where string) string {
 	switch {
+	case encrypted(s):
+		return "cryptsetup repair " + where + " rebuilds a LUKS2 header from its second copy; a header backup (cryptsetup luksHeaderRestore) brings one back"
 	case s.Mode == spec.ModeBlock:
 		return "gdisk " + where + " can rebuild the primary table from the backup"
 	case s.FSType == spec.FSXFS:

@@ -13,6 +13,7 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/blockdev"
 	"github.com/salt-volumes/salt-volumes/internal/failpoint"
+	"github.com/salt-volumes/salt-volumes/internal/luks"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -30,6 +31,9 @@ const (
 	// StateDamaged: we wrote the volume, and its signature is gone. It is
 	// never written again; the message says how to recover it.
 	StateDamaged = "damaged"
+	// StateLocked: an encrypted volume whose container is there but not
+	// open (restore opens it where its key is at hand).
+	StateLocked = "locked"
 )
 
 // Engine works under one state dir.
@@ -209,8 +213,11 @@ func geometry(f *os.File) (int64, int, error) {
 
 // ours tells whether a probe shows this volume's own signature.
 func ours(s *spec.Spec, r probe.Result) bool {
+	if encrypted(s) {
+		return r.Kind == "LUKS" && r.UUID == luks.ContainerUUID(s.UUID)
+	}
 	if s.Mode == spec.ModeFilesystem {
-		return r.UUID == s.UUID && r.Kind == s.FSType || (s.FSType == spec.FSExt4 && r.UUID == s.UUID && (r.Kind == "ext2" || r.Kind == "ext3"))
+		return holdsFS(s, r)
 	}
 	if r.Kind != "gpt" || r.GPT == nil {
 		return false

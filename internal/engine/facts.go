@@ -109,6 +109,11 @@ func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record, withParent bo
 		for _, d := range idx.Find(e.State.SparseFile(r.Spec.UUID)) {
 			names = append(names, d.Name)
 		}
+		if encrypted(r.Spec) {
+			if m, ok := e.mapping(r.Spec, names); ok {
+				names = append(names, m.Device)
+			}
+		}
 	} else {
 		if n := deviceOf(r); n != "" {
 			names = append(names, n)

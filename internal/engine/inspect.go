@@ -104,7 +104,21 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 	if exists {
 		devs, _ = loopdev.Find(file)
 	}
-	if len(devs) > 0 {
+	locked := false
+	if len(devs) > 0 && encrypted(s) {
+		// The volume is the opened container; its loop device is only
+		// the container's.
+		names := make([]string, 0, len(devs))
+		for _, d := range devs {
+			names = append(names, d.Name)
+		}
+		m, ok := e.mapping(s, names)
+		locked = !ok
+		if ok {
+			res.DeviceName, res.DevicePath = m.Device, "/dev/"+m.Device
+			res.Size, _ = blockdev.SizeOf(m.Device)
+		}
+	} else if len(devs) > 0 {
 		res.DeviceName, res.DevicePath = devs[0].Name, devs[0].Path
 		if s.Mode == spec.ModeBlock {
 			if p, ok, _ := partitionAt(devs[0].Name, 1); ok {
@@ -129,6 +143,9 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 		res.Error = file + " no longer carries the volume's " + expectedSignature(s) + ": " + recovery(s, file)
 	case len(devs) == 0:
 		res.State = StateDetached
+	case locked:
+		res.State = StateLocked
+		res.Error = "the container of " + s.Name + " is not open: salt-volume-exec restore opens it"
 	default:
 		res.State = StatePrepared
 		e.checkLink(s, res)

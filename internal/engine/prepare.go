@@ -12,6 +12,7 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/devlinks"
 	"github.com/salt-volumes/salt-volumes/internal/gpt"
 	"github.com/salt-volumes/salt-volumes/internal/loopdev"
+	"github.com/salt-volumes/salt-volumes/internal/luks"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 	"github.com/salt-volumes/salt-volumes/internal/probe"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
@@ -22,6 +23,11 @@ import (
 func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 	res := baseResult(s)
 	o := &op{e: e, s: s}
+	if encrypted(s) {
+		if err := luks.Ready(); err != nil {
+			return nil, refused("encryption_unavailable", "encryption: volume %s is encrypted, and this node cannot open LUKS2 containers: %v. Nothing was done: prepare it on a node that can, or without encryption", s.Name, err)
+		}
+	}
 	if s.SparseLoopDevice != nil {
 		warn, err := e.checkCapacity(s)
 		if err != nil {

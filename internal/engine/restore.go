@@ -162,6 +162,14 @@ func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
 	if err != nil {
 		return err
 	}
+	if encrypted(o.s) {
+		// Opened, never written: restore changes no volume content.
+		dm, err := e.openContainer(ctx, o, dev.Name)
+		if err != nil {
+			return err
+		}
+		return e.linkOpened(ctx, o, dm, res)
+	}
 	return e.finishDevice(ctx, o, dev.Name, res)
 }
 

@@ -188,6 +188,9 @@ func (e *Engine) TakeSnapshot(ctx context.Context, s *spec.Spec, name string, op
 		return nil, err
 	}
 	defer l.Unlock()
+	if encrypted(rec.Spec) {
+		return nil, refused("not_supported", "volume %s is encrypted: snapshots of encrypted volumes are not in this release", rec.Spec.Name)
+	}
 	if rec.Spec.SparseLoopDevice == nil {
 		// LVM takes no snapshot of an origin a snapshot merges into, and
 		// one of the LV between the restore's steps would be of neither.

@@ -50,17 +50,24 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	if err != nil {
 		return err
 	}
+	if act == keepContent && encrypted(s) && !rec.Formatted() {
+		if act, err = e.unfinishedContainer(ctx, o, file); err != nil {
+			return err
+		}
+	}
 	if act != keepContent {
 		if err := e.writeSparse(ctx, o, f, act == rewriteContent); err != nil {
 			return err
 		}
 	}
-	if grow && s.Mode == spec.ModeBlock {
+	if grow && s.Mode == spec.ModeBlock && !encrypted(s) {
 		if err := e.growTable(o, f, s.SizeBytes, 512); err != nil {
 			return err
 		}
 	}
-	o.markWritten(rec, written(s, false))
+	if !encrypted(s) {
+		o.markWritten(rec, written(s, false))
+	}
 
 	dev, err := e.ensureLoop(ctx, o, file, fresh)
 	if err != nil {
@@ -72,7 +79,12 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 		}
 	}
 	res.DeviceName, res.DevicePath = dev.Name, dev.Path
-	if err := e.finishDevice(ctx, o, dev.Name, res); err != nil {
+	if encrypted(s) {
+		err = e.finishEncrypted(ctx, o, rec, dev.Name, res)
+	} else {
+		err = e.finishDevice(ctx, o, dev.Name, res)
+	}
+	if err != nil {
 		return err
 	}
 	// A clone larger than its snapshot: its filesystem to the file's end
@@ -82,6 +94,11 @@ func (e *Engine) prepareSparse(ctx context.Context, o *op, rec *nodestate.Record
 	if (grow || cloneGrow) && s.Mode == spec.ModeFilesystem {
 		if err := e.growFS(ctx, o, res.DeviceName); err != nil {
 			return err
+		}
+	}
+	if encrypted(s) {
+		if w := e.keyBesideData(s); w != "" {
+			res.Warnings = append(res.Warnings, w)
 		}
 	}
 	if grow {
@@ -118,6 +135,10 @@ func (e *Engine) ensureLoop(ctx context.Context, o *op, file string, fresh bool)
 // it now carries the volume's signature.
 func (e *Engine) writeSparse(ctx context.Context, o *op, f *os.File, force bool) error {
 	s := o.s
+	if encrypted(s) {
+		// The filesystem is made inside, once the container is open.
+		return e.formatContainer(ctx, o, f)
+	}
 	if s.Mode == spec.ModeFilesystem {
 		if err := mkfs.Format(ctx, s.FSType, s.UUID, s.MkfsOptions, mkfs.Target{File: f}, force); err != nil {
 			return failed("mkfs", err, "formatting %s", f.Name())
@@ -208,6 +229,10 @@ func (e *Engine) openSparseFile(s *spec.Spec, grow bool) (f *os.File, created, f
 // on a whole disk or file, or the GUID of an existing partition.
 func written(s *spec.Spec, partition bool) string {
 	switch {
+	case encrypted(s) && s.Mode == spec.ModeBlock:
+		return "luks"
+	case encrypted(s):
+		return "luks+" + s.FSType
 	case s.Mode == spec.ModeFilesystem:
 		return s.FSType
 	case partition:

@@ -61,7 +61,7 @@ func (e *Engine) Unprepare(ctx context.Context, s *spec.Spec, opts UnprepareOpti
 	}
 	switch {
 	case s.SparseLoopDevice != nil:
-		err = e.unprepareSparse(ctx, o, res)
+		err = e.unprepareSparse(ctx, o, rec, opts, res)
 	case s.LVMLogicalVolume != nil:
 		// An unfinished merge may have left the LV inactive, or merging:
 		// finished first, then the volume goes.
@@ -102,7 +102,7 @@ func (e *Engine) refuseInUse(s *spec.Spec, name string, res *Result) error {
 	return nil
 }
 
-func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error {
+func (e *Engine) unprepareSparse(ctx context.Context, o *op, rec *nodestate.Record, opts UnprepareOptions, res *Result) error {
 	s := o.s
 	file := e.State.SparseFile(s.UUID)
 	res.BackingFile = file
@@ -117,7 +117,17 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 			return failed("loop", err, "looking for the loop device of %s", file)
 		}
 	}
-	// Check every device before touching any, so a refusal changes nothing.
+	// Check every device before touching any, so a refusal changes
+	// nothing. An encrypted volume's opened container is checked first and
+	// closed only then: it holds the loop device, which nothing else may.
+	if encrypted(s) {
+		if err := e.checkContainerFree(o, devs, res); err != nil {
+			return err
+		}
+		if err := e.closeContainer(ctx, o, devs, res); err != nil {
+			return err
+		}
+	}
 	for _, d := range devs {
 		if err := e.refuseInUse(s, d.Name, res); err != nil {
 			res.DeviceName, res.DevicePath = d.Name, d.Path
@@ -138,6 +148,11 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 		o.changed = true
 		o.step("detached", "device", d.Path)
 	}
+	if encrypted(s) && opts.Wipe {
+		if err := e.eraseSparse(ctx, o, rec, file); err != nil {
+			return err
+		}
+	}
 	if err := e.removeLink(o, ""); err != nil {
 		return err
 	}
@@ -147,6 +162,11 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return failed("file", err, "removing %s", file)
 	}
+	if encrypted(s) {
+		if err := e.removeKey(o); err != nil {
+			return err
+		}
+	}
 	// An interrupted snapshot-restore's copy goes with the volume.
 	return e.dropRestore(s.UUID)
 }
@@ -155,7 +175,9 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, res *Result) error 
 // device, dangles, or names a device that does not carry the UUID.
 func (e *Engine) removeLink(o *op, device string) error {
 	link := o.persistentPath()
-	if link == "" {
+	if link == "" || encrypted(o.s) && o.s.Mode == spec.ModeBlock {
+		// An encrypted Block volume's path is device-mapper's own node
+		// of the opened container: it goes when the container closes.
 		return nil
 	}
 	if _, err := os.Lstat(link); err != nil {

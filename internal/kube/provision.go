@@ -29,6 +29,7 @@ const (
 	paramFSType      = "fsType"
 	paramMkfsOptions = "mkfsOptions"
 	paramMode        = "mode"
+	paramEncryption  = "encryption"
 )
 
 // claimDecision is what to do with one claim.
@@ -93,6 +94,8 @@ func decideClaim(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, 
 			s.FSType = v
 		case paramMkfsOptions:
 			s.MkfsOptions = strings.Fields(v)
+		case paramEncryption:
+			s.Encryption = &spec.Encryption{Provider: v}
 		case paramMode:
 			if v != mode {
 				return claimDecision{Refuse: fmt.Sprintf("StorageClass %s parameter mode=%s but the claim asks for volumeMode %s: use a class without mode, or set the claim's volumeMode", sc.Name, v, mode)}
@@ -103,7 +106,7 @@ func decideClaim(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, 
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return claimDecision{Refuse: fmt.Sprintf("StorageClass %s: unknown parameter(s) %s: salt-volumes knows fsType, mkfsOptions and mode", sc.Name, strings.Join(unknown, ", "))}
+		return claimDecision{Refuse: fmt.Sprintf("StorageClass %s: unknown parameter(s) %s: salt-volumes knows fsType, mkfsOptions, mode and encryption", sc.Name, strings.Join(unknown, ", "))}
 	}
 	if mode == spec.ModeBlock && (s.FSType != "" || len(s.MkfsOptions) > 0) {
 		return claimDecision{Refuse: fmt.Sprintf("StorageClass %s: fsType and mkfsOptions apply to Filesystem claims only; this claim asks for volumeMode Block", sc.Name)}
@@ -136,6 +139,18 @@ func decideClaim(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, 
 func sparseSizeFor(s *spec.Spec, want int64) (int64, error) {
 	const mib = 1 << 20
 	size := (want + mib - 1) / mib * mib
+	if s.Encryption != nil {
+		// The container's header comes first: the filesystem (or the
+		// opened device, which has no table of ours) gets the rest, at
+		// least what the claim asked.
+		if s.Mode == spec.ModeBlock {
+			return max(size, spec.MinBlockSize) + spec.LUKSHeaderBytes, nil
+		}
+		fs := *s
+		fs.Encryption = nil
+		inner, err := sparseSizeFor(&fs, want)
+		return inner + spec.LUKSHeaderBytes, err
+	}
 	switch {
 	case s.Mode == spec.ModeBlock:
 		size = max(size, spec.MinBlockSize)

@@ -82,6 +82,23 @@ func TestDecideClaim(t *testing.T) {
 			}),
 			sc:    testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"fsType": "xfs"} }),
 			check: func(t *testing.T, d claimDecision) { assert.EqualValues(t, spec.MinXFSSize, d.Spec.SizeBytes) }},
+		{name: "encrypted class", pvc: testClaim(), minion: "node-1",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"encryption": "keyfile"} }),
+			check: func(t *testing.T, d claimDecision) {
+				require.NotNil(t, d.Spec.Encryption)
+				assert.Equal(t, "keyfile", d.Spec.Encryption.Provider)
+				assert.EqualValues(t, 1<<30+spec.LUKSHeaderBytes, d.Spec.SizeBytes, "the claim's 1Gi inside, the LUKS2 header beside it")
+			}},
+		{name: "encryption provider not in this release", minion: "node-1", pvc: testClaim(), refuse: "encryption.provider: \"tpm2\" is not available in this release",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"encryption": "tpm2"} })},
+		{name: "encrypted block claim", minion: "node-1",
+			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.VolumeMode = &block }),
+			sc:  testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"encryption": "keyfile"} }),
+			check: func(t *testing.T, d claimDecision) {
+				assert.Equal(t, spec.ModeBlock, d.Spec.Mode)
+				assert.EqualValues(t, 1<<30+spec.LUKSHeaderBytes, d.Spec.SizeBytes, "the opened device is the claim's size: no table inside")
+				assert.Equal(t, "/dev/mapper/sv-"+uid, d.Spec.PersistentPath())
+			}},
 		{name: "block claim", minion: "node-1", sc: testClass(),
 			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.VolumeMode = &block }),
 			check: func(t *testing.T, d claimDecision) {

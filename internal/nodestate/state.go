@@ -80,6 +80,8 @@ func (d Dir) Snapshots() string          { return filepath.Join(d.Root, "snapsho
 func (d Dir) RestoreReport() string      { return filepath.Join(d.Root, "restore-report.json") }
 func (d Dir) Restores() string           { return filepath.Join(d.Root, "restores") }
 func (d Dir) SparseFile(u string) string { return filepath.Join(d.Sparse(), u) }
+func (d Dir) Keys() string               { return filepath.Join(d.Root, "keys") }
+func (d Dir) KeyFile(u string) string    { return filepath.Join(d.Keys(), u+".key") }
 func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+".json") }
 
 // Init creates the layout, root-only: the state names devices and files
@@ -87,7 +89,7 @@ func (d Dir) path(u string) string       { return filepath.Join(d.volumes(), u+"
 // subdirectories must be real directories: a symlink planted there would
 // send sparse files, records, locks or snapshot images elsewhere.
 func (d Dir) Init() error {
-	for _, p := range []string{d.Root, d.volumes(), d.locks(), d.Sparse(), d.Snapshots()} {
+	for _, p := range []string{d.Root, d.volumes(), d.locks(), d.Sparse(), d.Snapshots(), d.Keys()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return fmt.Errorf("creating state dir: %w", err)
 		}

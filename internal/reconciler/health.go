@@ -59,7 +59,7 @@ func (r *Reconciler) handleNode(ev events.Event) {
 }
 
 func healthReason(reason string) bool {
-	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged
+	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged || reason == ReasonLocked
 }
 
 // healthNews says whether a report may change the volume, so that steady
@@ -106,6 +106,8 @@ func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
 	switch d.State {
 	case "detached":
 		return fail(ReasonDetached, fmt.Sprintf("the loop device of %s was detached on %s (a reboot without restore?): run `salt %s salt_volumes.restore`", orElse(d.BackingFile, v.Spec.Name), v.Spec.Node, v.Spec.Node))
+	case "locked":
+		return fail(ReasonLocked, fmt.Sprintf("the encrypted container of %s is not open on %s: run `salt %s salt_volumes.restore` (it opens what the node holds keys for)", v.Spec.Name, v.Spec.Node, v.Spec.Node))
 	case "missing":
 		return fail(ReasonStorageLost, fmt.Sprintf("%s reports: %s", v.Spec.Node, d.Error))
 	case "damaged":

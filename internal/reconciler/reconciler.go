@@ -78,6 +78,9 @@ const (
 	ReasonDetached    = "Detached"
 	ReasonStorageLost = "StorageLost"
 	ReasonDamaged     = "Damaged"
+	// ReasonLocked: an encrypted volume's container is not open on its
+	// node (its key was not at hand when the node restored it).
+	ReasonLocked = "Locked"
 )
 
 // Kubernetes is the Kubernetes side of a volume's life: its

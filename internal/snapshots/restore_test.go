@@ -307,3 +307,20 @@ func TestRestoreUnfinishedIsNotLeftAsItWas(t *testing.T) {
 		})
 	}
 }
+
+// An encrypted volume takes no snapshot and no schedule in this release:
+// refused before anything is recorded or sent to its node.
+func TestEncryptedVolumesTakeNoSnapshots(t *testing.T) {
+	s, f, v := setup(t)
+	ctx := context.Background()
+	enc := v.Clone()
+	enc.Spec.Encryption = &spec.Encryption{Provider: spec.ProviderKeyfile}
+	sent := f.lastJID()
+	_, _, err := s.Take(ctx, enc, "nightly", "alice")
+	checkRefusal(t, err, "a snapshot", "volume", 422, "is encrypted: snapshots of encrypted volumes are not in this release")
+	_, _, err = s.SetSchedule(ctx, enc, ScheduleSpec{Every: time.Hour, Keep: 3}, "alice")
+	checkRefusal(t, err, "a schedule", "volume", 422, "neither are their schedules")
+	_, err = s.Get(ctx, "nightly")
+	assert.ErrorIs(t, err, ErrNotFound, "nothing recorded")
+	assert.Equal(t, sent, f.lastJID(), "no job sent")
+}

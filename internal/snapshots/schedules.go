@@ -231,6 +231,9 @@ func (s *Service) SetSchedule(ctx context.Context, v *volume.Volume, sp Schedule
 	if v.DeleteRequested {
 		return saltvolumes.SnapshotSchedule{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to schedule snapshots of", v.Spec.Name)}
 	}
+	if v.Spec.Encryption != nil {
+		return saltvolumes.SnapshotSchedule{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is encrypted: snapshots of encrypted volumes are not in this release, so neither are their schedules", v.Spec.Name)}
+	}
 	s.schedMu.Lock()
 	defer s.schedMu.Unlock()
 	now := time.Now().UTC()

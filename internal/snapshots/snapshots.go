@@ -466,6 +466,8 @@ func (s *Service) take(ctx context.Context, v *volume.Volume, name, by, clone st
 		return Snapshot{}, false, &Error{400, "size", fmt.Sprintf("size: volume %s is a thin LV: its snapshots share its pool and take no size (leave it out)", v.Spec.Name)}
 	case v.DeleteRequested:
 		return Snapshot{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is being deleted: nothing to take a snapshot of", v.Spec.Name)}
+	case v.Spec.Encryption != nil:
+		return Snapshot{}, false, &Error{422, "volume", fmt.Sprintf("volume %s is encrypted: snapshots of encrypted volumes are not in this release", v.Spec.Name)}
 	case v.Status.Phase != volume.Available:
 		return Snapshot{}, false, &Error{409, "volume", fmt.Sprintf("volume %s is %s: take its snapshot once it is Available (salt-volumes wait %s --for Available)", v.Spec.Name, v.Status.Phase, v.Spec.Name)}
 	}

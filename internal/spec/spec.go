@@ -26,6 +26,9 @@ const (
 	// LVMTagPrefix starts the tag on every LV we create; the volume UUID
 	// follows. With our record's LV UUID it is how an LV is known as ours.
 	LVMTagPrefix = "salt-volumes.io/uuid="
+	// EncryptedBlockPrefix starts the persistent path of an encrypted
+	// Block volume: /dev/mapper/ and the name its container is opened as.
+	EncryptedBlockPrefix = "/dev/mapper/sv-"
 	// DMUUIDLinkPrefix starts the persistent path of an LVM Block volume:
 	// udev's link named after the LV's device-mapper UUID.
 	DMUUIDLinkPrefix = "/dev/disk/by-id/dm-uuid-"
@@ -97,9 +100,53 @@ type Spec struct {
 	Template *Template `json:"template,omitempty"`
 	// Source makes a new sparse volume a clone of a snapshot on its node.
 	Source *Source `json:"source,omitempty"`
+	// Encryption puts the volume inside a LUKS2 container.
+	Encryption *Encryption `json:"encryption,omitempty"`
 
 	// SizeBytes is the parsed sparse or LV size; filled in by Validate.
 	SizeBytes int64 `json:"-"`
+}
+
+// Key providers: who holds the key that opens an encrypted volume.
+const (
+	// ProviderKeyfile: a random key in a root-only file of the node's
+	// state dir. It protects a disk that leaves without the node; a node
+	// that leaves takes its keys along.
+	ProviderKeyfile = "keyfile"
+)
+
+// LUKSHeaderBytes is the room the LUKS2 header takes at the start of an
+// encrypted volume (cryptsetup's default layout): the opened device is
+// that much smaller than the volume.
+const LUKSHeaderBytes = 16 << 20
+
+// Encryption asks for the volume inside a LUKS2 container, opened under a
+// name of ours; its filesystem (or its Block device) is what users see.
+type Encryption struct {
+	Provider string `json:"provider"`
+}
+
+// plannedProviders are providers users may ask for that this release does
+// not have yet: named so that the refusal says what to use meanwhile.
+var plannedProviders = map[string]bool{"master": true, "tpm2": true, "tang": true}
+
+func (en *Encryption) validate(s *Spec) error {
+	if en == nil {
+		return nil
+	}
+	switch {
+	case en.Provider == "":
+		return &FieldError{"encryption.provider", "missing: give keyfile (a random key kept root-only on the node)"}
+	case plannedProviders[en.Provider]:
+		return &FieldError{"encryption.provider", fmt.Sprintf("%q is not available in this release: use keyfile (docs/encryption.md says what each provider protects)", en.Provider)}
+	case en.Provider != ProviderKeyfile:
+		return &FieldError{"encryption.provider", fmt.Sprintf("%q is not a key provider: use keyfile", en.Provider)}
+	case s.RawBlockDevice != nil || s.LVMLogicalVolume != nil:
+		return &FieldError{"encryption", "in this release only sparseLoopDevice volumes can be encrypted: drop encryption, or use sparseLoopDevice"}
+	case s.Source != nil:
+		return &FieldError{"encryption", "a clone cannot be encrypted in this release (a clone needs a key of its own): drop encryption or source"}
+	}
+	return nil
 }
 
 // Source names the snapshot a volume starts as a copy of: snapshot Name
@@ -261,8 +308,10 @@ func jsonKind(c byte) string {
 // free keys and are not listed.
 var knownKeys = map[string]map[string]bool{
 	"": {"name": true, "uuid": true, "node": true, "mode": true, "fsType": true, "mkfsOptions": true,
-		"sparseLoopDevice": true, "rawBlockDevice": true, "lvmLogicalVolume": true, "template": true, "source": true},
+		"sparseLoopDevice": true, "rawBlockDevice": true, "lvmLogicalVolume": true, "template": true, "source": true,
+		"encryption": true},
 	"sparseLoopDevice":  {"size": true},
+	"encryption":        {"provider": true},
 	"source":            {"volumeUUID": true, "snapshot": true},
 	"lvmLogicalVolume":  {"vgName": true, "size": true, "wipeSignatures": true, "thinPool": true},
 	"rawBlockDevice":    {"devicePath": true},
@@ -429,6 +478,9 @@ func (s *Spec) Validate() error {
 	if err := s.Source.validate(s); err != nil {
 		return err
 	}
+	if err := s.Encryption.validate(s); err != nil {
+		return err
+	}
 
 	kinds := 0
 	for _, given := range []bool{s.SparseLoopDevice != nil, s.RawBlockDevice != nil, s.LVMLogicalVolume != nil} {
@@ -496,13 +548,27 @@ func lvmName(s string) bool {
 // CheckMinimum refuses devices too small for the requested layout; the engine
 // reuses it for raw devices once their real size is known.
 func (s *Spec) checkMinimum(field string, n int64) error {
+	given, plus := n, ""
+	if s.Encryption != nil && n%(1<<20) != 0 {
+		// The container encrypts in 4 KiB sectors: whole MiB keep every
+		// size (and every growth) a multiple of them.
+		return &FieldError{field, fmt.Sprintf("%s is not a whole number of Mi: an encrypted volume's size is (use e.g. %s)", FormatSize(n), FormatSize((n>>20+1)<<20))}
+	}
+	if s.Encryption != nil {
+		// The container's header comes first: the filesystem gets the rest.
+		if n <= LUKSHeaderBytes {
+			return &FieldError{field, fmt.Sprintf("%s is too small for an encrypted volume: its LUKS2 header alone takes 16Mi; use at least 17Mi", FormatSize(n))}
+		}
+		n -= LUKSHeaderBytes
+		plus = ", plus 16Mi for the LUKS2 header"
+	}
 	switch {
 	case s.Mode == ModeBlock && n < MinBlockSize:
-		return &FieldError{field, fmt.Sprintf("%s is too small for a Block volume: use at least 4Mi", FormatSize(n))}
+		return &FieldError{field, fmt.Sprintf("%s is too small for a Block volume: use at least 4Mi%s", FormatSize(given), plus)}
 	case s.Mode == ModeFilesystem && s.FSType == FSXFS && n < MinXFSSize:
-		return &FieldError{field, fmt.Sprintf("%s is too small for xfs (mkfs.xfs needs at least 300Mi): use a larger size or fsType ext4", FormatSize(n))}
+		return &FieldError{field, fmt.Sprintf("%s is too small for xfs (mkfs.xfs needs at least 300Mi%s): use a larger size or fsType ext4", FormatSize(given), plus)}
 	case s.Mode == ModeFilesystem && n < MinFilesystemSize:
-		return &FieldError{field, fmt.Sprintf("%s is too small for a filesystem: use at least 1Mi", FormatSize(n))}
+		return &FieldError{field, fmt.Sprintf("%s is too small for a filesystem: use at least 1Mi%s", FormatSize(given), plus)}
 	}
 	return nil
 }
@@ -547,6 +613,11 @@ func (s *Spec) PersistentPath() string {
 	if s.Mode == ModeBlock && s.LVMLogicalVolume != nil {
 		return ""
 	}
+	if s.Mode == ModeBlock && s.Encryption != nil {
+		// The opened container itself (a device-mapper device has no
+		// partition table the kernel reads): its name is ours.
+		return EncryptedBlockPrefix + s.UUID
+	}
 	if s.Mode == ModeBlock {
 		return "/dev/disk/by-partuuid/" + s.UUID
 	}
@@ -589,6 +660,8 @@ func (s *Spec) SameVolume(o *Spec) (bool, string) {
 		return false, fmt.Sprintf("mode %s (recorded) vs %s", o.Mode, s.Mode)
 	case s.FSType != o.FSType:
 		return false, fmt.Sprintf("fsType %s (recorded) vs %s", o.FSType, s.FSType)
+	case s.EncryptionProvider() != o.EncryptionProvider():
+		return false, fmt.Sprintf("encryption %q (recorded) vs %q: a volume is encrypted or not from its creation", o.EncryptionProvider(), s.EncryptionProvider())
 	case s.SparseLoopDevice != nil && s.SizeBytes < o.SizeBytes:
 		return false, fmt.Sprintf("size %d bytes (recorded) vs %d bytes: shrinking is refused (a volume only grows)", o.SizeBytes, s.SizeBytes)
 	case s.LVMLogicalVolume != nil && s.LVMLogicalVolume.VGName != o.LVMLogicalVolume.VGName:
@@ -599,4 +672,12 @@ func (s *Spec) SameVolume(o *Spec) (bool, string) {
 		return false, fmt.Sprintf("devicePath %s (recorded) vs %s", o.RawBlockDevice.DevicePath, s.RawBlockDevice.DevicePath)
 	}
 	return true, ""
+}
+
+// EncryptionProvider is the volume's key provider, "" for a plain volume.
+func (s *Spec) EncryptionProvider() string {
+	if s.Encryption == nil {
+		return ""
+	}
+	return s.Encryption.Provider
 }

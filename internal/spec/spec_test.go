@@ -354,3 +354,50 @@ func TestTemplateIsValidatedAsKubernetesWould(t *testing.T) {
 		})
 	}
 }
+
+func TestEncryption(t *testing.T) {
+	const base = `{"name":"v","uuid":"3f2504e0-4f89-41d3-9a0c-0305e82c3301",`
+	s, err := Parse(strings.NewReader(base + `"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"keyfile"}}`))
+	require.NoError(t, err)
+	assert.Equal(t, ProviderKeyfile, s.EncryptionProvider())
+
+	bad := map[string]struct{ field, msg string }{
+		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{}}`:                                                                                                   {"encryption.provider", "missing: give keyfile"},
+		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"tpm2"}}`:                                                                                  {"encryption.provider", "not available in this release: use keyfile"},
+		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"master"}}`:                                                                                {"encryption.provider", "not available in this release"},
+		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"gpg"}}`:                                                                                   {"encryption.provider", `"gpg" is not a key provider`},
+		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"keyfile","key":"x"}}`:                                                                     {"encryption", `unknown field "key"`},
+		`"rawBlockDevice":{"devicePath":"/dev/sdb"},"encryption":{"provider":"keyfile"}}`:                                                                       {"encryption", "only sparseLoopDevice"},
+		`"lvmLogicalVolume":{"vgName":"vg0","size":"1Gi"},"encryption":{"provider":"keyfile"}}`:                                                                 {"encryption", "only sparseLoopDevice"},
+		`"mode":"Block","sparseLoopDevice":{"size":"19Mi"},"encryption":{"provider":"keyfile"}}`:                                                                {"sparseLoopDevice.size", "use at least 4Mi, plus 16Mi for the LUKS2 header"},
+		`"sparseLoopDevice":{"size":"16Mi"},"encryption":{"provider":"keyfile"}}`:                                                                               {"sparseLoopDevice.size", "its LUKS2 header alone takes 16Mi; use at least 17Mi"},
+		`"fsType":"xfs","sparseLoopDevice":{"size":"300Mi"},"encryption":{"provider":"keyfile"}}`:                                                               {"sparseLoopDevice.size", "300Mi, plus 16Mi for the LUKS2 header"},
+		`"sparseLoopDevice":{"size":"64Mi"},"source":{"volumeUUID":"9f2504e0-4f89-41d3-9a0c-0305e82c3301","snapshot":"s"},"encryption":{"provider":"keyfile"}}`: {"encryption", "a clone cannot be encrypted"},
+	}
+	for in, want := range bad {
+		_, err := Parse(strings.NewReader(base + in))
+		var fe *FieldError
+		if assert.ErrorAs(t, err, &fe, in) {
+			assert.Equal(t, want.field, fe.Field, in)
+			assert.Contains(t, fe.Msg, want.msg, in)
+		}
+	}
+	s, err = Parse(strings.NewReader(base + `"fsType":"xfs","sparseLoopDevice":{"size":"316Mi"},"encryption":{"provider":"keyfile"}}`))
+	require.NoError(t, err, "xfs's 300Mi and the header's 16Mi")
+
+	plain, err := Parse(strings.NewReader(base + `"sparseLoopDevice":{"size":"64Mi"}}`))
+	require.NoError(t, err)
+	enc, err := Parse(strings.NewReader(base + `"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"keyfile"}}`))
+	require.NoError(t, err)
+	same, why := plain.SameVolume(enc)
+	assert.False(t, same)
+	assert.Contains(t, why, "encrypted or not from its creation")
+	same, _ = enc.SameVolume(enc)
+	assert.True(t, same)
+	assert.Equal(t, "/dev/disk/by-uuid/"+enc.UUID, enc.PersistentPath(), "the filesystem inside the opened container")
+	blk, err := Parse(strings.NewReader(base + `"mode":"Block","sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"keyfile"}}`))
+	require.NoError(t, err)
+	assert.Equal(t, "/dev/mapper/sv-"+blk.UUID, blk.PersistentPath(), "the opened container itself")
+	assert.True(t, blk.MatchesPersistentPath("/dev/mapper/sv-"+blk.UUID))
+	assert.False(t, blk.MatchesPersistentPath("/dev/disk/by-partuuid/"+blk.UUID))
+}

@@ -26,8 +26,9 @@ func TestVolumeObjectKeepsEveryField(t *testing.T) {
 		Spec: spec.Spec{Name: "data", UUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3301", Node: "node-1", Mode: spec.ModeFilesystem,
 			FSType: "xfs", MkfsOptions: []string{"-m", "crc=1"}, SparseLoopDevice: &spec.SparseLoopDevice{Size: "1Gi"},
 			RawBlockDevice: &spec.RawBlockDevice{DevicePath: "/dev/sdb"}, LVMLogicalVolume: &spec.LVMLogicalVolume{VGName: "vg0", Size: "1Gi"},
-			Template: &spec.Template{Metadata: spec.TemplateMetadata{Labels: map[string]string{"tier": "gold"}}},
-			Source:   &spec.Source{VolumeUUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3302", Snapshot: "s1"}},
+			Template:   &spec.Template{Metadata: spec.TemplateMetadata{Labels: map[string]string{"tier": "gold"}}},
+			Source:     &spec.Source{VolumeUUID: "3f2504e0-4f89-41d3-9a0c-0305e82c3302", Snapshot: "s1"},
+			Encryption: &spec.Encryption{Provider: spec.ProviderKeyfile}},
 		CreatedAt: now, DeleteRequested: true, Wipe: true, ForgetRequested: true, NodeForgotten: true, Origin: volume.OriginSalt,
 		Claim: &saltvolumes.Claim{Namespace: "apps", Name: "data", UID: "u", StorageClass: "sv", ReclaimPolicy: "Delete"}, RequestedBy: "alice",
 	}

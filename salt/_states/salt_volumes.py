@@ -150,7 +150,7 @@ def restored(name):
     ret = _ret(name)
     if __opts__["test"]:
         vols = __salt__["salt_volumes.list"]()
-        todo = [v.get("name") for v in vols if v.get("state") == "detached"]
+        todo = [v.get("name") for v in vols if v.get("state") in ("detached", "locked")]
         ret["result"] = None if todo else True
         ret["comment"] = "Would restore {}".format(", ".join(todo)) if todo else "Nothing to restore"
         if todo:

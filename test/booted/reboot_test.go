@@ -172,6 +172,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	lvmRefusals(t, g, run)
 	lvmSnapshots(t, g, run)
 	lvmRestores(t, g, run)
+	encryptedCrashes(t, g, run)
 
 	// The control plane, on this machine beside the master: serve reads the
 	// master's bus and job cache and publishes through salt-api.
@@ -190,6 +191,11 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	vols := []*vol{
 		{name: "boot-fs", args: []string{"--size", "64Mi"}},
 		{name: "boot-blk", args: []string{"--mode", "Block", "--size", "32Mi"}, block: true},
+		// Encrypted: a LUKS2 container in the sparse file, its key in a
+		// root-only file on the node, opened at boot by the restore unit.
+		{name: "boot-enc", args: []string{"--size", "64Mi", "--encryption", "keyfile"}},
+		// Encrypted in Block mode: the opened device is the volume.
+		{name: "boot-encblk", args: []string{"--mode", "Block", "--size", "24Mi", "--encryption", "keyfile"}, block: true},
 		// Partitions of the operator's disks, in both modes: a Block
 		// volume's partition gets the volume UUID as its GUID, nothing
 		// else on the disk changes.
@@ -265,7 +271,9 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	secondBoot := run2("cat", "/proc/sys/kernel/random/boot_id")
 	for _, v := range vols {
 		available(v)
-		if v.block && strings.HasPrefix(v.name, "boot-lv") {
+		if v.name == "boot-encblk" {
+			assert.Equal(t, "/dev/mapper/sv-"+v.uuid, v.link, "an encrypted Block volume is its opened container")
+		} else if v.block && strings.HasPrefix(v.name, "boot-lv") {
 			// An LV is named by LVM's own UUID (seed 000): dm-uuid-LVM-<VG UUID><LV UUID>.
 			assert.Regexp(t, `^/dev/disk/by-id/dm-uuid-LVM-[A-Za-z0-9]{64}$`, v.link, v.name)
 		} else if v.block {
@@ -319,6 +327,13 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		run("dd", "if=/proc/sys/kernel/random/boot_id", "of=/mnt/v/kept", "conv=fsync", "status=none")
 		run("umount", "/mnt/v")
 	}
+	enc := byName["boot-enc"]
+	// What grep finds in a plain volume's file, it must not find in an
+	// encrypted one's.
+	require.True(t, inFile(t, g, before, filepath.Join(guestState, "sparse", byName["boot-fs"].uuid)), "the plain volume's file holds the plaintext")
+	encrypted := checkEncrypted(t, g, run, enc.uuid, enc.dev, before)
+	encryptionRatios(t, g, byName["boot-fs"].link, enc.link)
+	checkEncryptedBlock(t, g, run, byName["boot-encblk"].uuid, byName["boot-encblk"].dev, before)
 
 	restored := func() float64 { return p.Metric(`salt_volumes_restores_total{result="reconstructed"}`) }
 	restoredBefore := restored()
@@ -335,7 +350,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	out = run("salt-volume-exec", "last-restore")
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	assert.Equal(t, 0, rep.Restore.Failed, out)
-	assert.GreaterOrEqual(t, rep.Restore.Restored, 2, "both sparse volumes re-attached: %s", out)
+	assert.GreaterOrEqual(t, rep.Restore.Restored, 4, "the sparse volumes re-attached, the encrypted ones opened: %s", out)
 	t.Logf("the restore unit at boot: %d restored, %d failed", rep.Restore.Restored, rep.Restore.Failed)
 
 	// serve hears of it from the node's beacon once the minion is back:
@@ -419,6 +434,19 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Equal(t, before, run("cat", "/mnt/v/kept"), "the file written before is intact")
 	run("umount", "/mnt/v")
 	t.Logf("grown online from 64Mi to 96Mi through serve: df %s -> %s", strings.Fields(dfBefore)[1], strings.Fields(dfAfter)[1])
+	// The encrypted one too: the loop device, then the opened container
+	// (cryptsetup resize), then its ext4, while mounted.
+	run("mount", enc.link, "/mnt/v")
+	encBefore := run("df", "--output=size", "-B1", "/mnt/v")
+	out, errs, code = p.CLI("resize", enc.name, "--size", "96Mi", "--wait", "--timeout", "5m")
+	require.Equal(t, 0, code, out+errs)
+	encAfter := run("df", "--output=size", "-B1", "/mnt/v")
+	encFS, _ := strconv.ParseInt(strings.Fields(encAfter)[1], 10, 64)
+	assert.Greater(t, encFS, int64(64<<20), "the encrypted volume's filesystem took the room: %s", encAfter)
+	assert.Equal(t, strconv.Itoa(80<<20), run("blockdev", "--getsize64", run("readlink", "-f", enc.link)), "the opened container: 96Mi less the 16Mi header")
+	assert.Equal(t, before, run("cat", "/mnt/v/kept"), "the encrypted volume's file is intact")
+	run("umount", "/mnt/v")
+	t.Logf("encrypted volume grown online from 64Mi to 96Mi through serve: df %s -> %s", strings.Fields(encBefore)[1], strings.Fields(encAfter)[1])
 
 	// An lvmLogicalVolume grows too: lvextend, then its ext4 (offline:
 	// nothing mounts it), through serve.
@@ -484,11 +512,13 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	require.Equal(t, 0, code, out+errs)
 	assert.NotContains(t, run("lvs", "--noheadings", "-o", "lv_name", "vg0"), "svsnap-", "its LV removed")
 	vols = append(vols, &vol{name: "boot-lvcopy", uuid: lvCopy.Spec.UUID})
-	eventually(t, 2*time.Minute, fs.name+" reported unmounted by the beacon", func() (bool, string) {
-		v, err := p.Client().Get(ctx, fs.name)
-		require.NoError(t, err)
-		return !v.Status.InUse, fmt.Sprint(v.Status.InUse)
-	})
+	for _, v := range []*vol{fs, enc} {
+		eventually(t, 2*time.Minute, v.name+" reported unmounted by the beacon", func() (bool, string) {
+			got, err := p.Client().Get(ctx, v.name)
+			require.NoError(t, err)
+			return !got.Status.InUse, fmt.Sprint(got.Status.InUse)
+		})
+	}
 
 	// A disk pulled out of the running guest: its volume goes Failed
 	// (StorageLost) by the beacon's next report.
@@ -510,9 +540,10 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// Everything deleted through serve: loop devices detached, links and
 	// records gone; the operator's LVM untouched.
 	// Asked at once, as the creates were: the removals share state runs.
+	held := keptForErase(t, g, run, encrypted)
 	for _, v := range append(vols, seconds...) {
 		args := []string{"rm", v.name}
-		if v.name == "boot-lvfs" || v.name == "boot-lvcopy" {
+		if v.name == "boot-lvfs" || v.name == "boot-lvcopy" || v.name == "boot-enc" {
 			args = append(args, "--wipe") // removes the LV; boot-lvblk's stays
 		}
 		out, errs, code := p.CLI(args...)
@@ -544,6 +575,18 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Contains(t, lvs, "lv0")
 	assert.Contains(t, lvs, "lv1", "an existing LV used as a raw volume is never removed")
 	assert.Equal(t, before, run("dd", "if=/dev/vg0/boot-lvblk", "bs=36", "count=1", "status=none"), "the kept LV's data")
+
+	// The encrypted volume, deleted with --wipe: a crypto-erase. And its
+	// key was never in a job return, an event, a log of the master, of
+	// serve or of the guest.
+	checkErased(t, g, encrypted, held)
+	files := assertNoKeyUnder(t, s.Root, encrypted.key)
+	assertNoKey(t, "serve's log", []byte(p.LogText()), encrypted.key)
+	assertNoKey(t, "the guest's journal", []byte(run("journalctl", "--no-pager", "-o", "cat")), encrypted.key)
+	if minionLog, err := g.Run("cat", "/var/log/salt/minion"); err == nil {
+		assertNoKey(t, "the minion's log", []byte(minionLog), encrypted.key)
+	}
+	t.Logf("the encrypted volume's key is in none of the master's %d files (job cache, events, logs), serve's log or the guest's journal", files)
 }
 
 // lvmRefusals: an LV that salt-volumes did not create is never taken or

@@ -759,7 +759,8 @@ function renderDetail() {
   dl($("#vol-spec"), [["Node", sp.node], ["UUID", sp.uuid],
     ["Kind", sp.sparseLoopDevice ? "sparse file" : sp.lvmLogicalVolume ? "logical volume " + sp.lvmLogicalVolume.vgName + "/" + sp.name : "raw device " + sp.rawBlockDevice.devicePath],
     ["Size", specSize(sp)], ["Mode", sp.mode], ["Filesystem", sp.fsType],
-    ["mkfs options", (sp.mkfsOptions || []).join(" ")], ["Created", when(v.createdAt)], ["Origin", v.origin],
+    ["mkfs options", (sp.mkfsOptions || []).join(" ")], ["Encryption", sp.encryption ? "LUKS2, " + sp.encryption.provider : ""],
+    ["Created", when(v.createdAt)], ["Origin", v.origin],
     ["Claim", v.claim ? v.claim.namespace + "/" + v.claim.name + " (" + v.claim.storageClass + ", " + v.claim.reclaimPolicy + ")" : ""]]);
   dl($("#vol-status"), [["Phase", s.phase], ["Reason", s.reason], ["Step", s.step], ["Device", s.devicePath],
     ["Persistent path", s.persistentPath], ["Device size", s.size ? formatSize(s.size) : ""], ["In use", s.inUse ? "yes" : ""],
@@ -1274,12 +1275,13 @@ function alertError(r) {
 
 const FIELD_MSG = { name: "#m-name", "sparseLoopDevice.size": "#m-size", "sparseLoopDevice": "#m-size",
   "rawBlockDevice.devicePath": "#m-device", rawBlockDevice: "#m-device", fsType: "#m-fs", mkfsOptions: "#m-mkfs",
-  "lvmLogicalVolume.size": "#m-size", "lvmLogicalVolume.vgName": "#m-vg", lvmLogicalVolume: "#m-vg" };
+  "lvmLogicalVolume.size": "#m-size", "lvmLogicalVolume.vgName": "#m-vg", lvmLogicalVolume: "#m-vg",
+  encryption: "#m-enc", "encryption.provider": "#m-enc" };
 
 function formValues() {
   const kind = document.querySelector('input[name="kind"]:checked').value;
   return { kind, name: $("#f-name").value.trim(), size: $("#f-size").value.trim(), device: $("#f-device").value.trim(), vg: $("#f-vg").value.trim(),
-    mode: $("#f-mode").value, fs: $("#f-fs").value, mkfs: $("#f-mkfs").value.trim() };
+    mode: $("#f-mode").value, fs: $("#f-fs").value, mkfs: $("#f-mkfs").value.trim(), enc: $("#f-enc").value };
 }
 
 // validate checks the create form: only field (name, size, device, vg)
@@ -1315,6 +1317,7 @@ function validate(field) {
   if (!field) {
     setText("#m-fs", "");
     setText("#m-mkfs", "");
+    setText("#m-enc", "");
     const wrong = fields.find(([k]) => msgs[k]);
     if (wrong) $(wrong[1]).focus();
   }
@@ -1338,6 +1341,7 @@ function syncForm() {
   $("#device-field").hidden = f.kind !== "raw";
   $("#fs-field").hidden = f.mode === "Block";
   $("#mkfs-field").hidden = f.mode === "Block";
+  $("#enc-field").hidden = f.kind !== "sparse";
 }
 
 async function submitCreate(e) {
@@ -1353,6 +1357,7 @@ async function submitCreate(e) {
     body.fsType = f.fs;
     if (f.mkfs) body.mkfsOptions = f.mkfs.split(/\s+/);
   }
+  if (f.kind === "sparse" && f.enc) body.encryption = { provider: f.enc };
   const r = await api("POST", "/api/v1/volumes", body);
   if (r.ok) {
     state.volumes.set(r.data.spec.name, r.data); // the watch stream confirms it

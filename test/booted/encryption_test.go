@@ -1,0 +1,340 @@
+package booted
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/salt-volumes/salt-volumes/internal/luks"
+	"github.com/salt-volumes/salt-volumes/test/guest"
+)
+
+// guestState is salt-volume-exec's state dir on the guests (the default).
+const guestState = "/var/lib/salt-volumes"
+
+// encrypted is what the test keeps of an encrypted volume to check it
+// again after the reboot and after its deletion.
+type encrypted struct {
+	uuid string
+	key  []byte
+}
+
+// checkEncrypted: a volume with encryption keyfile, prepared through serve,
+// is a LUKS2 container on its loop device opened as sv-<uuid>: the opened
+// device is the one that shows the volume's UUID (its filesystem's), the
+// container shows a UUID of its own, the key is a root-only 32-byte file,
+// and what was written through the volume is not in its backing file.
+func checkEncrypted(t *testing.T, g *guest.Guest, run func(...string) string, uuid, dev, written string) *encrypted {
+	t.Helper()
+	file := filepath.Join(guestState, "sparse", uuid)
+	loop := run("losetup", "-n", "-O", "NAME", "-j", file)
+	require.Regexp(t, `^/dev/loop\d+$`, loop, "the container's loop device")
+	assert.Regexp(t, `^/dev/dm-\d+$`, dev, "the volume's device is the opened container")
+	assert.Equal(t, "crypto_LUKS", run("blkid", "-o", "value", "-s", "TYPE", loop))
+	assert.Equal(t, luks.ContainerUUID(uuid), run("blkid", "-o", "value", "-s", "UUID", loop), "the container's UUID is derived, not the volume's")
+	status := run("cryptsetup", "status", luks.MapperName(uuid))
+	assert.Regexp(t, `(?m)^\s*type:\s+LUKS2$`, status)
+	assert.Regexp(t, `(?m)^\s*device:\s+`+regexp.QuoteMeta(loop)+`$`, status)
+	// udev's links: by-uuid of the volume names the opened device, by-uuid
+	// of the container its loop device; no other device shows the
+	// volume's UUID.
+	run("udevadm", "settle")
+	assert.Equal(t, dev, run("readlink", "-f", "/dev/disk/by-uuid/"+uuid))
+	assert.Equal(t, loop, run("readlink", "-f", "/dev/disk/by-uuid/"+luks.ContainerUUID(uuid)))
+	shown := 0
+	for _, l := range strings.Split(run("lsblk", "-rno", "NAME,UUID"), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[1] == uuid {
+			shown++
+		}
+	}
+	assert.Equal(t, 1, shown, "one device shows the volume's UUID")
+	key := filepath.Join(guestState, "keys", uuid+".key")
+	assert.Equal(t, "400 root 32", run("stat", "-c", "%a %U %s", key), "the key: root-only, 256 bits")
+	assert.Equal(t, "700 root", run("stat", "-c", "%a %U", filepath.Dir(key)))
+	k, err := base64.StdEncoding.DecodeString(run("base64", "-w0", key))
+	require.NoError(t, err)
+	// Ciphertext on the disk: the file written through the volume is not
+	// in its backing file.
+	assert.False(t, inFile(t, g, written, file), "the plaintext is not in the backing file")
+	return &encrypted{uuid: uuid, key: k}
+}
+
+// checkEncryptedBlock: an encrypted Block volume is its opened container,
+// /dev/mapper/sv-<uuid>, over a LUKS2 header on the loop device, and what
+// was written to it is ciphertext in the backing file.
+func checkEncryptedBlock(t *testing.T, g *guest.Guest, run func(...string) string, uuid, dev, written string) {
+	t.Helper()
+	file := filepath.Join(guestState, "sparse", uuid)
+	loop := run("losetup", "-n", "-O", "NAME", "-j", file)
+	assert.Regexp(t, `^/dev/dm-\d+$`, dev)
+	assert.Equal(t, dev, run("readlink", "-f", "/dev/mapper/"+luks.MapperName(uuid)))
+	assert.Equal(t, luks.ContainerUUID(uuid), run("blkid", "-o", "value", "-s", "UUID", loop))
+	assert.Equal(t, strconv.Itoa(8<<20), run("blockdev", "--getsize64", dev), "24Mi less the 16Mi header")
+	assert.False(t, inFile(t, g, written, file), "the plaintext is not in the backing file")
+}
+
+// holdUnit is the transient unit that keeps an encrypted volume's file
+// open across its deletion.
+const holdUnit = "sv-enc-hold"
+
+// keptForErase holds the container's file open (a process of its own)
+// and copies its key where the deletion does not reach: what someone
+// holding the disk's blocks and a leaked copy of the key would have after
+// the volume is deleted. It returns the path that reads the file once it
+// is deleted (/proc/PID/fd/N).
+func keptForErase(t *testing.T, g *guest.Guest, run func(...string) string, e *encrypted) string {
+	t.Helper()
+	file := filepath.Join(guestState, "sparse", e.uuid)
+	run("systemd-run", "--unit="+holdUnit, "--collect", "python3", "-c", "import sys, time; f = open(sys.argv[1], 'rb'); time.sleep(7200)", file)
+	t.Cleanup(func() { _, _ = g.Run("systemctl", "stop", holdUnit) })
+	run("cp", filepath.Join(guestState, "keys", e.uuid+".key"), "/root/enc-key")
+	var held string
+	eventually(t, time.Minute, "the holder has the file open", func() (bool, string) {
+		pid := run("systemctl", "show", "-p", "MainPID", "--value", holdUnit)
+		fds, _ := g.Run("ls", "/proc/"+pid+"/fd")
+		for _, fd := range strings.Fields(fds) {
+			if to, _ := g.Run("readlink", "/proc/"+pid+"/fd/"+fd); strings.TrimSpace(to) == file {
+				held = "/proc/" + pid + "/fd/" + fd
+				return true, held
+			}
+		}
+		return false, pid + ": " + fds
+	})
+	out, err := g.Run("cryptsetup", "open", "--test-passphrase", "--key-file", "/root/enc-key", held)
+	require.NoError(t, err, "before the deletion the key opens the container: %s", out)
+	return held
+}
+
+// checkErased: deleted with --wipe, the container's header holds no
+// keyslot (read back from the deleted file, still held open), the key
+// opens nothing, and the key file and the opened device are gone.
+func checkErased(t *testing.T, g *guest.Guest, e *encrypted, held string) {
+	t.Helper()
+	to, _ := g.Run("readlink", held)
+	assert.Contains(t, to, "(deleted)", "the file itself is gone")
+	out, err := g.Run("cryptsetup", "luksDump", "--dump-json-metadata", held)
+	require.NoError(t, err, out)
+	assert.Regexp(t, `"keyslots":\s*\{\s*\}`, out, "no keyslot left in the header")
+	out, err = g.Run("cryptsetup", "open", "--test-passphrase", "--key-file", "/root/enc-key", held)
+	assert.Error(t, err, "the old key opens nothing: %s", out)
+	_, err = g.Run("test", "-e", filepath.Join(guestState, "keys", e.uuid+".key"))
+	assert.Error(t, err, "the key file is gone")
+	_, err = g.Run("test", "-e", "/dev/mapper/"+luks.MapperName(e.uuid))
+	assert.Error(t, err, "the container is closed")
+	_, _ = g.Run("systemctl", "stop", holdUnit)
+	_, _ = g.Run("rm", "-f", "/root/enc-key")
+}
+
+// inFile tells whether text is in file on the guest: grep's exit status
+// 0 (found) or 1 (not found); anything else fails the test.
+func inFile(t *testing.T, g *guest.Guest, text, file string) bool {
+	t.Helper()
+	_, err := g.Run("grep", "-q", "-F", text, file)
+	if err == nil {
+		return true
+	}
+	require.Contains(t, err.Error(), "exit status 1", "grep %s", file)
+	return false
+}
+
+// keyForms are the ways a key could show up in a text: as bytes, hex or
+// base64.
+func keyForms(k []byte) [][]byte {
+	return [][]byte{k, []byte(hex.EncodeToString(k)), []byte(strings.ToUpper(hex.EncodeToString(k))),
+		[]byte(base64.StdEncoding.EncodeToString(k)), []byte(base64.RawStdEncoding.EncodeToString(k))}
+}
+
+// assertNoKey fails if any form of key is in text (named what).
+func assertNoKey(t *testing.T, what string, text []byte, key []byte) {
+	t.Helper()
+	for _, f := range keyForms(key) {
+		if strings.Contains(string(text), string(f)) {
+			t.Errorf("the key of an encrypted volume is in %s", what)
+			return
+		}
+	}
+}
+
+// assertNoKeyUnder reads every file under dir (the master's job cache,
+// logs and event cache) for the key.
+func assertNoKeyUnder(t *testing.T, dir string, key []byte) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		n++
+		assertNoKey(t, p, b, key)
+		return nil
+	})
+	require.NoError(t, err)
+	return n
+}
+
+// ddSeconds is the time dd reports for its copy ("..., 0.5 s, 67 MB/s").
+var ddSeconds = regexp.MustCompile(`copied, ([0-9.]+) s,`)
+
+// seqThroughput writes then reads 32 MiB through the filesystem of the
+// volume at link (direct I/O, so the page cache measures nothing) and
+// returns the seconds of each, as dd reports them.
+func seqThroughput(t *testing.T, g *guest.Guest, link string) (write, read float64) {
+	t.Helper()
+	secs := func(args ...string) float64 {
+		_, errs, err := g.RunInputStderr(nil, args...)
+		require.NoError(t, err, errs)
+		m := ddSeconds.FindStringSubmatch(errs)
+		require.NotNil(t, m, "dd's report: %s", errs)
+		f, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		return f
+	}
+	_, err := g.Run("mount", link, "/mnt/v")
+	require.NoError(t, err)
+	defer func() { _, _ = g.Run("umount", "/mnt/v") }()
+	write = secs("dd", "if=/dev/zero", "of=/mnt/v/bench", "bs=1M", "count=32", "oflag=direct", "conv=fsync")
+	read = secs("dd", "if=/mnt/v/bench", "of=/dev/null", "bs=1M", "iflag=direct")
+	_, err = g.Run("rm", "/mnt/v/bench")
+	require.NoError(t, err)
+	return write, read
+}
+
+// encryptionRatios measures the encrypted volume against a plain one of
+// the same kind on the same guest, in the same run: the ratio of the
+// seconds each took (1.0 = no cost). Under software emulation AES runs
+// without AES-NI: the ratio is reported, not judged.
+func encryptionRatios(t *testing.T, g *guest.Guest, plainLink, encLink string) {
+	t.Helper()
+	pw, pr := seqThroughput(t, g, plainLink)
+	ew, er := seqThroughput(t, g, encLink)
+	t.Logf("32 MiB sequential, direct I/O, under TCG: plain write %.3fs read %.3fs; encrypted write %.3fs read %.3fs", pw, pr, ew, er)
+	if pw > 0 && pr > 0 {
+		fmt.Printf("metric encryption_write_ratio %.2f x\n", ew/pw)
+		fmt.Printf("metric encryption_read_ratio %.2f x\n", er/pr)
+	}
+}
+
+var stepRe = regexp.MustCompile(`"step":"([a-z-]+)"`)
+
+// stepsOf lists the steps a run of salt-volume-exec logged on stderr.
+func stepsOf(stderr string) []string {
+	var out []string
+	for _, m := range stepRe.FindAllStringSubmatch(stderr, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// encryptedCrashes: salt-volume-exec killed after each step of an
+// encrypted volume's prepare, and of its deletion with --wipe, converges
+// when run again: the volume prepared with its filesystem inside the
+// opened container, then nothing of it left (record, file, key, loop
+// device, opened container). And a header of ours that no key opens (a
+// luksFormat cut short between its header and its keyslot) is formatted
+// again rather than left unopenable.
+func encryptedCrashes(t *testing.T, g *guest.Guest, run func(...string) string) {
+	t.Helper()
+	started := time.Now()
+	specOf := func(u string) []byte {
+		return []byte(`{"name":"crash-enc","uuid":"` + u + `","sparseLoopDevice":{"size":"24Mi"},"encryption":{"provider":"keyfile"}}`)
+	}
+	var lastOut string
+	exec := func(u string, crashAfter string, args ...string) (string, error) {
+		cmd := append([]string{"env", "SALT_VOLUMES_CRASH_AFTER=" + crashAfter, "salt-volume-exec"}, args...)
+		out, errs, err := g.RunInputStderr(specOf(u), append(cmd, "--spec", "-")...)
+		lastOut = out
+		return errs, err
+	}
+	prepared := func(u string) {
+		t.Helper()
+		assert.Equal(t, u, run("blkid", "-o", "value", "-s", "UUID", "/dev/mapper/"+luks.MapperName(u)), "the filesystem inside the opened container")
+		assert.Equal(t, "crypto_LUKS", run("blkid", "-o", "value", "-s", "TYPE", filepath.Join(guestState, "sparse", u)))
+	}
+	gone := func(u, after string) {
+		t.Helper()
+		for _, p := range []string{filepath.Join(guestState, "keys", u+".key"), filepath.Join(guestState, "sparse", u),
+			filepath.Join(guestState, "volumes", u+".json"), "/dev/mapper/" + luks.MapperName(u)} {
+			_, err := g.Run("test", "-e", p)
+			assert.Error(t, err, "%s left after a crash after %s and a rerun", p, after)
+		}
+	}
+	// One clean run of each tells the steps.
+	u := uuid.NewString()
+	errs, err := exec(u, "", "prepare")
+	require.NoError(t, err, errs)
+	prepare := stepsOf(errs)
+	prepared(u)
+	// The guest keeps its state dir, keys and sparse files alike, on its
+	// root filesystem: the prepare says what that leaves unprotected.
+	assert.Contains(t, lastOut, "is on the same filesystem as its data", "the warning of a key beside its data")
+	errs, err = exec(u, "", "unprepare", "--wipe")
+	require.NoError(t, err, errs)
+	unprepare := stepsOf(errs)
+	gone(u, "nothing")
+	require.Contains(t, prepare, "luks-formatted")
+	require.Contains(t, prepare, "opened")
+	require.Contains(t, unprepare, "wiped")
+	for i := 0; i < max(len(prepare), len(unprepare)); i++ {
+		u := uuid.NewString()
+		if i < len(prepare) {
+			_, err := exec(u, prepare[i], "prepare")
+			require.Error(t, err, "killed after %s", prepare[i])
+		}
+		errs, err := exec(u, "", "prepare")
+		require.NoError(t, err, "prepare again after a crash after %s: %s", prepare[min(i, len(prepare)-1)], errs)
+		prepared(u)
+		step := "nothing"
+		if i < len(unprepare) {
+			step = unprepare[i]
+			_, err := exec(u, step, "unprepare", "--wipe")
+			require.Error(t, err, "killed after %s", step)
+		}
+		errs, err = exec(u, "", "unprepare", "--wipe")
+		require.NoError(t, err, "unprepare again after a crash after %s: %s", step, errs)
+		gone(u, step)
+	}
+	// Deleted (with --wipe) right after a prepare was killed, unfinished.
+	for _, step := range prepare[:len(prepare)-1] {
+		u := uuid.NewString()
+		_, err := exec(u, step, "prepare")
+		require.Error(t, err, "killed after %s", step)
+		errs, err := exec(u, "", "unprepare", "--wipe")
+		require.NoError(t, err, "unprepare --wipe of a prepare killed after %s: %s", step, errs)
+		gone(u, step+" (then deleted)")
+	}
+	t.Logf("encrypted volume: killed after each of %d prepare steps %v and %d unprepare steps %v, each converged; deleted after each unfinished prepare", len(prepare), prepare, len(unprepare), unprepare)
+
+	// A header of ours with no keyslot (what a luksFormat cut between its
+	// two writes leaves): made by hand after a crash right after the key.
+	u = uuid.NewString()
+	_, err = exec(u, "key-created", "prepare")
+	require.Error(t, err)
+	file := filepath.Join(guestState, "sparse", u)
+	key := filepath.Join(guestState, "keys", u+".key")
+	run("cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--uuid", luks.ContainerUUID(u), "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--key-file", key, file)
+	run("cryptsetup", "erase", "--batch-mode", file)
+	errs, err = exec(u, "", "prepare")
+	require.NoError(t, err, errs)
+	assert.Contains(t, stepsOf(errs), "luks-unfinished", "the unopenable header noticed")
+	prepared(u)
+	errs, err = exec(u, "", "unprepare", "--wipe")
+	require.NoError(t, err, errs)
+	gone(u, "an unfinished header")
+	t.Logf("encrypted volumes' crash runs with the node's binary: %s", time.Since(started).Round(time.Second))
+}
