@@ -330,9 +330,16 @@ func (e *Engine) cryptoErase(ctx context.Context, o *op, dev string) error {
 }
 
 // removeKey deletes the volume's key, last: until the volume is gone it may
-// still open it.
-func (e *Engine) removeKey(o *op) error {
+// still open it. With wipe its bytes are overwritten in place first (on
+// ext4 and xfs the same blocks; a copy-on-write filesystem may keep the
+// old ones, as docs/encryption.md says).
+func (e *Engine) removeKey(o *op, wipe bool) error {
 	p := e.State.KeyFile(o.s.UUID)
+	if wipe {
+		if err := overwrite(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return failed("key", err, "overwriting %s", p)
+		}
+	}
 	if err := os.Remove(p); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
@@ -342,6 +349,25 @@ func (e *Engine) removeKey(o *op) error {
 	o.changed = true
 	o.step("key-removed", "path", p)
 	return nil
+}
+
+// overwrite writes zeros over the file at p, in place, and syncs them.
+func overwrite(p string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	st, err := f.Stat()
+	if err == nil {
+		_, err = f.WriteAt(make([]byte, st.Size()), 0)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // finishEncrypted opens the container on loop device dev, makes the

@@ -163,7 +163,7 @@ func (e *Engine) unprepareSparse(ctx context.Context, o *op, rec *nodestate.Reco
 		return failed("file", err, "removing %s", file)
 	}
 	if encrypted(s) {
-		if err := e.removeKey(o); err != nil {
+		if err := e.removeKey(o, opts.Wipe); err != nil {
 			return err
 		}
 	}

@@ -89,39 +89,46 @@ func checkEncryptedBlock(t *testing.T, g *guest.Guest, run func(...string) strin
 // open across its deletion.
 const holdUnit = "sv-enc-hold"
 
-// keptForErase holds the container's file open (a process of its own)
-// and copies its key where the deletion does not reach: what someone
-// holding the disk's blocks and a leaked copy of the key would have after
-// the volume is deleted. It returns the path that reads the file once it
-// is deleted (/proc/PID/fd/N).
-func keptForErase(t *testing.T, g *guest.Guest, run func(...string) string, e *encrypted) string {
+// keptForErase holds the container's file and its key file open (a
+// process of its own) and copies the key where the deletion does not
+// reach: what someone holding the disk's blocks and a leaked copy of the
+// key would have after the volume is deleted. It returns the paths that
+// read the file and the key file once they are deleted (/proc/PID/fd/N).
+func keptForErase(t *testing.T, g *guest.Guest, run func(...string) string, e *encrypted) (heldFile, heldKey string) {
 	t.Helper()
 	file := filepath.Join(guestState, "sparse", e.uuid)
-	run("systemd-run", "--unit="+holdUnit, "--collect", "python3", "-c", "import sys, time; f = open(sys.argv[1], 'rb'); time.sleep(7200)", file)
+	key := filepath.Join(guestState, "keys", e.uuid+".key")
+	run("systemd-run", "--unit="+holdUnit, "--collect", "python3", "-c",
+		"import sys, time; f = [open(p, 'rb') for p in sys.argv[1:]]; time.sleep(7200)", file, key)
 	t.Cleanup(func() { _, _ = g.Run("systemctl", "stop", holdUnit) })
-	run("cp", filepath.Join(guestState, "keys", e.uuid+".key"), "/root/enc-key")
-	var held string
-	eventually(t, time.Minute, "the holder has the file open", func() (bool, string) {
+	run("cp", key, "/root/enc-key")
+	eventually(t, time.Minute, "the holder has both files open", func() (bool, string) {
 		pid := run("systemctl", "show", "-p", "MainPID", "--value", holdUnit)
 		fds, _ := g.Run("ls", "/proc/"+pid+"/fd")
 		for _, fd := range strings.Fields(fds) {
-			if to, _ := g.Run("readlink", "/proc/"+pid+"/fd/"+fd); strings.TrimSpace(to) == file {
-				held = "/proc/" + pid + "/fd/" + fd
-				return true, held
+			switch to, _ := g.Run("readlink", "/proc/"+pid+"/fd/"+fd); strings.TrimSpace(to) {
+			case file:
+				heldFile = "/proc/" + pid + "/fd/" + fd
+			case key:
+				heldKey = "/proc/" + pid + "/fd/" + fd
 			}
 		}
-		return false, pid + ": " + fds
+		return heldFile != "" && heldKey != "", pid + ": " + fds
 	})
-	out, err := g.Run("cryptsetup", "open", "--test-passphrase", "--key-file", "/root/enc-key", held)
+	out, err := g.Run("cryptsetup", "open", "--test-passphrase", "--key-file", "/root/enc-key", heldFile)
 	require.NoError(t, err, "before the deletion the key opens the container: %s", out)
-	return held
+	return heldFile, heldKey
 }
 
 // checkErased: deleted with --wipe, the container's header holds no
 // keyslot (read back from the deleted file, still held open), the key
 // opens nothing, and the key file and the opened device are gone.
-func checkErased(t *testing.T, g *guest.Guest, e *encrypted, held string) {
+func checkErased(t *testing.T, g *guest.Guest, e *encrypted, held, heldKey string) {
 	t.Helper()
+	// The key file's blocks: zeros written in place before it went.
+	k, err := g.Run("base64", "-w0", heldKey)
+	require.NoError(t, err)
+	assert.Equal(t, base64.StdEncoding.EncodeToString(make([]byte, luks.KeyBytes)), strings.TrimSpace(k), "the deleted key file's bytes are zeros")
 	to, _ := g.Run("readlink", held)
 	assert.Contains(t, to, "(deleted)", "the file itself is gone")
 	out, err := g.Run("cryptsetup", "luksDump", "--dump-json-metadata", held)

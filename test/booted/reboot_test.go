@@ -540,7 +540,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// Everything deleted through serve: loop devices detached, links and
 	// records gone; the operator's LVM untouched.
 	// Asked at once, as the creates were: the removals share state runs.
-	held := keptForErase(t, g, run, encrypted)
+	held, heldKey := keptForErase(t, g, run, encrypted)
 	for _, v := range append(vols, seconds...) {
 		args := []string{"rm", v.name}
 		if v.name == "boot-lvfs" || v.name == "boot-lvcopy" || v.name == "boot-enc" {
@@ -579,7 +579,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	// The encrypted volume, deleted with --wipe: a crypto-erase. And its
 	// key was never in a job return, an event, a log of the master, of
 	// serve or of the guest.
-	checkErased(t, g, encrypted, held)
+	checkErased(t, g, encrypted, held, heldKey)
 	files := assertNoKeyUnder(t, s.Root, encrypted.key)
 	assertNoKey(t, "serve's log", []byte(p.LogText()), encrypted.key)
 	assertNoKey(t, "the guest's journal", []byte(run("journalctl", "--no-pager", "-o", "cat")), encrypted.key)
