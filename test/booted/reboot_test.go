@@ -134,9 +134,12 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	}
 	// Minutes, not seconds: an emulated guest sharing two cores with the
 	// rest of make test answers slowly, most of all just after a boot.
-	minionUp := func() { s.WaitForMinion(guestID, 20*time.Second, 10*time.Minute) }
+	// 20 min: on 2026-12-07, with three guests booting beside make test's
+	// race build, guest-1's minion answered jobs 5-7 min after they were
+	// published and missed 10 min twice.
+	minionUp := func() { s.WaitForMinion(guestID, 20*time.Second, 20*time.Minute) }
 	minionUp()
-	s.WaitForMinion(secondID, 20*time.Second, 10*time.Minute)
+	s.WaitForMinion(secondID, 20*time.Second, 20*time.Minute)
 	t.Logf("both guests' minions answer: %s after the boots started", time.Since(started).Round(time.Second))
 	installed := time.Now()
 	out, code := s.Salt("--timeout=600", "-L", guestID+","+secondID, "state.apply", "salt_volumes.installed", "--out=json", "--static")
