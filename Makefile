@@ -91,13 +91,15 @@ demo:
 # jobs) and took 41 min on 2026-12-06; three took 35 (docs/development.md,
 # "How long").
 # The side lanes' output lands in test-results/lane-*.log, printed at
-# the end.
+# the end; their guest tests run with -v, so a run that times out still
+# shows how far each story got (go test drops a running test's buffered
+# log when it panics on -timeout).
 test: setup
 	@rm -f test-results/adversarial.txt test-results/lane-*.log
 	@mkdir -p test-results
-	@{ t0=$$(date +%s); $(GO) test -count=1 -timeout 50m ./test/packages/; r=$$?; echo "lane packages: $$(($$(date +%s) - t0)) s"; exit $$r; } \
+	@{ t0=$$(date +%s); $(GO) test -count=1 -v -timeout 60m ./test/packages/; r=$$?; echo "lane packages: $$(($$(date +%s) - t0)) s"; exit $$r; } \
 	    >test-results/lane-packages.log 2>&1 & l1=$$!; \
-	  { t0=$$(date +%s); $(GO) test -count=1 -timeout 60m ./test/booted/; r1=$$?; $(GO) test -count=1 -timeout 20m ./test/dist/; r2=$$?; \
+	  { t0=$$(date +%s); $(GO) test -count=1 -v -timeout 60m ./test/booted/; r1=$$?; $(GO) test -count=1 -timeout 20m ./test/dist/; r2=$$?; \
 	    $(MAKE) --no-print-directory smoke-load; r3=$$?; $(MAKE) --no-print-directory smoke-bench; r4=$$?; \
 	    echo "lane booted, dist, smoke: $$(($$(date +%s) - t0)) s"; [ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ] && [ $$r4 -eq 0 ]; } \
 	    >test-results/lane-booted.log 2>&1 & l2=$$!; \

@@ -201,14 +201,14 @@ func (e *Engine) formatInside(ctx context.Context, o *op, rec *nodestate.Record,
 // mapping returns the volume's opened container if it is open on one of
 // the loop devices of its file: a device-mapper device of that name on
 // anything else is not the volume.
-func (e *Engine) mapping(s *spec.Spec, loops []string) (luks.Mapping, bool) {
+func (e *Engine) mapping(s *spec.Spec, loops []loopdev.Device) (luks.Mapping, bool) {
 	m, ok := luks.Mapped(luks.MapperName(s.UUID))
 	if !ok {
 		return m, false
 	}
 	for _, sl := range m.Slaves {
 		for _, l := range loops {
-			if sl == l {
+			if sl == l.Name {
 				return m, true
 			}
 		}
@@ -220,11 +220,7 @@ func (e *Engine) mapping(s *spec.Spec, loops []string) (luks.Mapping, bool) {
 // loop device of the volume's file, is used by anything but the container
 // itself: before anything is closed.
 func (e *Engine) checkContainerFree(o *op, devs []loopdev.Device, res *Result) error {
-	names := make([]string, 0, len(devs))
-	for _, d := range devs {
-		names = append(names, d.Name)
-	}
-	m, open := e.mapping(o.s, names)
+	m, open := e.mapping(o.s, devs)
 	if open {
 		if err := e.refuseInUse(o.s, m.Device, res); err != nil {
 			res.DeviceName, res.DevicePath = m.Device, "/dev/"+m.Device
@@ -280,11 +276,7 @@ func (e *Engine) eraseSparse(ctx context.Context, o *op, rec *nodestate.Record, 
 // after checking that nothing uses it.
 func (e *Engine) closeContainer(ctx context.Context, o *op, devs []loopdev.Device, res *Result) error {
 	name := luks.MapperName(o.s.UUID)
-	names := make([]string, 0, len(devs))
-	for _, d := range devs {
-		names = append(names, d.Name)
-	}
-	m, ok := e.mapping(o.s, names)
+	m, ok := e.mapping(o.s, devs)
 	if !ok {
 		return nil
 	}

@@ -106,11 +106,12 @@ func (e *Engine) devicesOf(r *nodestate.Record) []string {
 func (e *Engine) devicesIn(idx loopdev.Index, r *nodestate.Record, withParent bool) []string {
 	var names []string
 	if r.Spec.SparseLoopDevice != nil {
-		for _, d := range idx.Find(e.State.SparseFile(r.Spec.UUID)) {
+		devs := idx.Find(e.State.SparseFile(r.Spec.UUID))
+		for _, d := range devs {
 			names = append(names, d.Name)
 		}
 		if encrypted(r.Spec) {
-			if m, ok := e.mapping(r.Spec, names); ok {
+			if m, ok := e.mapping(r.Spec, devs); ok {
 				names = append(names, m.Device)
 			}
 		}

@@ -108,11 +108,7 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 	if len(devs) > 0 && encrypted(s) {
 		// The volume is the opened container; its loop device is only
 		// the container's.
-		names := make([]string, 0, len(devs))
-		for _, d := range devs {
-			names = append(names, d.Name)
-		}
-		m, ok := e.mapping(s, names)
+		m, ok := e.mapping(s, devs)
 		locked = !ok
 		if ok {
 			res.DeviceName, res.DevicePath = m.Device, "/dev/"+m.Device

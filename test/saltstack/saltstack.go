@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -609,7 +610,7 @@ func (s *Stack) dumpLogs() {
 
 // run runs a Salt CLI tool and returns stdout and the exit code.
 func (s *Stack) run(prog string, args ...string) (string, int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runLimit(args))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.bin(prog), append([]string{"-c", s.Conf}, args...)...)
 	out, errs, code := testenv.Run(s.t, cmd)
@@ -617,6 +618,25 @@ func (s *Stack) run(prog string, args ...string) (string, int) {
 		s.t.Logf("%s %s: exit %d: %s", prog, strings.Join(args, " "), code, tail(errs, 2000))
 	}
 	return out, code
+}
+
+// runLimit is how long a Salt command may run before it is killed: 5
+// minutes, or the command's own --timeout plus 2 minutes when that is
+// longer. A cap below the timeout the test asked Salt for turned a slow
+// job into exit -1 (CI, 2026-12-07: state.apply --timeout=600 on two
+// emulated guests killed at 5 min).
+func runLimit(args []string) time.Duration {
+	limit := 5 * time.Minute
+	for _, a := range args {
+		v, ok := strings.CutPrefix(a, "--timeout=")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.Atoi(v); err == nil && time.Duration(n)*time.Second+2*time.Minute > limit {
+			limit = time.Duration(n)*time.Second + 2*time.Minute
+		}
+	}
+	return limit
 }
 
 func tail(s string, n int) string {
