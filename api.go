@@ -15,6 +15,10 @@ const (
 	Available   Phase = "Available"
 	Failed      Phase = "Failed"
 	Terminating Phase = "Terminating"
+	// Locked: an encrypted volume whose container is on its node, whole,
+	// but not open: its data is there and unreadable until the volume's
+	// key opens it (Reason and Message say what the node lacks).
+	Locked Phase = "Locked"
 )
 
 func (p Phase) String() string {

@@ -395,7 +395,7 @@ func TestLsFilters(t *testing.T) {
 	assert.Contains(t, a.requests(), "GET /api/v1/volumes?node=node-9 Bearer t", "--node is the server's filter")
 	_, errs, code := sv(t, at(a, "ls", "--phase", "Gone")...)
 	assert.Equal(t, exitUsage, code)
-	assert.Contains(t, errs, "--phase Gone: use Unknown, Pending, Available, Failed, Terminating")
+	assert.Contains(t, errs, "--phase Gone: use Unknown, Pending, Available, Failed, Terminating, Locked")
 	_, _, code = sv(t, at(a, "ls", "-l", "tier in (")...)
 	assert.Equal(t, exitUsage, code)
 }

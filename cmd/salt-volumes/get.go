@@ -9,7 +9,7 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 )
 
-var phases = []string{"Unknown", "Pending", "Available", "Failed", "Terminating"}
+var phases = []string{"Unknown", "Pending", "Available", "Failed", "Terminating", "Locked"}
 
 // lsCmd lists volumes: every one, or those of a node, a phase, a label
 // selector.
@@ -63,7 +63,7 @@ last Salt job and the labels.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&node, "node", "", "only the volumes of `NODE` (a Salt minion id)")
-	f.StringSliceVar(&inPhase, "phase", nil, "only volumes in these `PHASES`: Unknown, Pending, Available, Failed, Terminating (comma-separated, or repeated)")
+	f.StringSliceVar(&inPhase, "phase", nil, "only volumes in these `PHASES`: Unknown, Pending, Available, Failed, Terminating, Locked (comma-separated, or repeated)")
 	f.StringVarP(&selector, "selector", "l", "", "only volumes whose labels (their PersistentVolume's: create --label) match `SELECTOR`, e.g. tier=db,env!=test")
 	_ = cmd.RegisterFlagCompletionFunc("node", c.completeFlag(listNodes))
 	_ = cmd.RegisterFlagCompletionFunc("phase", fixed(phases...))

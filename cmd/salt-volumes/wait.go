@@ -27,7 +27,9 @@ func (c *cli) waitCmd() *cobra.Command {
 Available, or with --for Deleted until it is gone, printing each step it
 goes through on stderr; then print it (on stdout, in the -o format).
 
-A volume that ends Failed is exit 1. A timeout is exit 5: the work goes on,
+A volume that ends Failed is exit 1. A Locked volume (an encrypted one
+whose container is not open) is waited for: it becomes Available once its
+node opens it. A timeout is exit 5: the work goes on,
 and running wait again follows it further. A stream the server ended (a
 restart, a failover) is exit 7, safe to run again. The default --timeout is
 the server's jobTimeout (GET /api/v1/info) and a minute more, so that a job
@@ -103,7 +105,7 @@ func (c *cli) waitTimeout(cmd *cobra.Command, cl *client.Client, given time.Dura
 }
 
 // step is a volume's progress in one line: its phase, its step, why it
-// failed.
+// failed or is locked.
 func step(v saltvolumes.View) string {
 	s := v.Status.Phase.String()
 	if v.Status.Step != "" {
@@ -118,7 +120,7 @@ func step(v saltvolumes.View) string {
 	if v.Deleting && (v.Status.Phase == saltvolumes.Pending || v.Status.Phase == saltvolumes.Unknown) {
 		s += ", deletion waiting for the creation"
 	}
-	if v.Status.Phase == saltvolumes.Failed && v.Status.Message != "" {
+	if (v.Status.Phase == saltvolumes.Failed || v.Status.Phase == saltvolumes.Locked) && v.Status.Message != "" {
 		s += ": " + v.Status.Message
 	}
 	return s

@@ -44,7 +44,7 @@ func (s *Server) healthMetrics(mw *metrics.Writer) {
 	mw.GaugeVec("salt_volumes_volume_size_bytes", "Size of each volume: its device as the node prepared it, else the size its spec asks for.", size)
 	mw.GaugeVec("salt_volumes_volume_allocated_bytes", "Bytes a sparse volume's file really takes on its node, as the node last reported.", alloc)
 	mw.GaugeVec("salt_volumes_volume_filesystem_used_bytes", "Used bytes of a volume's filesystem while it is mounted on its node, as the node last reported.", used)
-	mw.GaugeVec("salt_volumes_volume_healthy", "1 if the volume is Available, 0 otherwise (Failed, Pending, Terminating).", healthy)
+	mw.GaugeVec("salt_volumes_volume_healthy", "1 if the volume is Available, 0 otherwise (Failed, Locked, Pending, Terminating).", healthy)
 	var committed, fsSize, free, silent, ratio, snapWarn, stale, poolData, poolMeta []metrics.Sample
 	names := g.Names()
 	sort.Strings(names)
@@ -135,7 +135,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer
 	mw := metrics.NewWriter(&buf)
 	phases := map[string]float64{}
-	for _, p := range []volume.Phase{volume.Unknown, volume.Pending, volume.Available, volume.Failed, volume.Terminating} {
+	for _, p := range []volume.Phase{volume.Unknown, volume.Pending, volume.Available, volume.Failed, volume.Terminating, volume.Locked} {
 		phases[p.String()] = 0
 	}
 	for _, v := range s.Store.List() {

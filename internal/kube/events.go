@@ -30,6 +30,10 @@ func (c *Controller) report(v *volume.Volume) {
 		kind, reason, msg = corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("growing volume %s on %s failed: %s", v.Spec.Name, v.Spec.Node, st.Message)
 	case st.Phase == volume.Pending && st.Reason == reconciler.ReasonResizing:
 		return // said when the growth started (Resizing)
+	case st.Phase == volume.Locked:
+		// The claim is where kubectl describe leads from a pod stuck
+		// mounting: the kubelet only says the device is not there.
+		kind, reason, msg = corev1.EventTypeWarning, "VolumeLocked", fmt.Sprintf("volume %s on %s is Locked (%s): %s; pods using it wait until it is opened", v.Spec.Name, v.Spec.Node, st.Reason, st.Message)
 	case st.Phase == volume.Failed:
 		kind, reason, msg = corev1.EventTypeWarning, "ProvisioningFailed", fmt.Sprintf("volume %s failed on %s (%s): %s", v.Spec.Name, v.Spec.Node, st.Reason, st.Message)
 	case st.Phase == volume.Pending && st.Reason != "":
@@ -87,7 +91,7 @@ func (c *Controller) VolumeEvent(ev store.Event, uid string) {
 	}
 	if v.Phase != p.Phase {
 		kind := corev1.EventTypeNormal
-		if v.Phase == volume.Failed {
+		if v.Phase == volume.Failed || v.Phase == volume.Locked {
 			kind = corev1.EventTypeWarning
 		}
 		from := p.Phase

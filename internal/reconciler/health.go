@@ -59,7 +59,7 @@ func (r *Reconciler) handleNode(ev events.Event) {
 }
 
 func healthReason(reason string) bool {
-	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged || reason == ReasonLocked
+	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged
 }
 
 // healthNews says whether a report may change the volume, so that steady
@@ -71,6 +71,8 @@ func healthNews(v *volume.Volume, d *saltvolumes.Device) bool {
 		return false
 	case st.Phase == volume.Failed:
 		return healthReason(st.Reason)
+	case st.Phase == volume.Locked:
+		return d == nil || d.State != "locked"
 	case st.Phase != volume.Available:
 		return false
 	case d == nil || d.State != "prepared":
@@ -80,22 +82,24 @@ func healthNews(v *volume.Volume, d *saltvolumes.Device) bool {
 }
 
 // applyHealth moves a volume by what its node reports: storage lost,
-// detached or damaged fails it with a reason; healthy again brings it back.
-// Only Available volumes and volumes failed for such a reason are touched:
-// a job in flight or a deletion owns the volume's phase.
+// detached or damaged fails it with a reason; an encrypted container not
+// open locks it; healthy again brings it back. Only Available volumes and
+// volumes failed or locked for such a reason are touched: a job in flight
+// or a deletion owns the volume's phase.
 func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
 	st := &v.Status
 	if o.node != v.Spec.Node || !healthNews(v, o.device) {
 		return unchanged
 	}
-	fail := func(reason, msg string) effect {
-		if st.Phase == volume.Failed && st.Reason == reason && st.Message == msg {
+	move := func(phase volume.Phase, reason, msg string) effect {
+		if st.Phase == phase && st.Reason == reason && st.Message == msg {
 			return unchanged
 		}
-		r.log.Warn("node reports the volume unhealthy", "volume", v.Spec.Name, "node", v.Spec.Node, "reason", reason, "message", msg)
-		st.Phase, st.Reason, st.Message, st.Step = volume.Failed, reason, msg, ""
+		r.log.Warn("node reports the volume unhealthy", "volume", v.Spec.Name, "node", v.Spec.Node, "phase", phase, "reason", reason, "message", msg)
+		st.Phase, st.Reason, st.Message, st.Step = phase, reason, msg, ""
 		return changed
 	}
+	fail := func(reason, msg string) effect { return move(volume.Failed, reason, msg) }
 	d := o.device
 	if d == nil {
 		if o.at.Sub(st.UpdatedAt) < absentGrace {
@@ -107,7 +111,7 @@ func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
 	case "detached":
 		return fail(ReasonDetached, fmt.Sprintf("the loop device of %s was detached on %s (a reboot without restore?): run `salt %s salt_volumes.restore`", orElse(d.BackingFile, v.Spec.Name), v.Spec.Node, v.Spec.Node))
 	case "locked":
-		return fail(ReasonLocked, fmt.Sprintf("the encrypted container of %s is not open on %s: run `salt %s salt_volumes.restore` (it opens what the node holds keys for)", v.Spec.Name, v.Spec.Node, v.Spec.Node))
+		return move(volume.Locked, ReasonContainerClosed, fmt.Sprintf("the encrypted container of %s is not open on %s: run `salt %s salt_volumes.restore` (it opens what the node holds keys for)", v.Spec.Name, v.Spec.Node, v.Spec.Node))
 	case "missing":
 		return fail(ReasonStorageLost, fmt.Sprintf("%s reports: %s", v.Spec.Node, d.Error))
 	case "damaged":
@@ -118,7 +122,7 @@ func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
 			r.warn.Warn("health report with device info that does not describe the volume ignored", "volume", v.Spec.Name, "error", err)
 			return unchanged
 		}
-		if st.Phase == volume.Failed {
+		if st.Phase == volume.Failed || st.Phase == volume.Locked {
 			r.log.Info("node reports the volume healthy again", "volume", v.Spec.Name, "node", v.Spec.Node, "was", st.Reason)
 			st.Phase, st.Reason, st.Message = volume.Available, "", ""
 		}

@@ -176,6 +176,50 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	assert.Equal(t, ReasonPrepareFailed, got.Status.Reason)
 }
 
+// An encrypted volume whose container its node reports closed is Locked
+// (its data is there, unreadable), not Failed; opened again it is
+// Available; lost meanwhile it is Failed. A heartbeat saying locked again
+// asks the node for nothing.
+func TestNodeReportsLockedVolume(t *testing.T) {
+	tr := &truth{}
+	g := statusRig(t, tr)
+	s := sparseSpec("enc")
+	_, err := g.r.Requests.Create(context.Background(), s)
+	require.NoError(t, err)
+	v := g.until("enc", "Pending")
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("enc", "prepared", true, "", device(s))))
+	g.until("enc", "Available")
+	d := device(s)
+
+	tr.set(nil, withState(d, "locked", ""))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "locked", "")))
+	v = g.until("enc", "Locked")
+	assert.Equal(t, ReasonContainerClosed, v.Status.Reason)
+	assert.Contains(t, v.Status.Message, "salt node-1 salt_volumes.restore")
+	confirmed := g.r.Metrics.NodeReportsConfirmed.Value()
+	g.forge(healthEvent("node-1", "node-1", withState(d, "locked", "")))
+	// Past confirmGap: a confirmation the report asked for would have run.
+	assert.Never(t, func() bool { return g.r.Metrics.NodeReportsConfirmed.Value() != confirmed }, 2*confirmGap+500*time.Millisecond, 20*time.Millisecond,
+		"a steady locked report runs no status job")
+
+	// Resize asks for an Available volume; a Locked one is refused by name.
+	_, err = g.r.Requests.Resize(context.Background(), "enc", "2Gi")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "it is Locked")
+
+	tr.set(nil, withState(d, "prepared", ""))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "prepared", "")))
+	v = g.until("enc", "Available")
+	assert.Empty(t, v.Status.Reason)
+
+	tr.set(nil, withState(d, "locked", ""))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "locked", "")))
+	g.until("enc", "Locked")
+	tr.set(nil, withState(d, "missing", "/var/lib/salt-volumes/sparse/x is gone"))
+	g.forge(healthEvent("node-1", "node-1", withState(d, "missing", "")))
+	assert.Equal(t, ReasonStorageLost, g.until("enc", "Failed").Status.Reason)
+}
+
 // A status return seen on the bus before local_async answered with its jid
 // still confirms the report at once, not after statusWait (30 s).
 func TestStatusReturnBeforeLocalAsyncAnswers(t *testing.T) {

@@ -78,9 +78,10 @@ const (
 	ReasonDetached    = "Detached"
 	ReasonStorageLost = "StorageLost"
 	ReasonDamaged     = "Damaged"
-	// ReasonLocked: an encrypted volume's container is not open on its
-	// node (its key was not at hand when the node restored it).
-	ReasonLocked = "Locked"
+	// ReasonContainerClosed (phase Locked): an encrypted volume's
+	// container is on its node but not open (its key was not at hand when
+	// the node restored it, or someone closed it).
+	ReasonContainerClosed = "ContainerClosed"
 )
 
 // Kubernetes is the Kubernetes side of a volume's life: its

@@ -23,6 +23,7 @@ const (
 	Available   = saltvolumes.Available
 	Failed      = saltvolumes.Failed
 	Terminating = saltvolumes.Terminating
+	Locked      = saltvolumes.Locked
 )
 
 // Status is what the control plane knows about a volume on its node: what

@@ -1,6 +1,7 @@
 package booted
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/salt-volumes/salt-volumes/internal/luks"
 	"github.com/salt-volumes/salt-volumes/test/guest"
+	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/serveproc"
 )
 
 // guestState is salt-volume-exec's state dir on the guests (the default).
@@ -83,6 +86,46 @@ func checkEncryptedBlock(t *testing.T, g *guest.Guest, run func(...string) strin
 	assert.Equal(t, luks.ContainerUUID(uuid), run("blkid", "-o", "value", "-s", "UUID", loop))
 	assert.Equal(t, strconv.Itoa(8<<20), run("blockdev", "--getsize64", dev), "24Mi less the 16Mi header")
 	assert.False(t, inFile(t, g, written, file), "the plaintext is not in the backing file")
+}
+
+// lockedAndOpened: the container of an encrypted volume closed behind the
+// control plane's back (what a boot without its key leaves) makes the
+// volume Locked in serve, with the reason and what to run, counted in the
+// metrics; the command it names opens it, and the volume is Available
+// again with its data and no state run of the control plane's.
+func lockedAndOpened(t *testing.T, s *saltstack.Stack, p *serveproc.Plane, run func(...string) string, name, uuid, link, job, written string) {
+	t.Helper()
+	ctx := context.Background()
+	phase := func(want string) func() (bool, string) {
+		return func() (bool, string) {
+			view, err := p.Client().Get(ctx, name)
+			require.NoError(t, err)
+			return view.Status.Phase.String() == want, view.Status.Phase.String() + " " + view.Status.Reason + " " + view.Status.Message
+		}
+	}
+	assert.Equal(t, 0.0, p.Metric(`salt_volumes_volumes{phase="Locked"}`))
+	closed := time.Now()
+	run("cryptsetup", "close", luks.MapperName(uuid))
+	eventually(t, 3*time.Minute, name+" Locked once its container is closed", phase("Locked"))
+	t.Logf("%s Locked in serve %s after its container was closed (the beacon's report, confirmed by a status job)", name, time.Since(closed).Round(time.Second))
+	view, err := p.Client().Get(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, "ContainerClosed", view.Status.Reason)
+	assert.Contains(t, view.Status.Message, "salt_volumes.restore", "the message names what opens it")
+	assert.Equal(t, 1.0, p.Metric(`salt_volumes_volumes{phase="Locked"}`))
+	assert.Equal(t, 0.0, p.Metric(`salt_volumes_volume_healthy{volume="`+name+`",node="`+view.Spec.Node+`"}`))
+
+	out, code := s.Salt("--timeout=600", view.Spec.Node, "salt_volumes.restore", "--out=json")
+	require.Equal(t, 0, code, out)
+	eventually(t, 3*time.Minute, name+" Available once opened", phase("Available"))
+	view, err = p.Client().Get(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, job, view.Status.JobID, "no state run of the control plane's")
+	assert.Equal(t, 0.0, p.Metric(`salt_volumes_volumes{phase="Locked"}`))
+	run("udevadm", "settle")
+	run("mount", link, "/mnt/v")
+	assert.Equal(t, written, run("cat", "/mnt/v/kept"), "the data, opened again")
+	run("umount", "/mnt/v")
 }
 
 // holdUnit is the transient unit that keeps an encrypted volume's file

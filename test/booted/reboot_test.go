@@ -394,6 +394,8 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		assert.Equal(t, before, run("cat", "/mnt/v/kept"), "%s: the file written before the reboot", v.name)
 		run("umount", "/mnt/v")
 	}
+	lockedAndOpened(t, s, p, run, enc.name, enc.uuid, enc.link, enc.job, before)
+
 	// The second guest, not rebooted, kept its volumes as they were: no
 	// state run, the same devices, the same bytes.
 	for _, v := range seconds {
