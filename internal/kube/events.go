@@ -20,7 +20,14 @@ import (
 // and the steps of its preparation, once each.
 func (c *Controller) report(v *volume.Volume) {
 	cl := v.Claim
-	if cl == nil || v.Status.PersistentVolume != nil && v.Status.Phase == volume.Available {
+	if cl == nil {
+		return
+	}
+	if v.Status.PersistentVolume != nil && v.Status.Phase == volume.Available {
+		// Settled: the next lock or failure is news again.
+		c.mu.Lock()
+		delete(c.reported, v.Spec.Name)
+		c.mu.Unlock()
 		return
 	}
 	st := v.Status

@@ -14,8 +14,8 @@ import (
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
-// A claim whose volume is Locked is told why its pods wait, once, as a
-// warning; so is the Volume object, on the transition.
+// A claim whose volume is Locked is told why its pods wait, once each
+// time it locks, as a warning; so is the Volume object, on the transition.
 func TestLockedVolumeWarnsItsClaimOnce(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
 	c := &Controller{recorder: rec, reported: map[string]string{}}
@@ -28,6 +28,16 @@ func TestLockedVolumeWarnsItsClaimOnce(t *testing.T) {
 	ev := <-rec.Events
 	assert.Contains(t, ev, "Warning VolumeLocked volume db-0 on node-1 is Locked (ContainerClosed)")
 	assert.Contains(t, ev, "pods using it wait until it is opened")
+
+	// Opened, then locked again (a second boot without its key): told
+	// again.
+	locked := v.Status
+	v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Available, "", ""
+	c.report(v)
+	v.Status = locked
+	c.report(v)
+	require.Len(t, rec.Events, 1, "each lock is told")
+	assert.Contains(t, <-rec.Events, "Warning VolumeLocked")
 
 	prev := *v
 	prev.Status.Phase, prev.Status.Reason, prev.Status.Message = volume.Available, "", ""

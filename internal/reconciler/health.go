@@ -59,8 +59,12 @@ func (r *Reconciler) handleNode(ev events.Event) {
 }
 
 func healthReason(reason string) bool {
-	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged
+	return reason == ReasonDetached || reason == ReasonStorageLost || reason == ReasonDamaged || reason == legacyReasonLocked
 }
+
+// legacyReasonLocked is how builds before the Locked phase failed a volume
+// whose container was closed: a store they wrote still moves on reports.
+const legacyReasonLocked = "Locked"
 
 // healthNews says whether a report may change the volume, so that steady
 // heartbeats queue nothing.
@@ -72,7 +76,9 @@ func healthNews(v *volume.Volume, d *saltvolumes.Device) bool {
 	case st.Phase == volume.Failed:
 		return healthReason(st.Reason)
 	case st.Phase == volume.Locked:
-		return d == nil || d.State != "locked"
+		// Only what moves it: incomplete or orphan (a run in progress)
+		// leaves it Locked, and a steady report asks the node nothing.
+		return d == nil || d.State == "prepared" || d.State == "detached" || d.State == "missing" || d.State == "damaged"
 	case st.Phase != volume.Available:
 		return false
 	case d == nil || d.State != "prepared":

@@ -187,7 +187,8 @@ func TestNodeReportsLockedVolume(t *testing.T) {
 	_, err := g.r.Requests.Create(context.Background(), s)
 	require.NoError(t, err)
 	v := g.until("enc", "Pending")
-	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("enc", "prepared", true, "", device(s))))
+	prepared := ret(v.Status.JobID, "node-1", 0, stateRet("enc", "prepared", true, "", device(s)))
+	g.send(prepared)
 	g.until("enc", "Available")
 	d := device(s)
 
@@ -201,6 +202,15 @@ func TestNodeReportsLockedVolume(t *testing.T) {
 	// Past confirmGap: a confirmation the report asked for would have run.
 	assert.Never(t, func() bool { return g.r.Metrics.NodeReportsConfirmed.Value() != confirmed }, 2*confirmGap+500*time.Millisecond, 20*time.Millisecond,
 		"a steady locked report runs no status job")
+
+	// The prepare's own return, still in the job cache, replayed on the
+	// bus (any minion can): the node is asked again, and says locked.
+	g.forge(prepared)
+	require.Eventually(t, func() bool { return g.r.Metrics.NodeReportsConfirmed.Value() > confirmed }, 5*time.Second, 10*time.Millisecond,
+		"the replayed return asks the node")
+	got, err := g.store.Get("enc")
+	require.NoError(t, err)
+	assert.Equal(t, volume.Locked, got.Status.Phase, "a replayed return does not unlock the volume")
 
 	// Resize asks for an Available volume; a Locked one is refused by name.
 	_, err = g.r.Requests.Resize(context.Background(), "enc", "2Gi")

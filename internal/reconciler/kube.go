@@ -97,7 +97,10 @@ func (r *Reconciler) withdraw(ctx context.Context, v *volume.Volume, res *Result
 		r.log.Info("deletion refused by the PersistentVolume's state", "volume", v.Spec.Name, "reason", blocked)
 		v.DeleteRequested, v.Wipe = false, false
 		if st.Phase == volume.Terminating {
+			// Available unless its node says otherwise: what it was before
+			// the deletion (Locked, Failed) is not kept, so ask.
 			st.Phase = volume.Available
+			r.confirmNode(v.Spec.Node)
 		}
 		st.Step, st.Reason, st.Message = "", "", "deletion refused: "+blocked
 		return false, true

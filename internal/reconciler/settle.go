@@ -217,6 +217,14 @@ func (r *Reconciler) foreign(v *volume.Volume, o observation) effect {
 			r.warn.Warn("state return with device info that does not describe the volume ignored", "volume", v.Spec.Name, "job", o.jid, "error", err)
 			return unchanged
 		}
+		if v.Status.Phase == volume.Locked || v.Status.Phase == volume.Failed && healthReason(v.Status.Reason) {
+			// That phase came from the node's own status, confirmed: a
+			// return from outside (an operator's run, or an old job of the
+			// job cache replayed on the bus by any minion) only asks the
+			// node again, and its answer moves the volume.
+			r.confirmNode(v.Spec.Node)
+			return unchanged
+		}
 		before := v.Status
 		v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Available, "", ""
 		v.Status.ApplyDevice(res.Device)
