@@ -1,10 +1,14 @@
 package controlplane
 
 import (
+	"bytes"
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,17 +16,37 @@ import (
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
 )
 
-// TestDemo runs make demo's program the way README tells a new user to
-// (--once tears it down after showing everything), with Kubernetes and
-// HTTPS: the kubectl-applied Volume and the CLI's become Available, the
+// TestDemo runs make demo's program the way README tells a new user to,
+// stopped with the Ctrl-C it asks for, with Kubernetes and HTTPS: the kubectl-applied Volume and the CLI's become Available, the
 // claim's pod really runs on the kubelet and writes on its provisioned
 // volume, the people's logins are printed, and everything is deleted on the
 // way out.
 func TestDemo(t *testing.T) {
 	saltstack.Need(t)
-	cmd := exec.Command(bin("salt-volumes-demo"), "--once", "--kubernetes", "--tls", "--bin", binDir, "--listen", "127.0.0.1:0")
-	out, err := cmd.CombinedOutput()
-	text := string(out)
+	// As a terminal runs it: a process group of its own, stopped by the
+	// Ctrl-C it asks for, sent to the whole group.
+	cmd := exec.Command(bin("salt-volumes-demo"), "--kubernetes", "--tls", "--bin", binDir, "--listen", "127.0.0.1:0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var buf syncBuffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+		t.Fatalf("the demo ended before asking for Ctrl-C: %v\n%s", err, buf.String())
+	case <-waitForText(&buf, "Ctrl-C (or SIGTERM) stops everything", 15*time.Minute):
+	}
+	require.Contains(t, buf.String(), "Ctrl-C (or SIGTERM) stops everything", "the demo came up and asks for Ctrl-C")
+	require.NoError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGINT), "Ctrl-C")
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Minute):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		err = <-done
+	}
+	text := buf.String()
 	require.NoError(t, err, text)
 	assert.Regexp(t, `(?m)^\s+demo-fs\s+node-1\s+sparse\s+1Gi\s+Filesystem\s+Available\s`, text, "kubectl get volumes lists the applied Volume")
 	assert.Regexp(t, `(?m)^\s+demo-block\s+node-1\s+sparse\s+512Mi\s+Block\s+Available\s`, text, "and the one the CLI made")
@@ -34,8 +58,44 @@ func TestDemo(t *testing.T) {
 	assert.Regexp(t, `(?m)^user carol password [0-9a-f]{24} eauth file$`, text)
 	assert.Regexp(t, `(?m)^node-2\s`, text, "the second minion is listed among the nodes")
 	assert.Contains(t, text, "deleting the demo volumes")
+	_, after, _ := strings.Cut(text, "deleting the demo volumes")
+	assert.NotContains(t, after, "salt-volumes: ", "each deletion at Ctrl-C goes through serve, still up (no error)")
+	assert.Regexp(t, `(?m)^volume demo-block deleted$`, after, "and is followed until the volume is gone")
 	assert.True(t, strings.HasSuffix(strings.TrimSpace(text), "==> stopped"), "the demo tears down and says so")
 	if t.Failed() {
 		t.Log(text)
 	}
+}
+
+// syncBuffer is a bytes.Buffer a running command writes while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// waitForText is closed once text is in b, or after limit.
+func waitForText(b *syncBuffer, text string, limit time.Duration) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			if strings.Contains(b.String(), text) {
+				return
+			}
+		}
+	}()
+	return ch
 }

@@ -501,6 +501,11 @@ events:
 	}
 	serve := exec.Command(bin, "serve", "--config", cfg)
 	serve.Stdout, serve.Stderr = logf, logf
+	// A group of its own: the terminal's Ctrl-C reaches the demo alone,
+	// which deletes its volumes through serve before stopping it (serve
+	// in the demo's group died with the Ctrl-C, and every deletion met
+	// "connection refused").
+	serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := serve.Start(); err != nil {
 		r.Fatal(err)
 	}
