@@ -1,11 +1,9 @@
 package controlplane
 
 import (
-	"bytes"
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,31 +12,34 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 )
 
 // TestDemo runs make demo's program the way README tells a new user to,
-// stopped with the Ctrl-C it asks for, with Kubernetes and HTTPS: the kubectl-applied Volume and the CLI's become Available, the
-// claim's pod really runs on the kubelet and writes on its provisioned
-// volume, the people's logins are printed, and everything is deleted on the
-// way out.
+// stopped with the Ctrl-C it asks for, with Kubernetes and HTTPS: the
+// kubectl-applied Volume and the CLI's become Available, the claim's pod
+// really runs on the kubelet and writes on its provisioned volume, the
+// people's logins are printed, and everything is deleted on the way out.
 func TestDemo(t *testing.T) {
 	saltstack.Need(t)
 	// As a terminal runs it: a process group of its own, stopped by the
 	// Ctrl-C it asks for, sent to the whole group.
 	cmd := exec.Command(bin("salt-volumes-demo"), "--kubernetes", "--tls", "--bin", binDir, "--listen", "127.0.0.1:0")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	require.NoError(t, cmd.Start())
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var err error
-	select {
-	case err = <-done:
-		t.Fatalf("the demo ended before asking for Ctrl-C: %v\n%s", err, buf.String())
-	case <-waitForText(&buf, "Ctrl-C (or SIGTERM) stops everything", 15*time.Minute):
-	}
-	require.Contains(t, buf.String(), "Ctrl-C (or SIGTERM) stops everything", "the demo came up and asks for Ctrl-C")
+	testenv.EventuallyEvery(t, 15*time.Minute, 200*time.Millisecond, "the demo asks for Ctrl-C", func() (bool, string) {
+		select {
+		case err = <-done:
+			t.Fatalf("the demo ended before asking for Ctrl-C: %v\n%s", err, buf.String())
+		default:
+		}
+		return strings.Contains(buf.String(), "Ctrl-C (or SIGTERM) stops everything"), ""
+	})
 	require.NoError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGINT), "Ctrl-C")
 	select {
 	case err = <-done:
@@ -65,37 +66,4 @@ func TestDemo(t *testing.T) {
 	if t.Failed() {
 		t.Log(text)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a running command writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// waitForText is closed once text is in b, or after limit.
-func waitForText(b *syncBuffer, text string, limit time.Duration) <-chan struct{} {
-	ch := make(chan struct{})
-	go func() {
-		defer close(ch)
-		for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-			if strings.Contains(b.String(), text) {
-				return
-			}
-		}
-	}()
-	return ch
 }

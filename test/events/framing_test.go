@@ -1,38 +1,19 @@
 package events
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/test/saltstack"
+	"github.com/salt-volumes/salt-volumes/test/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// recorder keeps every byte read from the socket.
-type recorder struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (r *recorder) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.buf.Write(p)
-}
-
-func (r *recorder) bytes() []byte {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return bytes.Clone(r.buf.Bytes())
-}
 
 // The reader recognises the framing of the Salt under test from the stream
 // itself, and decodes a job's whole life on it. With
@@ -45,7 +26,7 @@ func TestDetectsThisSaltsFraming(t *testing.T) {
 	conn, err := net.Dial("unix", s.EventSocket())
 	require.NoError(t, err)
 	defer conn.Close()
-	rec := &recorder{}
+	rec := &testenv.SyncBuffer{} // every byte read from the socket
 	dec := events.NewDecoder(io.TeeReader(conn, rec))
 	evs := make(chan events.Event, 256)
 	go func() {
@@ -89,7 +70,7 @@ func TestDetectsThisSaltsFraming(t *testing.T) {
 		for range evs {
 		}
 		path := filepath.Join(dir, "bus-"+release+".bin")
-		require.NoError(t, os.WriteFile(path, rec.bytes(), 0o644))
+		require.NoError(t, os.WriteFile(path, rec.Bytes(), 0o644))
 		t.Logf("wrote %s", path)
 	}
 }
