@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -24,12 +25,12 @@ import (
 )
 
 const usage = `usage:
-  salt-volume-exec [--state-dir DIR] prepare   --spec FILE|-
+  salt-volume-exec [--state-dir DIR] prepare   --spec FILE|- [--keys-fd N]
   salt-volume-exec [--state-dir DIR] unprepare --spec FILE|- [--wipe]
   salt-volume-exec [--state-dir DIR] info      --spec FILE|-
   salt-volume-exec validate --spec FILE|-     (check a spec, print it normalised)
   salt-volume-exec [--state-dir DIR] list
-  salt-volume-exec [--state-dir DIR] restore
+  salt-volume-exec [--state-dir DIR] restore [--keys-fd N]
   salt-volume-exec [--state-dir DIR] last-restore  (the report the last restore left)
   salt-volume-exec [--state-dir DIR] snapshot        --spec FILE|- --name NAME [--size SIZE] [--freeze-limit 10s] [--owner ID]
                    (a sparse volume's point-in-time copy: reflink, else a sparse copy; a
@@ -51,6 +52,10 @@ const usage = `usage:
 Global flags: --state-dir DIR, --log-level LEVEL, --overcommit-ratio R
 (default 1, or $SALT_VOLUMES_OVERCOMMIT_RATIO: prepare refuses a sparse
 volume that would commit more than R times the backing filesystem).
+--keys-fd N (prepare, restore): the keys of encrypted volumes whose key the
+Salt master keeps (provider master), read from file descriptor N as a JSON
+object of volume names to base64 keys; the Salt module passes them there,
+never on the command line, and the node keeps none of them.
 
 Exit codes: 0 success, 1 failure, 2 invalid input, 3 refused to protect data.
 `
@@ -99,6 +104,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	thawStale := sub.Bool("thaw-stale", false, "snapshot-delete: first thaw a stale freeze an earlier snapshot run of the volume left, however old (only if nobody else froze that filesystem since)")
 	owner := sub.String("owner", "", "snapshot, snapshot-delete: the control plane's id of the snapshot: a snapshot of that name not taken with it is refused (name_taken), never answered, taken over or deleted")
 	freezeLimit := sub.String("freeze-limit", "", "snapshot: the longest a mounted sparse volume's filesystem may be frozen (default 10s)")
+	keysFD := sub.Int("keys-fd", -1, "prepare, restore: read the keys of provider-master volumes from this file descriptor (JSON: volume name to base64 key), which the Salt module passes; keys never go on the command line")
 	sub.StringVar(stateDir, "state-dir", *stateDir, "node state directory")
 	sub.StringVar(ratio, "overcommit-ratio", *ratio, "overcommit ratio")
 	if err := sub.Parse(rest); err != nil {
@@ -122,6 +128,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			Message: fmt.Sprintf("--overcommit-ratio: %q is not a positive number: use e.g. 1 (no overcommit) or 1.5", *ratio)})
 	}
 	e.OvercommitRatio = r
+	if *keysFD >= 0 {
+		keys, err := readKeys(*keysFD)
+		if err != nil {
+			return fail(stdout, engine.AsError(err))
+		}
+		e.Keys = keys
+	}
 
 	readSpec := func() (*spec.Spec, error) {
 		switch *specFile {
@@ -232,6 +245,46 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	emit(stdout, out)
 	return 0
+}
+
+// maxKeysDoc bounds what --keys-fd reads: thousands of volumes' keys.
+const maxKeysDoc = 1 << 20
+
+// readKeys reads the keys the Salt module hands over on file descriptor
+// fd: a JSON object of volume names to base64-encoded keys. Errors name
+// the volume, never a key's bytes.
+func readKeys(fd int) (map[string][]byte, error) {
+	if fd < 3 {
+		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("--keys-fd: %d is one of stdin, stdout and stderr: pass the keys on a descriptor of their own (3 or more)", fd)}
+	}
+	f := os.NewFile(uintptr(fd), "keys")
+	if f == nil {
+		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("--keys-fd: %d is not an open file descriptor", fd)}
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxKeysDoc+1))
+	if err != nil {
+		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("--keys-fd: reading descriptor %d: %v", fd, err)}
+	}
+	if len(b) > maxKeysDoc {
+		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("--keys-fd: more than %d bytes of keys", maxKeysDoc)}
+	}
+	var doc map[string]string
+	if err := json.Unmarshal(b, &doc); err != nil {
+		// Not the JSON error itself: it may quote what it read.
+		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: "--keys-fd: not a JSON object of volume names to base64 keys"}
+	}
+	// A key that is not base64 is kept as nil: the volume it names is
+	// refused when it needs it, and every other volume goes on.
+	keys := make(map[string][]byte, len(doc))
+	for name, v := range doc {
+		k, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			k = nil
+		}
+		keys[name] = k
+	}
+	return keys, nil
 }
 
 // cancelOnSignal returns a context cancelled by SIGINT or SIGTERM, so that

@@ -81,7 +81,7 @@ was made.`,
 	f.StringVar(&o.fsType, "fs", "", "ext4 (default) or xfs; Filesystem mode only")
 	f.StringVar(&o.uuid, "uuid", "", "volume UUID (default: a new random one); a volume of this name and UUID on --node found already is this create's own (exit 0)")
 	f.StringArrayVar(&o.mkfsOptions, "mkfs-option", nil, "an option passed to mkfs (repeat for each)")
-	f.StringVar(&o.encryption, "encryption", "", "encrypt the volume (LUKS2) with a key from `PROVIDER`: keyfile (a random key kept root-only on the node); sparse volumes (--size without --vg)")
+	f.StringVar(&o.encryption, "encryption", "", "encrypt the volume (LUKS2) with a key from `PROVIDER`: keyfile (a random key kept root-only on the node) or master (a key the Salt master keeps in pillar at salt_volumes:keys:NAME); sparse volumes (--size without --vg)")
 	f.StringArrayVar(&o.labels, "label", nil, "`KEY=VALUE`: a label for the volume's PersistentVolume (repeat for each; ls --selector filters on them)")
 	f.StringArrayVar(&o.annotations, "annotation", nil, "`KEY=VALUE`: an annotation for the volume's PersistentVolume (repeat for each)")
 	f.StringVar(&o.from, "from", "", "snapshot/NAME or volume/NAME: a clone of that snapshot, or of the volume as it is now, on its node, of its mode and filesystem (--size: the same or larger)")
@@ -91,7 +91,7 @@ was made.`,
 	_ = cmd.RegisterFlagCompletionFunc("from", c.completeFlag(listSnapshots, listVolumes))
 	_ = cmd.RegisterFlagCompletionFunc("mode", fixed("Filesystem", "Block"))
 	_ = cmd.RegisterFlagCompletionFunc("fs", fixed("ext4", "xfs"))
-	_ = cmd.RegisterFlagCompletionFunc("encryption", fixed("keyfile"))
+	_ = cmd.RegisterFlagCompletionFunc("encryption", fixed("keyfile", "master"))
 	for _, free := range []string{"size", "device", "vg", "thin-pool", "uuid", "mkfs-option", "label", "annotation"} {
 		_ = cmd.RegisterFlagCompletionFunc(free, cobra.NoFileCompletions)
 	}

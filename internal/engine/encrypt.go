@@ -31,45 +31,60 @@ func holdsFS(s *spec.Spec, r probe.Result) bool {
 	return r.UUID == s.UUID && r.Kind == s.FSType || (s.FSType == spec.FSExt4 && r.UUID == s.UUID && (r.Kind == "ext2" || r.Kind == "ext3"))
 }
 
-// keyFile returns the path of volume u's key, which must be there.
-func (e *Engine) keyFile(s *spec.Spec) (string, error) {
+// key returns what opens volume s's container: its key file (keyfile),
+// or the key the master handed over for this run (master).
+func (e *Engine) key(s *spec.Spec) (luks.Key, error) {
+	if s.EncryptionProvider() == spec.ProviderMaster {
+		k, ok := e.Keys[s.Name]
+		if !ok {
+			return luks.Key{}, refused("key_needed", "volume %s: its key is held by the Salt master (provider master) and none was handed over: apply the volume's state from the master (salt NODE salt_volumes.restore, or state.apply with the key in pillar at salt_volumes:keys:%s); nothing was changed", s.Name, s.Name)
+		}
+		if k == nil {
+			return luks.Key{}, invalid("key", "volume %s: the key handed over is not base64: put 32 random bytes, base64-encoded, at salt_volumes:keys:%s (openssl rand -base64 32); nothing was changed", s.Name, s.Name)
+		}
+		if len(k) != luks.KeyBytes {
+			return luks.Key{}, invalid("key", "volume %s: the key handed over is %d bytes, not %d: put 32 random bytes, base64-encoded, at salt_volumes:keys:%s (openssl rand -base64 32); nothing was changed", s.Name, len(k), luks.KeyBytes, s.Name)
+		}
+		return luks.BytesKey(k), nil
+	}
 	p := e.State.KeyFile(s.UUID)
 	st, err := os.Lstat(p)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return "", failed("key_missing", nil, "volume %s: its key %s is gone, and only it opens the volume's container: restore the file from a backup of the node's state dir", s.Name, p)
+		return luks.Key{}, failed("key_missing", nil, "volume %s: its key %s is gone, and only it opens the volume's container: restore the file from a backup of the node's state dir", s.Name, p)
 	case err != nil:
-		return "", failed("key", err, "reading %s", p)
+		return luks.Key{}, failed("key", err, "reading %s", p)
 	case !st.Mode().IsRegular() || st.Size() != luks.KeyBytes:
-		return "", failed("key", nil, "volume %s: %s is not a key of ours (a regular file of %d bytes): restore it from a backup of the node's state dir", s.Name, p, luks.KeyBytes)
+		return luks.Key{}, failed("key", nil, "volume %s: %s is not a key of ours (a regular file of %d bytes): restore it from a backup of the node's state dir", s.Name, p, luks.KeyBytes)
 	}
-	return p, nil
+	return luks.FileKey(p), nil
 }
 
-// ensureKey makes the volume's key if it has none yet. A key exists only
-// before its container is formatted with it, or for its container.
-func (e *Engine) ensureKey(o *op) (string, error) {
-	p, err := e.keyFile(o.s)
-	if err == nil {
-		return p, nil
+// ensureKey makes the volume's key if it has none yet (keyfile). A key
+// exists only before its container is formatted with it, or for its
+// container.
+func (e *Engine) ensureKey(o *op) (luks.Key, error) {
+	k, err := e.key(o.s)
+	if err == nil || o.s.EncryptionProvider() == spec.ProviderMaster {
+		return k, err // the master makes and keeps its keys; the node never does
 	}
 	if AsError(err).Code != "key_missing" {
-		return "", err
+		return luks.Key{}, err
 	}
 	if err := e.State.Init(); err != nil {
-		return "", failed("state", err, "preparing the state dir")
+		return luks.Key{}, failed("state", err, "preparing the state dir")
 	}
-	k, err := luks.NewKey()
+	b, err := luks.NewKey()
 	if err != nil {
-		return "", failed("key", err, "making the key of %s", o.s.Name)
+		return luks.Key{}, failed("key", err, "making the key of %s", o.s.Name)
 	}
-	p = e.State.KeyFile(o.s.UUID)
-	if err := nodestate.WriteFileAtomic(p, k, 0o400); err != nil {
-		return "", failed("key", err, "writing the key of %s", o.s.Name)
+	p := e.State.KeyFile(o.s.UUID)
+	if err := nodestate.WriteFileAtomic(p, b, 0o400); err != nil {
+		return luks.Key{}, failed("key", err, "writing the key of %s", o.s.Name)
 	}
 	o.changed = true
 	o.step("key-created", "path", p)
-	return p, nil
+	return luks.FileKey(p), nil
 }
 
 // keyBesideData warns when the volume's key is on the filesystem that
@@ -77,6 +92,9 @@ func (e *Engine) ensureKey(o *op) (string, error) {
 // key protects nothing. A filesystem of another disk mounted on the keys
 // dir (or the state dir on another disk than the keys) separates them.
 func (e *Engine) keyBesideData(s *spec.Spec) string {
+	if s.EncryptionProvider() != spec.ProviderKeyfile {
+		return ""
+	}
 	var k, d unix.Stat_t
 	if unix.Stat(e.State.Keys(), &k) != nil || unix.Stat(e.State.Sparse(), &d) != nil || k.Dev != d.Dev {
 		return ""
@@ -114,7 +132,7 @@ func (e *Engine) formatContainer(ctx context.Context, o *op, f *os.File) error {
 // it is formatted again. One the key opens is kept (its filesystem may be
 // in it already).
 func (e *Engine) unfinishedContainer(ctx context.Context, o *op, file string) (contentAction, error) {
-	key, err := e.keyFile(o.s)
+	key, err := e.key(o.s)
 	if err != nil {
 		return 0, err
 	}
@@ -142,7 +160,7 @@ func (e *Engine) openContainer(ctx context.Context, o *op, dev string) (string, 
 		}
 		return "", failed("open", nil, "%s is open on %v, not on /dev/%s which holds the volume's container: close it (cryptsetup close %s) and run again", name, m.Slaves, dev, name)
 	}
-	key, err := e.keyFile(s)
+	key, err := e.key(s)
 	if err != nil {
 		return "", err
 	}
@@ -413,7 +431,7 @@ func (e *Engine) growContainer(ctx context.Context, o *op, dm, dev string) error
 	if inner+spec.LUKSHeaderBytes >= outer {
 		return nil // grown already (a rerun)
 	}
-	key, err := e.keyFile(o.s)
+	key, err := e.key(o.s)
 	if err != nil {
 		return err
 	}

@@ -45,6 +45,10 @@ type Engine struct {
 	// OvercommitRatio bounds the sum of sparse sizes on the node against
 	// the size of the filesystem holding them (1 = no overcommit).
 	OvercommitRatio float64
+	// Keys are the keys of provider-master volumes that the Salt master
+	// handed over for this run, by volume name: held in memory only, so a
+	// node taken away holds none of them.
+	Keys map[string][]byte
 }
 
 // New returns an engine with the default waits.
@@ -126,6 +130,9 @@ type op struct {
 	unsaved bool
 	// sigs: libblkid's probe of the raw device, started before the locks.
 	sigs *pendingSignatures
+	// keyWithheld: a restore left the volume's container closed because
+	// its key is the master's and none was handed over (not a failure).
+	keyWithheld bool
 	// final: the prepared record, staged while mkfs runs.
 	final *pendingStage
 	// link: the persistent path when the spec alone does not name it (an

@@ -142,6 +142,9 @@ func (e *Engine) inspectSparse(s *spec.Spec, rec *nodestate.Record, res *Result)
 	case locked:
 		res.State = StateLocked
 		res.Error = "the container of " + s.Name + " is not open: salt-volume-exec restore opens it"
+		if s.EncryptionProvider() == spec.ProviderMaster {
+			res.Error = "the container of " + s.Name + " is not open and its key is the Salt master's: salt-call salt_volumes.restore on the node (or salt NODE salt_volumes.restore) opens it"
+		}
 	default:
 		res.State = StatePrepared
 		e.checkLink(s, res)

@@ -24,6 +24,18 @@ func (e *Engine) Prepare(ctx context.Context, s *spec.Spec) (*Result, error) {
 	res := baseResult(s)
 	o := &op{e: e, s: s}
 	if encrypted(s) {
+		// A master key is needed by every prepare but a rerun on a
+		// container already open that grows nothing: asked before
+		// anything is written, so a prepare without it leaves no file, no
+		// record and no grown loop device.
+		if s.EncryptionProvider() == spec.ProviderMaster {
+			_, open := luks.Mapped(luks.MapperName(s.UUID))
+			if hint, _ := e.State.Load(s.UUID); !open || growing(s, hint) {
+				if _, err := e.key(s); err != nil {
+					return nil, err
+				}
+			}
+		}
 		if err := luks.Ready(); err != nil {
 			return nil, refused("encryption_unavailable", "encryption: volume %s is encrypted, and this node cannot open LUKS2 containers: %v. Nothing was done: prepare it on a node that can, or without encryption", s.Name, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 )
 
@@ -21,6 +22,9 @@ type RestoreReport struct {
 	Orphans  []*Result `json:"orphans"`
 	Restored int       `json:"restored"`
 	Failed   int       `json:"failed"`
+	// Locked counts encrypted volumes left closed: their key is the
+	// master's (provider master), which a boot without Salt has not got.
+	Locked int `json:"locked,omitempty"`
 }
 
 // Restore rebuilds, from the node state alone, what a reboot takes away:
@@ -37,10 +41,13 @@ func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.Spec.UUID] = true
-		res := e.restoreOne(ctx, rec)
-		if res.Error != "" {
+		res, withheld := e.restoreOne(ctx, rec)
+		switch {
+		case withheld && res.State == StateLocked:
+			rep.Locked++ // as a boot without Salt must leave it
+		case res.Error != "":
 			rep.Failed++
-		} else if res.State == StatePrepared {
+		case res.State == StatePrepared:
 			rep.Restored++
 		}
 		rep.Volumes = append(rep.Volumes, res)
@@ -72,31 +79,33 @@ func (e *Engine) LastRestore() (*RestoreReport, error) {
 	return &rep, nil
 }
 
-func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result {
+// restoreOne restores one volume; withheld says its container was left
+// closed for want of a key the master keeps (a wrong key is a failure).
+func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) (*Result, bool) {
 	s := rec.Spec
 	lock, err := e.lockVolume(s.UUID)
 	if err != nil {
 		res := baseResult(s)
 		res.Error = err.Error()
-		return res
+		return res, false
 	}
 	defer lock.Unlock()
 	// Re-read under the lock: a prepare or unprepare may have just finished.
 	if rec, err = e.State.Load(s.UUID); err != nil || rec == nil {
 		res := baseResult(s)
 		res.State = StateAbsent
-		return res
+		return res, false
 	}
 	o := &op{e: e, s: s}
 	res := e.inspect(s, rec)
 	switch res.State {
 	case StateDamaged:
 		e.dropStaleLink(o, res)
-		return res
+		return res, false
 	case StateIncomplete:
 		// Finishing a half-done prepare is prepare's job, with its checks.
 		res.Warnings = append(res.Warnings, "a prepare of this volume did not finish: run prepare again")
-		return res
+		return res, false
 	case StateMissing:
 		if s.LVMLogicalVolume != nil {
 			res.Error = "" // an LV the boot did not activate: restoreLVM does
@@ -104,14 +113,14 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 		}
 		if s.RawBlockDevice == nil {
 			e.dropStaleLink(o, res)
-			return res
+			return res, false
 		}
 		// A Block volume whose table is there but whose partition the kernel
 		// never learned of (no GPT parser) is found and added here.
 		name := e.locateRaw(rec, true)
 		if name == "" {
 			e.dropStaleLink(o, res)
-			return res
+			return res, false
 		}
 		res.Error = ""
 	}
@@ -131,12 +140,12 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) *Result 
 	if err2 != nil {
 		res.Error = AsError(err2).Message
 		res.Warnings = append(res.Warnings, pending...)
-		return res
+		return res, false
 	}
 	fresh := e.inspect(s, rec)
 	fresh.Changed = o.changed
 	fresh.Warnings = append(fresh.Warnings, pending...)
-	return fresh
+	return fresh, o.keyWithheld
 }
 
 // pendingRestoreWarning names a restore of volume u that did not finish
@@ -163,6 +172,15 @@ func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
 		return err
 	}
 	if encrypted(o.s) {
+		if _, open := e.mapping(o.s, []loopdev.Device{dev}); !open {
+			if _, err := e.key(o.s); err != nil && AsError(err).Code == "key_needed" {
+				// Attached, left closed: the volume is Locked until the
+				// master hands its key over (a restore or a state run
+				// from Salt). Not a failure of the boot's restore.
+				o.keyWithheld = true
+				return nil
+			}
+		}
 		// Opened, never written: restore changes no volume content.
 		dm, err := e.openContainer(ctx, o, dev.Name)
 		if err != nil {

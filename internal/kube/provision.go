@@ -95,6 +95,12 @@ func decideClaim(pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass, 
 		case paramMkfsOptions:
 			s.MkfsOptions = strings.Fields(v)
 		case paramEncryption:
+			if v == spec.ProviderMaster {
+				// Its key must be in pillar under the volume's name before
+				// the volume is made; a claim's volume is named as it is
+				// provisioned.
+				return claimDecision{Refuse: fmt.Sprintf("StorageClass %s parameter encryption=master: a master key is put in pillar (salt_volumes:keys:NAME) before its volume is made, and a claim's volume gets its name only now: use encryption=keyfile, or a Volume made from pillar or the API with its key", sc.Name)}
+			}
 			s.Encryption = &spec.Encryption{Provider: v}
 		case paramMode:
 			if v != mode {

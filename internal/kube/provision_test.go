@@ -91,6 +91,8 @@ func TestDecideClaim(t *testing.T) {
 			}},
 		{name: "encryption provider not in this release", minion: "node-1", pvc: testClaim(), refuse: "encryption.provider: \"tpm2\" is not available in this release",
 			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"encryption": "tpm2"} })},
+		{name: "master keys need a name known beforehand", minion: "node-1", pvc: testClaim(), refuse: "parameter encryption=master: a master key is put in pillar (salt_volumes:keys:NAME) before its volume is made",
+			sc: testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"encryption": "master"} })},
 		{name: "encrypted block claim", minion: "node-1",
 			pvc: testClaim(func(p *corev1.PersistentVolumeClaim) { p.Spec.VolumeMode = &block }),
 			sc:  testClass(func(sc *storagev1.StorageClass) { sc.Parameters = map[string]string{"encryption": "keyfile"} }),

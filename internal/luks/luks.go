@@ -1,7 +1,8 @@
 // Package luks keeps the LUKS2 containers of encrypted volumes: formatted,
 // opened, closed and crypto-erased through cryptsetup, run with argument
-// lists. A key only ever reaches cryptsetup as a file (--key-file): never an
-// argument, which any local user reads in /proc, nor a log line.
+// lists. A key only ever reaches cryptsetup as a file (--key-file) or on its
+// standard input (--key-file -): never an argument, which any local user
+// reads in /proc, nor a log line.
 package luks
 
 import (
@@ -36,6 +37,47 @@ func MapperName(u string) string { return "sv-" + u }
 // KeyBytes is the size of the keys we make: 256 random bits.
 const KeyBytes = 32
 
+// Key is where cryptsetup reads a volume's key from: a root-only file of
+// the node (provider keyfile), or bytes handed to this process that never
+// touch the node's disks (provider master), given on cryptsetup's stdin.
+type Key struct {
+	file  string
+	bytes []byte
+}
+
+// FileKey is the key in the file at p.
+func FileKey(p string) Key { return Key{file: p} }
+
+// BytesKey is the key b, kept in memory only.
+func BytesKey(b []byte) Key { return Key{bytes: b} }
+
+// String never shows key bytes: a Key in a log line or an error says
+// where the key is, not what it is.
+func (k Key) String() string {
+	if k.file != "" {
+		return k.file
+	}
+	return "(a key in memory)"
+}
+
+// GoString keeps %#v from printing the bytes too.
+func (k Key) GoString() string { return k.String() }
+
+func (k Key) args() []string {
+	if k.file != "" {
+		return []string{"--key-file", k.file}
+	}
+	return []string{"--key-file", "-"}
+}
+
+// stdin is what cryptsetup reads on its standard input for this key.
+func (k Key) stdin() []byte {
+	if k.file != "" {
+		return nil
+	}
+	return k.bytes
+}
+
 // NewKey returns a fresh random key.
 func NewKey() ([]byte, error) {
 	k := make([]byte, KeyBytes)
@@ -45,40 +87,43 @@ func NewKey() ([]byte, error) {
 	return k, nil
 }
 
-// Format writes a LUKS2 header with one keyslot for keyFile on device (a
+// Format writes a LUKS2 header with one keyslot for key on device (a
 // block device, or the volume's file before it is attached).
 //
 // The key is 256 random bits, so the keyslot's PBKDF guards nothing that a
 // guess could reach: argon2id at its minimum cost keeps opening quick and
 // small on a node booting dozens of volumes, where cryptsetup's default
 // (up to 1 GiB of memory for ~2 s each) would not.
-func Format(ctx context.Context, device, containerUUID, keyFile string) error {
+func Format(ctx context.Context, device, containerUUID string, key Key) error {
 	// The data starts at 16 MiB (offset in 512-byte sectors) in 4 KiB
 	// sectors whatever cryptsetup would guess from the device: the sizes
 	// users see are then the same everywhere, and sizes are whole MiB.
-	return run(ctx, "luksFormat", "--batch-mode", "--type", "luks2", "--uuid", containerUUID,
+	args := []string{"luksFormat", "--batch-mode", "--type", "luks2", "--uuid", containerUUID,
 		"--offset", "32768", "--sector-size", "4096",
 		"--cipher", "aes-xts-plain64", "--key-size", "512", "--hash", "sha256",
-		"--pbkdf", "argon2id", "--pbkdf-force-iterations", "4", "--pbkdf-memory", "32", "--pbkdf-parallel", "1",
-		"--key-file", keyFile, "--key-slot", "0", device)
+		"--pbkdf", "argon2id", "--pbkdf-force-iterations", "4", "--pbkdf-memory", "32", "--pbkdf-parallel", "1"}
+	args = append(append(args, key.args()...), "--key-slot", "0", device)
+	return runKey(ctx, key, args...)
 }
 
-// Open maps device under name with the key in keyFile.
-func Open(ctx context.Context, device, name, keyFile string) error {
-	return run(ctx, "open", "--type", "luks2", "--key-file", keyFile, device, name)
+// Open maps device under name with key.
+func Open(ctx context.Context, device, name string, key Key) error {
+	args := append(append([]string{"open", "--type", "luks2"}, key.args()...), device, name)
+	return runKey(ctx, key, args...)
 }
 
 // Resize grows the opened container name to its device's size (LUKS2
-// needs the volume key for it, hence the key file).
-func Resize(ctx context.Context, name, keyFile string) error {
-	return run(ctx, "resize", "--key-file", keyFile, name)
+// needs the volume key for it, hence the key).
+func Resize(ctx context.Context, name string, key Key) error {
+	return runKey(ctx, key, append(append([]string{"resize"}, key.args()...), name)...)
 }
 
-// Opens tells whether the key in keyFile opens a keyslot of device's
-// header. cryptsetup says no with exit status 2 (no keyslot takes this
-// key) or 1 and "No usable keyslot" (the header has none).
-func Opens(ctx context.Context, device, keyFile string) (bool, error) {
-	err := run(ctx, "open", "--test-passphrase", "--type", "luks2", "--key-file", keyFile, device)
+// Opens tells whether key opens a keyslot of device's header. cryptsetup
+// says no with exit status 2 (no keyslot takes this key) or 1 and "No
+// usable keyslot" (the header has none).
+func Opens(ctx context.Context, device string, key Key) (bool, error) {
+	args := append(append([]string{"open", "--test-passphrase", "--type", "luks2"}, key.args()...), device)
+	err := runKey(ctx, key, args...)
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -171,11 +216,20 @@ func Ready() error {
 var ErrMissing = errors.New("cryptsetup not found: install cryptsetup (Debian, Ubuntu: cryptsetup-bin; RHEL, Fedora: cryptsetup)")
 
 func run(ctx context.Context, args ...string) error {
-	_, err := output(ctx, args...)
+	_, err := outputIn(ctx, nil, args...)
 	return err
 }
 
-func output(ctx context.Context, args ...string) ([]byte, error) {
+func runKey(ctx context.Context, key Key, args ...string) error {
+	_, err := outputIn(ctx, key.stdin(), args...)
+	return err
+}
+
+func output(ctx context.Context, args ...string) ([]byte, error) { return outputIn(ctx, nil, args...) }
+
+// outputIn runs cryptsetup with stdin on its standard input: with
+// --key-file - it reads the key from there, every byte up to EOF.
+func outputIn(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
 	path, err := exec.LookPath("cryptsetup")
 	if err != nil {
 		return nil, ErrMissing
@@ -184,6 +238,9 @@ func output(ctx context.Context, args ...string) ([]byte, error) {
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("cryptsetup %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}

@@ -7,6 +7,7 @@ import (
 	saltvolumes "github.com/salt-volumes/salt-volumes"
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/health"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
@@ -117,6 +118,9 @@ func (r *Reconciler) applyHealth(v *volume.Volume, o observation) effect {
 	case "detached":
 		return fail(ReasonDetached, fmt.Sprintf("the loop device of %s was detached on %s (a reboot without restore?): run `salt %s salt_volumes.restore`", orElse(d.BackingFile, v.Spec.Name), v.Spec.Node, v.Spec.Node))
 	case "locked":
+		if v.Spec.EncryptionProvider() == spec.ProviderMaster {
+			return move(volume.Locked, ReasonContainerClosed, fmt.Sprintf("the encrypted container of %s is not open on %s and its key is the master's: the node's beacon opens it once its minion has the key from pillar (salt_volumes:keys:%s), unless pillar salt_volumes:open_locked is false; or run `salt %s salt_volumes.restore`", v.Spec.Name, v.Spec.Node, v.Spec.Name, v.Spec.Node))
+		}
 		return move(volume.Locked, ReasonContainerClosed, fmt.Sprintf("the encrypted container of %s is not open on %s: run `salt %s salt_volumes.restore` (it opens what the node holds keys for)", v.Spec.Name, v.Spec.Node, v.Spec.Node))
 	case "missing":
 		return fail(ReasonStorageLost, fmt.Sprintf("%s reports: %s", v.Spec.Node, d.Error))

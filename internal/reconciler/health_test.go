@@ -12,6 +12,7 @@ import (
 
 	"github.com/salt-volumes/salt-volumes/internal/events"
 	"github.com/salt-volumes/salt-volumes/internal/saltapi"
+	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/volume"
 )
 
@@ -228,6 +229,27 @@ func TestNodeReportsLockedVolume(t *testing.T) {
 	tr.set(nil, withState(d, "missing", "/var/lib/salt-volumes/sparse/x is gone"))
 	g.forge(healthEvent("node-1", "node-1", withState(d, "missing", "")))
 	assert.Equal(t, ReasonStorageLost, g.until("enc", "Failed").Status.Reason)
+}
+
+// A Locked volume whose key is the master's says who opens it: its node's
+// beacon, once the minion has the key from pillar.
+func TestLockedMasterKeyVolumeNamesItsKey(t *testing.T) {
+	tr := &truth{}
+	g := statusRig(t, tr)
+	s := sparseSpec("vault")
+	s.Encryption = &spec.Encryption{Provider: spec.ProviderMaster}
+	_, err := g.r.Requests.Create(context.Background(), s)
+	require.NoError(t, err)
+	v := g.until("vault", "Pending")
+	g.send(ret(v.Status.JobID, "node-1", 0, stateRet("vault", "prepared", true, "", device(s))))
+	g.until("vault", "Available")
+	d := withState(device(s), "locked", "")
+	tr.set(nil, d)
+	g.forge(healthEvent("node-1", "node-1", d))
+	v = g.until("vault", "Locked")
+	assert.Equal(t, ReasonContainerClosed, v.Status.Reason)
+	assert.Contains(t, v.Status.Message, "its key is the master's: the node's beacon opens it once its minion has the key from pillar (salt_volumes:keys:vault)")
+	assert.Contains(t, v.Status.Message, "salt node-1 salt_volumes.restore")
 }
 
 // A status return seen on the bus before local_async answered with its jid

@@ -113,6 +113,12 @@ const (
 	// state dir. It protects a disk that leaves without the node; a node
 	// that leaves takes its keys along.
 	ProviderKeyfile = "keyfile"
+	// ProviderMaster: a random key the Salt master keeps in pillar and
+	// hands to the node's salt-volume-exec only while a state of that
+	// minion runs. The node never stores it: after a boot the volume is
+	// Locked until the master opens it, and a node taken away opens
+	// nothing.
+	ProviderMaster = "master"
 )
 
 // LUKSHeaderBytes is the room the LUKS2 header takes at the start of an
@@ -128,7 +134,7 @@ type Encryption struct {
 
 // plannedProviders are providers users may ask for that this release does
 // not have yet: named so that the refusal says what to use meanwhile.
-var plannedProviders = map[string]bool{"master": true, "tpm2": true, "tang": true}
+var plannedProviders = map[string]bool{"tpm2": true, "tang": true}
 
 func (en *Encryption) validate(s *Spec) error {
 	if en == nil {
@@ -136,11 +142,11 @@ func (en *Encryption) validate(s *Spec) error {
 	}
 	switch {
 	case en.Provider == "":
-		return &FieldError{"encryption.provider", "missing: give keyfile (a random key kept root-only on the node)"}
+		return &FieldError{"encryption.provider", "missing: give keyfile (a random key kept root-only on the node) or master (a key kept in the Salt master's pillar)"}
 	case plannedProviders[en.Provider]:
-		return &FieldError{"encryption.provider", fmt.Sprintf("%q is not available in this release: use keyfile (docs/encryption.md says what each provider protects)", en.Provider)}
-	case en.Provider != ProviderKeyfile:
-		return &FieldError{"encryption.provider", fmt.Sprintf("%q is not a key provider: use keyfile", en.Provider)}
+		return &FieldError{"encryption.provider", fmt.Sprintf("%q is not available in this release: use keyfile or master (docs/encryption.md says what each provider protects)", en.Provider)}
+	case en.Provider != ProviderKeyfile && en.Provider != ProviderMaster:
+		return &FieldError{"encryption.provider", fmt.Sprintf("%q is not a key provider: use keyfile or master", en.Provider)}
 	case s.RawBlockDevice != nil || s.LVMLogicalVolume != nil:
 		return &FieldError{"encryption", "in this release only sparseLoopDevice volumes can be encrypted: drop encryption, or use sparseLoopDevice"}
 	case s.Source != nil:

@@ -360,11 +360,14 @@ func TestEncryption(t *testing.T) {
 	s, err := Parse(strings.NewReader(base + `"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"keyfile"}}`))
 	require.NoError(t, err)
 	assert.Equal(t, ProviderKeyfile, s.EncryptionProvider())
+	s, err = Parse(strings.NewReader(base + `"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"master"}}`))
+	require.NoError(t, err)
+	assert.Equal(t, ProviderMaster, s.EncryptionProvider())
 
 	bad := map[string]struct{ field, msg string }{
 		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{}}`:                                                                                                   {"encryption.provider", "missing: give keyfile"},
 		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"tpm2"}}`:                                                                                  {"encryption.provider", "not available in this release: use keyfile"},
-		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"master"}}`:                                                                                {"encryption.provider", "not available in this release"},
+		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"master","key":"eA=="}}`:                                                                   {"encryption", `unknown field "key"`},
 		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"gpg"}}`:                                                                                   {"encryption.provider", `"gpg" is not a key provider`},
 		`"sparseLoopDevice":{"size":"64Mi"},"encryption":{"provider":"keyfile","key":"x"}}`:                                                                     {"encryption", `unknown field "key"`},
 		`"rawBlockDevice":{"devicePath":"/dev/sdb"},"encryption":{"provider":"keyfile"}}`:                                                                       {"encryption", "only sparseLoopDevice"},

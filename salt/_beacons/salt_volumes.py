@@ -22,6 +22,14 @@ Configuration (the ``salt_volumes.installed`` state writes it)::
         - interval: 10      # seconds between checks (Salt's own option)
         - heartbeat: 300    # seconds between events when nothing changes
 
+It also opens what only the master can: an encrypted volume whose key the
+master keeps (``encryption: {provider: master}``) is left closed by the
+boot's restore, and reported ``locked``; once the minion has its pillar
+with the volume's key (``salt_volumes:keys:<name>``), the beacon runs
+``salt_volumes.restore``, which opens it. At most once every
+``_OPEN_RETRY`` seconds while it stays locked, and never when the pillar
+says ``salt_volumes:open_locked: false`` (the operator opens it by hand).
+
 The beacon returns no events to Salt's beacon machinery: the minion sends
 those batched, and the master puts a batched event on its bus without the
 authenticated minion id, so the control plane could not tell who sent it.
@@ -63,6 +71,9 @@ _VOLUME_FIELDS = (
     "fsFree",
     "error",
 )
+# Seconds between two tries at opening the same locked volumes (a wrong
+# key in pillar fails each time; the restore event says so).
+_OPEN_RETRY = 600
 # Compared with a tolerance: they move with every write.
 _USAGE_FIELDS = ("allocated", "fsUsed", "fsFree")
 
@@ -206,6 +217,40 @@ def _fire(kind, payload):
         return False
 
 
+def _pillar(key, default):
+    try:
+        return __salt__["pillar.get"](key, default, unmask=True)
+    except TypeError:  # lines before 3008 take no unmask
+        return __salt__["pillar.get"](key, default)
+
+
+def open_locked(doc, state, now):
+    """
+    Run salt_volumes.restore when a volume is locked and this minion's
+    pillar holds its key: the master-held keys reach the node only so.
+    Returns whether it ran.
+    """
+    locked = sorted(v.get("name") for v in doc.get("volumes") or [] if v.get("state") == "locked" and v.get("name"))
+    if not locked or str(_pillar("salt_volumes:open_locked", True)).lower() in ("false", "no", "off", "0"):
+        return False
+    keys = _pillar("salt_volumes:keys", {}) or {}
+    if not isinstance(keys, dict):
+        return False  # salt_volumes.restore names the mistake when run by hand
+    openable = [n for n in locked if n in keys]
+    if not openable or (state.get("opened") == openable and now - state.get("openedAt", 0) < _OPEN_RETRY):
+        return False
+    state["opened"], state["openedAt"] = openable, now
+    try:
+        report = __salt__["salt_volumes.restore"]()
+    except Exception as exc:  # pylint: disable=broad-except
+        # Its restore event tells the control plane what failed.
+        log.warning("salt_volumes beacon: opening %s failed: %s", ", ".join(openable), exc)
+        report = getattr(exc, "result", None)
+    if isinstance(report, dict) and report.get("id"):
+        state["restore"] = report["id"]  # told by salt_volumes.restore itself
+    return True
+
+
 def beacon(config):
     cfg = _config(config)
     interval = cfg.get("interval", DEFAULT_INTERVAL)
@@ -217,6 +262,14 @@ def beacon(config):
         # A node that cannot list its volumes is news too.
         doc = {"volumes": [], "error": str(exc)}
     state = __context__.setdefault(_STATE, {"digest": None, "sent": 0, "restore": None})
+    # The boot's restore report first: opening a locked volume below runs
+    # a restore of its own, whose report replaces it on the node.
+    _tell_restore(doc, state)
+    if open_locked(doc, state, now):
+        try:
+            doc = __salt__["salt_volumes.status"]()
+        except Exception as exc:  # pylint: disable=broad-except
+            doc = {"volumes": [], "error": str(exc)}
 
     d = digest(doc)
     if state["digest"] is None:
@@ -234,8 +287,13 @@ def beacon(config):
         if _fire("health", payload):
             state["digest"], state["sent"] = d, now
 
+    _tell_restore(doc, state)
+    return []
+
+
+def _tell_restore(doc, state):
+    """Fire the node's last restore report once, if it is from this boot."""
     report = doc.get("lastRestore")
     if report and report.get("id") and report["id"] != state["restore"] and since_boot(report):
         if _fire("restore", __salt__["salt_volumes.restore_summary"](report)):
             state["restore"] = report["id"]
-    return []

@@ -158,10 +158,62 @@ def _fire_progress(volume, uuid, step, extra=None):
         log.debug("salt_volumes: could not fire progress event: %s", exc)
 
 
-def _run(command, spec=None, extra_args=()):
+_KEYS_PILLAR = "salt_volumes:keys"
+
+
+def _master_keys(names=None):
+    """
+    The keys of provider-master volumes, from pillar ``salt_volumes:keys``
+    (volume name: base64 of 32 random bytes), those of ``names`` only when
+    given. They reach the binary on a pipe of its own (``--keys-fd``):
+    never an argument, a log line, a return or an event. A mistake in
+    another volume's entry is logged and skipped, so that it
+    never keeps a restore from the rest; one in an entry asked for by name
+    is raised.
+    """
+    keys = _pillar_get(_KEYS_PILLAR, {}) or {}
+    if not isinstance(keys, dict):
+        msg = "pillar salt_volumes:keys must map volume names to base64 keys (openssl rand -base64 32), not a {}".format(
+            type(keys).__name__
+        )
+        if names is not None:
+            raise SaltInvocationError(msg)
+        log.warning("salt_volumes: %s: no key handed over", msg)
+        return {}
+    out = {}
+    for name, value in keys.items():
+        if names is not None and name not in names:
+            continue
+        if not isinstance(value, str):
+            msg = "pillar salt_volumes:keys:{}: give the key as a base64 string (openssl rand -base64 32), not a {}".format(
+                name, type(value).__name__
+            )
+            if names is not None:
+                raise SaltInvocationError(msg)
+            log.warning("salt_volumes: %s: skipped", msg)
+            continue
+        # A renderer's output (gpg) may carry a newline or wrap.
+        out[str(name)] = "".join(value.split())
+    return out
+
+
+def _feed(fd, data):
+    """Write data to the pipe fd, whole (a thread: it may pass 64 KiB), then close it."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # the binary stopped early; its exit says why
+    finally:
+        os.close(fd)
+
+
+def _run(command, spec=None, extra_args=(), keys=None):
     """
     Run the binary with an argument list (never a shell), stream its step
-    lines as progress events, and return its parsed JSON document.
+    lines as progress events, and return its parsed JSON document. ``keys``
+    (volume name: base64 key) go to it on a pipe, never in ``argv``.
     """
     argv = [_binary(), "--state-dir", _opt("state_dir", DEFAULT_STATE_DIR)]
     ratio = _opt("overcommit_ratio")
@@ -180,6 +232,12 @@ def _run(command, spec=None, extra_args=()):
     uuid = (spec or {}).get("uuid")
     timeout = _seconds("exec_timeout", DEFAULT_EXEC_TIMEOUT)
     grace = _seconds("exec_kill_grace", DEFAULT_KILL_GRACE)
+    pass_fds = ()
+    keys_r = keys_w = None
+    if keys:
+        keys_r, keys_w = os.pipe()
+        argv += ["--keys-fd", str(keys_r)]
+        pass_fds = (keys_r,)
     log.debug("salt_volumes: running %s", argv)
     try:
         proc = subprocess.Popen(  # pylint: disable=consider-using-with
@@ -188,9 +246,16 @@ def _run(command, spec=None, extra_args=()):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
+            pass_fds=pass_fds,
         )
     except OSError as exc:
+        if keys_r is not None:
+            os.close(keys_r)
+            os.close(keys_w)
         raise CommandExecutionError("cannot run {}: {}".format(argv[0], exc))
+    if keys_r is not None:
+        os.close(keys_r)
+        threading.Thread(target=_feed, args=(keys_w, json.dumps(keys).encode()), daemon=True).start()
 
     expired = threading.Event()
     watchdog = threading.Timer(timeout, _stop, args=(proc, grace, expired))
@@ -646,9 +711,12 @@ def prepare(name=None, spec=None):
         salt node-1 salt_volumes.prepare spec='{"name": "d", "uuid": "...", "node": "node-1", "sparseLoopDevice": {"size": "1Gi"}}'
     """
     spec = _spec(name, spec)
+    keys = None
+    if (spec.get("encryption") or {}).get("provider") == "master":
+        keys = _master_keys([spec.get("name")])
     _fire_progress(spec.get("name"), spec.get("uuid"), "started", {"action": "prepare"})
     try:
-        out = _run("prepare", spec)
+        out = _run("prepare", spec, keys=keys)
     except CommandExecutionError as exc:
         _fire_progress(spec.get("name"), spec.get("uuid"), "failed", {"action": "prepare", "message": str(exc)})
         raise
@@ -848,6 +916,7 @@ def restore_summary(report):
         "at": (report or {}).get("at"),
         "restored": (report or {}).get("restored", 0),
         "failed": (report or {}).get("failed", 0),
+        "locked": (report or {}).get("locked", 0),
         "volumes": vols,
         "orphans": [o.get("uuid") for o in (report or {}).get("orphans") or []],
     }
@@ -872,8 +941,11 @@ def fire_restore(report):
 def restore():
     """
     Re-attach sparse volumes and recreate links after a boot, from the node
-    state alone, and report the outcome to the control plane. Returns the
-    binary's report; raises if a volume could not be restored.
+    state alone, and report the outcome to the control plane. Encrypted
+    volumes whose key the master keeps (provider master) are opened with
+    the keys of this minion's pillar (``salt_volumes:keys``); the boot's
+    own restore, without Salt, leaves them Locked. Returns the binary's
+    report; raises if a volume could not be restored.
 
     CLI Example:
 
@@ -882,7 +954,7 @@ def restore():
         salt '*' salt_volumes.restore
     """
     try:
-        report = _run("restore")
+        report = _run("restore", keys=_master_keys())
     except CommandExecutionError as exc:
         fire_restore(getattr(exc, "result", None))
         raise

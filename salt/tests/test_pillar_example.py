@@ -41,7 +41,8 @@ def test_keys_are_the_ones_the_formulas_read():
             if name.endswith((".sls", ".jinja")):
                 with open(os.path.join(root, name)) as f:
                     read += f.read()
-    with open(os.path.join(HERE, "..", "_modules", "salt_volumes.py")) as f:
-        read += f.read()
+    for kind in ("_modules", "_beacons"):
+        with open(os.path.join(HERE, "..", kind, "salt_volumes.py")) as f:
+            read += f.read()
     for key in example():
         assert "salt_volumes:" + key in read, "pillar.example shows salt_volumes:{}, which nothing reads".format(key)

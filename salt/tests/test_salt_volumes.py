@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from pillar_tree import lookup
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,12 +44,7 @@ def mod(tmp_path):
     opts = {"state_dir": str(tmp_path / "state")}
 
     def pillar_get(key, default=None):
-        cur = pillar
-        for part in key.split(":"):
-            if not isinstance(cur, dict) or part not in cur:
-                return default
-            cur = cur[part]
-        return cur
+        return lookup(pillar, key, default)
 
     m.__salt__ = {
         "config.get": lambda k, d=None: config.get(k, d),
@@ -879,3 +875,171 @@ def test_source_install_retired_without_systemd_or_package(retire, tmp_path):
     ret = retire.source_install_retired("src")
     assert ret["result"] is True and ret["changes"] == {} and "no salt-volume-exec package" in ret["comment"]
     assert u.exists()
+
+
+KEY_BINARY = """
+    import os
+    seen = {{"args": args}}
+    if "--keys-fd" in args:
+        fd = int(args[args.index("--keys-fd") + 1])
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+        seen["keys"] = json.loads(b"".join(chunks))
+    open({log!r}, "w").write(json.dumps(seen))
+    print(json.dumps({{"name": "vault", "changed": True, "devicePath": "/dev/dm-0", "id": "r1", "volumes": []}}))
+"""
+
+
+def test_master_keys_go_on_a_pipe_and_nowhere_else(mod, tmp_path):
+    log = tmp_path / "seen.json"
+    mod.opts["exec_path"] = fake_binary(tmp_path, KEY_BINARY.format(log=str(log)))
+    key = "q0p9ZsXf3dJd2n0sYbH9Kq1mVtR8wLcE4uNfGhIjKlM="
+    other = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+    # As a gpg renderer may leave it: a trailing newline.
+    mod.pillar["salt_volumes"] = {"keys": {"vault": key + "\n", "other": other}}
+    spec = dict(SPEC, name="vault", encryption={"provider": "master"})
+    out = mod.prepare(spec=spec)
+    seen = json.loads(log.read_text())
+    fd = seen["args"][seen["args"].index("--keys-fd") + 1]
+    assert seen["args"] == ["--state-dir", mod.opts["state_dir"], "prepare", "--spec", "-", "--keys-fd", fd]
+    assert int(fd) > 2
+    assert seen["keys"] == {"vault": key}, "this volume's key only, whole"
+    everything = json.dumps([out, mod.events, seen["args"]])
+    assert key[:12] not in everything and other[:12] not in everything
+
+    # restore hands over every key of the minion's pillar: the binary opens
+    # the provider-master volumes it has.
+    mod.restore()
+    seen = json.loads(log.read_text())
+    assert seen["keys"] == {"vault": key, "other": other}
+    assert key[:12] not in json.dumps(mod.events)
+
+    # A keyfile volume gets no keys; nor does anything when pillar has none.
+    mod.prepare(spec=dict(SPEC, encryption={"provider": "keyfile"}))
+    assert "--keys-fd" not in json.loads(log.read_text())["args"]
+    mod.pillar["salt_volumes"] = {}
+    mod.restore()
+    assert "--keys-fd" not in json.loads(log.read_text())["args"]
+    mod.prepare(spec=spec)
+    assert "--keys-fd" not in json.loads(log.read_text())["args"], "no key: the binary says key_needed"
+
+
+def test_master_keys_more_than_a_pipe_holds_all_arrive(mod, tmp_path):
+    log = tmp_path / "seen.json"
+    mod.opts["exec_path"] = fake_binary(tmp_path, KEY_BINARY.format(log=str(log)))
+    keys = {"vol-{:05d}".format(i): "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=" for i in range(3000)}
+    mod.pillar["salt_volumes"] = {"keys": keys}
+    mod.restore()
+    assert json.loads(log.read_text())["keys"] == keys
+
+
+@pytest.mark.parametrize("keys, says", [
+    (["x"], "pillar salt_volumes:keys must map volume names to base64 keys"),
+    ({"vault": 42}, "pillar salt_volumes:keys:vault: give the key as a base64 string"),
+])
+def test_master_keys_of_the_wrong_shape_are_named(mod, tmp_path, keys, says):
+    mod.opts["exec_path"] = fake_binary(tmp_path, "raise SystemExit('must not run')")
+    mod.pillar["salt_volumes"] = {"keys": keys}
+    with pytest.raises(SaltInvocationError) as exc:
+        mod.prepare(spec=dict(SPEC, name="vault", encryption={"provider": "master"}))
+    assert says in str(exc.value)
+    assert "42" not in str(exc.value)
+
+
+def test_a_bad_key_entry_of_another_volume_never_stops_a_restore(mod, tmp_path):
+    log = tmp_path / "seen.json"
+    mod.opts["exec_path"] = fake_binary(tmp_path, KEY_BINARY.format(log=str(log)))
+    key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+    mod.pillar["salt_volumes"] = {"keys": {"vault": key, "elsewhere": None, "odd": 42}}
+    mod.restore()
+    assert json.loads(log.read_text())["keys"] == {"vault": key}, "the others skipped"
+    mod.pillar["salt_volumes"] = {"keys": ["x"]}
+    mod.restore()
+    assert "--keys-fd" not in json.loads(log.read_text())["args"], "keys of the wrong shape: none, and the restore still runs"
+
+
+def test_beacon_tells_the_boots_restore_before_opening_and_survives_a_failing_open(beacon, monkeypatch):
+    monkeypatch.setattr(beacon, "_boot_time", lambda: 1_700_000_000)
+    beacon.doc["volumes"][0]["state"] = "locked"
+    beacon.doc["lastRestore"] = {"id": "boot", "at": "2026-11-23T07:10:36Z", "restored": 0, "failed": 1, "locked": 1,
+                                 "volumes": [{"name": "v1", "uuid": "u1", "state": "locked"}]}
+    calls = []
+
+    def restore():
+        calls.append(1)
+        # A restore replaces the node's report; it tells its own.
+        beacon.doc["lastRestore"] = {"id": "beacon", "at": "2026-11-23T07:11:00Z", "restored": 0, "failed": 1,
+                                     "volumes": []}
+        exc = CommandExecutionError("No key available with this passphrase")
+        exc.result = beacon.doc["lastRestore"]
+        raise exc
+    beacon.__salt__["pillar.get"] = lambda key, default=None, **_: {"salt_volumes:keys": {"v1": "k"}}.get(key, default)
+    beacon.__salt__["salt_volumes.restore"] = restore
+    beacon.beacon([{"interval": 10}])
+    restores = [d for t, d in beacon.fired if t.endswith("/restore")]
+    assert [r["id"] for r in restores] == ["boot"], "the boot's report told, before the beacon's own restore replaced it"
+    assert restores[0]["failed"] == 1 and restores[0]["locked"] == 1
+    assert calls == [1]
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    assert calls == [1], "not again at the next interval"
+    assert [d["id"] for t, d in beacon.fired if t.endswith("/restore")] == ["boot"], "the beacon's restore told by salt_volumes.restore itself"
+
+
+def test_beacon_opens_locked_volumes_whose_key_the_pillar_holds(beacon):
+    cfg = [{"interval": 10}, {"heartbeat": 300}]
+    pillar = {"salt_volumes": {}}
+    runs = []
+    vol = beacon.doc["volumes"][0]
+    vol["state"] = "locked"
+
+    def restore():
+        runs.append(beacon.clock[0])
+        vol["state"] = pillar["salt_volumes"].get("opens", "locked")
+        return {"id": "r{}".format(len(runs)), "volumes": []}
+
+    beacon.__salt__["pillar.get"] = lambda key, default=None, **_: lookup(pillar, key, default)
+    beacon.__salt__["salt_volumes.restore"] = restore
+
+    beacon.beacon(cfg)
+    assert runs == [], "no key in pillar: nothing to open with"
+    pillar["salt_volumes"]["keys"] = {"other": "k"}
+    beacon.clock[0] += 10
+    beacon.beacon(cfg)
+    assert runs == [], "another volume's key"
+
+    # The key, but a wrong one: tried once, then again only after a while.
+    pillar["salt_volumes"]["keys"] = {"v1": "k"}
+    beacon.clock[0] += 10
+    beacon.beacon(cfg)
+    assert len(runs) == 1
+    for _ in range(5):
+        beacon.clock[0] += 10
+        beacon.beacon(cfg)
+    assert len(runs) == 1, "a failing open is not retried at every interval"
+    beacon.clock[0] += beacon._OPEN_RETRY
+    beacon.beacon(cfg)
+    assert len(runs) == 2
+
+    # The operator holds it: nothing runs, however long.
+    for held in (False, "false", "no"):
+        pillar["salt_volumes"]["open_locked"] = held
+        beacon.clock[0] += beacon._OPEN_RETRY
+        beacon.beacon(cfg)
+        assert len(runs) == 2, held
+
+    # Released, and the key right: opened, and the event that follows the
+    # run says prepared.
+    del pillar["salt_volumes"]["open_locked"]
+    pillar["salt_volumes"]["opens"] = "prepared"
+    beacon.clock[0] += beacon._OPEN_RETRY
+    beacon.beacon(cfg)
+    assert len(runs) == 3
+    assert beacon.fired[-1][1]["volumes"][0]["state"] == "prepared"
+    beacon.clock[0] += beacon._OPEN_RETRY
+    beacon.beacon(cfg)
+    assert len(runs) == 3, "nothing locked, nothing run"

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from pillar_tree import lookup
 from salt.exceptions import SaltInvocationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,12 +103,7 @@ def mod(tmp_path, monkeypatch):
         return json.loads((bindir / "node.json").read_text())
 
     def pillar_get(key, default=None):
-        cur = pillar
-        for part in key.split(":"):
-            if not isinstance(cur, dict) or part not in cur:
-                return default
-            cur = cur[part]
-        return cur
+        return lookup(pillar, key, default)
 
     schedule_list = {}
     m.__salt__ = {"pillar.get": pillar_get, "event.send": lambda tag, data: None,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
@@ -128,6 +129,116 @@ func lockedAndOpened(t *testing.T, s *saltstack.Stack, p *serveproc.Plane, run f
 	run("umount", "/mnt/v")
 }
 
+// masterVolume is the volume whose key the master keeps (provider master).
+const masterVolume = "boot-vault"
+
+// masterKeyInPillar puts a fresh key for masterVolume in the master's
+// pillar for guest-1 only, as an operator would (here in clear; the docs
+// show the gpg renderer), and has the minion read it.
+func masterKeyInPillar(t *testing.T, s *saltstack.Stack) []byte {
+	t.Helper()
+	k, err := luks.NewKey()
+	require.NoError(t, err)
+	dir := filepath.Join(s.Root, "pillar")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "top.sls"), []byte("base:\n  '"+guestID+"':\n    - volume_keys\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "volume_key"), []byte(base64.StdEncoding.EncodeToString(k)), 0o600))
+	writeKeysPillar(t, s, masterKeyLine(t, s))
+	return k
+}
+
+// masterKeyLine is the pillar's salt_volumes:keys entry of masterVolume.
+func masterKeyLine(t *testing.T, s *saltstack.Stack) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.Root, "pillar", "volume_key"))
+	require.NoError(t, err)
+	return "  keys:\n    " + masterVolume + ": " + string(b) + "\n"
+}
+
+// writeKeysPillar writes guest-1's salt_volumes pillar and has its minion
+// read it again.
+func writeKeysPillar(t *testing.T, s *saltstack.Stack, body string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(s.Root, "pillar", "volume_keys.sls"), []byte("salt_volumes:\n"+body), 0o600))
+	out, code := s.Salt("--timeout=600", guestID, "saltutil.refresh_pillar", "wait=True", "--out=json")
+	require.Equal(t, 0, code, out)
+}
+
+// masterOpenedAfterBoot: after a reboot the volume whose key the master
+// keeps was left attached and closed by the boot's restore (no Salt, no
+// key on the node) and counted locked, not failed; the node's beacon then
+// opened it with the key from its minion's pillar, with no state run of
+// serve's (the caller checks it Available with its data).
+func masterOpenedAfterBoot(t *testing.T, s *saltstack.Stack, p *serveproc.Plane, run func(...string) string, uuid, bootRestore string, lockedAtBoot int) {
+	t.Helper()
+	ctx := context.Background()
+	assert.Equal(t, 1, lockedAtBoot, "the boot's restore counts the master-key volume locked")
+	run("test", "!", "-e", filepath.Join(guestState, "keys", uuid+".key"))
+	eventually(t, 3*time.Minute, masterVolume+" opened by the node's beacon after the reboot", func() (bool, string) {
+		view, err := p.Client().Get(ctx, masterVolume)
+		require.NoError(t, err)
+		return view.Status.Phase.String() == "Available", view.Status.Phase.String() + " " + view.Status.Reason + " " + view.Status.Message
+	})
+	var rep struct {
+		Restore struct {
+			ID      string `json:"id"`
+			Locked  int    `json:"locked"`
+			Volumes []struct {
+				Name  string `json:"name"`
+				State string `json:"state"`
+			} `json:"volumes"`
+		} `json:"restore"`
+	}
+	out := run("salt-volume-exec", "last-restore")
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	assert.NotEqual(t, bootRestore, rep.Restore.ID, "a restore after the boot's (the beacon's salt_volumes.restore)")
+	assert.Equal(t, 0, rep.Restore.Locked, out)
+	for _, v := range rep.Restore.Volumes {
+		if v.Name == masterVolume {
+			assert.Equal(t, "prepared", v.State, "opened by it")
+		}
+	}
+}
+
+// masterHeldThenOpened: with pillar salt_volumes:open_locked false the
+// beacon leaves a locked master-key volume closed, and serve shows it
+// Locked, until salt_volumes.restore is run by hand.
+func masterHeldThenOpened(t *testing.T, s *saltstack.Stack, p *serveproc.Plane, run func(...string) string, uuid string) {
+	t.Helper()
+	ctx := context.Background()
+	writeKeysPillar(t, s, masterKeyLine(t, s)+"  open_locked: false\n")
+	run("cryptsetup", "close", luks.MapperName(uuid))
+	phase := func() string {
+		view, err := p.Client().Get(ctx, masterVolume)
+		require.NoError(t, err)
+		return view.Status.Phase.String()
+	}
+	eventually(t, 3*time.Minute, masterVolume+" Locked once closed", func() (bool, string) { return phase() == "Locked", phase() })
+	view, err := p.Client().Get(ctx, masterVolume)
+	require.NoError(t, err)
+	assert.Contains(t, view.Status.Message, "its key is the master's")
+	// Three beacon intervals and more: held.
+	time.Sleep(4 * beaconInterval)
+	assert.Equal(t, "Locked", phase(), "open_locked: false holds it")
+	out, code := s.Salt("--timeout=600", guestID, "salt_volumes.restore", "--out=json")
+	require.Equal(t, 0, code, out)
+	eventually(t, 3*time.Minute, masterVolume+" Available once opened by hand", func() (bool, string) { return phase() == "Available", phase() })
+	writeKeysPillar(t, s, masterKeyLine(t, s))
+}
+
+// noMasterKeyOnTheNode greps what the guest keeps (its state dir, Salt's
+// cache and config, its logs) for the master-held key in text forms.
+func noMasterKeyOnTheNode(t *testing.T, g *guest.Guest, key []byte) {
+	t.Helper()
+	for _, f := range keyForms(key)[1:] {
+		// grep says 1 for "not found" only; 2 (a path missing, a read
+		// error) is not an answer.
+		out, err := g.Run("grep", "-rlF", "-e", string(f), guestState, "/var/cache/salt", "/etc/salt", "/var/log")
+		require.Error(t, err, "grep finds a form of the master-held key on the node: %s", out)
+		assert.Contains(t, err.Error(), "exit status 1", "grep read everything and found nothing")
+		assert.Empty(t, strings.TrimSpace(out))
+	}
+}
+
 // holdUnit is the transient unit that keeps an encrypted volume's file
 // open across its deletion.
 const holdUnit = "sv-enc-hold"
@@ -221,9 +332,27 @@ func assertNoKey(t *testing.T, what string, text []byte, key []byte) {
 // logs and event cache) for the key.
 func assertNoKeyUnder(t *testing.T, dir string, key []byte) int {
 	t.Helper()
+	return assertNoKeyUnderExcept(t, dir, key, func(string) bool { return false })
+}
+
+// assertNoKeyUnderExcept is assertNoKeyUnder but for the files skip
+// names, which it logs when they hold the key (where the master keeps it).
+func assertNoKeyUnderExcept(t *testing.T, dir string, key []byte, skip func(string) bool) int {
+	t.Helper()
 	n := 0
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		if skip(p) {
+			if b, err := os.ReadFile(p); err == nil {
+				for _, f := range keyForms(key) {
+					if strings.Contains(string(b), string(f)) {
+						t.Logf("the key is in %s (expected there)", p)
+						break
+					}
+				}
+			}
 			return nil
 		}
 		b, err := os.ReadFile(p)

@@ -197,6 +197,9 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		// Encrypted: a LUKS2 container in the sparse file, its key in a
 		// root-only file on the node, opened at boot by the restore unit.
 		{name: "boot-enc", args: []string{"--size", "64Mi", "--encryption", "keyfile"}},
+		// Encrypted with a key the master keeps in pillar: Locked after
+		// a boot until the master opens it.
+		{name: masterVolume, args: []string{"--size", "64Mi", "--encryption", "master"}},
 		// Encrypted in Block mode: the opened device is the volume.
 		{name: "boot-encblk", args: []string{"--mode", "Block", "--size", "24Mi", "--encryption", "keyfile"}, block: true},
 		// Partitions of the operator's disks, in both modes: a Block
@@ -235,6 +238,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	}
 	tables := layout()
 	require.Len(t, strings.Split(tables, "\n"), 5, tables)
+	masterKey := masterKeyInPillar(t, s)
 	created := time.Now()
 	for _, v := range vols {
 		out, errs, code := p.CLI(append([]string{"create", v.name, "--node", guestID}, v.args...)...)
@@ -346,8 +350,10 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	assert.Equal(t, "active", run("systemctl", "is-active", "salt-volumes-restore.service"), "the restore unit ran at boot")
 	var rep struct {
 		Restore struct {
-			Restored int `json:"restored"`
-			Failed   int `json:"failed"`
+			ID       string `json:"id"`
+			Restored int    `json:"restored"`
+			Failed   int    `json:"failed"`
+			Locked   int    `json:"locked"`
 		} `json:"restore"`
 	}
 	out = run("salt-volume-exec", "last-restore")
@@ -365,6 +371,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		return got >= restoredBefore+float64(rep.Restore.Restored), fmt.Sprint(got)
 	})
 	t.Logf("restore counted by serve: %s after the reboot started", time.Since(started).Round(time.Second))
+	masterOpenedAfterBoot(t, s, p, run, byName[masterVolume].uuid, rep.Restore.ID, rep.Restore.Locked)
 	for _, v := range vols {
 		eventually(t, 2*time.Minute, v.name+" Available after the reboot", func() (bool, string) {
 			view, err := p.Client().Get(ctx, v.name)
@@ -395,6 +402,7 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		run("umount", "/mnt/v")
 	}
 	lockedAndOpened(t, s, p, run, enc.name, enc.uuid, enc.link, enc.job, before)
+	masterHeldThenOpened(t, s, p, run, byName[masterVolume].uuid)
 
 	// The second guest, not rebooted, kept its volumes as they were: no
 	// state run, the same devices, the same bytes.
@@ -592,6 +600,18 @@ func TestRebootKeepsVolumes(t *testing.T) {
 		assertNoKey(t, "the minion's log", []byte(minionLog), encrypted.key)
 	}
 	t.Logf("the encrypted volume's key is in none of the master's %d files (job cache, events, logs), serve's log or the guest's journal", files)
+	// The master-held key: in the master's pillar (where the operator put
+	// it) and its minion data cache (Salt keeps each minion's pillar
+	// there: cache/pillar/<id>.p on 3008, cache/minions/<id>/data.p on
+	// 3006), in no job return, event or log of the master, serve or the
+	// guest, and nowhere on the node.
+	files = assertNoKeyUnderExcept(t, s.Root, masterKey, func(p string) bool {
+		return strings.Contains(p, "/pillar/") || strings.Contains(p, "/minions/"+guestID+"/data.p")
+	})
+	assertNoKey(t, "serve's log", []byte(p.LogText()), masterKey)
+	assertNoKey(t, "the guest's journal", []byte(run("journalctl", "--no-pager", "-o", "cat")), masterKey)
+	noMasterKeyOnTheNode(t, g, masterKey)
+	t.Logf("the master-held key is in none of the master's %d files beside its pillar and minion data cache, serve's log, or the guest's disks", files)
 }
 
 // lvmRefusals: an LV that salt-volumes did not create is never taken or

@@ -154,11 +154,18 @@ func (r run) errMsg() string {
 
 func (n *node) exec(env []string, stdin string, args ...string) run {
 	n.t.Helper()
+	return n.execFiles(env, stdin, nil, args...)
+}
+
+// execFiles runs the binary with files as its descriptors 3, 4, ...
+func (n *node) execFiles(env []string, stdin string, files []*os.File, args ...string) run {
+	n.t.Helper()
 	bin := binary
 	if n.bin != "" {
 		bin = n.bin
 	}
 	cmd := exec.Command(bin, append([]string{"--state-dir", n.dir}, args...)...)
+	cmd.ExtraFiles = files
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
