@@ -186,3 +186,15 @@ func TestValidSnapshotName(t *testing.T) {
 		}
 	}
 }
+
+// A partition udev's re-read took away is known as ours by its name alone.
+func TestPartitionOfAny(t *testing.T) {
+	mine := map[string]bool{"loop3": true, "sda": true, "nvme0n1": true}
+	for name, want := range map[string]bool{
+		"loop3p1": true, "loop3p12": true, "sda1": true, "nvme0n1p2": true,
+		"loop31p1": false, "loop3": false, "loop3p": false, "loop31": false,
+		"sdab": false, "sdb1": false, "nvme0n10p1": false, "loop3p1x": false,
+	} {
+		assert.Equal(t, want, partitionOfAny(name, mine), name)
+	}
+}

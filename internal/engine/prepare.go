@@ -173,8 +173,14 @@ func (e *Engine) admit(ctx context.Context, o *op, raw *rawDevice) (*nodestate.R
 	// of them that udev's re-read of its table took away and gave back in
 	// between is as much ours as before (CI saw that window refuse a
 	// prepare of a Block volume).
+	// A partition the re-read has taken away again by the time we look
+	// shows nothing in sysfs, while udev's link still names it: its name
+	// alone says whose it is.
 	for _, c := range carriers {
-		if p, isPart, _ := blockdev.Partition(c.Name); !mine[c.Name] && isPart && mine[p.Parent] {
+		if mine[c.Name] {
+			continue
+		}
+		if p, isPart, _ := blockdev.Partition(c.Name); isPart && mine[p.Parent] || partitionOfAny(c.Name, mine) {
 			mine[c.Name] = true
 		}
 	}
@@ -481,4 +487,25 @@ func describeSource(src *spec.Source) string {
 		return "as a new volume (no source)"
 	}
 	return fmt.Sprintf("as a clone of snapshot %s of volume %s", src.Snapshot, src.VolumeUUID)
+}
+
+// partitionOfAny tells whether name is the kernel's name for a partition
+// of one of the devices in disks: the disk's name, "p" if it ends in a
+// digit (loop3p1, nvme0n1p2), then the partition's number (sda1).
+func partitionOfAny(name string, disks map[string]bool) bool {
+	for d := range disks {
+		rest, ok := strings.CutPrefix(name, d)
+		if !ok || d == "" {
+			continue
+		}
+		if last := d[len(d)-1]; last >= '0' && last <= '9' {
+			if rest, ok = strings.CutPrefix(rest, "p"); !ok {
+				continue
+			}
+		}
+		if rest != "" && strings.Trim(rest, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
 }
