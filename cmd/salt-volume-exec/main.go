@@ -257,10 +257,8 @@ func readKeys(fd int) (map[string][]byte, error) {
 	if fd < 3 {
 		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("--keys-fd: %d is one of stdin, stdout and stderr: pass the keys on a descriptor of their own (3 or more)", fd)}
 	}
+	// A descriptor that is not open fails the read below (EBADF).
 	f := os.NewFile(uintptr(fd), "keys")
-	if f == nil {
-		return nil, &engine.Error{Kind: engine.KindInvalid, Code: "usage", Message: fmt.Sprintf("--keys-fd: %d is not an open file descriptor", fd)}
-	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxKeysDoc+1))
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/salt-volumes/salt-volumes/internal/loopdev"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 )
 
@@ -172,17 +171,15 @@ func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
 		return err
 	}
 	if encrypted(o.s) {
-		if _, open := e.mapping(o.s, []loopdev.Device{dev}); !open {
-			if _, err := e.key(o.s); err != nil && AsError(err).Code == "key_needed" {
-				// Attached, left closed: the volume is Locked until the
-				// master hands its key over (a restore or a state run
-				// from Salt). Not a failure of the boot's restore.
-				o.keyWithheld = true
-				return nil
-			}
-		}
 		// Opened, never written: restore changes no volume content.
 		dm, err := e.openContainer(ctx, o, dev.Name)
+		if err != nil && AsError(err).Code == "key_needed" {
+			// Attached, left closed: the volume is Locked until the
+			// master hands its key over (a restore or a state run from
+			// Salt). Not a failure of the boot's restore.
+			o.keyWithheld = true
+			return nil
+		}
 		if err != nil {
 			return err
 		}

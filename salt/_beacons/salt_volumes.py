@@ -217,13 +217,6 @@ def _fire(kind, payload):
         return False
 
 
-def _pillar(key, default):
-    try:
-        return __salt__["pillar.get"](key, default, unmask=True)
-    except TypeError:  # lines before 3008 take no unmask
-        return __salt__["pillar.get"](key, default)
-
-
 def open_locked(doc, state, now):
     """
     Run salt_volumes.restore when a volume is locked and this minion's
@@ -231,12 +224,9 @@ def open_locked(doc, state, now):
     Returns whether it ran.
     """
     locked = sorted(v.get("name") for v in doc.get("volumes") or [] if v.get("state") == "locked" and v.get("name"))
-    if not locked or str(_pillar("salt_volumes:open_locked", True)).lower() in ("false", "no", "off", "0"):
+    if not locked:
         return False
-    keys = _pillar("salt_volumes:keys", {}) or {}
-    if not isinstance(keys, dict):
-        return False  # salt_volumes.restore names the mistake when run by hand
-    openable = [n for n in locked if n in keys]
+    openable = __salt__["salt_volumes.openable"](locked)
     if not openable or (state.get("opened") == openable and now - state.get("openedAt", 0) < _OPEN_RETRY):
         return False
     state["opened"], state["openedAt"] = openable, now

@@ -197,6 +197,27 @@ def _master_keys(names=None):
     return out
 
 
+def openable(names):
+    """
+    Which of the locked volumes ``names`` this minion may open now: those
+    whose key its pillar holds (``salt_volumes:keys``), none while pillar
+    ``salt_volumes:open_locked`` is false. Names only, never a key: the
+    beacon asks it before running ``restore``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt node-1 salt_volumes.openable '[vault-1]'
+    """
+    if str(_pillar_get("salt_volumes:open_locked", True)).lower() in ("false", "no", "off", "0"):
+        return []
+    keys = _pillar_get(_KEYS_PILLAR, {}) or {}
+    if not isinstance(keys, dict):
+        return []  # restore names the mistake when run by hand
+    return [n for n in names or [] if isinstance(keys.get(n), str)]
+
+
 def _feed(fd, data):
     """Write data to the pipe fd, whole (a thread: it may pass 64 KiB), then close it."""
     try:

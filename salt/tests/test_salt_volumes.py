@@ -421,14 +421,20 @@ def beacon(monkeypatch):
            "capacity": {"path": "/var/lib/salt-volumes/sparse", "size": 100 << 30, "free": 50 << 30,
                         "committed": 1 << 30, "overcommitRatio": 1.0},
            "lastRestore": None}
+    # The module's own functions over a fake pillar, as the minion's loader
+    # gives them to the beacon.
+    m = load("modules")
+    pillar = {}
+    m.__salt__ = {"pillar.get": lambda key, default=None, **_: lookup(pillar, key, default)}
     b.__salt__ = {"salt_volumes.status": lambda: json.loads(json.dumps(doc)),
-                  "salt_volumes.restore_summary": load("modules").restore_summary,
+                  "salt_volumes.restore_summary": m.restore_summary,
+                  "salt_volumes.openable": m.openable,
                   "event.send": lambda tag, data: fired.append((tag, data))}
     b.__grains__ = {"id": "node-1"}
     b.__context__ = {}
     clock = [1000.0]
     monkeypatch.setattr(b.time, "time", lambda: clock[0])
-    b.fired, b.doc, b.clock = fired, doc, clock
+    b.fired, b.doc, b.clock, b.pillar = fired, doc, clock, pillar
     return b
 
 
@@ -977,7 +983,7 @@ def test_beacon_tells_the_boots_restore_before_opening_and_survives_a_failing_op
         exc = CommandExecutionError("No key available with this passphrase")
         exc.result = beacon.doc["lastRestore"]
         raise exc
-    beacon.__salt__["pillar.get"] = lambda key, default=None, **_: {"salt_volumes:keys": {"v1": "k"}}.get(key, default)
+    beacon.pillar["salt_volumes"] = {"keys": {"v1": "k"}}
     beacon.__salt__["salt_volumes.restore"] = restore
     beacon.beacon([{"interval": 10}])
     restores = [d for t, d in beacon.fired if t.endswith("/restore")]
@@ -992,7 +998,8 @@ def test_beacon_tells_the_boots_restore_before_opening_and_survives_a_failing_op
 
 def test_beacon_opens_locked_volumes_whose_key_the_pillar_holds(beacon):
     cfg = [{"interval": 10}, {"heartbeat": 300}]
-    pillar = {"salt_volumes": {}}
+    pillar = beacon.pillar
+    pillar["salt_volumes"] = {}
     runs = []
     vol = beacon.doc["volumes"][0]
     vol["state"] = "locked"
@@ -1002,7 +1009,6 @@ def test_beacon_opens_locked_volumes_whose_key_the_pillar_holds(beacon):
         vol["state"] = pillar["salt_volumes"].get("opens", "locked")
         return {"id": "r{}".format(len(runs)), "volumes": []}
 
-    beacon.__salt__["pillar.get"] = lambda key, default=None, **_: lookup(pillar, key, default)
     beacon.__salt__["salt_volumes.restore"] = restore
 
     beacon.beacon(cfg)
