@@ -22,6 +22,28 @@ import (
 type Device struct {
 	Name string // loop3
 	Path string // /dev/loop3
+	// backing is the file the device was bound to when it was attached or
+	// found (st_dev, st_ino); zero for a Device made from a name alone.
+	// Loop devices are the machine's: once ours is detached, its number
+	// is anyone's, and a detach by number alone would take theirs.
+	backing [2]uint64
+}
+
+// fileID is a backing file's identity as LOOP_GET_STATUS64 reports it.
+func fileID(st *unix.Stat_t) [2]uint64 { return [2]uint64{st.Dev, st.Ino} }
+
+// boundTo reports whether the device open at fd is bound to the file d
+// was found or attached with. A device made from a name alone is taken at
+// its word.
+func (d Device) boundTo(fd int) (bool, error) {
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if errors.Is(err, unix.ENXIO) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.Path, err)
+	}
+	return d.backing == [2]uint64{} || d.backing == [2]uint64{info.Device, info.Inode}, nil
 }
 
 func byNumber(n int) Device {
@@ -76,12 +98,18 @@ func (h *Held) Release(ctx context.Context, wait time.Duration) error {
 }
 
 // waitDetached waits until the kernel has let go of d (its loop directory
-// gone from sysfs), up to wait.
+// gone from sysfs, or the number bound to another file already), up to
+// wait.
 func waitDetached(ctx context.Context, d Device, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
 		if _, err := os.Stat(filepath.Join("/sys/block", d.Name, "loop")); errors.Is(err, os.ErrNotExist) {
 			return nil
+		}
+		if d.backing != [2]uint64{} {
+			if info, err := status(d.Path); errors.Is(err, unix.ENXIO) || err == nil && [2]uint64{info.Device, info.Inode} != d.backing {
+				return nil
+			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s is still attached %s after detach: something still holds it open", d.Path, wait)
@@ -104,6 +132,10 @@ func attach(ctx context.Context, backing string, held bool) (Device, *os.File, e
 		return Device{}, nil, err
 	}
 	defer back.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(back.Fd()), &st); err != nil {
+		return Device{}, nil, fmt.Errorf("reading %s: %w", abs, err)
+	}
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Device{}, nil, fmt.Errorf("opening /dev/loop-control: %w", err)
@@ -121,6 +153,7 @@ func attach(ctx context.Context, backing string, held bool) (Device, *os.File, e
 			return Device{}, nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
 		}
 		d := byNumber(n)
+		d.backing = fileID(&st)
 		if _, err := blockdev.EnsureNode(d.Name); err != nil {
 			return Device{}, nil, err
 		}
@@ -197,6 +230,7 @@ func Find(path string) ([]Device, error) {
 			continue // detached meanwhile
 		}
 		if info.Device == st.Dev && info.Inode == st.Ino {
+			d.backing = fileID(&st)
 			out = append(out, d)
 		}
 	}
@@ -220,6 +254,7 @@ func NewIndex() (Index, error) {
 			continue // detached meanwhile
 		}
 		k := [2]uint64{info.Device, info.Inode}
+		d.backing = k
 		idx[k] = append(idx[k], d)
 	}
 	return idx, nil
@@ -264,11 +299,19 @@ func status(dev string) (*unix.LoopInfo64, error) {
 
 // Detach unbinds the device and waits until the kernel has really let go of
 // it: a detach of a busy device only sets AUTOCLEAR and returns success.
+// A device no longer bound to the file it was attached or found with is
+// detached already: whoever bound its number since is left alone.
 func Detach(ctx context.Context, d Device, wait time.Duration) error {
 	fd, err := unix.Open(d.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
+	ours, err := d.boundTo(fd)
+	if err != nil || !ours {
+		unix.Close(fd)
+		return err
+	}
+	parts := partitionNodes(d.Name)
 	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
 	unix.Close(fd)
 	if err != nil && !errors.Is(err, unix.ENXIO) {
@@ -277,7 +320,33 @@ func Detach(ctx context.Context, d Device, wait time.Duration) error {
 	if err := waitDetached(ctx, d, wait); err != nil {
 		return keepAttached(d, err)
 	}
+	dropStaleNodes(parts)
 	return nil
+}
+
+// partitionNodes reads the device numbers of disk's partitions.
+func partitionNodes(disk string) map[string]blockdev.Dev {
+	out := map[string]blockdev.Dev{}
+	kids, _ := blockdev.Children(disk)
+	for _, k := range kids {
+		if n, err := blockdev.DevOf(k); err == nil {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+// dropStaleNodes removes the /dev nodes of partitions that are gone and
+// that devtmpfs left because it did not make them (see delPartition).
+func dropStaleNodes(was map[string]blockdev.Dev) {
+	for name, n := range was {
+		if _, err := blockdev.DevOf(name); err == nil {
+			continue // still there (a detach put off)
+		}
+		if got, err := blockdev.Stat("/dev/" + name); err == nil && got == n {
+			_ = os.Remove("/dev/" + name)
+		}
+	}
 }
 
 // keepAttached undoes what a detach of a busy device did (LOOP_CLR_FD
@@ -304,6 +373,9 @@ func ClearAutoclear(d Device) error {
 		return err
 	}
 	defer unix.Close(fd)
+	if ours, err := d.boundTo(fd); err != nil || !ours {
+		return err
+	}
 	info, err := unix.IoctlLoopGetStatus64(fd)
 	if err != nil {
 		return fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.Path, err)
@@ -344,7 +416,7 @@ func EnsurePartition(disk string, pno int, start, length int64) (string, error) 
 			}
 			return name, nil
 		}
-		if err := blkpg(disk, unix.BLKPG_DEL_PARTITION, pno, 0, 0); err != nil {
+		if err := delPartition(disk, name, pno); err != nil {
 			return "", err
 		}
 	}
@@ -381,10 +453,28 @@ func SetCapacity(d Device) error {
 
 // RemovePartition drops a partition from the kernel's view (not the disk).
 func RemovePartition(disk string, pno int) error {
-	if _, ok := findPartition(disk, pno); !ok {
+	name, ok := findPartition(disk, pno)
+	if !ok {
 		return nil
 	}
-	return blkpg(disk, unix.BLKPG_DEL_PARTITION, pno, 0, 0)
+	return delPartition(disk, name, pno)
+}
+
+// delPartition deletes partition pno (kernel name name) of disk, and the
+// /dev node of it that devtmpfs does not: devtmpfs removes only nodes it
+// made, and one made by hand (blockdev.EnsureNode, while devtmpfs caught
+// up) would stay behind with numbers the kernel hands to the next
+// partition added anywhere, so that a later partition of that name
+// reached through it would be another disk's.
+func delPartition(disk, name string, pno int) error {
+	was := partitionNodes(disk)
+	if err := blkpg(disk, unix.BLKPG_DEL_PARTITION, pno, 0, 0); err != nil {
+		return err
+	}
+	if n, ok := was[name]; ok {
+		dropStaleNodes(map[string]blockdev.Dev{name: n})
+	}
+	return nil
 }
 
 func findPartition(disk string, pno int) (string, bool) {

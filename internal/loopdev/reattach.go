@@ -42,6 +42,10 @@ func Reattach(ctx context.Context, want Device, backing string) (d Device, reatt
 			}
 			_, err = configure(want.Path, back, abs, false)
 			if err == nil {
+				var st unix.Stat_t
+				if err := unix.Fstat(int(back.Fd()), &st); err == nil {
+					want.backing = fileID(&st)
+				}
 				return want, true, nil
 			}
 			if !errors.Is(err, unix.EBUSY) {

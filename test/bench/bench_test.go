@@ -72,8 +72,18 @@ func floor(b *testing.B, dir, size string) (time.Duration, func()) {
 	}
 	d := time.Since(start)
 	return d, func() {
-		_ = loopdev.Detach(context.Background(), loopdev.Device{Name: filepath.Base(dev), Path: dev}, 10*time.Second)
+		detachFile(file)
 		os.Remove(file)
+	}
+}
+
+// detachFile detaches the loop devices bound to file, known by it: by
+// the time a cleanup runs, the number losetup printed may be another
+// program's.
+func detachFile(file string) {
+	devs, _ := loopdev.Find(file)
+	for _, d := range devs {
+		_ = loopdev.Detach(context.Background(), d, 10*time.Second)
 	}
 }
 
@@ -203,7 +213,7 @@ func floorBlock(b *testing.B, dir, size string) (time.Duration, func()) {
 	d := time.Since(start)
 	return d, func() {
 		_ = exec.Command("delpart", dev, "1").Run()
-		_ = loopdev.Detach(context.Background(), loopdev.Device{Name: filepath.Base(dev), Path: dev}, 10*time.Second)
+		detachFile(file)
 		os.Remove(file)
 	}
 }

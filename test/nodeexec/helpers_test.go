@@ -251,7 +251,11 @@ func addPartitions(t *testing.T, d loopdev.Device, parts ...[2]int64) []string {
 	for i, p := range parts {
 		name, err := loopdev.EnsurePartition(d.Name, i+1, p[0], p[1])
 		require.NoError(t, err)
-		names = append(names, "/dev/"+name)
+		// The node, not just the name: a node someone made by hand for
+		// an earlier partition of that name may still carry its numbers.
+		path, err := blockdev.EnsureNode(name)
+		require.NoError(t, err)
+		names = append(names, path)
 	}
 	return names
 }
