@@ -87,6 +87,11 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		c.claims.AddAfter(key, time.Second)
 		return true
 	}
+	if errors.Is(err, errVolumeStuck) {
+		c.claims.Forget(key)
+		c.claims.AddAfter(key, stuckRetry)
+		return true
+	}
 	if err != nil {
 		c.log.Warn("provisioning failed; retrying", "claim", key, "error", err)
 		c.claims.AddRateLimited(key)
@@ -99,6 +104,13 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 // errVolumeBusy: the claim's volume cannot grow yet (being prepared,
 // published or grown): asked again in a moment.
 var errVolumeBusy = errors.New("the claim's volume is busy")
+
+// errVolumeStuck: the claim's volume cannot grow until someone acts on it
+// (Locked: its container opened; Failed: mended): asked again every
+// stuckRetry rather than every second, and said once on the claim.
+var errVolumeStuck = errors.New("the claim's volume waits for an operator")
+
+const stuckRetry = 30 * time.Second
 
 // expand grows a bound claim's volume when the claim asks for more than it
 // has (kubectl edit of spec.resources.requests.storage; the API server
@@ -126,6 +138,11 @@ func (c *Controller) expand(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("StorageClass %s does not set allowVolumeExpansion: true", sc.Name))
 		return nil
 	}
+	if st := v.Status; st.Phase == volume.Locked || st.Phase == volume.Failed && st.Reason != volume.ReasonResizeFailed {
+		c.sayOnce(cl, "grow/"+v.Spec.Name, corev1.EventTypeWarning, "VolumeResizeWaiting", fmt.Sprintf(
+			"volume %s is %s (%s), so it cannot grow to %s yet; it grows once it is Available again: %s", v.Spec.Name, st.Phase, st.Reason, spec.FormatSize(want), st.Message))
+		return errVolumeStuck
+	}
 	if _, err := c.vols.Resize(ctx, v.Spec.Name, spec.FormatSize(want)); err != nil {
 		var re *requests.ResizeError
 		if errors.As(err, &re) && re.Conflict {
@@ -134,6 +151,7 @@ func (c *Controller) expand(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("growing volume %s to %s: %v", v.Spec.Name, spec.FormatSize(want), err))
 		return nil
 	}
+	c.forgetSaid("grow/" + v.Spec.Name)
 	c.log.Info("claim asks for more: growing its volume", "claim", pvc.Namespace+"/"+pvc.Name, "volume", v.Spec.Name, "size", want)
 	c.event(cl, corev1.EventTypeNormal, "Resizing", fmt.Sprintf("salt-volumes is growing volume %s to %s (asked: %s) on Salt minion %s",
 		v.Spec.Name, spec.FormatSize(want), req.String(), v.Spec.Node))

@@ -15,8 +15,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
 
 	saltvolumes "github.com/salt-volumes/salt-volumes"
+	"github.com/salt-volumes/salt-volumes/internal/reconciler"
 	"github.com/salt-volumes/salt-volumes/internal/requests"
 	"github.com/salt-volumes/salt-volumes/internal/spec"
 	"github.com/salt-volumes/salt-volumes/internal/store"
@@ -234,6 +236,45 @@ func TestDecisionExpand(t *testing.T) {
 	c2, _ := follower(t, vols2, testClass(), grown)
 	require.NoError(t, c2.syncClaim(context.Background(), "apps/data"))
 	assert.Empty(t, vols2.resized)
+}
+
+// A claim that asks for more while its volume is Locked (or Failed) is
+// told once why it does not grow, and asked again every stuckRetry, not
+// every second; once the volume is Available it grows.
+func TestDecisionExpandWaitsForALockedVolume(t *testing.T) {
+	allow := func(sc *storagev1.StorageClass) { yes := true; sc.AllowVolumeExpansion = &yes }
+	grown := boundClaim("1Gi")
+	grown.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("3Gi")
+	v := claimed(1 << 30)
+	v.Status.Phase, v.Status.Publishing = volume.Locked, false
+	v.Status.Reason, v.Status.Message = reconciler.ReasonContainerClosed, "the encrypted container of "+claimVolume+" is not open on node-1"
+	vols := &recVolumes{vols: map[string]*volume.Volume{claimVolume: v}}
+	c, _ := follower(t, vols, testClass(allow), grown)
+	rec := record.NewFakeRecorder(10)
+	c.recorder = rec
+
+	for range 3 {
+		assert.ErrorIs(t, c.syncClaim(context.Background(), "apps/data"), errVolumeStuck)
+	}
+	assert.Empty(t, vols.resized, "a Locked volume is not asked to grow")
+	require.Len(t, rec.Events, 1, "told once, not at every retry")
+	ev := <-rec.Events
+	assert.Contains(t, ev, "Warning VolumeResizeWaiting volume "+claimVolume+" is Locked (ContainerClosed)")
+	assert.Contains(t, ev, "is not open on node-1")
+	assert.Greater(t, stuckRetry, 10*time.Second)
+
+	// Failed for another reason than its growth: the same.
+	v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Failed, reconciler.ReasonStorageLost, "node-1 has no record of this volume"
+	assert.ErrorIs(t, c.syncClaim(context.Background(), "apps/data"), errVolumeStuck)
+	require.Len(t, rec.Events, 1)
+	assert.Contains(t, <-rec.Events, "is Failed (StorageLost)")
+
+	// Opened: it grows, and a later lock is told again.
+	v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Available, "", ""
+	require.NoError(t, c.syncClaim(context.Background(), "apps/data"))
+	require.Contains(t, vols.resized, claimVolume)
+	require.Len(t, rec.Events, 1)
+	assert.Contains(t, <-rec.Events, "Normal Resizing")
 }
 
 func TestDecisionReschedule(t *testing.T) {

@@ -67,6 +67,25 @@ func (c *Controller) event(cl *saltvolumes.Claim, kind, reason, msg string) {
 	c.recorder.Event(ref, kind, reason, msg)
 }
 
+// sayOnce is event, once for each message under key until forgetSaid:
+// a claim asked again and again is told what holds it only when that
+// changes.
+func (c *Controller) sayOnce(cl *saltvolumes.Claim, key, kind, reason, msg string) {
+	c.mu.Lock()
+	dup := c.reported[key] == msg
+	c.reported[key] = msg
+	c.mu.Unlock()
+	if !dup {
+		c.event(cl, kind, reason, msg)
+	}
+}
+
+func (c *Controller) forgetSaid(key string) {
+	c.mu.Lock()
+	delete(c.reported, key)
+	c.mu.Unlock()
+}
+
 // Classes lists the StorageClasses we provision for (for the API).
 func (c *Controller) Classes() []*storagev1.StorageClass {
 	all, _ := c.classes.List(labels.Everything())
