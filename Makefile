@@ -98,19 +98,23 @@ demo:
 # Suites that follow test/packages in its lane: on 2026-12-07 that lane
 # ended ten minutes before the checks' lane (2,029 s against 2,643 s).
 LANE1_SUITES = ./test/nodeexec/ ./test/events/ ./test/saltreq/
+# Each part's CPU (user, system: its own and its children's) and wall
+# time, as "cpu PART: ..." lines in the log (docs/development.md, "How
+# long").
+CPU = scripts/cpu.sh
 test: setup
 	@rm -f test-results/adversarial.txt test-results/lane-*.log
 	@mkdir -p test-results
-	@{ t0=$$(date +%s); $(GO) test -count=1 -v -timeout 60m ./test/packages/; r=$$?; \
-	    $(GO) test -count=1 -p 1 -timeout 20m $(LANE1_SUITES); r2=$$?; \
+	@{ t0=$$(date +%s); $(CPU) packages $(GO) test -count=1 -v -timeout 60m ./test/packages/; r=$$?; \
+	    $(CPU) "node and bus suites" $(GO) test -count=1 -p 1 -timeout 20m $(LANE1_SUITES); r2=$$?; \
 	    echo "lane packages, node and bus suites: $$(($$(date +%s) - t0)) s"; [ $$r -eq 0 ] && [ $$r2 -eq 0 ]; } \
 	    >test-results/lane-packages.log 2>&1 & l1=$$!; \
-	  { t0=$$(date +%s); $(GO) test -count=1 -v -timeout 60m ./test/booted/; r1=$$?; $(GO) test -count=1 -timeout 20m ./test/dist/; r2=$$?; \
-	    $(MAKE) --no-print-directory smoke-load; r3=$$?; $(MAKE) --no-print-directory smoke-bench; r4=$$?; \
+	  { t0=$$(date +%s); $(CPU) booted $(GO) test -count=1 -v -timeout 60m ./test/booted/; r1=$$?; $(CPU) dist $(GO) test -count=1 -timeout 20m ./test/dist/; r2=$$?; \
+	    $(CPU) smoke-load $(MAKE) --no-print-directory smoke-load; r3=$$?; $(CPU) smoke-bench $(MAKE) --no-print-directory smoke-bench; r4=$$?; \
 	    echo "lane booted, dist, smoke: $$(($$(date +%s) - t0)) s"; [ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ] && [ $$r4 -eq 0 ]; } \
 	    >test-results/lane-booted.log 2>&1 & l2=$$!; \
-	  t0=$$(date +%s); $(MAKE) --no-print-directory lint pytest vagrant-validate promtool race; prc=$$?; \
-	  $(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -vx -e '.*/test/packages' -e '.*/test/booted' -e '.*/test/dist' $(patsubst ./%/,-e '.*/%',$(LANE1_SUITES)) \
+	  t0=$$(date +%s); $(CPU) "lint, pytest, race" $(MAKE) --no-print-directory lint pytest vagrant-validate promtool race; prc=$$?; \
+	  $(CPU) "the other packages" $(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -vx -e '.*/test/packages' -e '.*/test/booted' -e '.*/test/dist' $(patsubst ./%/,-e '.*/%',$(LANE1_SUITES)) \
 	    $$($(GO) list $(RACE_PKGS) | sed 's/^/-e /')); rc=$$?; \
 	  echo "lane checks and suites: $$(($$(date +%s) - t0)) s"; \
 	  wait $$l1; r1=$$?; wait $$l2; r2=$$?; cat test-results/lane-packages.log test-results/lane-booted.log; \
