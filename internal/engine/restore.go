@@ -128,6 +128,8 @@ func (e *Engine) restoreOne(ctx context.Context, rec *nodestate.Record) (*Result
 			e.dropStaleLink(o, res)
 			return res, false
 		}
+		// Missing a moment ago, there now: rebuilt by this run.
+		o.changed = true
 		res.Error = ""
 	}
 	// A restore in place that a crash or a reboot cut short is finished
@@ -196,7 +198,14 @@ func (e *Engine) restoreSparse(ctx context.Context, o *op, res *Result) error {
 }
 
 func (e *Engine) restoreRaw(ctx context.Context, o *op, rec *nodestate.Record, res *Result) error {
-	name := e.locateRaw(rec, true)
+	name := e.locateRaw(rec, false)
+	if name == "" {
+		// A Block partition the kernel was not told of: added from the
+		// table, which this run's report counts as rebuilt.
+		if name = e.locateRaw(rec, true); name != "" {
+			o.changed = true
+		}
+	}
 	if name == "" {
 		return failed("device", nil, "no device on this node matches the record of volume %s", o.s.UUID)
 	}

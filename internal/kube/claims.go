@@ -82,14 +82,9 @@ func (c *Controller) nextClaim(ctx context.Context) bool {
 		return true
 	}
 	err := c.syncClaim(ctx, key)
-	if errors.Is(err, errVolumeLeaving) || errors.Is(err, errVolumeBusy) || errors.Is(err, errCloneWaiting) {
+	if after, ok := retryIn(err); ok {
 		c.claims.Forget(key)
-		c.claims.AddAfter(key, time.Second)
-		return true
-	}
-	if errors.Is(err, errVolumeStuck) {
-		c.claims.Forget(key)
-		c.claims.AddAfter(key, stuckRetry)
+		c.claims.AddAfter(key, after)
 		return true
 	}
 	if err != nil {
@@ -111,6 +106,18 @@ var errVolumeBusy = errors.New("the claim's volume is busy")
 var errVolumeStuck = errors.New("the claim's volume waits for an operator")
 
 const stuckRetry = 30 * time.Second
+
+// retryIn says when a claim whose sync ended with err is asked again; not
+// ok: by the queue's rate limiter (a failure), or not at all (nil).
+func retryIn(err error) (time.Duration, bool) {
+	switch {
+	case errors.Is(err, errVolumeLeaving), errors.Is(err, errVolumeBusy), errors.Is(err, errCloneWaiting):
+		return time.Second, true
+	case errors.Is(err, errVolumeStuck):
+		return stuckRetry, true
+	}
+	return 0, false
+}
 
 // expand grows a bound claim's volume when the claim asks for more than it
 // has (kubectl edit of spec.resources.requests.storage; the API server
@@ -139,10 +146,12 @@ func (c *Controller) expand(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		return nil
 	}
 	if st := v.Status; st.Phase == volume.Locked || st.Phase == volume.Failed && st.Reason != volume.ReasonResizeFailed {
-		c.sayOnce(cl, "grow/"+v.Spec.Name, corev1.EventTypeWarning, "VolumeResizeWaiting", fmt.Sprintf(
+		c.sayOnce(cl, growKey(v.Spec.Name), corev1.EventTypeWarning, "VolumeResizeWaiting", fmt.Sprintf(
 			"volume %s is %s (%s), so it cannot grow to %s yet; it grows once it is Available again: %s", v.Spec.Name, st.Phase, st.Reason, spec.FormatSize(want), st.Message))
 		return errVolumeStuck
 	}
+	// Not stuck (any more): the next wait is news again.
+	c.forgetSaid(growKey(v.Spec.Name))
 	if _, err := c.vols.Resize(ctx, v.Spec.Name, spec.FormatSize(want)); err != nil {
 		var re *requests.ResizeError
 		if errors.As(err, &re) && re.Conflict {
@@ -151,12 +160,15 @@ func (c *Controller) expand(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		c.event(cl, corev1.EventTypeWarning, "VolumeResizeFailed", fmt.Sprintf("growing volume %s to %s: %v", v.Spec.Name, spec.FormatSize(want), err))
 		return nil
 	}
-	c.forgetSaid("grow/" + v.Spec.Name)
 	c.log.Info("claim asks for more: growing its volume", "claim", pvc.Namespace+"/"+pvc.Name, "volume", v.Spec.Name, "size", want)
 	c.event(cl, corev1.EventTypeNormal, "Resizing", fmt.Sprintf("salt-volumes is growing volume %s to %s (asked: %s) on Salt minion %s",
 		v.Spec.Name, spec.FormatSize(want), req.String(), v.Spec.Node))
 	return nil
 }
+
+// growKey is where sayOnce keeps what a claim of volume name was told
+// about its growth (volume names have no '/': no clash with report's).
+func growKey(name string) string { return "grow/" + name }
 
 // errVolumeLeaving: the claim's previous volume is still being deleted.
 var errVolumeLeaving = errors.New("the claim's previous volume is still being deleted")

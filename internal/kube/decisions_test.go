@@ -254,14 +254,18 @@ func TestDecisionExpandWaitsForALockedVolume(t *testing.T) {
 	c.recorder = rec
 
 	for range 3 {
-		assert.ErrorIs(t, c.syncClaim(context.Background(), "apps/data"), errVolumeStuck)
+		err := c.syncClaim(context.Background(), "apps/data")
+		assert.ErrorIs(t, err, errVolumeStuck)
+		after, ok := retryIn(err)
+		assert.True(t, ok, "the claim stays queued")
+		assert.Equal(t, stuckRetry, after, "asked again after stuckRetry, not every second")
 	}
 	assert.Empty(t, vols.resized, "a Locked volume is not asked to grow")
 	require.Len(t, rec.Events, 1, "told once, not at every retry")
 	ev := <-rec.Events
 	assert.Contains(t, ev, "Warning VolumeResizeWaiting volume "+claimVolume+" is Locked (ContainerClosed)")
 	assert.Contains(t, ev, "is not open on node-1")
-	assert.Greater(t, stuckRetry, 10*time.Second)
+	assert.GreaterOrEqual(t, stuckRetry, 10*time.Second)
 
 	// Failed for another reason than its growth: the same.
 	v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Failed, reconciler.ReasonStorageLost, "node-1 has no record of this volume"
@@ -275,6 +279,10 @@ func TestDecisionExpandWaitsForALockedVolume(t *testing.T) {
 	require.Contains(t, vols.resized, claimVolume)
 	require.Len(t, rec.Events, 1)
 	assert.Contains(t, <-rec.Events, "Normal Resizing")
+	v.Status.Phase, v.Status.Reason, v.Status.Message = volume.Locked, reconciler.ReasonContainerClosed, "the encrypted container of "+claimVolume+" is not open on node-1"
+	assert.ErrorIs(t, c.syncClaim(context.Background(), "apps/data"), errVolumeStuck)
+	require.Len(t, rec.Events, 1, "locked again: told again")
+	assert.Contains(t, <-rec.Events, "Warning VolumeResizeWaiting")
 }
 
 func TestDecisionReschedule(t *testing.T) {

@@ -310,6 +310,7 @@ func (c *Controller) Withdraw(ctx context.Context, v *volume.Volume) (bool, stri
 func (c *Controller) Release(ctx context.Context, v *volume.Volume) error {
 	c.mu.Lock()
 	delete(c.reported, v.Spec.Name)
+	delete(c.reported, growKey(v.Spec.Name))
 	c.mu.Unlock()
 	err := c.release(ctx, v.Spec.Name, v.Spec.UUID)
 	if v.Claim != nil && v.Status.PersistentVolume == nil {

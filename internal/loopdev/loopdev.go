@@ -320,6 +320,7 @@ func Detach(ctx context.Context, d Device, wait time.Duration) error {
 	if err := waitDetached(ctx, d, wait); err != nil {
 		return keepAttached(d, err)
 	}
+	partitionsGone(parts, time.Second)
 	dropStaleNodes(parts)
 	return nil
 }
@@ -337,14 +338,36 @@ func partitionNodes(disk string) map[string]blockdev.Dev {
 }
 
 // dropStaleNodes removes the /dev nodes of partitions that are gone and
-// that devtmpfs left because it did not make them (see delPartition).
+// that devtmpfs left because it did not make them (see delPartition). A
+// partition of the same name added in between (a loop number freed by a
+// detach is the next attach's) most likely has the same numbers, and
+// devtmpfs made no node for it while ours was there: its node is put back.
 func dropStaleNodes(was map[string]blockdev.Dev) {
 	for name, n := range was {
 		if _, err := blockdev.DevOf(name); err == nil {
 			continue // still there (a detach put off)
 		}
-		if got, err := blockdev.Stat("/dev/" + name); err == nil && got == n {
-			_ = os.Remove("/dev/" + name)
+		if got, err := blockdev.Stat("/dev/" + name); err != nil || got != n {
+			continue
+		}
+		_ = os.Remove("/dev/" + name)
+		if _, err := blockdev.DevOf(name); err == nil {
+			_, _ = blockdev.EnsureNode(name)
+		}
+	}
+}
+
+// partitionsGone waits, up to wait, until none of the partitions in was
+// is in sysfs any more: a detach that another opener's close completes
+// tears the device down before its partitions.
+func partitionsGone(was map[string]blockdev.Dev, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for name := range was {
+		for {
+			if _, err := blockdev.DevOf(name); err != nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 	}
 }

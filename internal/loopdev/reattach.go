@@ -32,6 +32,11 @@ func Reattach(ctx context.Context, want Device, backing string) (d Device, reatt
 		return Device{}, false, err
 	}
 	defer back.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(back.Fd()), &st); err != nil {
+		return Device{}, false, fmt.Errorf("reading %s: %w", abs, err)
+	}
+	id := fileID(&st)
 	if _, err := blockdev.EnsureNode(want.Name); err == nil {
 		// EBUSY for a moment is the kernel finishing the detach (the
 		// last close tears the old binding down); for longer, someone
@@ -42,10 +47,7 @@ func Reattach(ctx context.Context, want Device, backing string) (d Device, reatt
 			}
 			_, err = configure(want.Path, back, abs, false)
 			if err == nil {
-				var st unix.Stat_t
-				if err := unix.Fstat(int(back.Fd()), &st); err == nil {
-					want.backing = fileID(&st)
-				}
+				want.backing = id
 				return want, true, nil
 			}
 			if !errors.Is(err, unix.EBUSY) {
