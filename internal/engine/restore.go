@@ -15,17 +15,12 @@ import (
 // RestoreReport is restore's output.
 type RestoreReport struct {
 	// ID tells one run from another: the beacon reports each run once.
-	ID      string    `json:"id"`
-	At      time.Time `json:"at"`
-	Volumes []*Result `json:"volumes"`
-	Orphans []*Result `json:"orphans"`
-	// Restored counts the volumes this run rebuilt something of (a loop
-	// device, a partition, a link, an opened container); Intact those it
-	// found whole. A run after the boot's (the beacon's, one by hand)
-	// must not count a volume rebuilt twice.
-	Restored int `json:"restored"`
-	Intact   int `json:"intact"`
-	Failed   int `json:"failed"`
+	ID       string    `json:"id"`
+	At       time.Time `json:"at"`
+	Volumes  []*Result `json:"volumes"`
+	Orphans  []*Result `json:"orphans"`
+	Restored int       `json:"restored"`
+	Failed   int       `json:"failed"`
 	// Locked counts encrypted volumes left closed: their key is the
 	// master's (provider master), which a boot without Salt has not got.
 	Locked int `json:"locked,omitempty"`
@@ -51,10 +46,8 @@ func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
 			rep.Locked++ // as a boot without Salt must leave it
 		case res.Error != "":
 			rep.Failed++
-		case res.State == StatePrepared && res.Changed:
-			rep.Restored++
 		case res.State == StatePrepared:
-			rep.Intact++
+			rep.Restored++
 		}
 		rep.Volumes = append(rep.Volumes, res)
 	}
