@@ -9,29 +9,59 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/salt-volumes/salt-volumes/internal/freeze"
 	"github.com/salt-volumes/salt-volumes/internal/nodestate"
 )
 
 // RestoreReport is restore's output.
 type RestoreReport struct {
 	// ID tells one run from another: the beacon reports each run once.
-	ID       string    `json:"id"`
-	At       time.Time `json:"at"`
-	Volumes  []*Result `json:"volumes"`
-	Orphans  []*Result `json:"orphans"`
-	Restored int       `json:"restored"`
-	Failed   int       `json:"failed"`
+	ID      string    `json:"id"`
+	At      time.Time `json:"at"`
+	Boot    string    `json:"boot,omitempty"`
+	Volumes []*Result `json:"volumes"`
+	Orphans []*Result `json:"orphans"`
+	// Restored counts the volumes this run rebuilt something of (a loop
+	// device, a partition, a link, an opened container); Intact those it
+	// found whole. A run after the boot's (the beacon's, one by hand)
+	// must not count a volume rebuilt twice.
+	Restored int `json:"restored"`
+	Intact   int `json:"intact"`
+	Failed   int `json:"failed"`
 	// Locked counts encrypted volumes left closed: their key is the
 	// master's (provider master), which a boot without Salt has not got.
 	Locked int `json:"locked,omitempty"`
+	// Earlier holds the counts of the runs before this one in the same
+	// boot, oldest first: a run may follow another before the control
+	// plane has read the first (the beacon opens a master-key volume
+	// right after the boot's run), and each run's counts must reach it.
+	Earlier []RestoreCounts `json:"earlier,omitempty"`
 }
+
+// RestoreCounts is what the control plane counts of one restore run.
+type RestoreCounts struct {
+	ID       string    `json:"id"`
+	At       time.Time `json:"at"`
+	Restored int       `json:"restored"`
+	Intact   int       `json:"intact"`
+	Failed   int       `json:"failed"`
+	Locked   int       `json:"locked,omitempty"`
+}
+
+// keptRestores bounds Earlier: runs in one boot come from the boot, the
+// beacon and an operator, and the control plane reads them within a
+// heartbeat; older ones are long counted.
+const keptRestores = 8
+
+// bootID names this boot; a variable so tests can stage a reboot.
+var bootID = freeze.BootID
 
 // Restore rebuilds, from the node state alone, what a reboot takes away:
 // loop devices, partition nodes and persistent links. It needs neither the
 // network nor Salt, changes no volume content, and deletes nothing.
 func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
 	now := time.Now().UTC()
-	rep := &RestoreReport{ID: strconv.FormatInt(now.UnixNano(), 36), At: now, Volumes: []*Result{}, Orphans: []*Result{}}
+	rep := &RestoreReport{ID: strconv.FormatInt(now.UnixNano(), 36), At: now, Boot: bootID(), Volumes: []*Result{}, Orphans: []*Result{}}
 	recs, errs := e.State.All()
 	for _, err := range errs {
 		rep.Failed++
@@ -46,20 +76,53 @@ func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
 			rep.Locked++ // as a boot without Salt must leave it
 		case res.Error != "":
 			rep.Failed++
-		case res.State == StatePrepared:
+		case res.State == StatePrepared && res.Changed:
 			rep.Restored++
+		case res.State == StatePrepared:
+			rep.Intact++
 		}
 		rep.Volumes = append(rep.Volumes, res)
 	}
 	rep.Orphans = append(rep.Orphans, e.orphans(known)...)
 	// Kept for the beacon, which tells the control plane what the last
 	// restore (at boot, outside Salt) rebuilt and what it could not.
-	if b, err := json.Marshal(rep); err == nil && e.State.Init() == nil {
-		if err := nodestate.WriteFileAtomic(e.State.RestoreReport(), append(b, '\n'), 0o600); err != nil {
-			e.Log.Warn("restore report not saved", "error", err)
-		}
+	if err := e.saveRestore(rep); err != nil {
+		e.Log.Warn("restore report not saved", "error", err)
 	}
 	return rep, nil
+}
+
+// saveRestore writes rep as the last report, carrying the counts of the
+// earlier runs of this boot; the lock keeps two runs from each dropping
+// the other's counts.
+func (e *Engine) saveRestore(rep *RestoreReport) error {
+	if err := e.State.Init(); err != nil {
+		return err
+	}
+	l, err := e.State.Lock("restore-report")
+	if err != nil {
+		return err
+	}
+	defer l.Unlock()
+	// An unreadable last report only loses the earlier counts.
+	if prev, err := e.LastRestore(); err == nil && prev != nil && prev.Boot != "" && prev.Boot == rep.Boot {
+		rep.Earlier = append(rep.Earlier[:0], prev.Earlier...)
+		if prev.ID != rep.ID {
+			rep.Earlier = append(rep.Earlier, prev.counts())
+		}
+		if n := len(rep.Earlier); n > keptRestores {
+			rep.Earlier = rep.Earlier[n-keptRestores:]
+		}
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	return nodestate.WriteFileAtomic(e.State.RestoreReport(), append(b, '\n'), 0o600)
+}
+
+func (r *RestoreReport) counts() RestoreCounts {
+	return RestoreCounts{ID: r.ID, At: r.At, Restored: r.Restored, Intact: r.Intact, Failed: r.Failed, Locked: r.Locked}
 }
 
 // LastRestore reads the report of the last restore run (nil if none).

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -97,12 +98,20 @@ func (g *Registry) Confirmed(node string, st Status, received time.Time) *Report
 	return rep
 }
 
-// Restore is what a node's restore event says.
+// Restore is a node's report of its last restore run, with the counts of
+// the runs before it in the same boot (a run may follow another before
+// the control plane has read the first).
 type Restore struct {
-	ID       string `json:"id"`
-	Restored int    `json:"restored"`
-	Failed   int    `json:"failed"`
+	ID       string    `json:"id"`
+	Restored int       `json:"restored"`
+	Failed   int       `json:"failed"`
+	Earlier  []Restore `json:"earlier"`
 }
+
+// countedRestores bounds the restore ids remembered per node: more than a
+// node keeps in one report (8), so an id is never counted twice while the
+// node still sends it.
+const countedRestores = 32
 
 // History keeps a day of samples per volume, at most one every SampleEvery
 // unless the value moved, and at most MaxSamples.
@@ -132,7 +141,7 @@ type Registry struct {
 	mu       sync.Mutex
 	nodes    map[string]*node
 	history  map[string][]saltvolumes.UsageSample // by volume uuid
-	restores map[string]string                    // node -> last restore id counted
+	restores map[string][]string                  // node -> restore ids counted, oldest first
 	// changed: history moved since the last UsageSnapshot (keep saves it).
 	changed bool
 
@@ -157,7 +166,7 @@ type node struct {
 
 // New returns an empty registry.
 func New() *Registry {
-	return &Registry{nodes: map[string]*node{}, history: map[string][]saltvolumes.UsageSample{}, restores: map[string]string{}, Now: time.Now}
+	return &Registry{nodes: map[string]*node{}, history: map[string][]saltvolumes.UsageSample{}, restores: map[string][]string{}, Now: time.Now}
 }
 
 // Record keeps a report and extends the usage history of its volumes. It
@@ -265,25 +274,34 @@ func (g *Registry) RestoreUsage(saved map[string][]saltvolumes.UsageSample) {
 	}
 }
 
-// CountRestore counts a restore report once (the module and the beacon may
-// both send it); it reports whether it was new.
+// CountRestore counts each run of a restore report once (the module and
+// the beacon may both send it, and a report carries the runs before it);
+// it reports whether any was new.
 func (g *Registry) CountRestore(nodeName string, r Restore) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if r.ID == "" || g.restores[nodeName] == r.ID {
-		return false
+	counted := false
+	for _, run := range append(append([]Restore{}, r.Earlier...), r) {
+		if run.ID == "" || slices.Contains(g.restores[nodeName], run.ID) {
+			continue
+		}
+		ids := append(g.restores[nodeName], run.ID)
+		if len(ids) > countedRestores {
+			ids = ids[len(ids)-countedRestores:]
+		}
+		g.restores[nodeName] = ids
+		n := g.nodes[nodeName]
+		if n == nil {
+			n = &node{}
+			g.nodes[nodeName] = n
+		}
+		n.restored += run.Restored
+		n.restoreFailed += run.Failed
+		g.Reconstructed.Add(int64(run.Restored))
+		g.RestoreFailed.Add(int64(run.Failed))
+		counted = true
 	}
-	g.restores[nodeName] = r.ID
-	n := g.nodes[nodeName]
-	if n == nil {
-		n = &node{}
-		g.nodes[nodeName] = n
-	}
-	n.restored += r.Restored
-	n.restoreFailed += r.Failed
-	g.Reconstructed.Add(int64(r.Restored))
-	g.RestoreFailed.Add(int64(r.Failed))
-	return true
+	return counted
 }
 
 // Forget drops a volume's history (the volume was deleted).

@@ -209,3 +209,34 @@ func TestVGsAndDisksBounded(t *testing.T) {
 	assert.Equal(t, saltvolumes.Disk{Path: "/dev/sdb", Size: 1 << 40, Model: "ATA[31m Disk"}, c.Disks[0])
 	assert.Equal(t, "/dev/vd0", c.Disks[1].Path, "the rest refused")
 }
+
+// A node's report carries the runs of its boot that came before the last;
+// each is counted once, however often the report is read again.
+func TestCountRestoreCountsEveryRunOnce(t *testing.T) {
+	g := New()
+	boot := Restore{ID: "boot", Restored: 4}
+	assert.True(t, g.CountRestore("n1", Restore{ID: "beacon", Restored: 1, Earlier: []Restore{boot}}),
+		"the boot's run, read only after the beacon's replaced it")
+	assert.EqualValues(t, 5, g.Reconstructed.Value())
+	assert.False(t, g.CountRestore("n1", Restore{ID: "beacon", Restored: 1, Earlier: []Restore{boot}}), "read again")
+	assert.True(t, g.CountRestore("n1", Restore{ID: "by-hand", Failed: 1, Earlier: []Restore{boot, {ID: "beacon", Restored: 1}}}))
+	assert.EqualValues(t, 5, g.Reconstructed.Value(), "runs already counted are not counted again")
+	assert.EqualValues(t, 1, g.RestoreFailed.Value())
+	assert.True(t, g.CountRestore("n2", Restore{ID: "boot", Restored: 2}), "ids are a node's own")
+	assert.EqualValues(t, 7, g.Reconstructed.Value())
+	_, h := g.NodeView("n1")
+	require.NotNil(t, h)
+	assert.Equal(t, 5, h.Restored)
+	assert.Equal(t, 1, h.RestoreFailed)
+
+	// The ids remembered are bounded, and still more than a report holds.
+	for i := range 2 * countedRestores {
+		g.CountRestore("n3", Restore{ID: fmt.Sprint(i), Restored: 1})
+	}
+	assert.Len(t, g.restores["n3"], countedRestores)
+	recent := []Restore{}
+	for i := 2*countedRestores - 8; i < 2*countedRestores; i++ {
+		recent = append(recent, Restore{ID: fmt.Sprint(i), Restored: 1})
+	}
+	assert.False(t, g.CountRestore("n3", Restore{ID: fmt.Sprint(2*countedRestores - 1), Restored: 1, Earlier: recent[:7]}))
+}

@@ -143,6 +143,15 @@ func TestNodeReportsMoveVolumesOnlyOnceConfirmed(t *testing.T) {
 	assert.EqualValues(t, 3, g.r.Nodes.Reconstructed.Value(), "the node's numbers, not the event's, once")
 	assert.EqualValues(t, 1, g.r.Nodes.RestoreFailed.Value())
 
+	// Two runs before serve read the node (the boot's, then the beacon's):
+	// the status carries the first run's counts with the last's.
+	tr.set(map[string]any{"id": "r3", "restored": 1, "failed": 0, "earlier": []map[string]any{
+		{"id": "r1", "restored": 3, "failed": 1}, {"id": "r2", "restored": 4, "failed": 0}}}, back)
+	g.forge(restore)
+	require.Eventually(t, func() bool { return g.r.Metrics.NodeReportsConfirmed.Value() == 5 }, 5*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 8, g.r.Nodes.Reconstructed.Value(), "r2 and r3 counted, r1 not again")
+	assert.EqualValues(t, 1, g.r.Nodes.RestoreFailed.Value())
+
 	// Device info the node returns must still describe the volume.
 	bad := withState(back, "prepared", "")
 	bad["persistentPath"], bad["deviceName"] = "/etc/passwd", "loop9"

@@ -936,6 +936,7 @@ def restore_summary(report):
         "id": (report or {}).get("id"),
         "at": (report or {}).get("at"),
         "restored": (report or {}).get("restored", 0),
+        "intact": (report or {}).get("intact", 0),
         "failed": (report or {}).get("failed", 0),
         "locked": (report or {}).get("locked", 0),
         "volumes": vols,

@@ -395,7 +395,7 @@ def test_engine_stops_serve_when_it_is_stopped(monkeypatch, tmp_path):
 
 def test_overcommit_ratio_from_minion_config_and_restore_event(mod, tmp_path):
     mod.opts["exec_path"] = fake_binary(tmp_path, """
-        print(json.dumps({"id": "r1", "at": "2026-01-01T00:00:00Z", "restored": 1, "failed": 1,
+        print(json.dumps({"id": "r1", "at": "2026-01-01T00:00:00Z", "restored": 1, "intact": 2, "failed": 1,
                           "volumes": [{"name": "v1", "uuid": "u1", "state": "prepared"},
                                       {"name": "v2", "uuid": "u2", "state": "missing", "error": "gone"}],
                           "orphans": [], "argv": args}))
@@ -408,7 +408,7 @@ def test_overcommit_ratio_from_minion_config_and_restore_event(mod, tmp_path):
     # Reported even though a volume failed: that is what the operator needs.
     (tag, data), = [e for e in mod.events if e[0].endswith("/restore")]
     assert tag == "salt-volumes/node/node-1/restore"
-    assert data["id"] == "r1" and data["restored"] == 1 and data["failed"] == 1
+    assert data["id"] == "r1" and data["restored"] == 1 and data["failed"] == 1 and data["intact"] == 2
     assert data["volumes"][1] == {"name": "v2", "uuid": "u2", "state": "missing", "error": "gone"}
 
 

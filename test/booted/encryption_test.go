@@ -180,8 +180,12 @@ func masterOpenedAfterBoot(t *testing.T, s *saltstack.Stack, p *serveproc.Plane,
 	})
 	var rep struct {
 		Restore struct {
-			ID      string `json:"id"`
-			Locked  int    `json:"locked"`
+			ID       string `json:"id"`
+			Locked   int    `json:"locked"`
+			Restored int    `json:"restored"`
+			Earlier  []struct {
+				ID string `json:"id"`
+			} `json:"earlier"`
 			Volumes []struct {
 				Name  string `json:"name"`
 				State string `json:"state"`
@@ -192,6 +196,12 @@ func masterOpenedAfterBoot(t *testing.T, s *saltstack.Stack, p *serveproc.Plane,
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	assert.NotEqual(t, bootRestore, rep.Restore.ID, "a restore after the boot's (the beacon's salt_volumes.restore)")
 	assert.Equal(t, 0, rep.Restore.Locked, out)
+	assert.Equal(t, 1, rep.Restore.Restored, "the beacon's run rebuilt only the master-key volume: %s", out)
+	var earlier []string
+	for _, r := range rep.Restore.Earlier {
+		earlier = append(earlier, r.ID)
+	}
+	assert.Contains(t, earlier, bootRestore, "the boot's run is kept for serve with the beacon's")
 	for _, v := range rep.Restore.Volumes {
 		if v.Name == masterVolume {
 			assert.Equal(t, "prepared", v.State, "opened by it")

@@ -372,6 +372,13 @@ func TestRebootKeepsVolumes(t *testing.T) {
 	})
 	t.Logf("restore counted by serve: %s after the reboot started", time.Since(started).Round(time.Second))
 	masterOpenedAfterBoot(t, s, p, run, byName[masterVolume].uuid, rep.Restore.ID, rep.Restore.Locked)
+	// The boot's run and the beacon's (the master-key volume) each
+	// counted once, whichever serve read first.
+	eventually(t, 2*time.Minute, "serve counts the beacon's restore too", func() (bool, string) {
+		got := restored()
+		return got >= restoredBefore+float64(rep.Restore.Restored)+1, fmt.Sprint(got)
+	})
+	assert.Equal(t, restoredBefore+float64(rep.Restore.Restored)+1, restored(), "no volume counted twice")
 	for _, v := range vols {
 		eventually(t, 2*time.Minute, v.name+" Available after the reboot", func() (bool, string) {
 			view, err := p.Client().Get(ctx, v.name)

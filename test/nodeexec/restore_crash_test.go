@@ -75,6 +75,7 @@ func TestRestoreAfterReboot(t *testing.T) {
 	r := n.exec(nil, "", "restore")
 	assert.Equal(t, 1, r.Code, "one volume could not be restored: %s", r.Stdout)
 	assert.Equal(t, float64(3), r.Out["restored"])
+	assert.Equal(t, float64(0), r.Out["intact"], "after a reboot every volume needed rebuilding")
 	assert.Equal(t, float64(1), r.Out["failed"])
 	for _, v := range r.Out["volumes"].([]any) {
 		v := v.(map[string]any)
@@ -105,6 +106,24 @@ func TestRestoreAfterReboot(t *testing.T) {
 	for _, v := range again.Out["volumes"].([]any) {
 		assert.Equal(t, false, v.(map[string]any)["changed"], "restore is idempotent")
 	}
+	// A second run rebuilt nothing: the control plane's count of rebuilt
+	// volumes (salt_volumes_restores_total) must not grow by it.
+	assert.Equal(t, float64(0), again.Out["restored"], "a run that rebuilt nothing counts nothing restored")
+	assert.Equal(t, float64(3), again.Out["intact"])
+	assert.Equal(t, float64(1), again.Out["failed"], "the lost volume is still lost")
+	// The node keeps the first run's counts with the second's: the control
+	// plane may read the report only after both ran (the beacon opens a
+	// master-key volume right after the boot's run), and the boot's
+	// rebuilt volumes must still reach it.
+	last := n.exec(nil, "", "last-restore")
+	require.Equal(t, 0, last.Code, last.Stdout)
+	rep := last.Out["restore"].(map[string]any)
+	assert.Equal(t, again.Out["id"], rep["id"])
+	earlier, _ := rep["earlier"].([]any)
+	require.NotEmpty(t, earlier, "the first run's counts are kept: %s", last.Stdout)
+	first := earlier[len(earlier)-1].(map[string]any)
+	assert.Equal(t, r.Out["id"], first["id"])
+	assert.Equal(t, float64(3), first["restored"], "the reboot's rebuilt volumes")
 	for _, s := range specs {
 		n.ok("unprepare", s, "--wipe")
 	}
