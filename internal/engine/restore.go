@@ -31,10 +31,10 @@ type RestoreReport struct {
 	// Locked counts encrypted volumes left closed: their key is the
 	// master's (provider master), which a boot without Salt has not got.
 	Locked int `json:"locked,omitempty"`
-	// Earlier holds the counts of the runs before this one in the same
-	// boot, oldest first: a run may follow another before the control
-	// plane has read the first (the beacon opens a master-key volume
-	// right after the boot's run), and each run's counts must reach it.
+	// Earlier holds the counts of the runs before this one, oldest first:
+	// a run may follow another before the control plane has read the
+	// first (the beacon opens a master-key volume right after the boot's
+	// run), and each run's counts must reach it.
 	Earlier []RestoreCounts `json:"earlier,omitempty"`
 }
 
@@ -42,15 +42,16 @@ type RestoreReport struct {
 type RestoreCounts struct {
 	ID       string    `json:"id"`
 	At       time.Time `json:"at"`
+	Boot     string    `json:"boot,omitempty"`
 	Restored int       `json:"restored"`
 	Intact   int       `json:"intact"`
 	Failed   int       `json:"failed"`
 	Locked   int       `json:"locked,omitempty"`
 }
 
-// keptRestores bounds Earlier: runs in one boot come from the boot, the
-// beacon and an operator, and the control plane reads them within a
-// heartbeat; older ones are long counted.
+// keptRestores bounds Earlier: runs come from a boot, the beacon and an
+// operator, and the control plane reads them within a heartbeat; older
+// ones are long counted.
 const keptRestores = 8
 
 // bootID names this boot; a variable so tests can stage a reboot.
@@ -93,7 +94,7 @@ func (e *Engine) Restore(ctx context.Context) (*RestoreReport, error) {
 }
 
 // saveRestore writes rep as the last report, carrying the counts of the
-// earlier runs of this boot; the lock keeps two runs from each dropping
+// runs before it; the lock keeps two runs from each dropping
 // the other's counts.
 func (e *Engine) saveRestore(rep *RestoreReport) error {
 	if err := e.State.Init(); err != nil {
@@ -105,7 +106,9 @@ func (e *Engine) saveRestore(rep *RestoreReport) error {
 	}
 	defer l.Unlock()
 	// An unreadable last report only loses the earlier counts.
-	if prev, err := e.LastRestore(); err == nil && prev != nil && prev.Boot != "" && prev.Boot == rep.Boot {
+	// Kept across a reboot too: a node may reboot before the control
+	// plane read its last run, and runs it counted it skips by id.
+	if prev, err := e.LastRestore(); err == nil && prev != nil {
 		rep.Earlier = append(rep.Earlier[:0], prev.Earlier...)
 		if prev.ID != rep.ID {
 			rep.Earlier = append(rep.Earlier, prev.counts())
@@ -122,7 +125,7 @@ func (e *Engine) saveRestore(rep *RestoreReport) error {
 }
 
 func (r *RestoreReport) counts() RestoreCounts {
-	return RestoreCounts{ID: r.ID, At: r.At, Restored: r.Restored, Intact: r.Intact, Failed: r.Failed, Locked: r.Locked}
+	return RestoreCounts{ID: r.ID, At: r.At, Boot: r.Boot, Restored: r.Restored, Intact: r.Intact, Failed: r.Failed, Locked: r.Locked}
 }
 
 // LastRestore reads the report of the last restore run (nil if none).

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The last report carries the counts of the earlier runs of its boot, a
-// bounded few, and none of an earlier boot's.
+// The last report carries the counts of the runs before it, a bounded few,
+// across a reboot too (the control plane may not have read them yet).
 func TestRestoreReportKeepsTheRunsOfItsBoot(t *testing.T) {
 	e := New(t.TempDir(), nil)
 	boot, realBoot := "b1", bootID
@@ -40,5 +40,7 @@ func TestRestoreReportKeepsTheRunsOfItsBoot(t *testing.T) {
 
 	boot = "b2"
 	got = save("after-reboot", 3)
-	assert.Empty(t, got.Earlier, "an earlier boot's runs were read long ago")
+	require.Len(t, got.Earlier, keptRestores)
+	assert.Equal(t, "b1", got.Earlier[keptRestores-1].Boot, "the last run before the reboot")
+	assert.Equal(t, "b2", got.Boot)
 }

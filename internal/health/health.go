@@ -99,18 +99,23 @@ func (g *Registry) Confirmed(node string, st Status, received time.Time) *Report
 }
 
 // Restore is a node's report of its last restore run, with the counts of
-// the runs before it in the same boot (a run may follow another before
-// the control plane has read the first).
+// the runs before it (a run may follow another before the control plane
+// has read the first).
 type Restore struct {
 	ID       string    `json:"id"`
+	At       time.Time `json:"at"`
 	Restored int       `json:"restored"`
 	Failed   int       `json:"failed"`
 	Earlier  []Restore `json:"earlier"`
 }
 
+// A node keeps the counts of its last 8 runs before the last one; more
+// from a node are not its own doing.
+const keptRestores = 8
+
 // countedRestores bounds the restore ids remembered per node: more than a
-// node keeps in one report (8), so an id is never counted twice while the
-// node still sends it.
+// report carries, so an id is never counted twice while the node still
+// sends it.
 const countedRestores = 32
 
 // History keeps a day of samples per volume, at most one every SampleEvery
@@ -151,6 +156,8 @@ type Registry struct {
 	// RefusedTooMany and RefusedUnknownNode count reports dropped whole.
 	RefusedTooMany, RefusedUnknownNode metrics.Counter
 	Now                                func() time.Time
+	// Since is when this registry started counting restores.
+	Since time.Time
 	// Known, when set, names the volume UUIDs the store holds on a node:
 	// history is kept for those only, and a node none of whose volumes
 	// the store holds is shown only once Salt confirmed it (a confirmed
@@ -166,7 +173,7 @@ type node struct {
 
 // New returns an empty registry.
 func New() *Registry {
-	return &Registry{nodes: map[string]*node{}, history: map[string][]saltvolumes.UsageSample{}, restores: map[string][]string{}, Now: time.Now}
+	return &Registry{nodes: map[string]*node{}, history: map[string][]saltvolumes.UsageSample{}, restores: map[string][]string{}, Now: time.Now, Since: time.Now()}
 }
 
 // Record keeps a report and extends the usage history of its volumes. It
@@ -276,12 +283,20 @@ func (g *Registry) RestoreUsage(saved map[string][]saltvolumes.UsageSample) {
 
 // CountRestore counts each run of a restore report once (the module and
 // the beacon may both send it, and a report carries the runs before it);
-// it reports whether any was new.
-func (g *Registry) CountRestore(nodeName string, r Restore) bool {
+// it returns what it added. The first report of a node this registry
+// reads may carry runs a control plane before this one (a restart, a
+// leader before this replica) counted: of those it counts the last run, as
+// it always has, and the earlier ones only if they ran since the registry
+// started.
+func (g *Registry) CountRestore(nodeName string, r Restore) (added Counted) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	counted := false
-	for _, run := range append(append([]Restore{}, r.Earlier...), r) {
+	earlier := r.Earlier
+	if len(earlier) > keptRestores {
+		earlier = earlier[len(earlier)-keptRestores:]
+	}
+	_, seen := g.restores[nodeName]
+	for i, run := range append(append([]Restore{}, earlier...), r) {
 		if run.ID == "" || slices.Contains(g.restores[nodeName], run.ID) {
 			continue
 		}
@@ -290,19 +305,29 @@ func (g *Registry) CountRestore(nodeName string, r Restore) bool {
 			ids = ids[len(ids)-countedRestores:]
 		}
 		g.restores[nodeName] = ids
+		if !seen && i < len(earlier) && run.At.Before(g.Since) {
+			continue // remembered, not counted
+		}
+		// A node can hold no more volumes than a report lists.
+		restored, failed := min(max(run.Restored, 0), MaxReportVolumes), min(max(run.Failed, 0), MaxReportVolumes)
 		n := g.nodes[nodeName]
 		if n == nil {
 			n = &node{}
 			g.nodes[nodeName] = n
 		}
-		n.restored += run.Restored
-		n.restoreFailed += run.Failed
-		g.Reconstructed.Add(int64(run.Restored))
-		g.RestoreFailed.Add(int64(run.Failed))
-		counted = true
+		n.restored += restored
+		n.restoreFailed += failed
+		g.Reconstructed.Add(int64(restored))
+		g.RestoreFailed.Add(int64(failed))
+		added.Runs++
+		added.Restored += restored
+		added.Failed += failed
 	}
-	return counted
+	return added
 }
+
+// Counted is what CountRestore added.
+type Counted struct{ Runs, Restored, Failed int }
 
 // Forget drops a volume's history (the volume was deleted).
 func (g *Registry) Forget(uuid string) {

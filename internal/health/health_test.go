@@ -210,33 +210,54 @@ func TestVGsAndDisksBounded(t *testing.T) {
 	assert.Equal(t, "/dev/vd0", c.Disks[1].Path, "the rest refused")
 }
 
-// A node's report carries the runs of its boot that came before the last;
-// each is counted once, however often the report is read again.
+// A node's report carries the runs that came before the last; each is
+// counted once, however often the report is read again.
 func TestCountRestoreCountsEveryRunOnce(t *testing.T) {
 	g := New()
-	boot := Restore{ID: "boot", Restored: 4}
-	assert.True(t, g.CountRestore("n1", Restore{ID: "beacon", Restored: 1, Earlier: []Restore{boot}}),
+	now := g.Since.Add(time.Second)
+	boot := Restore{ID: "boot", At: now, Restored: 4}
+	beacon := Restore{ID: "beacon", At: now.Add(time.Second), Restored: 1, Earlier: []Restore{boot}}
+	assert.Equal(t, Counted{Runs: 2, Restored: 5}, g.CountRestore("n1", beacon),
 		"the boot's run, read only after the beacon's replaced it")
 	assert.EqualValues(t, 5, g.Reconstructed.Value())
-	assert.False(t, g.CountRestore("n1", Restore{ID: "beacon", Restored: 1, Earlier: []Restore{boot}}), "read again")
-	assert.True(t, g.CountRestore("n1", Restore{ID: "by-hand", Failed: 1, Earlier: []Restore{boot, {ID: "beacon", Restored: 1}}}))
+	assert.Equal(t, Counted{}, g.CountRestore("n1", beacon), "read again")
+	hand := Restore{ID: "by-hand", At: now.Add(time.Minute), Failed: 1, Earlier: []Restore{boot, {ID: "beacon", Restored: 1}}}
+	assert.Equal(t, Counted{Runs: 1, Failed: 1}, g.CountRestore("n1", hand))
 	assert.EqualValues(t, 5, g.Reconstructed.Value(), "runs already counted are not counted again")
 	assert.EqualValues(t, 1, g.RestoreFailed.Value())
-	assert.True(t, g.CountRestore("n2", Restore{ID: "boot", Restored: 2}), "ids are a node's own")
+	assert.Equal(t, 1, g.CountRestore("n2", Restore{ID: "boot", At: now, Restored: 2}).Runs, "ids are a node's own")
 	assert.EqualValues(t, 7, g.Reconstructed.Value())
 	_, h := g.NodeView("n1")
 	require.NotNil(t, h)
 	assert.Equal(t, 5, h.Restored)
 	assert.Equal(t, 1, h.RestoreFailed)
 
-	// The ids remembered are bounded, and still more than a report holds.
+	// A control plane started after those runs (a restart, another
+	// replica leading) may not count again what the one before counted:
+	// of the runs from before it started, only the last, as always.
+	later := New()
+	later.Since = now.Add(30 * time.Second)
+	hand.Earlier = []Restore{boot, {ID: "beacon", At: now.Add(time.Second), Restored: 1}}
+	assert.Equal(t, Counted{Runs: 1, Failed: 1}, later.CountRestore("n1", hand))
+	next := Restore{ID: "next", At: now.Add(time.Hour), Restored: 1, Earlier: append(hand.Earlier, Restore{ID: "by-hand", At: hand.At, Failed: 1})}
+	assert.Equal(t, Counted{Runs: 1, Restored: 1}, later.CountRestore("n1", next), "the runs it saw are not counted again")
+
+	// What a node says is bounded by what a node can hold and keep.
+	liar := New()
+	liar.Since = g.Since
+	var many []Restore
+	for i := range 40 {
+		many = append(many, Restore{ID: fmt.Sprint(i), At: now, Restored: 1})
+	}
+	assert.Equal(t, Counted{Runs: keptRestores + 1, Restored: keptRestores + MaxReportVolumes}, liar.CountRestore("n1", Restore{ID: "x", At: now, Restored: 1 << 40, Earlier: many}))
+	assert.Equal(t, Counted{}, liar.CountRestore("n1", Restore{ID: "x", At: now, Restored: 1 << 40, Earlier: many}), "read again")
+	liar.CountRestore("n1", Restore{ID: "y", At: now, Restored: -1000, Failed: -5})
+	assert.EqualValues(t, keptRestores+MaxReportVolumes, liar.Reconstructed.Value(), "no negative count")
+	assert.EqualValues(t, 0, liar.RestoreFailed.Value())
+
+	// The ids remembered are bounded.
 	for i := range 2 * countedRestores {
-		g.CountRestore("n3", Restore{ID: fmt.Sprint(i), Restored: 1})
+		g.CountRestore("n3", Restore{ID: fmt.Sprint(i), At: now, Restored: 1})
 	}
 	assert.Len(t, g.restores["n3"], countedRestores)
-	recent := []Restore{}
-	for i := 2*countedRestores - 8; i < 2*countedRestores; i++ {
-		recent = append(recent, Restore{ID: fmt.Sprint(i), Restored: 1})
-	}
-	assert.False(t, g.CountRestore("n3", Restore{ID: fmt.Sprint(2*countedRestores - 1), Restored: 1, Earlier: recent[:7]}))
 }

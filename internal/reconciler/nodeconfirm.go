@@ -163,8 +163,10 @@ func (r *Reconciler) applyStatus(node, jid string, raw json.RawMessage, retcode 
 	now := time.Now()
 	rep := r.Nodes.Confirmed(node, st, now)
 	r.Nodes.Record(rep)
-	if st.LastRestore != nil && r.Nodes.CountRestore(node, *st.LastRestore) {
-		r.log.Info("node restored its volumes", "node", node, "restored", st.LastRestore.Restored, "failed", st.LastRestore.Failed)
+	if st.LastRestore != nil {
+		if c := r.Nodes.CountRestore(node, *st.LastRestore); c.Runs > 0 {
+			r.log.Info("node restored its volumes", "node", node, "runs", c.Runs, "restored", c.Restored, "failed", c.Failed)
+		}
 	}
 	for _, v := range r.store.OnNode(node) {
 		d := rep.Find(v.Spec.UUID)
