@@ -25,9 +25,7 @@ func (c *Controller) report(v *volume.Volume) {
 	}
 	if v.Status.PersistentVolume != nil && v.Status.Phase == volume.Available {
 		// Settled: the next lock or failure is news again.
-		c.mu.Lock()
-		delete(c.reported, v.Spec.Name)
-		c.mu.Unlock()
+		c.forgetSaid(v.Spec.Name)
 		return
 	}
 	st := v.Status
@@ -50,13 +48,7 @@ func (c *Controller) report(v *volume.Volume) {
 	default:
 		return
 	}
-	c.mu.Lock()
-	dup := c.reported[v.Spec.Name] == msg
-	c.reported[v.Spec.Name] = msg
-	c.mu.Unlock()
-	if !dup {
-		c.event(cl, kind, reason, msg)
-	}
+	c.sayOnce(cl, v.Spec.Name, kind, reason, msg)
 }
 
 func (c *Controller) event(cl *saltvolumes.Claim, kind, reason, msg string) {
@@ -80,9 +72,11 @@ func (c *Controller) sayOnce(cl *saltvolumes.Claim, key, kind, reason, msg strin
 	}
 }
 
-func (c *Controller) forgetSaid(key string) {
+func (c *Controller) forgetSaid(keys ...string) {
 	c.mu.Lock()
-	delete(c.reported, key)
+	for _, k := range keys {
+		delete(c.reported, k)
+	}
 	c.mu.Unlock()
 }
 

@@ -308,10 +308,7 @@ func (c *Controller) Withdraw(ctx context.Context, v *volume.Volume) (bool, stri
 
 // Release implements reconciler.Kubernetes.
 func (c *Controller) Release(ctx context.Context, v *volume.Volume) error {
-	c.mu.Lock()
-	delete(c.reported, v.Spec.Name)
-	delete(c.reported, growKey(v.Spec.Name))
-	c.mu.Unlock()
+	c.forgetSaid(v.Spec.Name, growKey(v.Spec.Name))
 	err := c.release(ctx, v.Spec.Name, v.Spec.UUID)
 	if v.Claim != nil && v.Status.PersistentVolume == nil {
 		err = errors.Join(err, c.unselect(ctx, v))
