@@ -34,17 +34,20 @@ func fileID(st *unix.Stat_t) [2]uint64 { return [2]uint64{st.Dev, st.Ino} }
 
 // boundTo reports whether the device open at fd is bound to the file d
 // was found or attached with. A device made from a name alone is taken at
-// its word.
-func (d Device) boundTo(fd int) (bool, error) {
+// its word. It returns the status it read, nil when nothing is bound.
+func (d Device) boundTo(fd int) (*unix.LoopInfo64, bool, error) {
 	info, err := unix.IoctlLoopGetStatus64(fd)
 	if errors.Is(err, unix.ENXIO) {
-		return false, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.Path, err)
+		return nil, false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.Path, err)
 	}
-	return d.backing == [2]uint64{} || d.backing == [2]uint64{info.Device, info.Inode}, nil
+	return info, d.backing == [2]uint64{} || d.backing == statusID(info), nil
 }
+
+// statusID is the identity of the file a loop device's status names.
+func statusID(info *unix.LoopInfo64) [2]uint64 { return [2]uint64{info.Device, info.Inode} }
 
 func byNumber(n int) Device {
 	name := "loop" + strconv.Itoa(n)
@@ -107,7 +110,7 @@ func waitDetached(ctx context.Context, d Device, wait time.Duration) error {
 			return nil
 		}
 		if d.backing != [2]uint64{} {
-			if info, err := status(d.Path); errors.Is(err, unix.ENXIO) || err == nil && [2]uint64{info.Device, info.Inode} != d.backing {
+			if info, err := status(d.Path); errors.Is(err, unix.ENXIO) || err == nil && statusID(info) != d.backing {
 				return nil
 			}
 		}
@@ -253,7 +256,7 @@ func NewIndex() (Index, error) {
 		if err != nil {
 			continue // detached meanwhile
 		}
-		k := [2]uint64{info.Device, info.Inode}
+		k := statusID(info)
 		d.backing = k
 		idx[k] = append(idx[k], d)
 	}
@@ -306,7 +309,7 @@ func Detach(ctx context.Context, d Device, wait time.Duration) error {
 	if err != nil {
 		return err
 	}
-	ours, err := d.boundTo(fd)
+	_, ours, err := d.boundTo(fd)
 	if err != nil || !ours {
 		unix.Close(fd)
 		return err
@@ -396,12 +399,9 @@ func ClearAutoclear(d Device) error {
 		return err
 	}
 	defer unix.Close(fd)
-	if ours, err := d.boundTo(fd); err != nil || !ours {
+	info, ours, err := d.boundTo(fd)
+	if err != nil || !ours {
 		return err
-	}
-	info, err := unix.IoctlLoopGetStatus64(fd)
-	if err != nil {
-		return fmt.Errorf("LOOP_GET_STATUS64 %s: %w", d.Path, err)
 	}
 	if info.Flags&unix.LO_FLAGS_AUTOCLEAR == 0 {
 		return nil
