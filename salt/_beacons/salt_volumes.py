@@ -198,8 +198,21 @@ def _boot_time():
     return 0
 
 
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def since_boot(report):
     """Whether a restore report is from this boot (older ones were told)."""
+    # The boot id, where the report has it: the boot's run may start before
+    # the clock is set, and a time behind the boot's would hide it.
+    boot = report.get("boot")
+    if boot:
+        return boot == _boot_id()
     try:
         at = calendar.timegm(time.strptime(report.get("at", "")[:19], "%Y-%m-%dT%H:%M:%S"))
         return at >= _boot_time()

@@ -539,6 +539,20 @@ def test_beacon_reports_a_restore_of_this_boot_once(beacon, monkeypatch):
     assert restores[0]["id"] == "new" and restores[0]["volumes"] == [{"name": "v1", "uuid": "u1", "state": "prepared"}]
 
 
+def test_beacon_tells_a_restore_by_its_boot_id(beacon, monkeypatch):
+    # The boot's run may start before the clock is set: its time says an
+    # earlier boot, its boot id this one.
+    monkeypatch.setattr(beacon, "_boot_time", lambda: 1_700_000_000)
+    monkeypatch.setattr(beacon, "_boot_id", lambda: "b2")
+    beacon.doc["lastRestore"] = {"id": "old", "at": "2026-11-23T07:10:36Z", "boot": "b1", "restored": 2, "failed": 0, "volumes": []}
+    beacon.beacon([{"interval": 10}])
+    assert not [t for t, _ in beacon.fired if t.endswith("/restore")], "a restore of the boot before, though its time is later"
+    beacon.doc["lastRestore"] = {"id": "new", "at": "2020-01-01T00:00:00Z", "boot": "b2", "restored": 1, "failed": 0, "volumes": []}
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    assert [d["id"] for t, d in beacon.fired if t.endswith("/restore")] == ["new"]
+
+
 def test_a_hung_binary_is_killed_after_the_timeout_and_reported(mod, tmp_path):
     # A binary that never answers must not hold the minion's job forever:
     # salt_volumes:exec_timeout (seconds) bounds it; SIGTERM first (the
