@@ -87,9 +87,7 @@ demo:
 # test/booted's guests then test/dist and the load
 # test's and the benchmarks' smoke runs, and the checks (lint, pytest,
 # the race detector) then everything else one package at a time (the
-# race detector's packages ran their tests under it already), beside
-# test/controlplane in a fourth: alone it is 20 minutes of waiting on
-# Salt's jobs at half a core, the longest part of the third lane. Two
+# race detector's packages ran their tests under it already). Two
 # lanes left a fifth of the machine idle (the suites with Salt wait on
 # jobs) and took 41 min on 2026-12-06; three took 35 (docs/development.md,
 # "How long").
@@ -115,13 +113,12 @@ test: setup
 	    $(CPU) smoke-load $(MAKE) --no-print-directory smoke-load; r3=$$?; $(CPU) smoke-bench $(MAKE) --no-print-directory smoke-bench; r4=$$?; \
 	    echo "lane booted, dist, smoke: $$(($$(date +%s) - t0)) s"; [ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ] && [ $$r4 -eq 0 ]; } \
 	    >test-results/lane-booted.log 2>&1 & l2=$$!; \
-	  { $(CPU) controlplane $(GO) test -count=1 -timeout 40m ./test/controlplane/; } >test-results/lane-controlplane.log 2>&1 & l3=$$!; \
 	  t0=$$(date +%s); $(CPU) "lint, pytest, race" $(MAKE) --no-print-directory lint pytest vagrant-validate promtool race; prc=$$?; \
-	  $(CPU) "the other packages" $(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -vx -e '.*/test/packages' -e '.*/test/booted' -e '.*/test/dist' -e '.*/test/controlplane' $(patsubst ./%/,-e '.*/%',$(LANE1_SUITES)) \
+	  $(CPU) "the other packages" $(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -vx -e '.*/test/packages' -e '.*/test/booted' -e '.*/test/dist' $(patsubst ./%/,-e '.*/%',$(LANE1_SUITES)) \
 	    $$($(GO) list $(RACE_PKGS) | sed 's/^/-e /')); rc=$$?; \
 	  echo "lane checks and suites: $$(($$(date +%s) - t0)) s"; \
-	  wait $$l1; r1=$$?; wait $$l2; r2=$$?; wait $$l3; r3=$$?; cat test-results/lane-packages.log test-results/lane-booted.log test-results/lane-controlplane.log; \
-	  [ $$prc -eq 0 ] && [ $$rc -eq 0 ] && [ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ]
+	  wait $$l1; r1=$$?; wait $$l2; r2=$$?; cat test-results/lane-packages.log test-results/lane-booted.log; \
+	  [ $$prc -eq 0 ] && [ $$rc -eq 0 ] && [ $$r1 -eq 0 ] && [ $$r2 -eq 0 ]
 	@if [ -f test-results/adversarial.txt ]; then echo "adversarial suite (test/nodeexec): $$(cat test-results/adversarial.txt)"; fi
 
 # The Salt matrix: every Salt-facing suite against the newest installable
