@@ -389,12 +389,22 @@ acceptance_wait_time: 1
 
 func (s *Stack) waitForMinion(id string) { s.WaitForMinion(id, 5*time.Second, 90*time.Second) }
 
-// WaitForMinion waits up to limit until id answers test.ping, each ping
-// given up to ping (a minion in an emulated guest answers in seconds).
+// WaitForMinion waits up to limit until id answers test.ping, the first
+// ping given up to ping (a minion in an emulated guest answers in
+// seconds). A ping the minion misses is still a job it runs once it
+// catches up, and so is the find_job the CLI sends after it: pinged at a
+// steady pace, a guest starved of CPU fell further behind with each (on
+// 2026-12-07 it answered pings 13 minutes late and never caught up). So
+// the wait grows by half after each miss, to a minute at most.
 func (s *Stack) WaitForMinion(id string, ping, limit time.Duration) {
+	wait := ping
 	s.waitFor(id+" to answer", limit, func() bool {
-		out, code := s.Salt(fmt.Sprintf("--timeout=%d", int(ping.Seconds())), id, "test.ping", "--out=json")
-		return code == 0 && strings.Contains(out, "true")
+		out, code := s.Salt(fmt.Sprintf("--timeout=%d", int(wait.Seconds())), id, "test.ping", "--out=json")
+		if code == 0 && strings.Contains(out, "true") {
+			return true
+		}
+		wait = min(wait*3/2, max(ping, time.Minute))
+		return false
 	})
 }
 
