@@ -105,7 +105,7 @@ CPU = scripts/cpu.sh
 test: setup
 	@rm -f test-results/adversarial.txt test-results/lane-*.log
 	@mkdir -p test-results
-	@{ t0=$$(date +%s); $(CPU) packages $(GO) test -count=1 -v -timeout 60m ./test/packages/; r=$$?; \
+	@{ t0=$$(date +%s); $(CPU) packages $(GO) test -count=1 -v -timeout 70m ./test/packages/; r=$$?; \
 	    $(CPU) "node and bus suites" $(GO) test -count=1 -p 1 -timeout 20m $(LANE1_SUITES); r2=$$?; \
 	    echo "lane packages, node and bus suites: $$(($$(date +%s) - t0)) s"; [ $$r -eq 0 ] && [ $$r2 -eq 0 ]; } \
 	    >test-results/lane-packages.log 2>&1 & l1=$$!; \
