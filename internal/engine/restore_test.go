@@ -11,7 +11,7 @@ import (
 
 // The last report carries the counts of the runs before it, a bounded few,
 // across a reboot too (the control plane may not have read them yet).
-func TestRestoreReportKeepsTheRunsOfItsBoot(t *testing.T) {
+func TestRestoreReportKeepsTheRunsBeforeIt(t *testing.T) {
 	e := New(t.TempDir(), nil)
 	boot, realBoot := "b1", bootID
 	bootID = func() string { return boot }

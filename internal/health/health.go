@@ -326,6 +326,16 @@ func (g *Registry) CountRestore(nodeName string, r Restore) (added Counted) {
 	return added
 }
 
+// StartCounting starts a term of counting restores (a leader's): what the
+// registry counted before is forgotten, and a node's first report counts,
+// of its runs from before start, only the last.
+func (g *Registry) StartCounting(start time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.Since = start
+	clear(g.restores)
+}
+
 // Counted is what CountRestore added.
 type Counted struct{ Runs, Restored, Failed int }
 

@@ -242,9 +242,15 @@ func TestCountRestoreCountsEveryRunOnce(t *testing.T) {
 	next := Restore{ID: "next", At: now.Add(time.Hour), Restored: 1, Earlier: append(hand.Earlier, Restore{ID: "by-hand", At: hand.At, Failed: 1})}
 	assert.Equal(t, Counted{Runs: 1, Restored: 1}, later.CountRestore("n1", next), "the runs it saw are not counted again")
 
+	// A replica that led before, and leads again after another did: it
+	// counts as a fresh start, not by what it remembers of its last term.
+	g.StartCounting(now.Add(2 * time.Hour))
+	more := Restore{ID: "more", At: now.Add(3 * time.Hour), Restored: 2, Earlier: append(next.Earlier, Restore{ID: "next", At: next.At, Restored: 1})}
+	assert.Equal(t, Counted{Runs: 1, Restored: 2}, g.CountRestore("n1", more), "the runs of the other replica's term are not counted again")
+
 	// What a node says is bounded by what a node can hold and keep.
 	liar := New()
-	liar.Since = g.Since
+	liar.Since = now
 	var many []Restore
 	for i := range 40 {
 		many = append(many, Restore{ID: fmt.Sprint(i), At: now, Restored: 1})

@@ -59,6 +59,9 @@ func (r *Reconciler) Lead(ctx context.Context, w store.Writer) error {
 	r.ctx, r.w, r.term = ctx, w, t
 	r.mu.Unlock()
 	defer r.endTerm()
+	// Restores are counted by the leader: another replica may have led
+	// and counted since this one last did.
+	r.Nodes.StartCounting(time.Now())
 	var wg sync.WaitGroup
 	for range r.opt.Workers {
 		wg.Add(1)

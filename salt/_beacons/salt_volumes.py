@@ -210,11 +210,11 @@ def since_boot(report):
     """Whether a restore report is from this boot (older ones were told)."""
     # The boot id, where the report has it: the boot's run may start before
     # the clock is set, and a time behind the boot's would hide it.
-    boot = report.get("boot")
-    if boot:
-        return boot == _boot_id()
+    boot, current = report.get("boot"), _boot_id()
+    if boot and current:
+        return boot == current
     try:
-        at = calendar.timegm(time.strptime(report.get("at", "")[:19], "%Y-%m-%dT%H:%M:%S"))
+        at = calendar.timegm(time.strptime((report.get("at") or "")[:19], "%Y-%m-%dT%H:%M:%S"))
         return at >= _boot_time()
     except (ValueError, OSError):
         return False

@@ -551,6 +551,12 @@ def test_beacon_tells_a_restore_by_its_boot_id(beacon, monkeypatch):
     beacon.clock[0] += 10
     beacon.beacon([{"interval": 10}])
     assert [d["id"] for t, d in beacon.fired if t.endswith("/restore")] == ["new"]
+    # Without a boot id of its own to compare, the beacon goes by the time.
+    monkeypatch.setattr(beacon, "_boot_id", lambda: "")
+    beacon.doc["lastRestore"] = {"id": "newer", "at": "2026-11-23T07:11:00Z", "boot": "b2", "restored": 1, "failed": 0, "volumes": []}
+    beacon.clock[0] += 10
+    beacon.beacon([{"interval": 10}])
+    assert [d["id"] for t, d in beacon.fired if t.endswith("/restore")] == ["new", "newer"]
 
 
 def test_a_hung_binary_is_killed_after_the_timeout_and_reported(mod, tmp_path):

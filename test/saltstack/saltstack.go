@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -395,11 +396,12 @@ func (s *Stack) waitForMinion(id string) { s.WaitForMinion(id, 5*time.Second, 90
 // catches up, and so is the find_job the CLI sends after it: pinged at a
 // steady pace, a guest starved of CPU fell further behind with each (on
 // 2026-12-07 it answered pings 13 minutes late and never caught up). So
-// the wait grows by half after each miss, to a minute at most.
+// the wait grows by half after each miss, to a minute (or ping, if
+// longer) at most; a wait can so overrun limit by about a minute.
 func (s *Stack) WaitForMinion(id string, ping, limit time.Duration) {
 	wait := ping
 	s.waitFor(id+" to answer", limit, func() bool {
-		out, code := s.Salt(fmt.Sprintf("--timeout=%d", int(wait.Seconds())), id, "test.ping", "--out=json")
+		out, code := s.Salt(fmt.Sprintf("--timeout=%d", max(1, int(math.Ceil(wait.Seconds())))), id, "test.ping", "--out=json")
 		if code == 0 && strings.Contains(out, "true") {
 			return true
 		}
