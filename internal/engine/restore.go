@@ -105,9 +105,9 @@ func (e *Engine) saveRestore(rep *RestoreReport) error {
 		return err
 	}
 	defer l.Unlock()
-	// An unreadable last report only loses the earlier counts.
-	// Kept across a reboot too: a node may reboot before the control
-	// plane read its last run, and runs it counted it skips by id.
+	// An unreadable last report only loses the earlier counts. They are
+	// kept across a reboot too: a node may reboot before the control
+	// plane read its last run, and it skips by id the runs it counted.
 	if prev, err := e.LastRestore(); err == nil && prev != nil {
 		rep.Earlier = append(rep.Earlier[:0], prev.Earlier...)
 		if prev.ID != rep.ID {

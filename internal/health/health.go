@@ -156,7 +156,7 @@ type Registry struct {
 	// RefusedTooMany and RefusedUnknownNode count reports dropped whole.
 	RefusedTooMany, RefusedUnknownNode metrics.Counter
 	Now                                func() time.Time
-	// Since is when this registry started counting restores.
+	// Since is when the current term of counting restores started.
 	Since time.Time
 	// Known, when set, names the volume UUIDs the store holds on a node:
 	// history is kept for those only, and a node none of whose volumes
@@ -283,11 +283,11 @@ func (g *Registry) RestoreUsage(saved map[string][]saltvolumes.UsageSample) {
 
 // CountRestore counts each run of a restore report once (the module and
 // the beacon may both send it, and a report carries the runs before it);
-// it returns what it added. The first report of a node this registry
-// reads may carry runs a control plane before this one (a restart, a
-// leader before this replica) counted: of those it counts the last run, as
-// it always has, and the earlier ones only if they ran since the registry
-// started.
+// it returns what it added. A node's first report in a term
+// (StartCounting) may carry runs that a control plane before this one (a
+// restart, another replica's term) counted: of those it counts the last
+// run, as it always has, and the earlier ones only if they ran (by the
+// node's clock) since the term started.
 func (g *Registry) CountRestore(nodeName string, r Restore) (added Counted) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
